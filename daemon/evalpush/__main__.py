@@ -1,0 +1,5 @@
+import sys
+
+from evalpush.cli import main
+
+sys.exit(main())
