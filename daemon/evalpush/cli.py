@@ -13,7 +13,7 @@ from pathlib import Path
 
 from evalpush import __version__
 from evalpush.config import Config, load_config
-from evalpush.errors import ConfigError, EvalpushError
+from evalpush.errors import ConfigError, EvalpushError, RunError
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
 
@@ -46,8 +46,12 @@ def _load(args: argparse.Namespace) -> Config:
 def cmd_convert(args: argparse.Namespace, config: Config) -> int:
     from evalpush.convert import convert_to_streams
 
-    set_aside = convert_to_streams(args.dir, config, sys.stdout.buffer, sys.stderr.buffer)
-    return EXIT_PARTIAL if set_aside else EXIT_OK
+    try:
+        report = convert_to_streams(args.dir, config, sys.stdout.buffer, sys.stderr.buffer)
+    except RunError as exc:
+        print(f"evalpush: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_PARTIAL if report["set_aside"] or not report["env_name"] else EXIT_OK
 
 
 def cmd_local_platform(args: argparse.Namespace, config: Config) -> int:

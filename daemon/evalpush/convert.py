@@ -1,0 +1,462 @@
+"""The convert stage: one trace line -> one platform sample, and the run's aggregates.
+
+The rules are TRACE_FORMAT.md sections 4-6, which restate what verifiers' own push does, so a
+run uploaded by evalpush looks exactly like one the eval pushed itself. Lines are plain dicts
+parsed with orjson (validating every line into full models is what makes the producer slow);
+`check_trace` validates just what the conversion relies on, and every failure is a `BadRecord`
+naming the line and the reason. Aggregates are running sums (`RunTotals`), so a run of any
+size converts in bounded memory and a resumed upload continues the sums from the ledger.
+
+Not-finite numbers: a `NaN`/`Infinity` literal (not JSON, but Python's json writes it) is
+accepted, and so is a `null` reward or metric (what pydantic writes for NaN); both count as
+NaN and go out as `null`, since orjson encodes non-finite floats as null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from evalpush.config import Config
+from evalpush.errors import BadRecord
+from evalpush.read import Line, read_lines
+from evalpush.runs import Run, load_run
+
+TRUNCATING_STOP_CONDITIONS = frozenset(
+    {
+        "max_turns",
+        "max_input_tokens",
+        "max_output_tokens",
+        "max_total_tokens",
+        "context_length",
+        "harness_timeout",
+    }
+)
+OPTIONAL_USAGE_FIELDS = ("cached_input_tokens", "reasoning_tokens", "cost")
+NAN = float("nan")
+
+
+# ---------------------------------------------------------------- parsing and checking
+
+
+def parse_trace(data: bytes, number: int) -> dict[str, Any]:
+    """The line as a dict; `BadRecord` when it is not a JSON object."""
+    try:
+        trace = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        trace = _parse_lenient(data, number)
+    if not isinstance(trace, dict):
+        kind = {list: "an array", str: "a string"}.get(type(trace), type(trace).__name__)
+        raise BadRecord(f"the line is {kind}, not a JSON object", line=number)
+    return trace
+
+
+def _parse_lenient(data: bytes, number: int) -> Any:
+    """Python's parser, which also takes NaN/Infinity literals and huge integers."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadRecord(f"invalid JSON: {exc.msg} at column {exc.colno}", line=number) from None
+    except RecursionError:
+        raise BadRecord("invalid JSON: nested too deeply", line=number) from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _field(trace: dict[str, Any], key: str, kind: type, default: Any, number: int) -> Any:
+    value = trace.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BadRecord(f"'{key}' must be {kind.__name__}, got {type(value).__name__}", line=number)
+    return value
+
+
+def _scores(trace: dict[str, Any], key: str, number: int) -> dict[str, float]:
+    scores = _field(trace, key, dict, {}, number)
+    for name, value in scores.items():
+        if value is None:
+            scores[name] = NAN
+        elif not _is_number(value):
+            raise BadRecord(f"'{key}.{name}' must be a number, got {value!r}"[:200], line=number)
+    return scores
+
+
+def _check_usage(usage: Any, where: str, number: int) -> None:
+    if not isinstance(usage, dict):
+        raise BadRecord(f"'{where}' must be an object", line=number)
+    for key in ("prompt_tokens", "completion_tokens"):
+        if not _is_int(usage.get(key, 0)):
+            raise BadRecord(f"'{where}.{key}' must be an integer", line=number)
+    for key in OPTIONAL_USAGE_FIELDS:
+        value = usage.get(key)
+        if value is not None and not _is_number(value):
+            raise BadRecord(f"'{where}.{key}' must be a number", line=number)
+
+
+def _check_nodes(nodes: list[Any], number: int) -> None:
+    count = len(nodes)
+    for i, node in enumerate(nodes):
+        if not isinstance(node, dict) or not isinstance(node.get("message"), dict):
+            raise BadRecord(f"'nodes[{i}]' must be an object with a 'message' object", line=number)
+        parent = node.get("parent")
+        if parent is not None and (not _is_int(parent) or not 0 <= parent < count):
+            raise BadRecord(f"'nodes[{i}].parent' {parent!r} is out of range", line=number)
+        for key in ("token_ids", "mask"):
+            if not isinstance(node.get(key, []), list):
+                raise BadRecord(f"'nodes[{i}].{key}' must be a list", line=number)
+        if node.get("usage") is not None:
+            _check_usage(node["usage"], f"nodes[{i}].usage", number)
+    _check_acyclic(nodes, number)
+
+
+def _check_acyclic(nodes: list[dict[str, Any]], number: int) -> None:
+    """Every parent chain reaches a root: O(n) with the chains already proven."""
+    reaches_root = [False] * len(nodes)
+    for i in range(len(nodes)):
+        chain: list[int] = []
+        on_chain: set[int] = set()
+        j: int | None = i
+        while j is not None and not reaches_root[j]:
+            if j in on_chain:
+                raise BadRecord(f"'nodes' parent links form a cycle through node {j}", line=number)
+            chain.append(j)
+            on_chain.add(j)
+            j = nodes[j].get("parent")
+        for k in chain:
+            reaches_root[k] = True
+
+
+def check_trace(trace: dict[str, Any], number: int) -> None:
+    """Validate what the conversion relies on; `BadRecord` names the first problem."""
+    if "id" not in trace:
+        raise BadRecord("missing 'id'", line=number)
+    if not isinstance(trace["id"], str) or not trace["id"]:
+        raise BadRecord("'id' must be a non-empty string", line=number)
+    task = trace.get("task")
+    if not isinstance(task, dict):
+        raise BadRecord("missing 'task' object", line=number)
+    if "idx" not in task:
+        raise BadRecord("missing 'task.idx'", line=number)
+    if not _is_int(task["idx"]):
+        raise BadRecord(f"'task.idx' must be an integer, got {task['idx']!r}"[:200], line=number)
+    _check_nodes(_field(trace, "nodes", list, [], number), number)
+    trace["rewards"] = _scores(trace, "rewards", number)
+    trace["metrics"] = _scores(trace, "metrics", number)
+    for key, kind in (("info", dict), ("timing", dict), ("errors", list)):
+        _field(trace, key, kind, kind(), number)
+    if not all(isinstance(error, dict) for error in trace.get("errors") or ()):
+        raise BadRecord("'errors' entries must be objects", line=number)
+    stop = trace.get("stop_condition")
+    if stop is not None and not isinstance(stop, str):
+        raise BadRecord("'stop_condition' must be a string", line=number)
+
+
+# ---------------------------------------------------------------- derived views
+
+
+def _without_nulls(value: Any) -> Any:
+    """`value` with null-valued object keys dropped, at every depth (as exclude_none does)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def leaves(nodes: list[dict[str, Any]]) -> list[int]:
+    parents = {node.get("parent") for node in nodes}
+    return [i for i in range(len(nodes)) if i not in parents]
+
+
+def branch_path(nodes: list[dict[str, Any]], leaf: int) -> list[int]:
+    """Node indices root -> leaf (the graph is checked acyclic first)."""
+    path = []
+    i: int | None = leaf
+    while i is not None:
+        path.append(i)
+        i = nodes[i].get("parent")
+    path.reverse()
+    return path
+
+
+def _input_size(usage: dict[str, Any]) -> int:
+    return usage.get("prompt_tokens", 0) + (usage.get("cached_input_tokens") or 0)
+
+
+def num_input_tokens(path_nodes: list[dict[str, Any]]) -> int:
+    total = sum(len(node.get("token_ids") or ()) for node in path_nodes)
+    last = 0
+    for node in reversed(path_nodes):
+        masked = (node.get("mask") or []).count(True)
+        if masked:
+            last = masked
+            break
+    if total - last:
+        return total - last
+    for node in reversed(path_nodes):
+        if node.get("usage") is not None:
+            return _input_size(node["usage"])
+    return 0
+
+
+def num_output_tokens(path_nodes: list[dict[str, Any]]) -> int:
+    masked = sum((node.get("mask") or []).count(True) for node in path_nodes)
+    if masked:
+        return masked
+    return sum(
+        node["usage"].get("completion_tokens", 0)
+        for node in path_nodes
+        if node.get("usage") is not None
+    )
+
+
+def usage_total(usages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Summed usage, null fields dropped; None when there is no usage at all."""
+    if not usages:
+        return None
+    total: dict[str, Any] = {
+        "prompt_tokens": sum(u.get("prompt_tokens", 0) for u in usages),
+        "completion_tokens": sum(u.get("completion_tokens", 0) for u in usages),
+    }
+    for key in OPTIONAL_USAGE_FIELDS:
+        reported = [u[key] for u in usages if u.get(key) is not None]
+        if reported:
+            total[key] = sum(reported)
+    return total
+
+
+def is_truncated(trace: dict[str, Any]) -> bool:
+    if trace.get("stop_condition") in TRUNCATING_STOP_CONDITIONS:
+        return True
+    for node in reversed(trace.get("nodes") or ()):
+        if node.get("sampled"):
+            return node.get("finish_reason") == "length"
+    return False
+
+
+def reward(trace: dict[str, Any]) -> float:
+    return sum(trace["rewards"].values())
+
+
+# ---------------------------------------------------------------- the sample
+
+
+def build_sample(trace: dict[str, Any], rollout_number: int) -> dict[str, Any]:
+    """The platform sample of a checked trace (TRACE_FORMAT.md section 5)."""
+    nodes = trace.get("nodes") or []
+    messages = [_without_nulls(node["message"]) for node in nodes]
+    trajectory = []
+    for leaf in leaves(nodes):
+        path = branch_path(nodes, leaf)
+        path_nodes = [nodes[i] for i in path]
+        trajectory.append(
+            {
+                "messages": [messages[i] for i in path],
+                "num_input_tokens": num_input_tokens(path_nodes),
+                "num_output_tokens": num_output_tokens(path_nodes),
+            }
+        )
+    task = {k: v for k, v in trace["task"].items() if v is not None}
+    errors = trace.get("errors") or []
+    rewards = trace["rewards"]
+    sample = {
+        "sample_id": trace["id"],
+        "example_id": task["idx"],
+        "rollout_number": rollout_number,
+        "task": task,
+        "prompt": [],
+        "completion": trajectory[-1]["messages"] if trajectory else [],
+        "answer": task.get("answer"),
+        "reward": sum(rewards.values()),
+        "timing": _without_nulls(trace.get("timing") or {}),
+        "is_completed": bool(trace.get("is_completed", False)),
+        "is_truncated": is_truncated(trace),
+        "metrics": trace["metrics"],
+        "error": _without_nulls(errors[-1]) if errors else None,
+        "stop_condition": trace.get("stop_condition"),
+        "trajectory": trajectory,
+        "token_usage": usage_total([n["usage"] for n in nodes if n.get("usage") is not None]),
+        "info": trace.get("info") or None,
+    }
+    for name, value in rewards.items():
+        sample.setdefault(name, value)
+    return sample
+
+
+def encode_sample(sample: dict[str, Any], number: int) -> bytes:
+    try:
+        return orjson.dumps(sample)
+    except (orjson.JSONEncodeError, TypeError) as exc:
+        raise BadRecord(f"cannot be encoded as JSON: {exc}", line=number) from None
+
+
+# ---------------------------------------------------------------- the run's aggregates
+
+
+@dataclass
+class RunTotals:
+    """Running sums over a run's good traces in file order (TRACE_FORMAT.md section 6)."""
+
+    traces: int = 0
+    reward_sum: float = 0.0
+    errored: int = 0
+    metric_sums: dict[str, float] = field(default_factory=dict)
+    metric_counts: dict[str, int] = field(default_factory=dict)
+    rollouts: dict[int, int] = field(default_factory=dict)  # task idx -> traces so far
+
+    def add(self, trace: dict[str, Any]) -> int:
+        """Count a checked trace in; returns its rollout number within its task."""
+        self.traces += 1
+        self.reward_sum += reward(trace)
+        self.errored += bool(trace.get("errors"))
+        for name, value in {**trace["rewards"], **trace["metrics"]}.items():
+            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
+            self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
+        idx = trace["task"]["idx"]
+        self.rollouts[idx] = number = self.rollouts.get(idx, 0) + 1
+        return number
+
+    def metrics(self) -> dict[str, Any]:
+        n = self.traces
+        return {
+            "avg_reward": self.reward_sum / n if n else 0.0,
+            "avg_metrics": {k: s / self.metric_counts[k] for k, s in self.metric_sums.items()},
+            "avg_error": self.errored / n if n else 0.0,
+        }
+
+    def to_json(self) -> bytes:
+        state = {**self.__dict__, "rollouts": list(self.rollouts.items())}
+        return orjson.dumps(state)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> RunTotals:
+        state = orjson.loads(data)
+        state["rollouts"] = dict((int(k), v) for k, v in state["rollouts"])
+        return cls(**state)
+
+
+def summary(run: Run, totals: RunTotals) -> dict[str, Any]:
+    """Name, metadata and metrics of the run's evaluation (TRACE_FORMAT.md section 6)."""
+    metrics = totals.metrics()
+    metadata = {
+        "framework": "verifiers",
+        "run_id": run.run_id,
+        "model": run.model,
+        "num_examples": len(totals.rollouts),
+        "rollouts_per_example": run.num_rollouts,
+        **metrics,
+    }
+    return {
+        "name": run.evaluation_name,
+        "run_id": run.run_id,
+        "env_name": run.env_name,
+        "metadata": metadata,
+        "metrics": metrics,
+    }
+
+
+# ---------------------------------------------------------------- a run, line by line
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """A record that could not be uploaded, kept for a person to see and retry."""
+
+    line: int
+    offset: int
+    reason: str
+    size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "offset": self.offset, "reason": self.reason, "size": self.size}
+
+
+@dataclass(frozen=True, slots=True)
+class Converted:
+    line: Line
+    sample: bytes  # the encoded sample
+
+
+def convert_lines(
+    lines: Iterator[Line], totals: RunTotals, *, max_line_bytes: int
+) -> Iterator[Converted | SetAside]:
+    """Each line as an encoded sample, or as a SetAside record; `totals` advance per sample."""
+    for line in lines:
+        if line.data is None:
+            reason = f"line longer than read.max_line_bytes ({max_line_bytes} bytes)"
+            yield SetAside(line.number, line.start, reason, line.end - line.start)
+            continue
+        if not line.data.strip():
+            continue  # a blank line is no record (the producer skips them too)
+        try:
+            trace = parse_trace(line.data, line.number)
+            check_trace(trace, line.number)
+            sample = build_sample(trace, totals.rollouts.get(trace["task"]["idx"], 0) + 1)
+            encoded = encode_sample(sample, line.number)
+        except BadRecord as exc:
+            yield SetAside(line.number, line.start, exc.reason, line.end - line.start)
+            continue
+        totals.add(trace)
+        yield Converted(line, encoded)
+
+
+def convert_to_streams(
+    directory: Path, config: Config, out: IO[bytes], err: IO[bytes]
+) -> dict[str, Any]:
+    """`evalpush convert`: samples as JSON lines on `out`, then the summary on `err`.
+
+    Returns the summary (with its `set_aside` records).
+    """
+    run = load_run(directory)
+    totals = RunTotals()
+    set_aside: list[dict[str, Any]] = []
+    lines = read_lines(run.traces_path, max_line_bytes=config.read.max_line_bytes)
+    pending: list[bytes] = []
+    for item in convert_lines(lines, totals, max_line_bytes=config.read.max_line_bytes):
+        if isinstance(item, SetAside):
+            set_aside.append(item.to_dict())
+            err.write(f"{run.traces_path}: line {item.line}: {item.reason}\n".encode())
+            continue
+        pending.append(item.sample)
+        if len(pending) >= 256:
+            out.write(b"\n".join(pending) + b"\n")
+            pending.clear()
+    if pending:
+        out.write(b"\n".join(pending) + b"\n")
+    out.flush()
+    if not run.env_name:
+        err.write(f"{run.path}: no environment name ('[taskset] id' or 'id')\n".encode())
+    report = {**summary(run, totals), "set_aside": set_aside}
+    err.write(orjson.dumps(report) + b"\n")
+    err.flush()
+    return report
+
+
+__all__ = [
+    "Converted",
+    "RunTotals",
+    "SetAside",
+    "build_sample",
+    "check_trace",
+    "convert_lines",
+    "convert_to_streams",
+    "parse_trace",
+    "summary",
+]
