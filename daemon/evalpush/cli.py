@@ -14,6 +14,7 @@ from pathlib import Path
 from evalpush import __version__
 from evalpush.config import Config, load_config
 from evalpush.errors import ConfigError, EvalpushError, RunError
+from evalpush.ledger import Ledger, RunRecord, State, default_path
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
 
@@ -29,6 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convert", help="print a run's samples as JSON lines (no network)")
     p.add_argument("dir", type=Path, help="the run directory")
+
+    p = sub.add_parser("push", help="upload the given run dirs (or roots holding them) now")
+    p.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
+
+    p = sub.add_parser("status", help="every run the ledger knows, and how far it got")
+    p.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+
+    p = sub.add_parser("retry", help="put a failed or held run back in the queue")
+    p.add_argument("run", metavar="RUN", help="run id (or a unique prefix) or path")
+
+    p = sub.add_parser("forget", help="drop a run from the ledger (it will be seen as new)")
+    p.add_argument("run", metavar="RUN", help="run id (or a unique prefix) or path")
 
     p = sub.add_parser("local-platform", help="serve the local stand-in of the platform")
     p.add_argument("--host", default="127.0.0.1")
@@ -54,6 +67,81 @@ def cmd_convert(args: argparse.Namespace, config: Config) -> int:
     return EXIT_PARTIAL if report["set_aside"] or not report["env_name"] else EXIT_OK
 
 
+def cmd_push(args: argparse.Namespace, config: Config) -> int:
+    from evalpush import log
+    from evalpush.report import PushProgress, push_line
+    from evalpush.service import Service
+
+    missing = [str(d) for d in args.dirs if not d.exists()]
+    if missing:
+        print(f"evalpush push: no such directory: {', '.join(missing)}", file=sys.stderr)
+        return EXIT_USAGE
+    log.configure(config.log.level, config.log.format, stream=sys.stderr)
+    progress = PushProgress(sys.stderr)
+    with Service(config, progress=progress.update) as service, service.stop_on_signals():
+        results = service.push([d.resolve() for d in args.dirs])
+    progress.finish()
+    if not results:
+        print("evalpush push: no eval run found (a run dir holds config.toml and "
+              "traces.jsonl)", file=sys.stderr)
+        return EXIT_USAGE
+    for result in results:
+        print(push_line(result))
+    return EXIT_OK if all(r.ok for r in results) else EXIT_PARTIAL
+
+
+def cmd_status(args: argparse.Namespace, config: Config) -> int:
+    from evalpush.report import status_rows, status_table
+
+    path = default_path(config.state_dir)
+    if not path.exists():
+        rows = []
+    else:
+        with Ledger(path) as ledger:
+            rows = status_rows(ledger)
+    if args.json:
+        import orjson
+
+        sys.stdout.buffer.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2) + b"\n")
+    else:
+        print(status_table(rows))
+    return EXIT_OK
+
+
+def cmd_retry(args: argparse.Namespace, config: Config) -> int:
+    with Ledger(default_path(config.state_dir)) as ledger:
+        record = _find(ledger, args.run)
+        if record.state not in (State.FAILED, State.HELD):
+            print(f"evalpush retry: run {record.run_id} is {record.state}; only failed or held "
+                  "runs are retried", file=sys.stderr)
+            return EXIT_PARTIAL
+        ledger.update(record, state=State.READY, release_hold=int(record.state == State.HELD),
+                      reason="queued by `evalpush retry`", last_error=None)
+    print(f"queued {record.run_id} ({record.path})")
+    return EXIT_OK
+
+
+def cmd_forget(args: argparse.Namespace, config: Config) -> int:
+    with Ledger(default_path(config.state_dir)) as ledger:
+        record = _find(ledger, args.run)
+        ledger.forget(record)
+    print(f"forgot {record.run_id} ({record.path})")
+    return EXIT_OK
+
+
+def _find(ledger: Ledger, key: str) -> RunRecord:
+    path = Path(key)
+    record = ledger.get(str(path.resolve())) if path.exists() else None
+    record = record or ledger.get(key)
+    if record is None:
+        raise UsageError(f"no run {key!r} in the ledger (see `evalpush status`)")
+    return record
+
+
+class UsageError(EvalpushError):
+    """The command line names something that does not exist."""
+
+
 def cmd_local_platform(args: argparse.Namespace, config: Config) -> int:
     from evalpush.local_platform import serve
 
@@ -63,6 +151,10 @@ def cmd_local_platform(args: argparse.Namespace, config: Config) -> int:
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "convert": cmd_convert,
+    "push": cmd_push,
+    "status": cmd_status,
+    "retry": cmd_retry,
+    "forget": cmd_forget,
     "local-platform": cmd_local_platform,
 }
 
@@ -72,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = _load(args)
         return _COMMANDS[args.command](args, config)
-    except ConfigError as exc:
+    except (ConfigError, UsageError) as exc:
         print(f"evalpush: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except EvalpushError as exc:

@@ -394,27 +394,65 @@ class Converted:
     sample: bytes  # the encoded sample
 
 
+def _checked(line: Line, max_line_bytes: int) -> dict[str, Any] | SetAside | None:
+    """The line's checked trace, its SetAside record, or None for a blank line."""
+    if line.data is None:
+        reason = f"line longer than read.max_line_bytes ({max_line_bytes} bytes)"
+        return SetAside(line.number, line.start, reason, line.end - line.start)
+    if not line.data.strip():
+        return None  # a blank line is no record (the producer skips them too)
+    try:
+        trace = parse_trace(line.data, line.number)
+        check_trace(trace, line.number)
+    except BadRecord as exc:
+        return SetAside(line.number, line.start, exc.reason, line.end - line.start)
+    return trace
+
+
 def convert_lines(
     lines: Iterator[Line], totals: RunTotals, *, max_line_bytes: int
 ) -> Iterator[Converted | SetAside]:
-    """Each line as an encoded sample, or as a SetAside record; `totals` advance per sample."""
+    """Each line as an encoded sample, or as a SetAside record.
+
+    `totals` count a sample in once the consumer asks for the next item, so while a consumer
+    holds a sample, `totals` cover exactly the samples before it (what a batch boundary needs).
+    """
     for line in lines:
-        if line.data is None:
-            reason = f"line longer than read.max_line_bytes ({max_line_bytes} bytes)"
-            yield SetAside(line.number, line.start, reason, line.end - line.start)
+        trace = _checked(line, max_line_bytes)
+        if trace is None or isinstance(trace, SetAside):
+            if trace is not None:
+                yield trace
             continue
-        if not line.data.strip():
-            continue  # a blank line is no record (the producer skips them too)
         try:
-            trace = parse_trace(line.data, line.number)
-            check_trace(trace, line.number)
             sample = build_sample(trace, totals.rollouts.get(trace["task"]["idx"], 0) + 1)
             encoded = encode_sample(sample, line.number)
         except BadRecord as exc:
             yield SetAside(line.number, line.start, exc.reason, line.end - line.start)
             continue
-        totals.add(trace)
         yield Converted(line, encoded)
+        totals.add(trace)
+
+
+@dataclass(slots=True)
+class Scan:
+    """What one cheap pass over a run's lines found."""
+
+    totals: RunTotals
+    set_aside: list[SetAside]
+    end: int  # the offset just past the last complete line
+
+
+def scan(lines: Iterator[Line], *, max_line_bytes: int) -> Scan:
+    """Check every line and sum the good ones, without building samples."""
+    result = Scan(RunTotals(), [], 0)
+    for line in lines:
+        result.end = line.end
+        trace = _checked(line, max_line_bytes)
+        if isinstance(trace, SetAside):
+            result.set_aside.append(trace)
+        elif trace is not None:
+            result.totals.add(trace)
+    return result
 
 
 def convert_to_streams(
@@ -458,5 +496,6 @@ __all__ = [
     "convert_lines",
     "convert_to_streams",
     "parse_trace",
+    "scan",
     "summary",
 ]
