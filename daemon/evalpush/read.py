@@ -47,7 +47,8 @@ class Line(NamedTuple):
 
 
 def _open(path: Path) -> int:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; it has no effect on a regular file.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise IsADirectoryError(f"{path}: not a regular file")

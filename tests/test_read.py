@@ -1,0 +1,296 @@
+"""The read stage: complete lines by byte offset, bounded memory, and the file's identity."""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import shutil
+import tempfile
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evalpush import read
+from evalpush.read import Change, FileChangedError, Line, compare, identity, read_lines
+
+MIB = 1024 * 1024
+NOBODY = 65534
+
+
+def write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def append(path: Path, data: bytes) -> None:
+    with path.open("ab") as f:
+        f.write(data)
+
+
+def read_all(path: Path, *, max_line_bytes: int = MIB, **kwargs: Any) -> list[Line]:
+    return list(read_lines(path, max_line_bytes=max_line_bytes, **kwargs))
+
+
+def outcome_without_read_access(locked: Path, fn: Callable[[], Any]) -> tuple[str, str]:
+    """What `fn()` does for a user who may not read `locked`: ("ok", repr) or (error class, text).
+
+    Root reads any file, so as root `fn` runs in a forked child that became `nobody`.
+    """
+    locked.chmod(0)
+    try:
+        if os.geteuid() != 0:
+            return _outcome(fn)
+        rfd, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: drop to nobody, report, and leave without running pytest's exit
+            os.close(rfd)
+            try:
+                os.setgroups([])
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                result = _outcome(fn)
+            except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+                result = ("child failed", repr(exc))
+            os.write(wfd, pickle.dumps(result))
+            os._exit(0)
+        os.close(wfd)
+        with os.fdopen(rfd, "rb") as f:
+            data = f.read()
+        os.waitpid(pid, 0)
+        return pickle.loads(data)
+    finally:
+        locked.chmod(0o600)
+
+
+def _outcome(fn: Callable[[], Any]) -> tuple[str, str]:
+    try:
+        return ("ok", repr(fn()))
+    except Exception as exc:  # noqa: BLE001 - the test asserts on which one
+        return (type(exc).__name__, str(exc))
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory every user may enter (pytest's tmp_path is 0700 to root's tree)."""
+    path = Path(tempfile.mkdtemp(prefix="evalpush-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+class TestLines:
+    def test_only_newline_terminated_lines_are_records(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"one\ntwo\nthr")
+
+        assert [line.data for line in read_all(path)] == [b"one", b"two"]
+
+    def test_each_line_carries_its_exact_byte_range_and_line_number(self, tmp_path):
+        content = b"a\n\nccc\n" + "é".encode() + b"\n"
+        path = write(tmp_path / "t.jsonl", content)
+
+        lines = read_all(path)
+
+        assert lines == [
+            Line(b"a", 0, 2, 1),
+            Line(b"", 2, 3, 2),
+            Line(b"ccc", 3, 7, 3),
+            Line("é".encode(), 7, 10, 4),
+        ]
+        assert all(content[line.start : line.end] == line.data + b"\n" for line in lines)
+
+    def test_an_empty_file_has_no_lines(self, tmp_path):
+        assert read_all(write(tmp_path / "t.jsonl", b"")) == []
+
+    def test_a_half_written_last_line_is_read_once_it_is_completed(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b'{"a": 1}\n{"b": ')
+        first = read_all(path)
+        assert first == [Line(b'{"a": 1}', 0, 9, 1)]
+
+        append(path, b'2}\n{"c": 3}\n')
+        rest = read_all(path, offset=first[-1].end, number=first[-1].number)
+
+        assert rest == [Line(b'{"b": 2}', 9, 18, 2), Line(b'{"c": 3}', 18, 27, 3)]
+
+    def test_resuming_at_a_saved_offset_gives_the_same_lines_as_one_pass(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"".join(b"line %d\n" % i for i in range(1, 8)))
+        whole = read_all(path)
+        saved = whole[2]
+
+        resumed = read_all(path, offset=saved.end, number=saved.number)
+
+        assert resumed == whole[3:]
+
+    def test_end_stops_the_read_before_a_line_it_cuts(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"aa\nbb\ncc\n")
+
+        assert [line.data for line in read_all(path, end=7)] == [b"aa", b"bb"]
+        assert [line.data for line in read_all(path, end=6)] == [b"aa", b"bb"]
+        assert [line.data for line in read_all(path, end=5)] == [b"aa"]
+
+    def test_lines_longer_than_a_read_chunk_are_joined(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(read, "CHUNK_BYTES", 4)
+        path = write(tmp_path / "t.jsonl", b"abcdefghij\nk\nlmnopq\n")
+
+        lines = read_all(path)
+
+        assert lines == [
+            Line(b"abcdefghij", 0, 11, 1),
+            Line(b"k", 11, 13, 2),
+            Line(b"lmnopq", 13, 20, 3),
+        ]
+
+
+class TestLongLines:
+    def test_a_line_of_exactly_max_line_bytes_is_kept_and_one_byte_more_is_not(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"x" * 10 + b"\n" + b"y" * 11 + b"\nz\n")
+
+        lines = read_all(path, max_line_bytes=10)
+
+        assert lines == [
+            Line(b"x" * 10, 0, 11, 1),
+            Line(None, 11, 23, 2),
+            Line(b"z", 23, 25, 3),
+        ]
+
+    def test_a_too_long_line_across_chunks_is_skipped_and_the_next_line_is_read(
+        self, tmp_path, monkeypatch
+    ):
+        monkeypatch.setattr(read, "CHUNK_BYTES", 3)
+        path = write(tmp_path / "t.jsonl", b"ok\n" + b"L" * 20 + b"\nnext\n")
+
+        lines = read_all(path, max_line_bytes=5)
+
+        assert lines == [Line(b"ok", 0, 3, 1), Line(None, 3, 24, 2), Line(b"next", 24, 29, 3)]
+
+    def test_a_100_mb_line_is_skipped_without_being_held_in_memory(self, tmp_path):
+        path = tmp_path / "t.jsonl"
+        block = b"x" * MIB
+        with path.open("wb") as f:
+            f.write(b'{"before": 1}\n')
+            for _ in range(100):
+                f.write(block)
+            f.write(b'\n{"after": 1}\n')
+        del block
+
+        tracemalloc.start()
+        try:
+            lines = read_all(path, max_line_bytes=MIB)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+        huge_start = len(b'{"before": 1}\n')
+        assert lines == [
+            Line(b'{"before": 1}', 0, huge_start, 1),
+            Line(None, huge_start, huge_start + 100 * MIB + 1, 2),
+            Line(b'{"after": 1}', huge_start + 100 * MIB + 1, path.stat().st_size, 3),
+        ]
+        assert peak < 5 * MIB, f"peak {peak / MIB:.1f} MiB: the long line was held"
+
+
+class TestWhatIsRead:
+    def test_a_symlink_is_not_followed(self, tmp_path):
+        target = write(tmp_path / "real.jsonl", b"line\n")
+        link = tmp_path / "traces.jsonl"
+        link.symlink_to(target)
+
+        with pytest.raises(OSError) as raised:
+            read_all(link)
+
+        assert raised.value.errno == errno.ELOOP
+
+    def test_a_directory_is_not_read(self, tmp_path):
+        with pytest.raises(IsADirectoryError, match="not a regular file"):
+            read_all(tmp_path)
+
+    @pytest.mark.timeout(5)
+    def test_a_fifo_is_refused_without_waiting_for_a_writer(self, tmp_path):
+        fifo = tmp_path / "traces.jsonl"
+        os.mkfifo(fifo)
+
+        with pytest.raises(IsADirectoryError, match="not a regular file"):
+            read_all(fifo)
+
+    def test_an_unreadable_file_raises_permission_error_naming_it(self, open_dir):
+        path = write(open_dir / "traces.jsonl", b"line\n")
+
+        kind, message = outcome_without_read_access(path, lambda: read_all(path))
+
+        assert kind == "PermissionError"
+        assert str(path) in message
+
+    def test_expect_refuses_a_file_replaced_by_an_atomic_rename(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"old\n")
+        known = identity(path)
+        write(tmp_path / "t.tmp", b"old\nnew\n")
+        os.replace(tmp_path / "t.tmp", path)
+
+        with pytest.raises(FileChangedError):
+            read_all(path, expect=known)
+
+    def test_expect_refuses_a_file_truncated_below_the_offset(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"first\nsecond\n")
+        known = identity(path)
+        with path.open("r+b") as f:
+            f.truncate(3)
+
+        with pytest.raises(FileChangedError):
+            read_all(path, offset=6, number=1, expect=known)
+
+    def test_expect_reads_the_same_file_as_it_grows(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"first\n")
+        known = identity(path)
+        append(path, b"second\n")
+
+        lines = read_all(path, offset=6, number=1, expect=known)
+
+        assert lines == [Line(b"second", 6, 13, 2)]
+
+
+class TestCompare:
+    def test_an_untouched_file_is_the_same(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"a\n")
+
+        assert compare(path, identity(path)) is Change.SAME
+
+    def test_an_appended_file_has_grown(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"a\n")
+        known = identity(path)
+        append(path, b"b\n")
+
+        assert compare(path, known) is Change.GROWN
+
+    def test_an_atomic_rename_over_the_file_is_a_replacement_even_when_larger(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"a\n")
+        known = identity(path)
+        write(tmp_path / "t.tmp", b"a\nb\nc\n")
+        os.replace(tmp_path / "t.tmp", path)
+
+        assert compare(path, known) is Change.REPLACED
+
+    def test_a_truncated_file_is_a_replacement(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"a\nb\n")
+        known = identity(path)
+        with path.open("r+b") as f:
+            f.truncate(2)
+
+        assert compare(path, known) is Change.REPLACED
+
+    def test_a_deleted_file_is_gone(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"a\n")
+        known = identity(path)
+        path.unlink()
+
+        assert compare(path, known) is Change.GONE
+
+    def test_a_file_swapped_for_a_symlink_is_gone(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"a\n")
+        known = identity(path)
+        path.unlink()
+        path.symlink_to(write(tmp_path / "elsewhere.jsonl", b"a\n"))
+
+        assert compare(path, known) is Change.GONE
