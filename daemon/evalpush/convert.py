@@ -342,14 +342,27 @@ class RunTotals:
         }
 
     def to_json(self) -> bytes:
-        state = {**self.__dict__, "rollouts": list(self.rollouts.items())}
+        # orjson writes NaN/Infinity as null: keep them as text so a resumed sum stays non-finite
+        state = {
+            **self.__dict__,
+            "reward_sum": _float_text(self.reward_sum),
+            "metric_sums": {k: _float_text(v) for k, v in self.metric_sums.items()},
+            "rollouts": list(self.rollouts.items()),
+        }
         return orjson.dumps(state)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> RunTotals:
         state = orjson.loads(data)
+        state["reward_sum"] = float(state["reward_sum"])
+        state["metric_sums"] = {k: float(v) for k, v in state["metric_sums"].items()}
         state["rollouts"] = dict((int(k), v) for k, v in state["rollouts"])
         return cls(**state)
+
+
+def _float_text(value: float) -> float | str:
+    """A finite float as is, else its text ("nan", "inf", "-inf"), which `float()` reads back."""
+    return value if math.isfinite(value) else str(value)
 
 
 def summary(run: Run, totals: RunTotals) -> dict[str, Any]:
@@ -428,6 +441,9 @@ def convert_lines(
             encoded = encode_sample(sample, line.number)
         except BadRecord as exc:
             yield SetAside(line.number, line.start, exc.reason, line.end - line.start)
+            continue
+        except RecursionError:  # parsed by orjson (depth <= 1024), too deep for Python's stack
+            yield SetAside(line.number, line.start, "nested too deeply", line.end - line.start)
             continue
         yield Converted(line, encoded)
         totals.add(trace)
