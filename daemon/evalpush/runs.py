@@ -88,7 +88,8 @@ def find_run_dirs(root: Path) -> Iterator[Path]:
         dirs.sort()
         here = Path(parent)
         for name in list(dirs):
-            if is_run_dir(here / name):
+            # os.walk lists a symlink to a directory among `dirs`: never follow it out of the root
+            if not (here / name).is_symlink() and is_run_dir(here / name):
                 dirs.remove(name)  # a run directory does not nest runs
                 yield here / name
 
