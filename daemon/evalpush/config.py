@@ -1,8 +1,9 @@
 """Configuration: one pydantic model of every setting, loaded with a fixed precedence.
 
 Precedence, highest first: command-line flag > environment variable > config file > default.
-Environment variables are `EVALPUSH_<SECTION>__<KEY>` for any key (the value is read as a TOML
-value when it parses as one, else as a plain string), plus `EVALPUSH_CONFIG` (the file) and
+Environment variables are `EVALPUSH_<SECTION>__<KEY>` for any key (an array, table or quoted
+string is read as TOML; anything else is the plain string, which validation reads as the key's
+type, so `60` is a number for a number key and stays "60" for a string key), plus `EVALPUSH_CONFIG` (the file) and
 `EVALPUSH_STATE_DIR`. The platform's own variables (`PRIME_API_KEY`, ...) are read by
 `evalpush.platform`, which owns credentials.
 
@@ -99,9 +100,10 @@ class Config(_Section):
 
 def _env_value(raw: str) -> Any:
     try:
-        return tomllib.loads(f"v = {raw}")["v"]
+        value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         return raw
+    return value if isinstance(value, (list, dict, str)) else raw
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
@@ -134,7 +136,9 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: config file not found") from None
     except PermissionError:
         raise ConfigError(f"{path}: config file not readable (permission denied)") from None
-    except tomllib.TOMLDecodeError as exc:
+    except OSError as exc:
+        raise ConfigError(f"{path}: config file cannot be read: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
