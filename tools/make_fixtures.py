@@ -110,12 +110,15 @@ def recording_platform():
 # --- inside: a local taskset, so `[taskset] id` resolves without the hub ----------------------
 
 TASKSET_MODULE = '''
+from typing import Any
+
 from verifiers.v1.task import Task
 from verifiers.v1.taskset import Taskset, TasksetConfig
 
 
 class ReverseTextTask(Task):
     answer: str | None = None
+    metadata: dict[str, Any] | None = None
 
 
 class ReverseTextTaskset(Taskset[ReverseTextTask, TasksetConfig]):
@@ -185,10 +188,11 @@ class Build:
     def user(self, content):
         return self.ty.UserMessage(content=content)
 
-    def assistant(self, content=None, *, calls=(), reasoning=None):
+    def assistant(self, content=None, *, calls=(), reasoning=None, provider_state=None):
         tool_calls = [self.ty.ToolCall(id=i, name=n, arguments=a) for i, n, a in calls] or None
         return self.ty.AssistantMessage(
-            content=content, reasoning_content=reasoning, tool_calls=tool_calls
+            content=content, reasoning_content=reasoning, tool_calls=tool_calls,
+            provider_state=provider_state,
         )
 
     def tool(self, call_id, content, name=None):
@@ -232,7 +236,9 @@ def reverse_text_tasks(b: Build) -> dict:
         0: Task(idx=0, name="hello", prompt="Reverse the text: hello", system_prompt="You reverse text.", answer="olleh"),
         1: Task(idx=1, prompt="Reverse 'abc' using the reverse tool."),
         2: Task(idx=2, prompt=[b.user(b.image_prompt("Reverse the caption of this image."))], answer="tac"),
-        3: Task(idx=3, name=None, description=None, prompt="Reverse: stressed", answer="desserts"),
+        # nulls inside a free-form dict stay: the producer drops only null-valued fields
+        3: Task(idx=3, name=None, description=None, prompt="Reverse: stressed", answer="desserts",
+                metadata={"source": None, "tags": ["palindrome-ish", None], "nested": {"k": None}}),
     }
 
 
@@ -262,7 +268,8 @@ def taskset_traces(b: Build, case: str) -> list:
             b.sampled(b.assistant(calls=[("call_1", "reverse", '{"text": "abc"}')]), 0,
                       finish="tool_calls", usage=u(40, 12)),
             b.node(b.tool("call_1", "cba", name="reverse"), 1),
-            b.sampled(b.assistant("cba", reasoning="The tool answered."), 2,
+            b.sampled(b.assistant("cba", reasoning="The tool answered.", provider_state=[
+                {"type": "reasoning", "id": "rs_1", "encrypted_content": None, "summary": [{"text": None}]}]), 2,
                       usage=u(60, 5, cost=0.0002)),
         ],
         rewards={"correct": 1.0}, metrics={"correct": 0.0, "tool_calls": 1.0},
@@ -369,7 +376,9 @@ def legacy_traces(b: Build, case: str) -> list:
         question, answer = q[idx]
         traces.append(WireTrace(
             id=trace_id(case, n),
-            task=WireTask(idx=idx, prompt=[b.user(question)], answer=answer, info={"split": "test"}),
+            # a null extra key is dropped, a null inside an extra's value is not
+            task=WireTask(idx=idx, prompt=[b.user(question)], answer=answer, hint=None,
+                          info={"split": "test", "source": None}),
             nodes=[b.node(b.user(question)),
                    b.sampled(b.assistant(reply), 0, usage=b.usage(60 + n, 3 + n))],
             rewards=rewards,
