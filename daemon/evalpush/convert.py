@@ -24,7 +24,7 @@ from typing import IO, Any
 import orjson
 
 from evalpush.config import Config
-from evalpush.errors import BadRecord
+from evalpush.errors import BadRecord, RunError
 from evalpush.read import Line, read_lines
 from evalpush.runs import Run, load_run
 
@@ -471,6 +471,16 @@ def scan(lines: Iterator[Line], *, max_line_bytes: int) -> Scan:
     return result
 
 
+def _readable_lines(path: Path, max_line_bytes: int) -> Iterator[Line]:
+    """`read_lines`, with a trace file that cannot be read reported as the run's error."""
+    try:
+        yield from read_lines(path, max_line_bytes=max_line_bytes)
+    except PermissionError:
+        raise RunError(f"{path}: not readable (permission denied)") from None
+    except OSError as exc:
+        raise RunError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+
+
 def convert_to_streams(
     directory: Path, config: Config, out: IO[bytes], err: IO[bytes]
 ) -> dict[str, Any]:
@@ -481,7 +491,7 @@ def convert_to_streams(
     run = load_run(directory)
     totals = RunTotals()
     set_aside: list[dict[str, Any]] = []
-    lines = read_lines(run.traces_path, max_line_bytes=config.read.max_line_bytes)
+    lines = _readable_lines(run.traces_path, config.read.max_line_bytes)
     pending: list[bytes] = []
     for item in convert_lines(lines, totals, max_line_bytes=config.read.max_line_bytes):
         if isinstance(item, SetAside):
