@@ -41,11 +41,10 @@ def clean_environ(**overrides: str) -> dict[str, str]:
     return {**environ, **overrides}
 
 
-def evalpush_convert(
-    directory: Path, *args: str, **env: str
-) -> subprocess.CompletedProcess[bytes]:
+def evalpush_convert(directory: Path, *args: str, **env: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         [sys.executable, "-m", "evalpush", *args, "convert", str(directory)],
+        check=False,
         capture_output=True,
         env=clean_environ(**env),
         cwd=directory.parent,
@@ -76,7 +75,9 @@ class TestConvertCommand:
 
         assert result.returncode == 0, result.stderr
         assert [(s["sample_id"], s["rollout_number"]) for s in samples(result)] == [
-            ("a", 1), ("b", 1), ("c", 2),
+            ("a", 1),
+            ("b", 1),
+            ("c", 2),
         ]
         assert len(result.stderr.splitlines()) == 1
         metrics = {"avg_reward": 0.5, "avg_metrics": {"correct": 0.5}, "avg_error": 0.0}
@@ -129,7 +130,11 @@ class TestConvertCommand:
 
         assert result.returncode == 0, result.stderr
         assert result.stdout == b""
-        assert summary(result)["metrics"] == {"avg_reward": 0.0, "avg_metrics": {}, "avg_error": 0.0}
+        assert summary(result)["metrics"] == {
+            "avg_reward": 0.0,
+            "avg_metrics": {},
+            "avg_error": 0.0,
+        }
 
     def test_a_run_without_an_environment_name_converts_and_exits_1(self, tmp_path):
         directory = make_run(tmp_path, [trace("a")], config='model = "m"\n')
@@ -256,4 +261,7 @@ def test_an_unreadable_traces_file_is_one_clear_error_and_exit_2(open_dir, monke
 
     assert code == 2
     assert out == b""
-    assert err.decode() == f"evalpush: {directory / 'traces.jsonl'}: not readable (permission denied)\n"
+    assert (
+        err.decode()
+        == f"evalpush: {directory / 'traces.jsonl'}: not readable (permission denied)\n"
+    )

@@ -75,16 +75,16 @@ class TestPrecedence:
         assert (config.upload.max_concurrent_runs, config.upload.max_batch_samples) == (2, 20)
 
     def test_evalpush_config_names_the_file_when_none_is_given(self, tmp_path):
-        path = config_file(tmp_path, "[runs]\nmarker = \".done\"\n")
+        path = config_file(tmp_path, '[runs]\nmarker = ".done"\n')
 
         config = load_config(environ={"EVALPUSH_CONFIG": str(path)})
 
         assert config.runs.marker == ".done"
 
     def test_a_given_file_beats_evalpush_config(self, tmp_path):
-        given = config_file(tmp_path, "[runs]\nmarker = \"given\"\n")
+        given = config_file(tmp_path, '[runs]\nmarker = "given"\n')
         other = tmp_path / "other.toml"
-        other.write_text("[runs]\nmarker = \"other\"\n")
+        other.write_text('[runs]\nmarker = "other"\n')
 
         config = load_config(given, environ={"EVALPUSH_CONFIG": str(other)})
 
@@ -121,7 +121,9 @@ class TestEnvironmentValues:
         assert config.runs.upload_replays is expected
 
     def test_a_bare_string(self):
-        config = load_config(environ={"EVALPUSH_RUNS__MARKER": ".done", "EVALPUSH_LOG__LEVEL": "debug"})
+        config = load_config(
+            environ={"EVALPUSH_RUNS__MARKER": ".done", "EVALPUSH_LOG__LEVEL": "debug"}
+        )
 
         assert (config.runs.marker, config.log.level) == (".done", "debug")
 
@@ -172,7 +174,9 @@ class TestErrors:
             ("watch = 5\n", "watch"),
         ],
     )
-    def test_a_wrong_type_or_value_is_an_error_naming_the_key_and_the_file(self, tmp_path, text, key):
+    def test_a_wrong_type_or_value_is_an_error_naming_the_key_and_the_file(
+        self, tmp_path, text, key
+    ):
         path = config_file(tmp_path, text)
 
         with pytest.raises(ConfigError) as raised:
@@ -182,7 +186,9 @@ class TestErrors:
         assert str(path) in str(raised.value)
 
     def test_several_problems_are_one_error_naming_each(self, tmp_path):
-        path = config_file(tmp_path, '[watch]\nbogus = 1\nrescan_seconds = "x"\n[log]\nlevel = "loud"\n')
+        path = config_file(
+            tmp_path, '[watch]\nbogus = 1\nrescan_seconds = "x"\n[log]\nlevel = "loud"\n'
+        )
 
         with pytest.raises(ConfigError) as raised:
             load_config(path, environ={})

@@ -330,12 +330,18 @@ class TestTruncation:
         assert not sample_of(trace(stop_condition="completed"))["is_truncated"]
 
     def test_the_last_sampled_node_stopping_for_length_truncates(self):
-        nodes = [node(sampled=True, finish_reason="stop"), node(parent=0, sampled=True, finish_reason="length")]
+        nodes = [
+            node(sampled=True, finish_reason="stop"),
+            node(parent=0, sampled=True, finish_reason="length"),
+        ]
 
         assert sample_of(trace(nodes=nodes))["is_truncated"]
 
     def test_an_earlier_sampled_node_stopping_for_length_does_not(self):
-        nodes = [node(sampled=True, finish_reason="length"), node(parent=0, sampled=True, finish_reason="stop")]
+        nodes = [
+            node(sampled=True, finish_reason="length"),
+            node(parent=0, sampled=True, finish_reason="stop"),
+        ]
 
         assert not sample_of(trace(nodes=nodes))["is_truncated"]
 
@@ -490,7 +496,12 @@ class TestRolloutNumbers:
 
         samples = [orjson.loads(item.sample) for item in items]
         assert [(s["example_id"], s["rollout_number"]) for s in samples] == [
-            (0, 1), (1, 1), (0, 2), (2, 1), (1, 2), (0, 3),
+            (0, 1),
+            (1, 1),
+            (0, 2),
+            (2, 1),
+            (1, 2),
+            (0, 3),
         ]
 
     def test_a_bad_line_takes_no_rollout_number(self, tmp_path):
@@ -498,7 +509,9 @@ class TestRolloutNumbers:
 
         items, _ = convert_file(tmp_path / "traces.jsonl", raw)
 
-        numbers = [orjson.loads(i.sample)["rollout_number"] for i in items if isinstance(i, Converted)]
+        numbers = [
+            orjson.loads(i.sample)["rollout_number"] for i in items if isinstance(i, Converted)
+        ]
         assert numbers == [1, 2]
 
 
@@ -517,7 +530,9 @@ class TestAggregates:
         assert RunTotals().metrics() == {"avg_reward": 0.0, "avg_metrics": {}, "avg_error": 0.0}
 
     def test_avg_reward_is_the_mean_of_the_trace_rewards(self):
-        totals = totals_of(trace(rewards={"a": 1.0, "b": 0.5}), trace(rewards={}), trace(rewards={"a": 0.25}))
+        totals = totals_of(
+            trace(rewards={"a": 1.0, "b": 0.5}), trace(rewards={}), trace(rewards={"a": 0.25})
+        )
 
         assert totals.metrics()["avg_reward"] == pytest.approx(1.75 / 3)
 
@@ -566,8 +581,13 @@ class TestAggregates:
 
 def some_traces() -> list[dict[str, Any]]:
     return [
-        trace(id=f"t{i}", idx=i % 3, rewards={"a": 0.1 * i, "b": 1 / 3}, metrics={"m": i / 7},
-              errors=[{"type": "E", "message": "m"}] if i % 4 == 0 else [])
+        trace(
+            id=f"t{i}",
+            idx=i % 3,
+            rewards={"a": 0.1 * i, "b": 1 / 3},
+            metrics={"m": i / 7},
+            errors=[{"type": "E", "message": "m"}] if i % 4 == 0 else [],
+        )
         for i in range(10)
     ]
 
@@ -595,7 +615,9 @@ class TestRunTotalsPersistence:
         assert resumed_numbers == numbers[4:]
 
     def test_a_non_finite_sum_survives_the_json_round_trip(self):
-        totals = totals_of(trace(rewards={"r": math.nan}, metrics={"up": math.inf, "down": -math.inf}))
+        totals = totals_of(
+            trace(rewards={"r": math.nan}, metrics={"up": math.inf, "down": -math.inf})
+        )
 
         restored = RunTotals.from_json(totals.to_json())
         restored.add(checked(trace(rewards={"r": 1.0}, metrics={"up": 1.0, "down": 1.0})))
@@ -611,7 +633,10 @@ class TestRunTotalsPersistence:
 
 class TestNonFinite:
     def test_nan_and_infinity_literals_are_accepted_and_sent_as_null(self, tmp_path):
-        raw = b'{"id": "a", "task": {"idx": 0}, "rewards": {"r": NaN}, "metrics": {"m": Infinity, "n": -Infinity}}'
+        raw = (
+            b'{"id": "a", "task": {"idx": 0}, "rewards": {"r": NaN},'
+            b' "metrics": {"m": Infinity, "n": -Infinity}}'
+        )
 
         items, totals = convert_file(tmp_path / "traces.jsonl", [raw])
 
@@ -635,14 +660,24 @@ class TestNonFinite:
 
         sent_summary = orjson.loads(orjson.dumps(summary(a_run(), totals)))
 
-        assert sent_summary["metrics"] == {"avg_reward": None, "avg_metrics": {"r": None}, "avg_error": 0.0}
+        assert sent_summary["metrics"] == {
+            "avg_reward": None,
+            "avg_metrics": {"r": None},
+            "avg_error": 0.0,
+        }
 
 
 # ---------------------------------------------------------------- bad lines
 
 
 def deeply_nested(depth: int) -> bytes:
-    return b'{"id": "a", "task": {"idx": 0}, "timing": ' + b'{"a": ' * depth + b"1" + b"}" * depth + b"}"
+    return (
+        b'{"id": "a", "task": {"idx": 0}, "timing": '
+        + b'{"a": ' * depth
+        + b"1"
+        + b"}" * depth
+        + b"}"
+    )
 
 
 def encoded(**fields: Any) -> bytes:
@@ -660,29 +695,61 @@ BAD_LINES = [
     ("an id that is not a string", orjson.dumps({"id": 7, "task": {"idx": 0}}), "'id' must be"),
     ("missing task", orjson.dumps({"id": "a"}), "missing 'task'"),
     ("missing task.idx", orjson.dumps({"id": "a", "task": {"prompt": "q"}}), "missing 'task.idx'"),
-    ("idx a string", orjson.dumps({"id": "a", "task": {"idx": "3"}}), "'task.idx' must be an integer"),
-    ("idx a bool", orjson.dumps({"id": "a", "task": {"idx": True}}), "'task.idx' must be an integer"),
+    (
+        "idx a string",
+        orjson.dumps({"id": "a", "task": {"idx": "3"}}),
+        "'task.idx' must be an integer",
+    ),
+    (
+        "idx a bool",
+        orjson.dumps({"id": "a", "task": {"idx": True}}),
+        "'task.idx' must be an integer",
+    ),
     ("rewards not a dict", encoded(rewards=[1.0]), "'rewards' must be dict"),
     ("a reward not a number", encoded(rewards={"r": "high"}), "'rewards.r' must be a number"),
     ("metrics not a dict", encoded(metrics=3), "'metrics' must be dict"),
     ("nodes not a list", encoded(nodes={"0": {}}), "'nodes' must be list"),
     ("a node not an object", encoded(nodes=["hi"]), "'nodes[0]'"),
     ("a node without a message", encoded(nodes=[{"parent": None}]), "'nodes[0]'"),
-    ("token_ids not a list", encoded(nodes=[node(token_ids=5)]), "'nodes[0].token_ids' must be a list"),
+    (
+        "token_ids not a list",
+        encoded(nodes=[node(token_ids=5)]),
+        "'nodes[0].token_ids' must be a list",
+    ),
     ("usage not an object", encoded(nodes=[node(usage=3)]), "'nodes[0].usage' must be an object"),
-    ("usage tokens not ints", encoded(nodes=[node(usage=usage("1", 2))]), "'nodes[0].usage.prompt_tokens'"),
-    ("parent out of range", encoded(nodes=[node(), node(parent=5)]), "'nodes[1].parent' 5 is out of range"),
-    ("a negative parent", encoded(nodes=[node(), node(parent=-1)]), "'nodes[1].parent' -1 is out of range"),
+    (
+        "usage tokens not ints",
+        encoded(nodes=[node(usage=usage("1", 2))]),
+        "'nodes[0].usage.prompt_tokens'",
+    ),
+    (
+        "parent out of range",
+        encoded(nodes=[node(), node(parent=5)]),
+        "'nodes[1].parent' 5 is out of range",
+    ),
+    (
+        "a negative parent",
+        encoded(nodes=[node(), node(parent=-1)]),
+        "'nodes[1].parent' -1 is out of range",
+    ),
     ("a parent that is a string", encoded(nodes=[node(), node(parent="0")]), "'nodes[1].parent'"),
     ("a 2-cycle with no leaves", encoded(nodes=[node(parent=1), node(parent=0)]), "cycle"),
     ("a self-loop", encoded(nodes=[node(), node(parent=1)]), "cycle"),
-    ("a cycle behind a leaf", encoded(nodes=[node(parent=1), node(parent=2), node(parent=1)]), "cycle"),
+    (
+        "a cycle behind a leaf",
+        encoded(nodes=[node(parent=1), node(parent=2), node(parent=1)]),
+        "cycle",
+    ),
     ("errors not a list", encoded(errors={"type": "E"}), "'errors' must be list"),
     ("an error not an object", encoded(errors=["boom"]), "'errors' entries must be objects"),
     ("info not a dict", encoded(info=["x"]), "'info' must be dict"),
     ("timing not a dict", encoded(timing=1.0), "'timing' must be dict"),
     ("stop_condition not a string", encoded(stop_condition=1), "'stop_condition' must be a string"),
-    ("a lone surrogate", b'{"id": "a", "task": {"idx": 0}, "info": {"s": "\\ud800"}}', "cannot be encoded"),
+    (
+        "a lone surrogate",
+        b'{"id": "a", "task": {"idx": 0}, "info": {"s": "\\ud800"}}',
+        "cannot be encoded",
+    ),
     ("nesting orjson refuses", deeply_nested(2000), "nested too deeply"),
     ("nesting Python refuses", deeply_nested(950), "nested too deeply"),
 ]
@@ -690,7 +757,9 @@ BAD_LINES = [
 
 class TestBadLines:
     @pytest.mark.timeout(10)
-    @pytest.mark.parametrize("raw, reason", [b[1:] for b in BAD_LINES], ids=[b[0] for b in BAD_LINES])
+    @pytest.mark.parametrize(
+        "raw, reason", [b[1:] for b in BAD_LINES], ids=[b[0] for b in BAD_LINES]
+    )
     def test_a_bad_line_is_set_aside_with_where_and_why_and_the_rest_converts(
         self, tmp_path, raw, reason
     ):
@@ -703,7 +772,10 @@ class TestBadLines:
         assert items[1].offset == len(before) + 1
         assert items[1].size == len(raw) + 1
         assert reason in items[1].reason
-        assert [orjson.loads(i.sample)["sample_id"] for i in (items[0], items[2])] == ["before", "after"]
+        assert [orjson.loads(i.sample)["sample_id"] for i in (items[0], items[2])] == [
+            "before",
+            "after",
+        ]
         assert totals.traces == 2
 
     def test_a_line_over_max_line_bytes_is_set_aside_naming_the_limit(self, tmp_path):
@@ -712,7 +784,9 @@ class TestBadLines:
 
         items, totals = convert_file(tmp_path / "traces.jsonl", [huge, good], max_line_bytes=100)
 
-        assert items[0] == SetAside(1, 0, "line longer than read.max_line_bytes (100 bytes)", len(huge) + 1)
+        assert items[0] == SetAside(
+            1, 0, "line longer than read.max_line_bytes (100 bytes)", len(huge) + 1
+        )
         assert orjson.loads(items[1].sample)["sample_id"] == "good"
         assert totals.traces == 1
 

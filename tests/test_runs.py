@@ -19,7 +19,7 @@ def make_run(
     config: str | None = '[taskset]\nid = "gsm8k"\n',
     traces: str | None = "traces.jsonl",
 ) -> Path:
-    """A run directory with `config` as its config.toml (None: no config) and an empty trace file."""
+    """A run directory with `config` as config.toml (None: none) and an empty trace file."""
     directory.mkdir(parents=True, exist_ok=True)
     if config is not None:
         (directory / "config.toml").write_text(config)
@@ -162,20 +162,33 @@ class TestConfigFields:
         run = load_run(make_run(tmp_path / RUN_UUID))
 
         assert (run.model, run.num_rollouts, run.num_tasks, run.pushed_inline) == (
-            "deepseek/deepseek-v4-flash", 1, None, True,
+            "deepseek/deepseek-v4-flash",
+            1,
+            None,
+            True,
         )
         assert run.expected_traces is None
 
     def test_set_keys_are_read(self, tmp_path):
-        config = 'model = "org/model"\nnum_rollouts = 4\nnum_tasks = 25\npush = false\n[taskset]\nid = "e"\n'
+        config = (
+            'model = "org/model"\nnum_rollouts = 4\nnum_tasks = 25\npush = false\n'
+            '[taskset]\nid = "e"\n'
+        )
 
         run = load_run(make_run(tmp_path / RUN_UUID, config))
 
-        assert (run.model, run.num_rollouts, run.num_tasks, run.pushed_inline) == ("org/model", 4, 25, False)
+        assert (run.model, run.num_rollouts, run.num_tasks, run.pushed_inline) == (
+            "org/model",
+            4,
+            25,
+            False,
+        )
         assert run.expected_traces == 100
 
     def test_the_evaluation_name_is_env_model_and_the_run_ids_first_8_chars(self, tmp_path):
-        run = load_run(make_run(tmp_path / RUN_UUID, 'model = "org/model"\n[taskset]\nid = "gsm8k"\n'))
+        run = load_run(
+            make_run(tmp_path / RUN_UUID, 'model = "org/model"\n[taskset]\nid = "gsm8k"\n')
+        )
 
         assert run.evaluation_name == "gsm8k--org/model--6f1c9a52"
 
@@ -201,7 +214,10 @@ class TestFindRunDirs:
         make_run(tmp_path / "e--debug" / "d", 'script_path = "s.py"\n')
         make_run(tmp_path / "e--replay" / "r", "num_rescores = 1\n")
 
-        assert list(find_run_dirs(tmp_path)) == [tmp_path / "e--debug" / "d", tmp_path / "e--replay" / "r"]
+        assert list(find_run_dirs(tmp_path)) == [
+            tmp_path / "e--debug" / "d",
+            tmp_path / "e--replay" / "r",
+        ]
 
     def test_a_symlink_to_a_run_outside_the_root_is_not_followed(self, tmp_path):
         root = tmp_path / "root"

@@ -356,7 +356,7 @@ class RunTotals:
         state = orjson.loads(data)
         state["reward_sum"] = float(state["reward_sum"])
         state["metric_sums"] = {k: float(v) for k, v in state["metric_sums"].items()}
-        state["rollouts"] = dict((int(k), v) for k, v in state["rollouts"])
+        state["rollouts"] = {int(k): v for k, v in state["rollouts"]}
         return cls(**state)
 
 
