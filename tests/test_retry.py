@@ -1,0 +1,361 @@
+"""The retry policy and the shared gate, with injected clocks, randomness and sleep."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from evalpush import errors
+from evalpush.retry import Backoff, Gate, Retrier
+
+BACKOFF = Backoff(base_seconds=0.5, cap_seconds=8.0)
+TINY = Backoff(base_seconds=0.001, cap_seconds=0.005)
+
+
+class FakeClock:
+    """A monotonic clock that moves only when the fake sleep says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+class FakePlatform:
+    """Stands in for PlatformClient where the gate is concerned: probe and reload_credentials."""
+
+    def __init__(self, *, probe_failures: int = 0, failure: errors.EvalpushError | None = None) -> None:
+        self.probe_failures = probe_failures
+        self.failure = failure or errors.Unreachable("probe: ConnectError")
+        self.probes = 0
+        self.reloads = 0
+        self.active = 0
+        self.most_active = 0
+        self.up = threading.Event()
+        self._lock = threading.Lock()
+
+    def reload_credentials(self) -> bool:
+        self.reloads += 1
+        return False
+
+    def probe(self) -> None:
+        with self._lock:
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+            self.probes += 1
+            failing = self.probes <= self.probe_failures
+        time.sleep(0.005)  # long enough for a second prober, if there were one, to overlap
+        with self._lock:
+            self.active -= 1
+        if failing:
+            raise self.failure
+        self.up.set()
+
+
+def failing(times: int, error: Callable[[], BaseException], result: Any = "done") -> Callable[[], Any]:
+    """A call that raises `error()` `times` times, then returns `result`; `.calls` counts."""
+
+    def call() -> Any:
+        call.calls += 1  # type: ignore[attr-defined]
+        if call.calls <= times:  # type: ignore[attr-defined]
+            raise error()
+        return result
+
+    call.calls = 0  # type: ignore[attr-defined]
+    return call
+
+
+def make_retrier(
+    clock: FakeClock,
+    *,
+    rng: Callable[[], float] = lambda: 1.0,
+    stop: threading.Event | None = None,
+    gate: Gate | None = None,
+    sleep: Callable[[float], object] | None = None,
+) -> Retrier:
+    gate = gate or Gate(backoff=TINY, clock=clock, poll_seconds=0.01)
+    return Retrier(FakePlatform(), gate, stop or threading.Event(), backoff=BACKOFF, rng=rng,
+                   sleep=sleep or clock.sleep)
+
+
+class TestBackoff:
+    def test_the_ceiling_doubles_from_base_up_to_the_cap(self) -> None:
+        assert [BACKOFF.ceiling(n) for n in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+
+    def test_full_jitter_scales_the_ceiling_by_the_random_draw(self) -> None:
+        assert BACKOFF.delay(3, lambda: 1.0) == 4.0
+        assert BACKOFF.delay(3, lambda: 0.25) == 1.0
+        assert BACKOFF.delay(3, lambda: 0.0) == 0.0
+
+    def test_every_draw_falls_between_zero_and_the_ceiling(self) -> None:
+        rng = random.Random(7).random
+        for attempt in range(40):
+            assert 0.0 <= BACKOFF.delay(attempt, rng) <= BACKOFF.ceiling(attempt)
+
+    def test_retry_after_is_a_lower_bound(self) -> None:
+        assert BACKOFF.delay(0, lambda: 0.0, retry_after=30.0) == 30.0
+        assert BACKOFF.delay(5, lambda: 1.0, retry_after=1.0) == 8.0
+
+    def test_a_huge_attempt_number_stays_at_the_cap(self) -> None:
+        assert BACKOFF.ceiling(100_000) == 8.0
+
+
+class TestRetrier:
+    def test_transient_failures_are_retried_on_the_backoff_schedule(self) -> None:
+        clock = FakeClock()
+        call = failing(6, lambda: errors.Transient("HTTP 500", status=500))
+        assert make_retrier(clock).call(call, replayable=False, what="create evaluation") == "done"
+        assert clock.slept == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+        assert call.calls == 7
+
+    def test_jitter_comes_from_the_injected_random_source(self) -> None:
+        clock = FakeClock()
+        draws = iter([0.5, 0.1, 0.9])
+        make_retrier(clock, rng=lambda: next(draws)).call(
+            failing(3, lambda: errors.Transient("HTTP 503")), replayable=True, what="read"
+        )
+        assert clock.slept == pytest.approx([0.25, 0.1, 1.8])
+
+    def test_retry_after_is_honoured_even_when_jitter_draws_less(self) -> None:
+        clock = FakeClock()
+        call = failing(1, lambda: errors.Transient("HTTP 429", retry_after=7.0, status=429))
+        make_retrier(clock, rng=lambda: 0.0).call(call, replayable=False, what="push samples")
+        assert clock.slept == [7.0]
+
+    def test_retry_after_pauses_the_shared_gate_until_its_deadline(self) -> None:
+        clock = FakeClock()
+        gate = Gate(backoff=TINY, clock=clock, poll_seconds=0.01)
+        modes: list[str] = []
+
+        def sleep(seconds: float) -> None:
+            modes.append(gate.mode)
+            clock.sleep(seconds)
+
+        make_retrier(clock, rng=lambda: 0.0, gate=gate, sleep=sleep).call(failing(1, lambda: errors.Transient("HTTP 503", retry_after=5.0, status=503)),
+                     replayable=True, what="read")
+        assert modes == ["paused"]
+        assert gate.mode == "open"
+
+    def test_an_ambiguous_failure_of_a_non_replayable_step_is_raised_at_once(self) -> None:
+        clock = FakeClock()
+        call = failing(5, lambda: errors.Ambiguous("create evaluation: ReadTimeout"))
+        with pytest.raises(errors.Ambiguous):
+            make_retrier(clock).call(call, replayable=False, what="create evaluation")
+        assert call.calls == 1 and clock.slept == []
+
+    def test_an_ambiguous_failure_of_a_replayable_step_is_retried(self) -> None:
+        clock = FakeClock()
+        call = failing(2, lambda: errors.Ambiguous("read: HTTP 502", status=502))
+        assert make_retrier(clock).call(call, replayable=True, what="read") == "done"
+        assert call.calls == 3
+
+    @pytest.mark.parametrize(
+        "error",
+        [errors.Refused("HTTP 400"), errors.BatchRefused("HTTP 413"), errors.Gone("HTTP 404"),
+         errors.Conflict("HTTP 409"), errors.LedgerError("disk full"), ValueError("a bug")],
+    )
+    def test_refusals_and_non_platform_errors_are_raised_at_once(self, error: BaseException) -> None:
+        clock = FakeClock()
+        call = failing(1, lambda: error)
+        with pytest.raises(type(error)):
+            make_retrier(clock).call(call, replayable=True, what="push samples")
+        assert call.calls == 1
+
+    def test_a_stop_during_backoff_raises_interrupted(self) -> None:
+        clock = FakeClock()
+        stop = threading.Event()
+        retrier = make_retrier(clock, stop=stop, sleep=lambda seconds: stop.set())
+        call = failing(10, lambda: errors.Transient("HTTP 500"))
+        with pytest.raises(errors.Interrupted):
+            retrier.call(call, replayable=True, what="read")
+        assert call.calls == 1
+
+    def test_a_stop_before_the_call_sends_nothing(self) -> None:
+        stop = threading.Event()
+        stop.set()
+        call = failing(0, lambda: errors.Transient("unused"))
+        with pytest.raises(errors.Interrupted):
+            make_retrier(FakeClock(), stop=stop).call(call, replayable=True, what="read")
+        assert call.calls == 0
+
+    def test_each_retry_is_logged_naming_the_run_and_the_step(self) -> None:
+        clock = FakeClock()
+        with capture_logs() as logs:
+            make_retrier(clock).call(
+                failing(2, lambda: errors.Transient("HTTP 503", status=503)),
+                replayable=True, what="list samples of e1", run="run-7",
+            )
+        retries = [e for e in logs if e["event"] == "platform call failed; retrying"]
+        assert [(e["run"], e["what"], e["attempt"]) for e in retries] == [
+            ("run-7", "list samples of e1", 1), ("run-7", "list samples of e1", 2)
+        ]
+        assert retries[0]["error_class"] == "Transient" and retries[0]["wait_seconds"] == 0.5
+
+
+def run_in_threads(count: int, target: Callable[[], Any]) -> tuple[list[Any], list[BaseException]]:
+    results: list[Any] = []
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(target())
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, name=f"caller-{i}") for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    return results, failures
+
+
+class TestGate:
+    def test_while_unreachable_one_probe_runs_at_a_time_and_every_caller_resumes(self) -> None:
+        platform = FakePlatform(probe_failures=3)
+        stop = threading.Event()
+        gate = Gate(backoff=TINY, poll_seconds=0.01)
+        retrier = Retrier(platform, gate, stop, backoff=TINY)
+
+        def upload() -> str:
+            if not platform.up.is_set():
+                raise errors.Unreachable("create evaluation: ConnectError")
+            return "sent"
+
+        results, failures = run_in_threads(6, lambda: retrier.call(upload, replayable=False, what="create"))
+        assert failures == [] and results == ["sent"] * 6
+        assert platform.most_active == 1
+        assert platform.probes == 4  # three refused, one answered, none after it opened
+        assert gate.mode == "open"
+
+    def test_the_outage_is_logged_once_when_it_starts_and_once_when_it_ends(self) -> None:
+        platform = FakePlatform(probe_failures=2)
+        gate = Gate(backoff=TINY, poll_seconds=0.01)
+        retrier = Retrier(platform, gate, threading.Event(), backoff=TINY)
+
+        def upload() -> None:
+            if not platform.up.is_set():
+                raise errors.Unreachable("ConnectError")
+
+        with capture_logs() as logs:
+            run_in_threads(4, lambda: retrier.call(upload, replayable=True, what="read"))
+        events = [e["event"] for e in logs if not e["event"].startswith("platform call failed")]
+        assert events == ["platform unreachable: uploads wait while one probe checks it",
+                          "platform answers again: uploads resume"]
+
+    def test_an_auth_refusal_pauses_uploads_until_a_reloaded_key_works(self) -> None:
+        class KeyRotation(FakePlatform):
+            """The key is wrong until the operator fixes it, noticed on the third reload."""
+
+            def __init__(self) -> None:
+                super().__init__()
+                self.key = "old"
+                self.states: list[str] = []
+
+            def reload_credentials(self) -> bool:
+                self.reloads += 1
+                if self.reloads == 3:
+                    self.key = "new"
+                    return True
+                return False
+
+            def probe(self) -> None:
+                self.probes += 1
+                self.states.append(gate.state)
+                if self.key != "new":
+                    raise errors.AuthError("probe the platform: HTTP 401")
+
+        platform = KeyRotation()
+        gate = Gate(backoff=TINY, poll_seconds=0.01, wall_clock=lambda: 1748779200.0)
+        retrier = Retrier(platform, gate, threading.Event(), backoff=TINY)
+
+        def create() -> str:
+            if platform.key != "new":
+                raise errors.AuthError("create evaluation: HTTP 401")
+            return "created"
+
+        with capture_logs() as logs:
+            results, failures = run_in_threads(3, lambda: retrier.call(create, replayable=False, what="create"))
+        assert failures == [] and results == ["created"] * 3
+        assert platform.probes == 3 and platform.reloads == 3
+        assert set(platform.states) == {"auth refused since 2025-06-01T12:00:00Z"}
+        paused = [e for e in logs if e["event"].startswith("uploads paused: the platform refused the API key")]
+        assert len(paused) == 1 and paused[0]["log_level"] == "error"
+
+    def test_a_credentials_file_that_cannot_be_read_keeps_the_gate_in_auth_mode(self) -> None:
+        class NoKey(FakePlatform):
+            def reload_credentials(self) -> bool:
+                self.reloads += 1
+                if self.reloads < 3:
+                    raise errors.AuthError("platform.api_key_file: /run/key is empty")
+                return True
+
+        platform = NoKey()
+        gate = Gate(backoff=TINY, poll_seconds=0.01)
+        token = gate.wait_open(threading.Event(), platform)
+        gate.report(errors.AuthError("HTTP 401"), token)
+        assert gate.mode == "auth"
+        gate.wait_open(threading.Event(), platform)
+        assert platform.reloads == 3 and platform.probes == 1
+
+    def test_retry_after_pauses_every_caller_without_probing(self) -> None:
+        platform = FakePlatform()
+        gate = Gate(backoff=TINY, poll_seconds=0.01)
+        token = gate.wait_open(threading.Event(), platform)
+        gate.report(errors.Transient("HTTP 429", retry_after=0.2, status=429), token)
+        assert gate.state.startswith("paused until ")
+        started = time.monotonic()
+        results, _ = run_in_threads(3, lambda: gate.wait_open(threading.Event(), platform))
+        assert time.monotonic() - started >= 0.19
+        assert len(results) == 3 and platform.probes == 0
+
+    def test_wake_probes_at_once_instead_of_waiting_out_the_backoff(self) -> None:
+        platform = FakePlatform()
+        gate = Gate(backoff=Backoff(base_seconds=300.0, cap_seconds=300.0), rng=lambda: 1.0, poll_seconds=0.01)
+        gate.report(errors.Unreachable("ConnectError"), gate.wait_open(threading.Event(), platform))
+        waiter = threading.Thread(target=gate.wait_open, args=(threading.Event(), platform))
+        waiter.start()
+        time.sleep(0.05)
+        assert platform.probes == 0
+        gate.wake()
+        waiter.join(2)
+        assert not waiter.is_alive() and platform.probes == 1 and gate.mode == "open"
+
+    def test_a_stop_while_waiting_on_a_closed_gate_interrupts_prober_and_waiters(self) -> None:
+        platform = FakePlatform(probe_failures=10**9)
+        stop = threading.Event()
+        gate = Gate(backoff=TINY, poll_seconds=0.01)
+        gate.report(errors.Unreachable("ConnectError"), gate.wait_open(stop, platform))
+        threading.Timer(0.1, stop.set).start()
+        results, failures = run_in_threads(3, lambda: gate.wait_open(stop, platform))
+        assert results == [] and len(failures) == 3
+        assert all(isinstance(f, errors.Interrupted) for f in failures)
+
+    def test_a_failure_that_began_before_the_gate_reopened_does_not_close_it_again(self) -> None:
+        platform = FakePlatform()
+        gate = Gate(backoff=TINY, poll_seconds=0.01)
+        stale = gate.wait_open(threading.Event(), platform)
+        gate.report(errors.Unreachable("ConnectError"), stale)
+        gate.wait_open(threading.Event(), platform)  # probes, opens
+        gate.report(errors.Unreachable("ConnectError"), stale)
+        assert gate.mode == "open"
+
+    def test_the_state_line_says_what_holds_uploads_and_since_when(self) -> None:
+        gate = Gate(backoff=TINY, wall_clock=lambda: 1748779200.0)
+        assert gate.state == "open"
+        gate.report(errors.Unreachable("ConnectError"), 0)
+        assert gate.state == "unreachable since 2025-06-01T12:00:00Z"
+        gate.report(errors.AuthError("HTTP 403"), 0)
+        assert gate.state == "auth refused since 2025-06-01T12:00:00Z"
