@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import httpx
@@ -11,7 +11,7 @@ import pytest
 from evalpush import errors
 from evalpush.errors import from_status, from_transport_error, parse_retry_after
 
-NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=timezone.utc)
+NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 
 
 class TestFromStatus:
@@ -71,11 +71,16 @@ class TestFromTransportError:
             (httpx.WriteTimeout("timed out"), errors.Ambiguous),
             (httpx.ReadError("[Errno 104] Connection reset by peer"), errors.Ambiguous),
             (httpx.WriteError("[Errno 32] Broken pipe"), errors.Ambiguous),
-            (httpx.RemoteProtocolError("Server disconnected without sending a response."), errors.Ambiguous),
+            (
+                httpx.RemoteProtocolError("Server disconnected without sending a response."),
+                errors.Ambiguous,
+            ),
             (httpx.LocalProtocolError("bad request line"), errors.Ambiguous),
         ],
     )
-    def test_each_transport_error_maps_to_exactly_its_class(self, exc: httpx.TransportError, cls: type) -> None:
+    def test_each_transport_error_maps_to_exactly_its_class(
+        self, exc: httpx.TransportError, cls: type
+    ) -> None:
         error = from_transport_error(exc, what="push samples to e1")
         assert type(error) is cls
         assert str(error).startswith("push samples to e1: ")

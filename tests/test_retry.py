@@ -36,7 +36,9 @@ class FakeClock:
 class FakePlatform:
     """Stands in for PlatformClient where the gate is concerned: probe and reload_credentials."""
 
-    def __init__(self, *, probe_failures: int = 0, failure: errors.EvalpushError | None = None) -> None:
+    def __init__(
+        self, *, probe_failures: int = 0, failure: errors.EvalpushError | None = None
+    ) -> None:
         self.probe_failures = probe_failures
         self.failure = failure or errors.Unreachable("probe: ConnectError")
         self.probes = 0
@@ -64,7 +66,9 @@ class FakePlatform:
         self.up.set()
 
 
-def failing(times: int, error: Callable[[], BaseException], result: Any = "done") -> Callable[[], Any]:
+def failing(
+    times: int, error: Callable[[], BaseException], result: Any = "done"
+) -> Callable[[], Any]:
     """A call that raises `error()` `times` times, then returns `result`; `.calls` counts."""
 
     def call() -> Any:
@@ -86,8 +90,14 @@ def make_retrier(
     sleep: Callable[[float], object] | None = None,
 ) -> Retrier:
     gate = gate or Gate(backoff=TINY, clock=clock, poll_seconds=0.01)
-    return Retrier(FakePlatform(), gate, stop or threading.Event(), backoff=BACKOFF, rng=rng,
-                   sleep=sleep or clock.sleep)
+    return Retrier(
+        FakePlatform(),
+        gate,
+        stop or threading.Event(),
+        backoff=BACKOFF,
+        rng=rng,
+        sleep=sleep or clock.sleep,
+    )
 
 
 class TestBackoff:
@@ -143,8 +153,11 @@ class TestRetrier:
             modes.append(gate.mode)
             clock.sleep(seconds)
 
-        make_retrier(clock, rng=lambda: 0.0, gate=gate, sleep=sleep).call(failing(1, lambda: errors.Transient("HTTP 503", retry_after=5.0, status=503)),
-                     replayable=True, what="read")
+        make_retrier(clock, rng=lambda: 0.0, gate=gate, sleep=sleep).call(
+            failing(1, lambda: errors.Transient("HTTP 503", retry_after=5.0, status=503)),
+            replayable=True,
+            what="read",
+        )
         assert modes == ["paused"]
         assert gate.mode == "open"
 
@@ -163,10 +176,18 @@ class TestRetrier:
 
     @pytest.mark.parametrize(
         "error",
-        [errors.Refused("HTTP 400"), errors.BatchRefused("HTTP 413"), errors.Gone("HTTP 404"),
-         errors.Conflict("HTTP 409"), errors.LedgerError("disk full"), ValueError("a bug")],
+        [
+            errors.Refused("HTTP 400"),
+            errors.BatchRefused("HTTP 413"),
+            errors.Gone("HTTP 404"),
+            errors.Conflict("HTTP 409"),
+            errors.LedgerError("disk full"),
+            ValueError("a bug"),
+        ],
     )
-    def test_refusals_and_non_platform_errors_are_raised_at_once(self, error: BaseException) -> None:
+    def test_refusals_and_non_platform_errors_are_raised_at_once(
+        self, error: BaseException
+    ) -> None:
         clock = FakeClock()
         call = failing(1, lambda: error)
         with pytest.raises(type(error)):
@@ -195,11 +216,14 @@ class TestRetrier:
         with capture_logs() as logs:
             make_retrier(clock).call(
                 failing(2, lambda: errors.Transient("HTTP 503", status=503)),
-                replayable=True, what="list samples of e1", run="run-7",
+                replayable=True,
+                what="list samples of e1",
+                run="run-7",
             )
         retries = [e for e in logs if e["event"] == "platform call failed; retrying"]
         assert [(e["run"], e["what"], e["attempt"]) for e in retries] == [
-            ("run-7", "list samples of e1", 1), ("run-7", "list samples of e1", 2)
+            ("run-7", "list samples of e1", 1),
+            ("run-7", "list samples of e1", 2),
         ]
         assert retries[0]["error_class"] == "Transient" and retries[0]["wait_seconds"] == 0.5
 
@@ -211,7 +235,7 @@ def run_in_threads(count: int, target: Callable[[], Any]) -> tuple[list[Any], li
     def run() -> None:
         try:
             results.append(target())
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the test asserts on it
             failures.append(exc)
 
     threads = [threading.Thread(target=run, name=f"caller-{i}") for i in range(count)]
@@ -234,7 +258,9 @@ class TestGate:
                 raise errors.Unreachable("create evaluation: ConnectError")
             return "sent"
 
-        results, failures = run_in_threads(6, lambda: retrier.call(upload, replayable=False, what="create"))
+        results, failures = run_in_threads(
+            6, lambda: retrier.call(upload, replayable=False, what="create")
+        )
         assert failures == [] and results == ["sent"] * 6
         assert platform.most_active == 1
         assert platform.probes == 4  # three refused, one answered, none after it opened
@@ -252,8 +278,10 @@ class TestGate:
         with capture_logs() as logs:
             run_in_threads(4, lambda: retrier.call(upload, replayable=True, what="read"))
         events = [e["event"] for e in logs if not e["event"].startswith("platform call failed")]
-        assert events == ["platform unreachable: uploads wait while one probe checks it",
-                          "platform answers again: uploads resume"]
+        assert events == [
+            "platform unreachable: uploads wait while one probe checks it",
+            "platform answers again: uploads resume",
+        ]
 
     def test_an_auth_refusal_pauses_uploads_until_a_reloaded_key_works(self) -> None:
         class KeyRotation(FakePlatform):
@@ -287,11 +315,17 @@ class TestGate:
             return "created"
 
         with capture_logs() as logs:
-            results, failures = run_in_threads(3, lambda: retrier.call(create, replayable=False, what="create"))
+            results, failures = run_in_threads(
+                3, lambda: retrier.call(create, replayable=False, what="create")
+            )
         assert failures == [] and results == ["created"] * 3
         assert platform.probes == 3 and platform.reloads == 3
         assert set(platform.states) == {"auth refused since 2025-06-01T12:00:00Z"}
-        paused = [e for e in logs if e["event"].startswith("uploads paused: the platform refused the API key")]
+        paused = [
+            e
+            for e in logs
+            if e["event"].startswith("uploads paused: the platform refused the API key")
+        ]
         assert len(paused) == 1 and paused[0]["log_level"] == "error"
 
     def test_a_credentials_file_that_cannot_be_read_keeps_the_gate_in_auth_mode(self) -> None:
@@ -323,7 +357,11 @@ class TestGate:
 
     def test_wake_probes_at_once_instead_of_waiting_out_the_backoff(self) -> None:
         platform = FakePlatform()
-        gate = Gate(backoff=Backoff(base_seconds=300.0, cap_seconds=300.0), rng=lambda: 1.0, poll_seconds=0.01)
+        gate = Gate(
+            backoff=Backoff(base_seconds=300.0, cap_seconds=300.0),
+            rng=lambda: 1.0,
+            poll_seconds=0.01,
+        )
         gate.report(errors.Unreachable("ConnectError"), gate.wait_open(threading.Event(), platform))
         waiter = threading.Thread(target=gate.wait_open, args=(threading.Event(), platform))
         waiter.start()

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
 from typing import Protocol, TypeVar
 
@@ -30,7 +30,7 @@ import tenacity
 from evalpush import errors
 from evalpush.log import get_logger
 
-__all__ = ["Backoff", "CALL_BACKOFF", "Gate", "PROBE_BACKOFF", "Probe", "Retrier"]
+__all__ = ["CALL_BACKOFF", "PROBE_BACKOFF", "Backoff", "Gate", "Probe", "Retrier"]
 
 T = TypeVar("T")
 
@@ -49,7 +49,9 @@ class Backoff:
         """The largest delay after failed attempt number `attempt` (0 for the first failure)."""
         return min(self.cap_seconds, self.base_seconds * 2.0 ** min(attempt, _MAX_EXPONENT))
 
-    def delay(self, attempt: int, rng: Callable[[], float], retry_after: float | None = None) -> float:
+    def delay(
+        self, attempt: int, rng: Callable[[], float], retry_after: float | None = None
+    ) -> float:
         """A delay drawn uniformly below the ceiling; `retry_after` is a lower bound."""
         delay = rng() * self.ceiling(attempt)
         return delay if retry_after is None else max(delay, retry_after)
@@ -71,7 +73,11 @@ OPEN, PAUSED, UNREACHABLE, AUTH = "open", "paused", "unreachable", "auth"
 
 
 def _iso(wall_seconds: float) -> str:
-    return datetime.fromtimestamp(wall_seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return (
+        datetime.fromtimestamp(wall_seconds, UTC)
+        .isoformat(timespec="seconds")
+        .replace("+00:00", "Z")
+    )
 
 
 class Gate:
@@ -236,7 +242,9 @@ class Gate:
                 reason=str(reason),
             )
         else:
-            log.warning("platform unreachable: uploads wait while one probe checks it", reason=str(reason))
+            log.warning(
+                "platform unreachable: uploads wait while one probe checks it", reason=str(reason)
+            )
         self._cond.notify_all()
 
     def _open_locked(self) -> None:
@@ -257,7 +265,9 @@ class Gate:
             return
         if self._mode == OPEN:
             get_logger().warning(
-                "platform asked to wait (Retry-After): uploads paused", seconds=seconds, reason=str(reason)
+                "platform asked to wait (Retry-After): uploads paused",
+                seconds=seconds,
+                reason=str(reason),
             )
         self._mode = PAUSED
         self._paused_until = until
@@ -305,7 +315,9 @@ class Retrier:
         self._rng = rng
         self._sleep = stop.wait if sleep is None else sleep
 
-    def call(self, fn: Callable[[], T], *, replayable: bool, what: str, run: str | None = None) -> T:
+    def call(
+        self, fn: Callable[[], T], *, replayable: bool, what: str, run: str | None = None
+    ) -> T:
         """`fn()` (one attempt, raising classified errors), retried as the module docstring says."""
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(partial(_should_retry, replayable=replayable)),
@@ -338,7 +350,9 @@ class Retrier:
             "platform call failed; retrying",
             what=what,
             attempt=retry_state.attempt_number,
-            wait_seconds=round(retry_state.next_action.sleep if retry_state.next_action else 0.0, 3),
+            wait_seconds=round(
+                retry_state.next_action.sleep if retry_state.next_action else 0.0, 3
+            ),
             error_class=type(exc).__name__,
             error=str(exc),
         )

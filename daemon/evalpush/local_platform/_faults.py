@@ -1,0 +1,90 @@
+"""Faults the local platform injects on command, matched to requests by kind, in order."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any
+
+REQUEST_KINDS = ("resolve", "create", "samples", "finalize", "read", "close")
+"""What a request does: `read` is every GET under /api/v1, `close` the PUT that closes out."""
+
+FAULTS = ("status", "reset", "stall", "malformed", "refuse")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault to inject.
+
+    - `status`: answer `status` (with `Retry-After: retry_after` if given) instead of doing the
+      work, or after doing it when `do_work` is true (a 502/504 the server acted on).
+    - `reset`: do the work, then abort the connection without an answer.
+    - `stall`: do the work, then hold the answer for `seconds` (past the client's timeout).
+    - `malformed`: do the work, then answer 200 with a body that is not JSON.
+    - `refuse`: close the listening socket (and open connections) for `seconds`, then reopen it
+      on the same port. Not tied to a request: `on` and `count` do not apply.
+    Each of the others applies to the next `count` requests of kind `on` (or of any kind).
+    """
+
+    fault: str
+    on: str = "any"
+    count: int = 1
+    status: int = 503
+    retry_after: str | None = None
+    seconds: float = 30.0
+    do_work: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"fault must be one of {', '.join(FAULTS)}, not {self.fault!r}")
+        if self.on != "any" and self.on not in REQUEST_KINDS:
+            raise ValueError(
+                f"on must be 'any' or one of {', '.join(REQUEST_KINDS)}, not {self.on!r}"
+            )
+        if self.count < 1 or not 100 <= self.status <= 599 or self.seconds < 0:
+            raise ValueError("count must be >= 1, status an HTTP status, seconds >= 0")
+
+    @classmethod
+    def from_json(cls, data: Any) -> Fault:
+        """A fault from a control request's JSON object; ValueError or TypeError if not one."""
+        if not isinstance(data, dict):
+            raise TypeError("a fault is a JSON object")
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown fault keys: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class FaultPlan:
+    """The queue of pending faults; safe to use from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[list[Any]] = []  # [fault, remaining count]
+
+    def add(self, fault: Fault) -> None:
+        with self._lock:
+            self._pending.append([fault, fault.count])
+
+    def clear(self) -> None:
+        with self._lock:
+            self._pending.clear()
+
+    def take(self, kind: str) -> Fault | None:
+        """The first pending fault for a request of `kind`, counted as used once."""
+        with self._lock:
+            for entry in self._pending:
+                fault = entry[0]
+                if fault.on in ("any", kind):
+                    entry[1] -= 1
+                    if entry[1] == 0:
+                        self._pending.remove(entry)
+                    return fault
+        return None
+
+    def pending(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{**fault.to_json(), "count": left} for fault, left in self._pending]

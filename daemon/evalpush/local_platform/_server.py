@@ -1,0 +1,324 @@
+"""The local platform's HTTP side: aiohttp routes, bearer auth, the body cap, fault injection.
+
+Runs on one event loop; storage calls go to one worker thread so a 25 MiB batch being parsed
+and stored does not hold up other connections (probes, control requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from evalpush.local_platform._faults import REQUEST_KINDS, Fault, FaultPlan
+from evalpush.local_platform._store import Refusal, Store
+
+MAX_BODY_BYTES = 25 * 1024 * 1024
+MAX_PAGE_LIMIT = 1000
+SHUTDOWN_SECONDS = 2.0
+DROP_SECONDS = 1.0
+MALFORMED_BODY = b"<html><body>502 Bad Gateway (not JSON)</body></html>"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
+    response = _json({"detail": detail}, status)
+    response.headers.update(headers or {})
+    return response
+
+
+def _query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    try:
+        value = default if raw is None else int(raw)
+    except ValueError:
+        raise Refusal(422, f"{name} must be an integer") from None
+    if not low <= value <= high:
+        raise Refusal(422, f"{name} must be between {low} and {high}")
+    return value
+
+
+async def _read_body(request: web.Request) -> bytes | bytearray:
+    """The request body, refused with 413 past MAX_BODY_BYTES without reading the rest."""
+    length = request.content_length
+    if length is not None:
+        if length > MAX_BODY_BYTES:
+            raise Refusal(
+                413, f"request body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit"
+            )
+        return await request.content.readexactly(length)
+    body = bytearray()
+    async for chunk in request.content.iter_any():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise Refusal(413, f"request body is over the {MAX_BODY_BYTES}-byte limit")
+    return body
+
+
+def _parse(body: bytes | bytearray) -> Any:
+    try:
+        return orjson.loads(body) if body else None
+    except orjson.JSONDecodeError as exc:
+        raise Refusal(422, f"the body is not JSON: {exc}") from None
+
+
+class PlatformServer:
+    """The aiohttp application and its listening socket; start, refuse, stop on the loop."""
+
+    def __init__(self, store: Store, *, host: str, port: int, api_key: str | None) -> None:
+        self.store = store
+        self.faults = FaultPlan()
+        self.request_counts = dict.fromkeys(REQUEST_KINDS, 0)
+        self._host = host
+        self._port = port
+        self._api_key = api_key
+        self._db = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-platform-db")
+        self._runner = web.AppRunner(
+            self._build_app(),
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=SHUTDOWN_SECONDS,
+        )
+        self._site: web.TCPSite | None = None
+        self._reopen: asyncio.TimerHandle | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._closing = asyncio.Event()
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self._port}"
+
+    # -- lifecycle (on the loop) ------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        await self._listen()
+
+    async def _listen(self) -> None:
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        await site.start()
+        self._site = site
+        self._port = self._runner.addresses[0][1]  # the real port when 0 was asked
+
+    async def refuse(self, seconds: float, *, asked_by: web.BaseRequest | None = None) -> None:
+        """Close the listening socket and every connection; listen again after `seconds`.
+
+        Everything is closed before this returns, except the connection of `asked_by` (a control
+        request), which closes once its answer is written.
+        """
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+        if self._reopen is not None:
+            self._reopen.cancel()
+        self._reopen = asyncio.get_running_loop().call_later(seconds, self._reopen_now)
+        connections = self._runner.server.connections if self._runner.server else []
+        for conn in connections:
+            conn.close()  # wakes idle keep-alive connections, as aiohttp's own shutdown does
+        asker = asked_by.protocol if asked_by is not None else None
+        await asyncio.gather(
+            *(conn.shutdown(DROP_SECONDS) for conn in connections if conn is not asker)
+        )
+
+    def _reopen_now(self) -> None:
+        self._reopen = None
+        task = asyncio.ensure_future(self._listen())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def stop(self) -> None:
+        self._closing.set()
+        if self._reopen is not None:
+            self._reopen.cancel()
+        await self._runner.cleanup()
+        self._db.shutdown(wait=True)
+
+    # -- the application --------------------------------------------------------------------
+
+    def _build_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._auth])
+        api, route = "/api/v1", app.router
+        route.add_post(f"{api}/environmentshub/resolve", self._api("resolve", self._resolve))
+        for path in (f"{api}/evaluations/", f"{api}/evaluations"):
+            route.add_post(path, self._api("create", self._create))
+            route.add_get(path, self._api("read", self._list_evaluations))
+        route.add_get(f"{api}/evaluations/{{id}}", self._api("read", self._get))
+        route.add_put(f"{api}/evaluations/{{id}}", self._api("close", self._close_out))
+        route.add_post(
+            f"{api}/evaluations/{{id}}/samples", self._api("samples", self._push_samples)
+        )
+        route.add_get(f"{api}/evaluations/{{id}}/samples", self._api("read", self._list_samples))
+        route.add_post(f"{api}/evaluations/{{id}}/finalize", self._api("finalize", self._finalize))
+        route.add_get("/dashboard/evaluations/{id}", self._answering(self._get))
+        route.add_post("/_control/faults", self._answering(self._control_inject))
+        route.add_get("/_control/faults", self._answering(self._control_faults))
+        route.add_delete("/_control/faults", self._answering(self._control_clear))
+        route.add_get("/_control/summary", self._answering(self._control_summary))
+        route.add_get("/_control/evaluations/{id}/samples", self._answering(self._control_samples))
+        return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self._api_key is not None and request.path.startswith(("/api/", "/_control/")):
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, f"Bearer {self._api_key}".encode()):
+                return _error(401, "missing or wrong bearer API key")
+        return await handler(request)
+
+    def _answering(self, work: Callable[[web.Request], Awaitable[Any]]) -> Handler:
+        """A handler answering `work`'s result as JSON, or its `Refusal` as an error."""
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            try:
+                result = await work(request)
+            except Refusal as refusal:
+                return _error(refusal.status, refusal.detail)
+            return result if isinstance(result, web.StreamResponse) else _json(result)
+
+        return handler
+
+    def _api(self, kind: str, work: Callable[[web.Request], Awaitable[Any]]) -> Handler:
+        """An API handler: counted by kind, and subject to the faults pending for that kind."""
+        answer = self._answering(work)
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            self.request_counts[kind] += 1
+            fault = self.faults.take(kind)
+            return (
+                await answer(request)
+                if fault is None
+                else await self._with_fault(fault, request, answer)
+            )
+
+        return handler
+
+    async def _with_fault(
+        self, fault: Fault, request: web.Request, answer: Handler
+    ) -> web.StreamResponse:
+        if fault.fault == "status" and not fault.do_work:
+            return self._fault_status(fault)
+        response = await answer(request)
+        if fault.fault == "status":
+            return self._fault_status(fault)
+        if fault.fault == "reset":
+            if request.transport is not None:
+                request.transport.abort()  # the work is done; the client never hears of it
+            return response
+        if fault.fault == "stall":
+            try:
+                await asyncio.wait_for(self._closing.wait(), timeout=fault.seconds)
+            except TimeoutError:
+                pass
+            return response
+        return web.Response(status=200, body=MALFORMED_BODY, content_type="text/html")
+
+    @staticmethod
+    def _fault_status(fault: Fault) -> web.Response:
+        headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else None
+        return _error(fault.status, f"injected fault: HTTP {fault.status}", headers)
+
+    async def _in_db(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._db, fn, *args)
+
+    async def _body_then(self, request: web.Request, fn: Callable[..., Any], *args: Any) -> Any:
+        """Read the body, then parse it and call `fn(*args, body)` on the storage thread."""
+        raw = await _read_body(request)
+        return await self._in_db(lambda: fn(*args, _parse(raw)))
+
+    def _viewer(self, evaluation: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **evaluation,
+            "viewer_url": f"{self.base_url}/dashboard/evaluations/{evaluation['id']}",
+        }
+
+    # -- API work ---------------------------------------------------------------------------
+
+    async def _resolve(self, request: web.Request) -> Any:
+        return {"data": await self._body_then(request, self.store.resolve)}
+
+    async def _create(self, request: web.Request) -> Any:
+        evaluation = self._viewer(await self._body_then(request, self.store.create))
+        return {
+            "evaluation_id": evaluation["id"],
+            "viewer_url": evaluation["viewer_url"],
+            "status": evaluation["status"],
+        }
+
+    async def _push_samples(self, request: web.Request) -> Any:
+        return await self._body_then(request, self.store.add_samples, request.match_info["id"])
+
+    async def _finalize(self, request: web.Request) -> Any:
+        evaluation = self._viewer(
+            await self._body_then(request, self.store.finalize, request.match_info["id"])
+        )
+        return {
+            "evaluation_id": evaluation["id"],
+            "status": evaluation["status"],
+            "viewer_url": evaluation["viewer_url"],
+        }
+
+    async def _close_out(self, request: web.Request) -> Any:
+        return self._viewer(
+            await self._body_then(request, self.store.close_out, request.match_info["id"])
+        )
+
+    async def _get(self, request: web.Request) -> Any:
+        return self._viewer(await self._in_db(self.store.get, request.match_info["id"]))
+
+    async def _list_samples(self, request: web.Request) -> Any:
+        page = _query_int(request, "page", 1, 1, 1 << 31)
+        limit = _query_int(request, "limit", 100, 1, MAX_PAGE_LIMIT)
+        return await self._in_db(self.store.list_samples, request.match_info["id"], page, limit)
+
+    async def _list_evaluations(self, request: web.Request) -> Any:
+        skip = _query_int(request, "skip", 0, 0, 1 << 31)
+        limit = _query_int(request, "limit", 50, 1, MAX_PAGE_LIMIT)
+        page = await self._in_db(
+            self.store.list_evaluations, request.query.get("environment_name"), skip, limit
+        )
+        return {**page, "evaluations": [self._viewer(e) for e in page["evaluations"]]}
+
+    # -- control ----------------------------------------------------------------------------
+
+    async def inject(self, fault: Fault, *, asked_by: web.BaseRequest | None = None) -> None:
+        if fault.fault == "refuse":
+            await self.refuse(fault.seconds, asked_by=asked_by)
+        else:
+            self.faults.add(fault)
+
+    async def _control_inject(self, request: web.Request) -> Any:
+        try:
+            fault = Fault.from_json(_parse(await _read_body(request)))
+        except (ValueError, TypeError) as exc:
+            raise Refusal(422, str(exc)) from None
+        await self.inject(fault, asked_by=request)
+        return {"injected": fault.to_json()}
+
+    async def _control_faults(self, request: web.Request) -> Any:
+        return {"pending": self.faults.pending()}
+
+    async def _control_clear(self, request: web.Request) -> Any:
+        self.faults.clear()
+        return {"pending": []}
+
+    def summary(self) -> dict[str, Any]:
+        return {**self.store.summary(), "requests": dict(self.request_counts)}
+
+    async def _control_summary(self, request: web.Request) -> Any:
+        return await self._in_db(self.summary)
+
+    async def _control_samples(self, request: web.Request) -> Any:
+        evaluation_id = request.match_info["id"]
+        await self._in_db(self.store.get, evaluation_id)  # 404 for an unknown evaluation
+        return {"samples": await self._in_db(self.store.samples, evaluation_id)}

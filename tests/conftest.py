@@ -1,0 +1,125 @@
+"""Shared fixtures: a real local platform on loopback, clients pointed at it, fast retries.
+
+Every test runs under `no_thread_outlives_its_test` (autouse): a test that leaves a non-daemon
+thread running fails, so whatever starts a thread must stop it.
+
+Fixtures for tests that talk to the platform:
+
+- `local_platform`: a started `evalpush.local_platform.LocalPlatform` on an ephemeral loopback
+  port with a random bearer key (in memory; stopped after the test). Drive it with
+  `local_platform.inject("status", on="create", status=503, count=2)`, `inject("reset",
+  on="samples")`, `inject("stall", on="finalize", seconds=1)`, `inject("malformed", on="create")`,
+  `inject("refuse", seconds=0.5)`; check what it stored with `local_platform.summary()` (per
+  evaluation: status, metadata, sample_count, distinct_sample_ids, duplicates, finalize_count;
+  `runs`: evaluations per metadata.run_id; `requests`: requests per kind) and
+  `local_platform.samples(evaluation_id)`.
+- `make_platform_client(**platform_settings, api_key=None, environ=None)`: a `PlatformClient`
+  for `local_platform` (its key, its URL, an empty temporary home so no real
+  `~/.prime/config.json` leaks in, 2 s connect / 5 s read timeouts unless given). `environ`
+  replaces the environment it reads credentials from; mutate that dict and the next
+  `reload_credentials()` sees it. Clients are closed after the test.
+- `platform_client`: `make_platform_client()` with the defaults.
+- `stop_event`: a `threading.Event` set after the test, so nothing keeps waiting on it.
+- `fast_gate`: a `retry.Gate` whose probes back off by milliseconds.
+- `make_retrier(client)`: a `retry.Retrier(client, fast_gate, stop_event)` with millisecond
+  backoff, for a client made with `make_platform_client`.
+- `retrier`: `make_retrier(platform_client)`:
+  `retrier.call(lambda: platform_client.create_evaluation(body), replayable=False, what=..., run=...)`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evalpush.config import PlatformConfig
+from evalpush.local_platform import LocalPlatform
+from evalpush.platform import PlatformClient
+from evalpush.retry import Backoff, Gate, Retrier
+
+THREAD_JOIN_GRACE_SECONDS = 2.0
+FAST_BACKOFF = Backoff(base_seconds=0.002, cap_seconds=0.02)
+
+
+@pytest.fixture(autouse=True)
+def no_thread_outlives_its_test() -> Iterator[None]:
+    """Fail a test that leaves a non-daemon thread alive (after a short grace to finish)."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + THREAD_JOIN_GRACE_SECONDS
+    leaked = []
+    for thread in threading.enumerate():
+        if thread in before or thread.daemon:
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            leaked.append(thread.name)
+    if leaked:
+        pytest.fail(f"threads outlived the test: {', '.join(leaked)}")
+
+
+@pytest.fixture
+def local_platform() -> Iterator[LocalPlatform]:
+    with LocalPlatform() as platform:
+        yield platform
+
+
+@pytest.fixture
+def make_platform_client(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> Iterator[Callable[..., PlatformClient]]:
+    clients: list[PlatformClient] = []
+    home = tmp_path / "client-home"
+    home.mkdir()
+
+    def make(
+        *, api_key: str | None = None, environ: dict[str, str] | None = None, **settings: Any
+    ) -> PlatformClient:
+        settings.setdefault("api_base_url", local_platform.base_url)
+        settings.setdefault("connect_timeout_seconds", 2.0)
+        settings.setdefault("read_timeout_seconds", 5.0)
+        if environ is None:
+            environ = {"PRIME_API_KEY": api_key or local_platform.api_key or "any-key"}
+        client = PlatformClient(PlatformConfig(**settings), environ=environ, home=home)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture
+def platform_client(make_platform_client: Callable[..., PlatformClient]) -> PlatformClient:
+    return make_platform_client()
+
+
+@pytest.fixture
+def stop_event() -> Iterator[threading.Event]:
+    stop = threading.Event()
+    yield stop
+    stop.set()
+
+
+@pytest.fixture
+def fast_gate() -> Gate:
+    return Gate(backoff=FAST_BACKOFF, poll_seconds=0.01)
+
+
+@pytest.fixture
+def make_retrier(
+    fast_gate: Gate, stop_event: threading.Event
+) -> Callable[[PlatformClient], Retrier]:
+    return lambda client: Retrier(client, fast_gate, stop_event, backoff=FAST_BACKOFF)
+
+
+@pytest.fixture
+def retrier(
+    make_retrier: Callable[[PlatformClient], Retrier], platform_client: PlatformClient
+) -> Retrier:
+    return make_retrier(platform_client)
