@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import math
 import tracemalloc
 from pathlib import Path
@@ -17,6 +19,7 @@ from evalpush.convert import (
     build_sample,
     check_trace,
     convert_lines,
+    scan,
     summary,
 )
 from evalpush.read import read_lines
@@ -745,13 +748,8 @@ BAD_LINES = [
     ("info not a dict", encoded(info=["x"]), "'info' must be dict"),
     ("timing not a dict", encoded(timing=1.0), "'timing' must be dict"),
     ("stop_condition not a string", encoded(stop_condition=1), "'stop_condition' must be a string"),
-    (
-        "a lone surrogate",
-        b'{"id": "a", "task": {"idx": 0}, "info": {"s": "\\ud800"}}',
-        "cannot be encoded",
-    ),
-    ("nesting orjson refuses", deeply_nested(2000), "nested too deeply"),
-    ("nesting Python refuses", deeply_nested(950), "nested too deeply"),
+    ("nesting past orjson's limit", deeply_nested(2000), "nested too deeply"),
+    ("nesting past the lenient parser's limit", deeply_nested(20000), "nested too deeply"),
 ]
 
 
@@ -831,3 +829,40 @@ class TestBadLines:
         assert [orjson.loads(i.sample)["sample_id"] for i in items] == ["a", "b"]
         assert items[1].line.number == 4
         assert totals.traces == 2
+
+
+class TestScanAgreesWithConversion:
+    """The cheap first pass and the conversion take and refuse exactly the same lines."""
+
+    HARD_LINES = [
+        b'{"id": "s", "task": {"idx": 0}, "info": {"s": "\\ud800"}}',  # lone surrogate
+        deeply_nested(950),  # past orjson's encoder, within its parser
+        b'{"id": "n", "task": {"idx": 0}, "rewards": {"r": NaN}}',  # not JSON, accepted
+        deeply_nested(2000),  # refused by both
+        b'{"id": "ok", "task": {"idx": 1}, "rewards": {"r": 1.0}}',
+    ]
+
+    def _lines(self, tmp_path: Path) -> Path:
+        path = tmp_path / "traces.jsonl"
+        path.write_bytes(b"\n".join(self.HARD_LINES) + b"\n")
+        return path
+
+    @pytest.mark.timeout(10)
+    def test_lines_orjson_cannot_encode_still_convert_to_valid_json(self, tmp_path: Path) -> None:
+        path = self._lines(tmp_path)
+        items = list(convert_lines(read_lines(path, max_line_bytes=MIB), RunTotals(), max_line_bytes=MIB))
+        converted = [i for i in items if isinstance(i, Converted)]
+        assert [i.line.number for i in converted] == [1, 2, 3, 5]
+        for item in converted:
+            json.loads(item.sample)  # strict JSON: no NaN literal
+        assert json.loads(converted[2].sample)["reward"] is None
+
+    @pytest.mark.timeout(10)
+    def test_scan_counts_exactly_the_lines_conversion_sends(self, tmp_path: Path) -> None:
+        path = self._lines(tmp_path)
+        totals = RunTotals()
+        items = list(convert_lines(read_lines(path, max_line_bytes=MIB), totals, max_line_bytes=MIB))
+        found = scan(read_lines(path, max_line_bytes=MIB), max_line_bytes=MIB)
+        assert [s.line for s in found.set_aside] == [i.line for i in items if isinstance(i, SetAside)]
+        assert found.totals.to_json() == totals.to_json()
+        assert found.end == path.stat().st_size

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,13 @@ TRUNCATING_STOP_CONDITIONS = frozenset(
 OPTIONAL_USAGE_FIELDS = ("cached_input_tokens", "reasoning_tokens", "cost")
 NAN = float("nan")
 
+# orjson parses up to 1024 levels of nesting and the lenient parse is held to the same; the
+# stdlib fallbacks (parse, encode) and the null-dropping walk recurse in Python, so give them
+# room for anything accepted.
+MAX_DEPTH = 1024
+RECURSION_LIMIT = 5000
+sys.setrecursionlimit(max(sys.getrecursionlimit(), RECURSION_LIMIT))
+
 
 # ---------------------------------------------------------------- parsing and checking
 
@@ -64,26 +72,40 @@ def _parse_lenient(data: bytes, number: int) -> Any:
     except UnicodeDecodeError as exc:
         raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise BadRecord(f"invalid JSON: {exc.msg} at column {exc.colno}", line=number) from None
     except RecursionError:
-        raise BadRecord("invalid JSON: nested too deeply", line=number) from None
+        value = None
+    if value is None or _deeper_than(value, MAX_DEPTH):
+        raise BadRecord(f"nested too deeply (over {MAX_DEPTH} levels)", line=number)
+    return value
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests containers more than `limit` deep (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if type(item) is dict else item if type(item) is list else ()
+        for child in children:
+            if type(child) in (dict, list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+# The checks below run once per node of every line: exact `type(...) is` tests (orjson and
+# json only ever produce these types, and bool must not pass for int) keep them cheap.
+_NUMBER_TYPES = (int, float)
 
 
 def _field(trace: dict[str, Any], key: str, kind: type, default: Any, number: int) -> Any:
     value = trace.get(key, default)
     if value is None:
         return default
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+    if type(value) is not kind:
         raise BadRecord(f"'{key}' must be {kind.__name__}, got {type(value).__name__}", line=number)
     return value
 
@@ -91,39 +113,48 @@ def _field(trace: dict[str, Any], key: str, kind: type, default: Any, number: in
 def _scores(trace: dict[str, Any], key: str, number: int) -> dict[str, float]:
     scores = _field(trace, key, dict, {}, number)
     for name, value in scores.items():
-        if value is None:
+        if type(value) not in _NUMBER_TYPES:
+            if value is not None:
+                message = f"'{key}.{name}' must be a number, got {value!r}"
+                raise BadRecord(message[:200], line=number)
             scores[name] = NAN
-        elif not _is_number(value):
-            raise BadRecord(f"'{key}.{name}' must be a number, got {value!r}"[:200], line=number)
     return scores
 
 
-def _check_usage(usage: Any, where: str, number: int) -> None:
-    if not isinstance(usage, dict):
-        raise BadRecord(f"'{where}' must be an object", line=number)
-    for key in ("prompt_tokens", "completion_tokens"):
-        if not _is_int(usage.get(key, 0)):
-            raise BadRecord(f"'{where}.{key}' must be an integer", line=number)
+def _check_usage(usage: Any, i: int, number: int) -> None:
+    if type(usage) is not dict:
+        raise BadRecord(f"'nodes[{i}].usage' must be an object", line=number)
+    if type(usage.get("prompt_tokens", 0)) is not int:
+        raise BadRecord(f"'nodes[{i}].usage.prompt_tokens' must be an integer", line=number)
+    if type(usage.get("completion_tokens", 0)) is not int:
+        raise BadRecord(f"'nodes[{i}].usage.completion_tokens' must be an integer", line=number)
     for key in OPTIONAL_USAGE_FIELDS:
         value = usage.get(key)
-        if value is not None and not _is_number(value):
-            raise BadRecord(f"'{where}.{key}' must be a number", line=number)
+        if value is not None and type(value) not in _NUMBER_TYPES:
+            raise BadRecord(f"'nodes[{i}].usage.{key}' must be a number", line=number)
 
 
 def _check_nodes(nodes: list[Any], number: int) -> None:
     count = len(nodes)
+    forward_only = True  # every parent precedes its child: then no cycle is possible
     for i, node in enumerate(nodes):
-        if not isinstance(node, dict) or not isinstance(node.get("message"), dict):
+        if type(node) is not dict or type(node.get("message")) is not dict:
             raise BadRecord(f"'nodes[{i}]' must be an object with a 'message' object", line=number)
         parent = node.get("parent")
-        if parent is not None and (not _is_int(parent) or not 0 <= parent < count):
-            raise BadRecord(f"'nodes[{i}].parent' {parent!r} is out of range", line=number)
+        if parent is not None:
+            if type(parent) is not int or not 0 <= parent < count:
+                raise BadRecord(f"'nodes[{i}].parent' {parent!r} is out of range", line=number)
+            if parent >= i:
+                forward_only = False
         for key in ("token_ids", "mask"):
-            if not isinstance(node.get(key, []), list):
+            value = node.get(key)
+            if value is not None and type(value) is not list:
                 raise BadRecord(f"'nodes[{i}].{key}' must be a list", line=number)
-        if node.get("usage") is not None:
-            _check_usage(node["usage"], f"nodes[{i}].usage", number)
-    _check_acyclic(nodes, number)
+        usage = node.get("usage")
+        if usage is not None:
+            _check_usage(usage, i, number)
+    if not forward_only:
+        _check_acyclic(nodes, number)
 
 
 def _check_acyclic(nodes: list[dict[str, Any]], number: int) -> None:
@@ -147,84 +178,101 @@ def check_trace(trace: dict[str, Any], number: int) -> None:
     """Validate what the conversion relies on; `BadRecord` names the first problem."""
     if "id" not in trace:
         raise BadRecord("missing 'id'", line=number)
-    if not isinstance(trace["id"], str) or not trace["id"]:
+    if type(trace["id"]) is not str or not trace["id"]:
         raise BadRecord("'id' must be a non-empty string", line=number)
     task = trace.get("task")
-    if not isinstance(task, dict):
+    if type(task) is not dict:
         raise BadRecord("missing 'task' object", line=number)
     if "idx" not in task:
         raise BadRecord("missing 'task.idx'", line=number)
-    if not _is_int(task["idx"]):
+    if type(task["idx"]) is not int:
         raise BadRecord(f"'task.idx' must be an integer, got {task['idx']!r}"[:200], line=number)
     _check_nodes(_field(trace, "nodes", list, [], number), number)
     trace["rewards"] = _scores(trace, "rewards", number)
     trace["metrics"] = _scores(trace, "metrics", number)
     for key, kind in (("info", dict), ("timing", dict), ("errors", list)):
         _field(trace, key, kind, kind(), number)
-    if not all(isinstance(error, dict) for error in trace.get("errors") or ()):
+    if not all(type(error) is dict for error in trace.get("errors") or ()):
         raise BadRecord("'errors' entries must be objects", line=number)
     stop = trace.get("stop_condition")
-    if stop is not None and not isinstance(stop, str):
+    if stop is not None and type(stop) is not str:
         raise BadRecord("'stop_condition' must be a string", line=number)
 
 
 # ---------------------------------------------------------------- derived views
 
 
-def _without_nulls(value: Any) -> Any:
-    """`value` with null-valued object keys dropped, at every depth (as exclude_none does)."""
-    if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
-    return value
+def _without_nulls(value: dict[str, Any]) -> dict[str, Any]:
+    """An object with null-valued keys dropped at every depth (as exclude_none does)."""
+    out = {}
+    for key, item in value.items():
+        if item is None:
+            continue
+        kind = type(item)
+        if kind is dict:
+            item = _without_nulls(item)
+        elif kind is list:
+            item = [_without_nulls(x) if type(x) is dict else x for x in item]
+        out[key] = item
+    return out
 
 
-def leaves(nodes: list[dict[str, Any]]) -> list[int]:
-    parents = {node.get("parent") for node in nodes}
-    return [i for i in range(len(nodes)) if i not in parents]
+def _message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message with its null-valued keys dropped. Only the top level: the producer writes
+    lines with model nulls already excluded, so a nested null belongs to a free-form field
+    (e.g. `provider_state`) that the producer keeps as it is."""
+    if None in message.values():
+        return {k: v for k, v in message.items() if v is not None}
+    return message
 
 
-def branch_path(nodes: list[dict[str, Any]], leaf: int) -> list[int]:
-    """Node indices root -> leaf (the graph is checked acyclic first)."""
-    path = []
-    i: int | None = leaf
-    while i is not None:
-        path.append(i)
-        i = nodes[i].get("parent")
-    path.reverse()
-    return path
-
-
-def _input_size(usage: dict[str, Any]) -> int:
+def _input_tokens(path: list[int], tokens: list[int], masked: list[int], usages: list[Any]) -> int:
+    """Tokens on the path minus the last masked node's (the prompt of the final turn); else
+    the input size of the last usage on the path; else 0."""
+    total = sum(tokens[i] for i in path)
+    last = next((masked[i] for i in reversed(path) if masked[i]), 0)
+    if total - last:
+        return total - last
+    usage = next((usages[i] for i in reversed(path) if usages[i] is not None), None)
+    if usage is None:
+        return 0
     return usage.get("prompt_tokens", 0) + (usage.get("cached_input_tokens") or 0)
 
 
-def num_input_tokens(path_nodes: list[dict[str, Any]]) -> int:
-    total = sum(len(node.get("token_ids") or ()) for node in path_nodes)
-    last = 0
-    for node in reversed(path_nodes):
-        masked = (node.get("mask") or []).count(True)
-        if masked:
-            last = masked
-            break
-    if total - last:
-        return total - last
-    for node in reversed(path_nodes):
-        if node.get("usage") is not None:
-            return _input_size(node["usage"])
-    return 0
+def _output_tokens(path: list[int], masked: list[int], usages: list[Any]) -> int:
+    """Masked (sampled) tokens on the path; else the completion tokens of its usages."""
+    total = sum(masked[i] for i in path)
+    if total:
+        return total
+    return sum(usages[i].get("completion_tokens", 0) for i in path if usages[i] is not None)
 
 
-def num_output_tokens(path_nodes: list[dict[str, Any]]) -> int:
-    masked = sum((node.get("mask") or []).count(True) for node in path_nodes)
-    if masked:
-        return masked
-    return sum(
-        node["usage"].get("completion_tokens", 0)
-        for node in path_nodes
-        if node.get("usage") is not None
-    )
+def trajectory(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per branch (root -> leaf path), in ascending leaf order (section 4)."""
+    parents = [node.get("parent") for node in nodes]
+    has_child = set(parents)
+    messages = [_message(node["message"]) for node in nodes]
+    tokens = [len(node.get("token_ids") or ()) for node in nodes]
+    masked = [(node.get("mask") or []).count(True) for node in nodes]
+    usages = [node.get("usage") for node in nodes]
+    branches = []
+    for leaf in range(len(nodes)):
+        if leaf in has_child:
+            continue
+        path = []
+        i: int | None = leaf
+        while i is not None:  # the graph is checked acyclic before this runs
+            path.append(i)
+            i = parents[i]
+        path.reverse()
+        branches.append(
+            {
+                "messages": [messages[i] for i in path],
+                "num_input_tokens": _input_tokens(path, tokens, masked, usages),
+                "num_output_tokens": _output_tokens(path, masked, usages),
+            }
+        )
+    return branches
 
 
 def usage_total(usages: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -251,38 +299,26 @@ def is_truncated(trace: dict[str, Any]) -> bool:
     return False
 
 
-def reward(trace: dict[str, Any]) -> float:
-    return sum(trace["rewards"].values())
-
-
 # ---------------------------------------------------------------- the sample
 
 
 def build_sample(trace: dict[str, Any], rollout_number: int) -> dict[str, Any]:
     """The platform sample of a checked trace (TRACE_FORMAT.md section 5)."""
     nodes = trace.get("nodes") or []
-    messages = [_without_nulls(node["message"]) for node in nodes]
-    trajectory = []
-    for leaf in leaves(nodes):
-        path = branch_path(nodes, leaf)
-        path_nodes = [nodes[i] for i in path]
-        trajectory.append(
-            {
-                "messages": [messages[i] for i in path],
-                "num_input_tokens": num_input_tokens(path_nodes),
-                "num_output_tokens": num_output_tokens(path_nodes),
-            }
-        )
-    task = {k: v for k, v in trace["task"].items() if v is not None}
-    errors = trace.get("errors") or []
+    branches = trajectory(nodes)
+    task = trace["task"]
+    if None in task.values():
+        task = {k: v for k, v in task.items() if v is not None}
+    errors = trace.get("errors")
     rewards = trace["rewards"]
+    usages = [usage for node in nodes if (usage := node.get("usage")) is not None]
     sample = {
         "sample_id": trace["id"],
         "example_id": task["idx"],
         "rollout_number": rollout_number,
         "task": task,
         "prompt": [],
-        "completion": trajectory[-1]["messages"] if trajectory else [],
+        "completion": branches[-1]["messages"] if branches else [],
         "answer": task.get("answer"),
         "reward": sum(rewards.values()),
         "timing": _without_nulls(trace.get("timing") or {}),
@@ -291,8 +327,8 @@ def build_sample(trace: dict[str, Any], rollout_number: int) -> dict[str, Any]:
         "metrics": trace["metrics"],
         "error": _without_nulls(errors[-1]) if errors else None,
         "stop_condition": trace.get("stop_condition"),
-        "trajectory": trajectory,
-        "token_usage": usage_total([n["usage"] for n in nodes if n.get("usage") is not None]),
+        "trajectory": branches,
+        "token_usage": usage_total(usages),
         "info": trace.get("info") or None,
     }
     for name, value in rewards.items():
@@ -301,10 +337,29 @@ def build_sample(trace: dict[str, Any], rollout_number: int) -> dict[str, Any]:
 
 
 def encode_sample(sample: dict[str, Any], number: int) -> bytes:
+    """The sample as JSON. orjson first; what it cannot encode (a lone surrogate, nesting past
+    its 255 levels) goes through the stdlib encoder, so every line that parsed also encodes and
+    the cheap first pass (`scan`) agrees with the conversion on which lines are good."""
     try:
         return orjson.dumps(sample)
-    except (orjson.JSONEncodeError, TypeError) as exc:
+    except orjson.JSONEncodeError:
+        pass
+    try:
+        return json.dumps(_finite(sample), ensure_ascii=True, allow_nan=False).encode()
+    except (ValueError, RecursionError) as exc:
         raise BadRecord(f"cannot be encoded as JSON: {exc}", line=number) from None
+
+
+def _finite(value: Any) -> Any:
+    """`value` with non-finite floats as None (the stdlib encoder would write NaN)."""
+    kind = type(value)
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is dict:
+        return {k: _finite(v) for k, v in value.items()}
+    if kind is list:
+        return [_finite(v) for v in value]
+    return value
 
 
 # ---------------------------------------------------------------- the run's aggregates
@@ -324,7 +379,7 @@ class RunTotals:
     def add(self, trace: dict[str, Any]) -> int:
         """Count a checked trace in; returns its rollout number within its task."""
         self.traces += 1
-        self.reward_sum += reward(trace)
+        self.reward_sum += sum(trace["rewards"].values())
         self.errored += bool(trace.get("errors"))
         for name, value in {**trace["rewards"], **trace["metrics"]}.items():
             self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
@@ -441,9 +496,6 @@ def convert_lines(
             encoded = encode_sample(sample, line.number)
         except BadRecord as exc:
             yield SetAside(line.number, line.start, exc.reason, line.end - line.start)
-            continue
-        except RecursionError:  # parsed by orjson (depth <= 1024), too deep for Python's stack
-            yield SetAside(line.number, line.start, "nested too deeply", line.end - line.start)
             continue
         yield Converted(line, encoded)
         totals.add(trace)

@@ -58,7 +58,7 @@ class Service:
         except BaseException:
             self.ledger.close()
             raise
-        self.gate = Gate(self.client, stop=self.stop)
+        self.gate = Gate()
         self.retrier = Retrier(self.client, self.gate, self.stop)
         self.uploader = Uploader(
             config, self.ledger, self.client, self.retrier, progress=progress or _no_progress

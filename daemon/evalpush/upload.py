@@ -19,6 +19,8 @@ The ledger moves only on the platform's acknowledgement.
 from __future__ import annotations
 
 import collections
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +49,26 @@ from evalpush.retry import Retrier
 from evalpush.runs import Run, RunKind, require_env_name
 
 Progress = Callable[[RunRecord], None]
+
+CRASH_ENV = "EVALPUSH_CRASH_AT"
+"""Crash-test hook: `<point>` or `<point>:<n>` makes the process SIGKILL itself the n-th time it
+passes that point (points: create-sent, batch-intent, batch-sent, batch-acked, finalize-sent).
+Lets the crash tests die exactly between a request and the ledger write that records it."""
+
+
+def _crash_point(point: str) -> None:
+    wanted = os.environ.get(CRASH_ENV)
+    if not wanted:
+        return
+    name, _, count = wanted.partition(":")
+    if name != point:
+        return
+    _crash_counts[point] = seen = _crash_counts.get(point, 0) + 1
+    if seen >= int(count or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_crash_counts: dict[str, int] = {}
 
 
 @dataclass
@@ -245,6 +267,7 @@ class Uploader:
                     what="create evaluation",
                     run=run.run_id,
                 )
+                _crash_point("create-sent")
                 break
             except Ambiguous:
                 found = self._find_evaluation(record, run)
@@ -351,9 +374,11 @@ class Uploader:
             record = self.ledger.update(
                 record, pending=_intent(Step.PUSH, start=batch.start, end=batch.end)
             )
+            _crash_point("batch-intent")
             delivered = self._deliver(record, batch, set_aside)
+            _crash_point("batch-sent")
         self.ledger.add_set_aside(record, set_aside)
-        return self.ledger.update(
+        acked = self.ledger.update(
             record,
             pending=None,
             acked_offset=batch.end,
@@ -362,6 +387,8 @@ class Uploader:
             samples_sent=record.samples_sent + delivered,
             bytes_sent=record.bytes_sent + batch.body_bytes,
         )
+        _crash_point("batch-acked")
+        return acked
 
     def _deliver(self, record: RunRecord, batch: Batch, set_aside: list[SetAsideRecord]) -> int:
         """Send `batch` until the platform holds each of its samples once; returns how many."""
@@ -397,6 +424,7 @@ class Uploader:
         if record.pending is None or not self._is_finalized(record):
             record = self.ledger.update(record, pending=_intent(Step.FINALIZE))
             url = self._send_finalize(record, metrics)
+            _crash_point("finalize-sent")
         else:
             url = None
         return self.ledger.update(
