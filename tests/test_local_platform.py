@@ -1,0 +1,370 @@
+"""The local platform: `evalpush local-platform` as a real process, and the in-process API."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from evalpush.local_platform import MAX_BODY_BYTES, LocalPlatform
+
+START_SECONDS = 15.0
+STOP_SECONDS = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Served:
+    """A `evalpush local-platform` process and a client for it."""
+
+    process: subprocess.Popen[bytes]
+    base_url: str
+    api_key: str
+    http: httpx.Client
+
+    def api(self, method: str, path: str, body: Any = None, **kwargs: Any) -> httpx.Response:
+        if body is not None:
+            kwargs["content"] = orjson.dumps(body)
+        return self.http.request(method, f"{self.base_url}{path}", **kwargs)
+
+    def create(self, run_id: str) -> str:
+        env_id = self.api("POST", "/api/v1/environmentshub/resolve", {"name": "gsm8k"}).json()[
+            "data"
+        ]["id"]
+        body = {
+            "name": f"gsm8k--m--{run_id}",
+            "environments": [{"id": env_id}],
+            "metadata": {"run_id": run_id},
+        }
+        answer = self.api("POST", "/api/v1/evaluations/", body)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["evaluation_id"]
+
+    def summary(self) -> dict[str, Any]:
+        return self.api("GET", "/_control/summary").json()
+
+    def stop(self, signum: int = signal.SIGTERM) -> tuple[int, str]:
+        self.http.close()
+        self.process.send_signal(signum)
+        out, _ = self.process.communicate(timeout=STOP_SECONDS)
+        return self.process.returncode, out.decode()
+
+
+def serve(port: int, key: str, *extra: str) -> subprocess.Popen[bytes]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("EVALPUSH_", "PRIME_"))}
+    command = [
+        sys.executable,
+        "-m",
+        "evalpush",
+        "local-platform",
+        "--port",
+        str(port),
+        "--api-key",
+        key,
+    ]
+    return subprocess.Popen(
+        [*command, *extra], env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+
+
+def wait_until_serving(process: subprocess.Popen[bytes], base_url: str, key: str) -> httpx.Client:
+    http = httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=10.0)
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            http.close()
+            pytest.fail(
+                f"local-platform exited {process.returncode}: {process.stdout.read().decode()}"
+            )  # type: ignore[union-attr]
+        try:
+            http.get(f"{base_url}/_control/faults")
+            return http
+        except httpx.TransportError:
+            time.sleep(0.05)
+    http.close()
+    process.kill()
+    pytest.fail("local-platform did not start listening in time")
+
+
+@pytest.fixture
+def start_served() -> Iterator[Callable[..., Served]]:
+    started: list[Served] = []
+
+    def start(*extra: str, port: int | None = None) -> Served:
+        port = port or free_port()
+        key = f"subprocess-key-{port}"
+        process = serve(port, key, *extra)
+        base_url = f"http://127.0.0.1:{port}"
+        served = Served(process, base_url, key, wait_until_serving(process, base_url, key))
+        started.append(served)
+        return served
+
+    yield start
+    for served in started:
+        served.http.close()
+        if served.process.poll() is None:
+            served.process.kill()
+            served.process.communicate()
+
+
+@pytest.fixture(scope="module")
+def shared_served() -> Iterator[Served]:
+    """One process for the tests that only need a fresh evaluation each."""
+    port = free_port()
+    key = f"subprocess-key-{port}"
+    process = serve(port, key)
+    base_url = f"http://127.0.0.1:{port}"
+    served = Served(process, base_url, key, wait_until_serving(process, base_url, key))
+    yield served
+    assert served.stop()[0] == 0
+
+
+@pytest.fixture
+def served(shared_served: Served) -> Served:
+    shared_served.api("DELETE", "/_control/faults")
+    return shared_served
+
+
+class TestServeCommand:
+    def test_it_requires_the_bearer_key_and_exits_0_on_sigterm(
+        self, start_served: Callable[..., Served]
+    ) -> None:
+        served = start_served()
+        path = f"{served.base_url}/api/v1/evaluations/"
+        assert httpx.get(path).status_code == 401
+        assert httpx.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(f"{served.base_url}/_control/summary").status_code == 401
+        assert served.api("GET", "/api/v1/evaluations/").status_code == 200
+        code, output = served.stop(signal.SIGTERM)
+        assert code == 0
+        assert "local platform serving" in output and served.base_url in output
+        assert served.api_key not in output
+
+    def test_sigint_stops_it_cleanly_too(self, start_served: Callable[..., Served]) -> None:
+        assert start_served().stop(signal.SIGINT)[0] == 0
+
+    def test_a_busy_port_is_a_clear_error_and_exit_2(
+        self, start_served: Callable[..., Served]
+    ) -> None:
+        first = start_served()
+        port = first.base_url.rsplit(":", 1)[1]
+        second = serve(int(port), "another-key")
+        out, _ = second.communicate(timeout=STOP_SECONDS)
+        assert second.returncode == 2
+        assert f"cannot listen on 127.0.0.1:{port}" in out.decode()
+
+    def test_with_a_db_file_what_was_sent_survives_a_restart(
+        self, start_served: Callable[..., Served], tmp_path: Path
+    ) -> None:
+        db = tmp_path / "platform.db"
+        served = start_served("--db", str(db))
+        evaluation_id = served.create("run-persisted")
+        served.api(
+            "POST", f"/api/v1/evaluations/{evaluation_id}/samples", {"samples": [{"sample_id": 1}]}
+        )
+        port = int(served.base_url.rsplit(":", 1)[1])
+        assert served.stop()[0] == 0
+        again = start_served("--db", str(db), port=port)
+        evaluation = again.summary()["evaluations"][evaluation_id]
+        assert evaluation["sample_count"] == 1 and again.summary()["runs"] == {"run-persisted": 1}
+
+
+class TestServedEndpoints:
+    def test_a_body_over_25_mib_is_refused_with_413_declared_length_or_not(
+        self, served: Served
+    ) -> None:
+        evaluation_id = served.create("run-413")
+        path = f"/api/v1/evaluations/{evaluation_id}/samples"
+        too_big = b'{"samples":[{"sample_id":1,"pad":"' + b"x" * MAX_BODY_BYTES + b'"}]}'
+        assert served.api("POST", path, content=too_big).status_code == 413
+
+        def chunks() -> Iterator[bytes]:
+            for start in range(0, len(too_big), 1 << 20):
+                yield too_big[start : start + (1 << 20)]
+
+        assert served.api("POST", path, content=chunks()).status_code == 413
+        assert served.summary()["evaluations"][evaluation_id]["sample_count"] == 0
+
+    def test_a_body_of_exactly_25_mib_is_taken(self, served: Served) -> None:
+        evaluation_id = served.create("run-25mib")
+        head, tail = b'{"samples":[{"sample_id":1,"pad":"', b'"}]}'
+        exact = head + b"x" * (MAX_BODY_BYTES - len(head) - len(tail)) + tail
+        answer = served.api("POST", f"/api/v1/evaluations/{evaluation_id}/samples", content=exact)
+        assert answer.status_code == 200 and answer.json()["accepted"] == 1
+
+    def test_duplicate_samples_are_stored_as_duplicates_and_counted(self, served: Served) -> None:
+        evaluation_id = served.create("run-dups")
+        path = f"/api/v1/evaluations/{evaluation_id}/samples"
+        served.api("POST", path, {"samples": [{"sample_id": i} for i in (1, 2, 3)]})
+        served.api("POST", path, {"samples": [{"sample_id": 3}]})
+        evaluation = served.summary()["evaluations"][evaluation_id]
+        assert (
+            evaluation["sample_count"],
+            evaluation["distinct_sample_ids"],
+            evaluation["duplicates"],
+        ) == (4, 3, 1)
+        page = served.api("GET", path, params={"page": 1, "limit": 10}).json()
+        assert [s["sample_id"] for s in page["samples"]] == [1, 2, 3, 3]
+        assert (page["total"], page["total_pages"]) == (4, 1)
+
+    def test_samples_and_a_second_finalize_after_finalize_get_409(self, served: Served) -> None:
+        evaluation_id = served.create("run-409")
+        path = f"/api/v1/evaluations/{evaluation_id}"
+        assert (
+            served.api("POST", f"{path}/finalize", {"metrics": {"avg_reward": 1}}).status_code
+            == 200
+        )
+        assert served.api("POST", f"{path}/finalize", {"metrics": {}}).status_code == 409
+        assert (
+            served.api("POST", f"{path}/samples", {"samples": [{"sample_id": 1}]}).status_code
+            == 409
+        )
+        assert served.api("PUT", path, {"status": "FAILED"}).status_code == 409
+        evaluation = served.summary()["evaluations"][evaluation_id]
+        assert (evaluation["status"], evaluation["finalize_count"], evaluation["sample_count"]) == (
+            "COMPLETED",
+            2,
+            0,
+        )
+
+    def test_a_fault_queued_through_the_control_endpoint_hits_the_next_request_of_its_kind(
+        self, served: Served
+    ) -> None:
+        fault = {"fault": "status", "on": "read", "status": 503, "retry_after": "2", "count": 1}
+        assert served.api("POST", "/_control/faults", fault).status_code == 200
+        assert served.api("GET", "/_control/faults").json()["pending"][0]["status"] == 503
+        assert (
+            served.api("POST", "/api/v1/environmentshub/resolve", {"name": "x"}).status_code == 200
+        )
+        refused = served.api("GET", "/api/v1/evaluations/")
+        assert (refused.status_code, refused.headers["Retry-After"]) == (503, "2")
+        assert served.api("GET", "/api/v1/evaluations/").status_code == 200
+
+    def test_a_refuse_fault_closes_the_port_for_a_while(self, served: Served) -> None:
+        assert (
+            served.api("POST", "/_control/faults", {"fault": "refuse", "seconds": 0.5}).status_code
+            == 200
+        )
+        with pytest.raises(httpx.ConnectError):
+            served.api("GET", "/api/v1/evaluations/")
+        time.sleep(0.6)
+        assert served.api("GET", "/api/v1/evaluations/").status_code == 200
+
+    @pytest.mark.parametrize(
+        "fault",
+        [
+            {"fault": "explode"},
+            {"fault": "status", "on": "everything"},
+            {"fault": "status", "count": 0},
+            [1],
+        ],
+    )
+    def test_a_malformed_fault_is_refused_with_422(self, served: Served, fault: Any) -> None:
+        assert served.api("POST", "/_control/faults", fault).status_code == 422
+
+
+class TestInProcess:
+    def test_refuse_closes_the_listening_socket_and_reopens_it_on_the_same_port(
+        self, local_platform: LocalPlatform
+    ) -> None:
+        port = int(local_platform.base_url.rsplit(":", 1)[1])
+        local_platform.inject("refuse", seconds=0.3)
+        with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
+            pass
+        time.sleep(0.4)
+        with socket.create_connection(("127.0.0.1", port)):
+            pass
+
+    def test_faults_wait_for_a_request_of_their_kind_and_run_out_after_count(
+        self, local_platform: LocalPlatform
+    ) -> None:
+        headers = {"Authorization": f"Bearer {local_platform.api_key}"}
+        local_platform.inject("status", on="resolve", status=500, count=2)
+        with httpx.Client(base_url=f"{local_platform.base_url}/api/v1", headers=headers) as http:
+            assert http.get("/evaluations/").status_code == 200
+            statuses = [
+                http.post("/environmentshub/resolve", json={"name": "x"}).status_code
+                for _ in range(3)
+            ]
+        assert statuses == [500, 500, 200]
+        assert local_platform.summary()["requests"]["resolve"] == 3
+
+    def test_cleared_faults_no_longer_apply(self, local_platform: LocalPlatform) -> None:
+        local_platform.inject("status", status=503, count=5)
+        local_platform.clear_faults()
+        headers = {"Authorization": f"Bearer {local_platform.api_key}"}
+        assert (
+            httpx.get(f"{local_platform.base_url}/api/v1/evaluations/", headers=headers).status_code
+            == 200
+        )
+
+    def test_without_auth_any_key_or_none_is_accepted(self) -> None:
+        with LocalPlatform(require_auth=False) as platform:
+            assert platform.api_key is None
+            assert httpx.get(f"{platform.base_url}/api/v1/evaluations/").status_code == 200
+
+    def test_samples_returns_what_was_stored_in_arrival_order(
+        self, local_platform: LocalPlatform
+    ) -> None:
+        headers = {"Authorization": f"Bearer {local_platform.api_key}"}
+        with httpx.Client(base_url=f"{local_platform.base_url}/api/v1", headers=headers) as http:
+            env_id = http.post("/environmentshub/resolve", json={"name": "gsm8k"}).json()["data"][
+                "id"
+            ]
+            body = {"name": "n", "environments": [{"id": env_id}], "metadata": {"run_id": "r"}}
+            evaluation_id = http.post("/evaluations/", json=body).json()["evaluation_id"]
+            http.post(
+                f"/evaluations/{evaluation_id}/samples",
+                json={"samples": [{"sample_id": "b"}, {"sample_id": "a"}]},
+            )
+            http.post(
+                f"/evaluations/{evaluation_id}/samples", json={"samples": [{"sample_id": "b"}]}
+            )
+        assert [s["sample_id"] for s in local_platform.samples(evaluation_id)] == ["b", "a", "b"]
+
+    def test_a_batch_with_one_bad_sample_is_refused_whole(
+        self, local_platform: LocalPlatform
+    ) -> None:
+        headers = {"Authorization": f"Bearer {local_platform.api_key}"}
+        with httpx.Client(base_url=f"{local_platform.base_url}/api/v1", headers=headers) as http:
+            env_id = http.post("/environmentshub/resolve", json={"name": "gsm8k"}).json()["data"][
+                "id"
+            ]
+            body = {"name": "n", "environments": [{"id": env_id}]}
+            evaluation_id = http.post("/evaluations/", json=body).json()["evaluation_id"]
+            batch = {"samples": [{"sample_id": 1}, {"reward": 0.5}]}
+            answer = http.post(f"/evaluations/{evaluation_id}/samples", json=batch)
+        assert answer.status_code == 422 and "samples[1]" in answer.json()["detail"]
+        assert local_platform.samples(evaluation_id) == []
+        assert local_platform.summary()["evaluations"][evaluation_id]["sample_count"] == 0
+
+    def test_the_viewer_url_leads_to_the_evaluation(self, local_platform: LocalPlatform) -> None:
+        headers = {"Authorization": f"Bearer {local_platform.api_key}"}
+        with httpx.Client(base_url=f"{local_platform.base_url}/api/v1", headers=headers) as http:
+            env_id = http.post("/environmentshub/resolve", json={"name": "gsm8k"}).json()["data"][
+                "id"
+            ]
+            body = {"name": "n", "environments": [{"id": env_id}]}
+            viewer_url = http.post("/evaluations/", json=body).json()["viewer_url"]
+        assert httpx.get(viewer_url).json()["name"] == "n"
+
+    def test_stop_twice_is_harmless(self) -> None:
+        platform = LocalPlatform().start()
+        platform.stop()
+        platform.stop()
