@@ -1,0 +1,444 @@
+"""The upload stage end to end: real run directories, a real ledger, the local platform.
+
+Every test builds an `Uploader` from real parts (a `Ledger` in tmp_path, a `PlatformClient` and a
+millisecond-backoff `Retrier` pointed at the local platform over loopback HTTP) and checks what
+the PLATFORM stored: one evaluation per run, every sample exactly once, finalized once, with the
+name, metadata and metrics `evalpush.convert.summary` computes for the run, and the ledger row
+that says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from evalpush.config import Config, PlatformConfig
+from evalpush.convert import RunTotals, SetAside, convert_lines, summary
+from evalpush.errors import LedgerError
+from evalpush.ledger import Ledger, RunRecord, State, Step, default_path
+from evalpush.local_platform import LocalPlatform
+from evalpush.platform import PlatformClient
+from evalpush.read import read_lines
+from evalpush.report import status_rows
+from evalpush.retry import Retrier
+from evalpush.runs import load_run
+from evalpush.service import Service
+from evalpush.upload import Uploader
+
+MIB = 1024 * 1024
+PLATFORM_LIMIT_BYTES = 25 * MIB
+MAX_LINE_BYTES = 64 * MIB
+ENV_NAME = "reverse-text"
+MODEL = "org/model-7b"
+ROLLOUTS = 2
+SHORT_READ_TIMEOUT_SECONDS = 0.5
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _bench_generator() -> Any:
+    spec = importlib.util.spec_from_file_location("gen_traces", BENCH / "gen_traces.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gen_traces = _bench_generator()
+
+
+# ---------------------------------------------------------------- run directories
+
+
+def a_trace(n: int, *, info_bytes: int = 0, idx: int | None = None) -> dict[str, Any]:
+    """A small but complete trace: a two-message conversation, rewards, metrics, usage."""
+    return {
+        "id": f"{uuid.uuid4()}-{n}",
+        "task": {"idx": n // ROLLOUTS if idx is None else idx, "prompt": f"reverse {n}"},
+        "nodes": [
+            {"message": {"role": "user", "content": f"reverse the words of line {n}"}},
+            {
+                "parent": 0,
+                "message": {"role": "assistant", "content": f"{n} line of words the reverse"},
+                "sampled": True,
+                "usage": {"prompt_tokens": 20 + n, "completion_tokens": 7},
+            },
+        ],
+        "rewards": {"correct": float(n % 2), "format": 0.25},
+        "metrics": {"num_turns": float(1 + n % 3)},
+        "info": {"blob": "x" * info_bytes} if info_bytes else {"n": n},
+        "is_completed": True,
+        "stop_condition": "agent_completed",
+        "errors": [{"type": "TimeoutError", "message": "tool timed out"}] if n % 7 == 3 else [],
+        "timing": {"start": 1767225600.0 + n, "generation": {"start": 1.0, "end": 2.5}},
+    }
+
+
+def trace_lines(count: int, *, start: int = 0, info_bytes: int = 0) -> list[bytes]:
+    return [orjson.dumps(a_trace(n, info_bytes=info_bytes)) for n in range(start, start + count)]
+
+
+def config_toml(
+    *, env_name: str | None = ENV_NAME, push: bool = False, extra: str = "", model: bool = True
+) -> str:
+    text = f"num_rollouts = {ROLLOUTS}\npush = {'true' if push else 'false'}\n{extra}\n"
+    if model:
+        text = f'model = "{MODEL}"\n' + text
+    if env_name is not None:
+        text += f'\n[taskset]\nid = "{env_name}"\n'
+    return text
+
+
+def write_run(
+    root: Path, lines: list[bytes], *, config: str | None = None, name: str | None = None
+) -> Path:
+    """A run directory `root/<uuid>` with its config.toml and traces.jsonl."""
+    run_dir = root / (name or str(uuid.uuid4()))
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.toml").write_text(config if config is not None else config_toml())
+    (run_dir / "traces.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
+    return run_dir
+
+
+def replace_traces(run_dir: Path, lines: list[bytes]) -> None:
+    """What `--resume` does: write a temp file and rename it over traces.jsonl (new inode)."""
+    temp = run_dir / "traces.jsonl.tmp"
+    temp.write_bytes(b"".join(line + b"\n" for line in lines))
+    os.rename(temp, run_dir / "traces.jsonl")
+
+
+@dataclass
+class Expected:
+    """What the platform must hold for a run: its summary and its samples, in file order."""
+
+    summary: dict[str, Any]
+    samples: list[dict[str, Any]]
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return [s["sample_id"] for s in self.samples]
+
+
+def expected(run_dir: Path) -> Expected:
+    """The run converted locally, the way `evalpush convert` does it."""
+    run = load_run(run_dir)
+    totals = RunTotals()
+    lines = read_lines(run.traces_path, max_line_bytes=MAX_LINE_BYTES)
+    items = convert_lines(lines, totals, max_line_bytes=MAX_LINE_BYTES)
+    samples = [orjson.loads(item.sample) for item in items if not isinstance(item, SetAside)]
+    return Expected(summary(run, totals), samples)
+
+
+def evaluations_of(platform: LocalPlatform, run_dir: Path) -> dict[str, dict[str, Any]]:
+    run_id = load_run(run_dir).run_id
+    return {
+        evaluation_id: evaluation
+        for evaluation_id, evaluation in platform.summary()["evaluations"].items()
+        if evaluation["metadata"].get("run_id") == run_id
+    }
+
+
+def assert_complete(
+    platform: LocalPlatform,
+    evaluation_id: str,
+    want: Expected,
+    *,
+    compare_samples: bool = True,
+) -> None:
+    """The evaluation is COMPLETED, finalized once, and holds exactly `want`'s samples once."""
+    evaluation = platform.summary()["evaluations"][evaluation_id]
+    assert evaluation["status"] == "COMPLETED"
+    assert evaluation["finalize_count"] == 1
+    assert evaluation["duplicates"] == 0
+    assert evaluation["sample_count"] == evaluation["distinct_sample_ids"] == len(want.samples)
+    assert evaluation["name"] == want.summary["name"]
+    assert evaluation["metadata"] == want.summary["metadata"]
+    assert evaluation["metrics"] == want.summary["metrics"]
+    stored = platform.samples(evaluation_id)
+    if compare_samples:
+        assert sorted(stored, key=lambda s: s["sample_id"]) == sorted(
+            want.samples, key=lambda s: s["sample_id"]
+        )
+    else:
+        assert sorted(s["sample_id"] for s in stored) == sorted(want.sample_ids)
+
+
+def assert_uploaded_once(
+    platform: LocalPlatform, run_dir: Path, record: RunRecord, **options: Any
+) -> dict[str, Any]:
+    """Exactly one evaluation for the run, complete, and a ledger row that agrees."""
+    evaluations = evaluations_of(platform, run_dir)
+    assert list(evaluations) == [record.evaluation_id], evaluations
+    want = expected(run_dir)
+    assert_complete(platform, record.evaluation_id, want, **options)
+    assert record.state == State.FINALIZED
+    assert record.step == Step.DONE
+    assert record.pending is None
+    assert record.samples_sent == record.samples_seen == len(want.samples)
+    return evaluations[record.evaluation_id]
+
+
+# ---------------------------------------------------------------- the uploader, from real parts
+
+
+class RecordingTransport(httpx.HTTPTransport):
+    """The real HTTP transport, noting each request's method, path and body size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[tuple[str, str, int]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append((request.method, request.url.path, len(request.content)))
+        return super().handle_request(request)
+
+    def sample_bodies(self) -> list[int]:
+        return [size for method, path, size in self.requests if path.endswith("/samples") and method == "POST"]
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path) -> Path:
+    root = tmp_path / "outputs"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    with Ledger(default_path(tmp_path / "state")) as opened:
+        yield opened
+
+
+@pytest.fixture
+def make_uploader(
+    ledger: Ledger,
+    make_platform_client: Callable[..., PlatformClient],
+    make_retrier: Callable[[PlatformClient], Retrier],
+) -> Callable[..., Uploader]:
+    """`make_uploader(client=None, progress=None, **config_sections)`: an Uploader on `ledger`."""
+
+    def make(
+        *,
+        client: PlatformClient | None = None,
+        progress: Callable[[RunRecord], None] | None = None,
+        **sections: dict[str, Any],
+    ) -> Uploader:
+        config = Config.model_validate(sections)
+        client = client or make_platform_client()
+        uploader = Uploader(config, ledger, client, make_retrier(client))
+        if progress is not None:
+            uploader.progress = progress
+        return uploader
+
+    return make
+
+
+@pytest.fixture
+def uploader(make_uploader: Callable[..., Uploader]) -> Uploader:
+    return make_uploader(upload={"max_batch_samples": 4})
+
+
+@pytest.fixture
+def recording_client(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> Iterator[tuple[PlatformClient, RecordingTransport]]:
+    transport = RecordingTransport()
+    home = tmp_path / "recording-home"
+    home.mkdir()
+    config = PlatformConfig(api_base_url=local_platform.base_url, read_timeout_seconds=30.0)
+    environ = {"PRIME_API_KEY": local_platform.api_key or "any-key"}
+    with PlatformClient(config, environ=environ, home=home, transport=transport) as client:
+        yield client, transport
+
+
+def after_batch(number: int, action: Callable[[], None]) -> Callable[[RunRecord], None]:
+    """A progress callback that runs `action` once, after the `number`-th acknowledged batch."""
+    seen = 0
+
+    def progress(_record: RunRecord) -> None:
+        nonlocal seen
+        seen += 1
+        if seen == number:
+            action()
+
+    return progress
+
+
+def upload(uploader: Uploader, run_dir: Path) -> RunRecord:
+    return uploader.upload(load_run(run_dir))
+
+
+# ---------------------------------------------------------------- the happy path
+
+
+class TestHappyPath:
+    def test_a_run_is_resolved_created_pushed_in_batches_and_finalized_once(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(10))
+
+        record = upload(uploader, run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+        requests = local_platform.summary()["requests"]
+        assert requests["create"] == 1
+        assert requests["finalize"] == 1
+        assert requests["samples"] == 3  # 10 samples, 4 a batch
+        assert record.viewer_url == (
+            f"{local_platform.base_url}/dashboard/evaluations/{record.evaluation_id}"
+        )
+        assert record.acked_offset == record.upload_end == (run_dir / "traces.jsonl").stat().st_size
+        assert record.attempts == 1
+        assert ledger.set_aside(record) == []
+
+    def test_a_realistic_generated_run_uploads_sample_for_sample_in_bodies_under_the_limit(
+        self, local_platform, make_uploader, recording_client, runs_root
+    ):
+        run_dir = gen_traces.generate(runs_root, 400_000, seed=3)
+        client, transport = recording_client
+        uploader = make_uploader(client=client, upload={"max_batch_bytes": 64 * 1024})
+
+        record = upload(uploader, run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+        bodies = transport.sample_bodies()
+        assert len(bodies) > 1
+        assert max(bodies) <= 64 * 1024
+        assert sum(bodies) == record.bytes_sent
+
+    def test_uploading_a_finalized_unchanged_run_again_sends_nothing(
+        self, local_platform, uploader, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(6))
+        first = upload(uploader, run_dir)
+        requests = local_platform.summary()["requests"]
+
+        again = upload(uploader, run_dir)
+
+        assert local_platform.summary()["requests"] == requests
+        assert again.state == State.FINALIZED
+        assert again.evaluation_id == first.evaluation_id
+        assert_uploaded_once(local_platform, run_dir, again)
+
+
+# ---------------------------------------------------------------- faults on the way
+
+
+AMBIGUOUS_FAULTS = [
+    pytest.param({"fault": "reset"}, id="reset-after-the-work"),
+    pytest.param({"fault": "stall", "seconds": 2.0}, id="stall-past-the-read-timeout"),
+    pytest.param({"fault": "status", "status": 502, "do_work": True}, id="502-after-the-work"),
+    pytest.param({"fault": "status", "status": 504}, id="504-without-the-work"),
+    pytest.param({"fault": "malformed"}, id="malformed-2xx-body"),
+]
+
+
+class TestAmbiguousFailures:
+    """A non-replayable step that may or may not have happened is read back, never resent blind."""
+
+    @pytest.fixture
+    def short_timeout_uploader(self, make_uploader, make_platform_client):
+        client = make_platform_client(read_timeout_seconds=SHORT_READ_TIMEOUT_SECONDS)
+        return lambda **options: make_uploader(
+            client=client, upload={"max_batch_samples": 4}, **options
+        )
+
+    @pytest.mark.parametrize("fault", AMBIGUOUS_FAULTS)
+    def test_an_ambiguous_create_failure_leaves_one_evaluation(
+        self, local_platform, short_timeout_uploader, runs_root, fault
+    ):
+        run_dir = write_run(runs_root, trace_lines(9))
+        local_platform.inject(on="create", **fault)
+
+        record = upload(short_timeout_uploader(), run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+        assert local_platform.summary()["requests"]["read"] >= 1  # it looked before resending
+
+    @pytest.mark.parametrize("fault", AMBIGUOUS_FAULTS)
+    def test_an_ambiguous_batch_failure_is_not_resent(
+        self, local_platform, short_timeout_uploader, runs_root, fault
+    ):
+        run_dir = write_run(runs_root, trace_lines(10))
+        inject = after_batch(1, lambda: local_platform.inject(on="samples", **fault))
+
+        record = upload(short_timeout_uploader(progress=inject), run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+        assert local_platform.summary()["requests"]["read"] >= 1
+
+    @pytest.mark.parametrize("fault", AMBIGUOUS_FAULTS)
+    def test_an_ambiguous_finalize_failure_finalizes_once(
+        self, local_platform, short_timeout_uploader, runs_root, fault
+    ):
+        run_dir = write_run(runs_root, trace_lines(5))
+        local_platform.inject(on="finalize", **fault)
+
+        record = upload(short_timeout_uploader(), run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+
+
+class TestTransientFailures:
+    """Failures where the platform did no work are retried until it does, exactly once."""
+
+    @pytest.mark.parametrize("status", [500, 503, 408])
+    @pytest.mark.parametrize("kind", ["resolve", "create", "samples", "finalize"])
+    def test_a_burst_of_server_errors_is_retried_through(
+        self, local_platform, uploader, runs_root, kind, status
+    ):
+        run_dir = write_run(runs_root, trace_lines(9))
+        local_platform.inject("status", on=kind, status=status, count=3)
+
+        record = upload(uploader, run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+        assert local_platform.summary()["requests"][kind] >= 4
+
+    def test_a_429_with_retry_after_is_waited_out_then_sent_once(
+        self, local_platform, uploader, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(9))
+        local_platform.inject("status", on="samples", status=429, retry_after="1")
+
+        started = time.monotonic()
+        record = upload(uploader, run_dir)
+
+        assert time.monotonic() - started >= 0.9
+        assert_uploaded_once(local_platform, run_dir, record)
+
+    def test_a_503_with_retry_after_as_an_http_date_is_honoured(
+        self, local_platform, uploader, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(3))
+        soon = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 2))
+        local_platform.inject("status", on="create", status=503, retry_after=soon)
+
+        started = time.monotonic()
+        record = upload(uploader, run_dir)
+
+        assert time.monotonic() - started >= 0.5
+        assert_uploaded_once(local_platform, run_dir, record)
+
+    def test_an_outage_in_the_middle_of_a_run_is_ridden_out(
+        self, local_platform, uploader, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(12))
+        uploader.progress = after_batch(1, lambda: local_platform.inject("refuse", seconds=1.5))
+
+        started = time.monotonic()
+        record = upload(uploader, run_dir)
+
+        assert time.monotonic() - started >= 1.4
+        assert_uploaded_once(local_platform, run_dir, record)
