@@ -133,7 +133,9 @@ def report(rows: dict[str, Measure], walls: dict[str, list[float]], size: int, t
               f"{traces / m.wall_seconds:>11.0f}{m.cpu_seconds:>8.2f}"
               f"{m.peak_rss_bytes / MIB:>14.1f}  {', '.join(f'{w:.2f}' for w in walls[name])}")
     ours, seed, floor = rows["ours"], rows["seed"], rows["floor"]
-    seed_import = json.loads(seed.stderr.strip().splitlines()[-1])["import_seconds"]
+    seed_report = json.loads(seed.stderr.strip().splitlines()[-1])
+    seed_import = seed_report["import_seconds"]
+    assert seed_report["samples"] == traces, f"the seed read {seed_report['samples']} of {traces}"
     print()
     print(f"ours vs seed throughput: {seed.wall_seconds / ours.wall_seconds:.1f}x "
           f"(seed without its {seed_import:.1f} s import: "
