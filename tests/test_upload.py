@@ -33,7 +33,7 @@ from evalpush.platform import PlatformClient
 from evalpush.read import read_lines
 from evalpush.report import status_rows
 from evalpush.retry import Retrier
-from evalpush.runs import load_run
+from evalpush.runs import derive_run_id, load_run
 from evalpush.service import Service
 from evalpush.upload import Uploader
 
@@ -141,7 +141,7 @@ def expected(run_dir: Path) -> Expected:
 
 
 def evaluations_of(platform: LocalPlatform, run_dir: Path) -> dict[str, dict[str, Any]]:
-    run_id = load_run(run_dir).run_id
+    run_id = derive_run_id(run_dir)
     return {
         evaluation_id: evaluation
         for evaluation_id, evaluation in platform.summary()["evaluations"].items()
@@ -442,3 +442,265 @@ class TestTransientFailures:
 
         assert time.monotonic() - started >= 1.4
         assert_uploaded_once(local_platform, run_dir, record)
+
+
+# ---------------------------------------------------------------- batching
+
+
+def without(want: Expected, sample_ids: set[str]) -> Expected:
+    return Expected(want.summary, [s for s in want.samples if s["sample_id"] not in sample_ids])
+
+
+class TestBatching:
+    def test_a_run_over_60_mib_goes_out_in_requests_each_under_25_mib(
+        self, local_platform, make_uploader, recording_client, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(16, info_bytes=4 * MIB))
+        client, transport = recording_client
+        uploader = make_uploader(client=client)
+
+        record = upload(uploader, run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record, compare_samples=False)
+        bodies = transport.sample_bodies()
+        assert sum(bodies) > 60 * MIB
+        assert len(bodies) == 3  # 6 samples of 4 MiB fit under 25 MiB
+        assert all(size <= PLATFORM_LIMIT_BYTES for size in bodies)
+        assert local_platform.summary()["requests"]["samples"] == 3
+
+    def test_a_sample_over_25_mib_is_set_aside_as_rejected_and_the_rest_finalize(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        lines = trace_lines(5)
+        huge = a_trace(5, info_bytes=PLATFORM_LIMIT_BYTES)
+        lines.insert(2, orjson.dumps(huge))
+        run_dir = write_run(runs_root, lines)
+        huge_sample = next(s for s in expected(run_dir).samples if s["sample_id"] == huge["id"])
+
+        record = upload(uploader, run_dir)
+
+        [evaluation_id] = evaluations_of(local_platform, run_dir)
+        assert evaluation_id == record.evaluation_id
+        assert_complete(local_platform, evaluation_id, without(expected(run_dir), {huge["id"]}))
+        assert record.state == State.FINALIZED
+        assert (record.samples_sent, record.samples_seen) == (5, 6)
+        [rejected] = ledger.set_aside(record)
+        assert (rejected.kind, rejected.line) == ("rejected", 3)
+        assert rejected.size == len(orjson.dumps(huge_sample))
+        assert "25 MiB" in rejected.reason
+
+    @pytest.mark.parametrize("status", [413, 422])
+    def test_a_refused_batch_is_split_and_every_sample_still_arrives_once(
+        self, local_platform, make_uploader, runs_root, status
+    ):
+        run_dir = write_run(runs_root, trace_lines(11))
+        uploader = make_uploader(upload={"max_batch_samples": 8})
+        local_platform.inject("status", on="samples", status=status, count=3)
+
+        record = upload(uploader, run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+        # 8 -> 4 -> 2 refused, then 1 + 1 + 2 + 4 accepted, then the last batch of 3
+        assert local_platform.summary()["requests"]["samples"] == 3 + 4 + 1
+
+    def test_a_sample_refused_on_its_own_is_set_aside_as_rejected(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(6))
+        first = expected(run_dir).samples[0]
+        local_platform.inject("status", on="samples", status=413, count=3)  # 4 -> 2 -> 1
+
+        record = upload(uploader, run_dir)
+
+        [evaluation_id] = evaluations_of(local_platform, run_dir)
+        assert_complete(local_platform, evaluation_id, without(expected(run_dir), {first["sample_id"]}))
+        assert record.state == State.FINALIZED
+        assert (record.samples_sent, record.samples_seen) == (5, 6)
+        [rejected] = ledger.set_aside(record)
+        assert (rejected.kind, rejected.line, rejected.offset) == ("rejected", 1, 0)
+        assert rejected.size == len(orjson.dumps(first))
+        assert "HTTP 413" in rejected.reason
+
+
+# ---------------------------------------------------------------- the evaluation goes away
+
+
+def close_out(platform: LocalPlatform, client: PlatformClient, run_dir: Path) -> Callable[[], None]:
+    """An action closing the run's open evaluation on the platform, as a person would."""
+
+    def act() -> None:
+        [evaluation_id] = [
+            e for e, ev in evaluations_of(platform, run_dir).items() if ev["status"] == "RUNNING"
+        ]
+        client.close_out(evaluation_id, "CANCELLED", error_message="closed by hand")
+
+    return act
+
+
+class TestEvaluationGone:
+    @pytest.mark.parametrize("batches_before", [1, 3], ids=["mid-run", "at-finalize"])
+    def test_a_deleted_evaluation_is_recorded_and_a_new_one_completes(
+        self, local_platform, uploader, ledger, runs_root, batches_before
+    ):
+        run_dir = write_run(runs_root, trace_lines(10))
+        kind = "samples" if batches_before < 3 else "finalize"
+        uploader.progress = after_batch(
+            batches_before, lambda: local_platform.inject("status", on=kind, status=404)
+        )
+
+        record = upload(uploader, run_dir)
+
+        evaluations = evaluations_of(local_platform, run_dir)
+        assert len(evaluations) == 2  # the local platform keeps what it "deleted"
+        [history] = ledger.history(record)
+        assert history.outcome == "deleted"
+        assert history.evaluation_id in evaluations
+        assert history.evaluation_id != record.evaluation_id
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+        assert record.state == State.FINALIZED
+        assert record.samples_sent == record.samples_seen == 10
+        superseded = [row for row in status_rows(ledger) if row["state"] == State.SUPERSEDED]
+        assert [row["evaluation_id"] for row in superseded] == [history.evaluation_id]
+
+    def test_an_evaluation_closed_on_the_platform_mid_run_is_replaced(
+        self, local_platform, uploader, ledger, platform_client, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(10))
+        uploader.progress = after_batch(1, close_out(local_platform, platform_client, run_dir))
+
+        record = upload(uploader, run_dir)
+
+        [history] = ledger.history(record)
+        assert history.outcome == "closed"
+        evaluations = evaluations_of(local_platform, run_dir)
+        assert evaluations[history.evaluation_id]["status"] == "CANCELLED"
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+        assert record.samples_sent == record.samples_seen == 10
+
+
+# ---------------------------------------------------------------- the run's files change
+
+
+PRIME_VARIABLES = ("PRIME_API_KEY", "PRIME_API_BASE_URL", "PRIME_BASE_URL", "PRIME_FRONTEND_URL",
+                   "PRIME_TEAM_ID", "CREDENTIALS_DIRECTORY")
+
+
+@pytest.fixture
+def make_service(
+    local_platform: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Service]]:
+    """`make_service(progress=None, **config_sections)`: a Service on the local platform, with
+    its credentials from the environment and an empty HOME, its ledger in tmp_path."""
+    for name in PRIME_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PRIME_API_KEY", local_platform.api_key or "any-key")
+    monkeypatch.setenv("PRIME_API_BASE_URL", local_platform.base_url)
+    home = tmp_path / "service-home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    services: list[Service] = []
+
+    def make(progress: Callable[[RunRecord], None] | None = None, **sections: Any) -> Service:
+        config = Config.model_validate({"state": {"dir": str(tmp_path / "service-state")}, **sections})
+        service = Service(config, progress=progress)
+        services.append(service)
+        return service
+
+    yield make
+    for service in services:
+        service.close()
+
+
+class TestFileChanges:
+    def test_a_finalized_run_that_grew_uploads_again_as_a_new_evaluation(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(6))
+        first = upload(uploader, run_dir)
+        old = expected(run_dir)
+        with (run_dir / "traces.jsonl").open("ab") as traces:
+            traces.write(b"".join(line + b"\n" for line in trace_lines(3, start=6)))
+
+        record = upload(uploader, run_dir)
+
+        assert record.evaluation_id != first.evaluation_id
+        evaluations = evaluations_of(local_platform, run_dir)
+        assert set(evaluations) == {first.evaluation_id, record.evaluation_id}
+        assert_complete(local_platform, first.evaluation_id, old)  # never appended to
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+        assert record.samples_sent == record.samples_seen == 9
+        rows = status_rows(ledger)
+        assert [(row["state"], row["evaluation_id"]) for row in rows] == [
+            (State.FINALIZED, record.evaluation_id),
+            (State.SUPERSEDED, first.evaluation_id),
+        ]
+        assert "superseded" in rows[1]["reason"]
+
+    def test_a_trace_file_replaced_mid_upload_cancels_the_open_evaluation_and_starts_over(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(12))
+        resumed = trace_lines(8, start=100)  # --resume keeps some traces and re-runs others
+        uploader.progress = after_batch(1, lambda: replace_traces(run_dir, resumed))
+
+        record = upload(uploader, run_dir)
+
+        [history] = ledger.history(record)
+        assert history.outcome == "cancelled"
+        evaluations = evaluations_of(local_platform, run_dir)
+        assert set(evaluations) == {history.evaluation_id, record.evaluation_id}
+        assert evaluations[history.evaluation_id]["status"] == "CANCELLED"
+        assert record.state == State.FINALIZED
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+        assert record.samples_sent == record.samples_seen == 8
+
+    def test_a_run_directory_deleted_mid_upload_fails_clearly_and_other_runs_finalize(
+        self, local_platform, make_service, runs_root
+    ):
+        doomed = write_run(runs_root, trace_lines(12))
+        others = [write_run(runs_root, trace_lines(5 + i)) for i in range(3)]
+        doomed_id = load_run(doomed).run_id
+        deleted = threading.Event()
+
+        def progress(record: RunRecord) -> None:
+            if record.run_id == doomed_id and not deleted.is_set():
+                deleted.set()
+                for child in doomed.iterdir():
+                    child.unlink()
+                doomed.rmdir()
+
+        service = make_service(progress=progress, upload={"max_batch_samples": 4})
+        results = {result.path: result for result in service.push([runs_root])}
+
+        assert deleted.is_set()
+        failed = results[doomed]
+        assert failed.record.state == State.FAILED
+        assert "deleted" in failed.error and str(doomed) in failed.error
+        [cancelled] = evaluations_of(local_platform, doomed).values()
+        assert cancelled["status"] == "CANCELLED"
+        [history] = service.ledger.history(failed.record)
+        assert history.outcome == "cancelled"
+        for run_dir in others:
+            assert results[run_dir].ok
+            assert_uploaded_once(local_platform, run_dir, results[run_dir].record)
+
+    def test_a_trace_file_deleted_before_the_push_step_fails_the_run_not_the_uploader(
+        self, local_platform, uploader, runs_root, monkeypatch
+    ):
+        run_dir = write_run(runs_root, trace_lines(6))
+        create = uploader.client.create_evaluation
+
+        def create_then_delete(body: dict[str, Any]) -> tuple[str, str | None]:
+            answer = create(body)
+            (run_dir / "traces.jsonl").unlink()
+            return answer
+
+        monkeypatch.setattr(uploader.client, "create_evaluation", create_then_delete)
+
+        record = upload(uploader, load_run(run_dir).path)
+
+        assert record.state == State.FAILED
+        assert "deleted mid-upload" in record.last_error
+        [evaluation] = evaluations_of(local_platform, run_dir).values()
+        assert evaluation["status"] == "CANCELLED"
+        assert evaluation["sample_count"] == 0

@@ -137,8 +137,11 @@ class Uploader:
             return "replay run: set runs.upload_replays = true to upload replays"
         return ""
 
-    def _check_file(self, record: RunRecord, run: Run) -> RunRecord:
-        """Supersede a finalized run whose file changed; cancel an upload whose file was replaced."""
+    def _check_file(
+        self, record: RunRecord, run: Run, *, restart_as: str = State.READY
+    ) -> RunRecord:
+        """Supersede a finalized run whose file changed; cancel an upload whose file was replaced
+        (it starts over from scan in state `restart_as`) or deleted (it fails)."""
         if record.file_inode is None:
             return record
         known = FileIdentity(record.file_device, record.file_inode, record.file_size)
@@ -149,13 +152,13 @@ class Uploader:
                 return self.ledger.restart(record, outcome="superseded")
             return record
         if change == Change.GONE:
-            message = "the run's trace file was deleted mid-upload"
+            message = f"{run.traces_path}: the run's trace file was deleted mid-upload"
             self._cancel(record, message)
             record = self.ledger.restart(record, outcome="cancelled")
             return self.ledger.update(record, state=State.FAILED, last_error=message)
         if change == Change.REPLACED:
             self._cancel(record, "the run's trace file was replaced (resumed eval)")
-            return self.ledger.restart(record, outcome="cancelled")
+            return self.ledger.restart(record, outcome="cancelled", state=restart_as)
         return record
 
     def _cancel(self, record: RunRecord, message: str) -> None:
@@ -193,8 +196,11 @@ class Uploader:
                 error=str(exc),
             )
             return self.ledger.restart(record, outcome=outcome, state=State.UPLOADING)
-        except FileChangedError:
-            return self._check_file(record, run)
+        except OSError as exc:  # FileChangedError, or the trace file gone or unreadable
+            checked = self._check_file(record, run, restart_as=State.UPLOADING)
+            if checked is record:
+                raise RunError(f"{run.traces_path}: cannot read: {exc}") from None
+            return checked
 
     # ------------------------------------------------------------ scan
 
@@ -327,13 +333,14 @@ class Uploader:
         reconcile_end = orjson.loads(record.pending)["end"] if record.pending else 0
         totals = RunTotals.from_json(record.sent_totals) if record.sent_totals else RunTotals()
         max_line = self.config.read.max_line_bytes
+        known = FileIdentity(record.file_device, record.file_inode, record.file_size)
         lines = read_lines(
             run.traces_path,
             offset=record.acked_offset,
             number=record.acked_line,
             end=record.upload_end,
             max_line_bytes=max_line,
-            expect=FileIdentity(record.file_device, record.file_inode, record.file_size),
+            expect=known,
         )
         rejected: list[SetAsideRecord] = []
 
@@ -350,6 +357,9 @@ class Uploader:
             max_batch_samples=self.config.upload.max_batch_samples,
             set_aside=set_aside,
         ):
+            # The open file still reads the old inode: look at the path before every batch.
+            if compare(run.traces_path, known) in (Change.REPLACED, Change.GONE):
+                raise FileChangedError(f"{run.traces_path}: replaced or deleted mid-upload")
             if stored is not None and batch.start < reconcile_end:
                 batch = _without_stored(batch, stored)
             record = self._send_batch(record, batch, rejected)
