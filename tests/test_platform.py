@@ -591,7 +591,7 @@ class TestFailuresAgainstTheLocalPlatform:
         fast_gate: Gate,
     ) -> None:
         sent_before = local_platform.summary()["requests"]["finalize"]
-        local_platform.inject("refuse", seconds=0.4)
+        local_platform.inject("refuse", seconds=0.8)
         with capture_logs() as logs:
             retrier.call(
                 run_step("finalize", platform_client, *setup), replayable=False, what="finalize"

@@ -151,7 +151,15 @@ class LocalPlatform:
         do_work: bool = False,
     ) -> None:
         """Queue a fault (see `Fault`); `refuse` takes effect before this returns."""
-        spec = Fault(fault, on, count, status, retry_after, seconds, do_work)
+        spec = Fault(
+            fault,
+            on=on,
+            count=count,
+            status=status,
+            retry_after=retry_after,
+            seconds=seconds,
+            do_work=do_work,
+        )
         server = self._running_server()
         assert self._loop is not None
         asyncio.run_coroutine_threadsafe(server.inject(spec), self._loop).result(

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from evalpush.local_platform._faults import REQUEST_KINDS, Fault, FaultPlan
 from evalpush.local_platform._store import Refusal, Store
+from evalpush.log import get_logger
 
 MAX_BODY_BYTES = 25 * 1024 * 1024
 MAX_PAGE_LIMIT = 1000
@@ -133,9 +134,17 @@ class PlatformServer:
 
     def _reopen_now(self) -> None:
         self._reopen = None
-        task = asyncio.ensure_future(self._listen())
+        task = asyncio.ensure_future(self._listen_again())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _listen_again(self) -> None:
+        try:
+            await self._listen()
+        except OSError as exc:  # someone took the port meanwhile: say so, stay down
+            get_logger().error(
+                "local platform cannot listen again", url=self.base_url, error=str(exc)
+            )
 
     async def stop(self) -> None:
         self._closing.set()
@@ -303,7 +312,10 @@ class PlatformServer:
         except (ValueError, TypeError) as exc:
             raise Refusal(422, str(exc)) from None
         await self.inject(fault, asked_by=request)
-        return {"injected": fault.to_json()}
+        response = _json({"injected": fault.to_json()})
+        if fault.fault == "refuse":
+            response.force_close()  # says `Connection: close`, so no client reuses it
+        return response
 
     async def _control_faults(self, request: web.Request) -> Any:
         return {"pending": self.faults.pending()}
