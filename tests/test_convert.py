@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 import math
 import tracemalloc
 from pathlib import Path
@@ -16,8 +15,10 @@ from evalpush.convert import (
     Converted,
     RunTotals,
     SetAside,
+    Trace,
     build_sample,
-    check_trace,
+    decode_trace,
+    encode_sample,
     convert_lines,
     scan,
     summary,
@@ -75,18 +76,16 @@ def trace(id: str = "t", idx: int = 0, **fields: Any) -> dict[str, Any]:
     return {"id": id, "task": {"idx": idx}, **fields}
 
 
-def checked(t: dict[str, Any]) -> dict[str, Any]:
-    check_trace(t, 1)
-    return t
+def checked(t: dict[str, Any]) -> Trace:
+    return decode_trace(orjson.dumps(t), 1)
 
 
 def sample_of(t: dict[str, Any], rollout_number: int = 1) -> dict[str, Any]:
-    return build_sample(checked(t), rollout_number)
-
-
-def sent(t: dict[str, Any]) -> dict[str, Any]:
     """The sample as it goes out: built, encoded, and read back."""
-    return orjson.loads(orjson.dumps(sample_of(t)))
+    return orjson.loads(encode_sample(build_sample(checked(t), rollout_number), 1))
+
+
+sent = sample_of
 
 
 def contents(messages: list[dict[str, Any]]) -> list[str]:
@@ -618,8 +617,11 @@ class TestRunTotalsPersistence:
         assert resumed_numbers == numbers[4:]
 
     def test_a_non_finite_sum_survives_the_json_round_trip(self):
-        totals = totals_of(
-            trace(rewards={"r": math.nan}, metrics={"up": math.inf, "down": -math.inf})
+        totals = RunTotals(
+            traces=1,
+            reward_sum=math.nan,
+            metric_sums={"r": math.nan, "up": math.inf, "down": -math.inf},
+            metric_counts={"r": 1, "up": 1, "down": 1},
         )
 
         restored = RunTotals.from_json(totals.to_json())
@@ -708,12 +710,16 @@ BAD_LINES = [
         orjson.dumps({"id": "a", "task": {"idx": True}}),
         "'task.idx' must be an integer",
     ),
-    ("rewards not a dict", encoded(rewards=[1.0]), "'rewards' must be dict"),
-    ("a reward not a number", encoded(rewards={"r": "high"}), "'rewards.r' must be a number"),
-    ("metrics not a dict", encoded(metrics=3), "'metrics' must be dict"),
-    ("nodes not a list", encoded(nodes={"0": {}}), "'nodes' must be list"),
+    ("rewards not a dict", encoded(rewards=[1.0]), "'rewards' must be an object"),
+    ("a reward not a number", encoded(rewards={"r": "high"}), "a value in 'rewards' must be a number"),
+    ("metrics not a dict", encoded(metrics=3), "'metrics' must be an object"),
+    ("nodes not a list", encoded(nodes={"0": {}}), "'nodes' must be a list"),
     ("a node not an object", encoded(nodes=["hi"]), "'nodes[0]'"),
-    ("a node without a message", encoded(nodes=[{"parent": None}]), "'nodes[0]'"),
+    (
+        "a node without a message",
+        encoded(nodes=[{"parent": None}]),
+        "missing 'nodes[0].message'",
+    ),
     (
         "token_ids not a list",
         encoded(nodes=[node(token_ids=5)]),
@@ -743,10 +749,10 @@ BAD_LINES = [
         encoded(nodes=[node(parent=1), node(parent=2), node(parent=1)]),
         "cycle",
     ),
-    ("errors not a list", encoded(errors={"type": "E"}), "'errors' must be list"),
-    ("an error not an object", encoded(errors=["boom"]), "'errors' entries must be objects"),
-    ("info not a dict", encoded(info=["x"]), "'info' must be dict"),
-    ("timing not a dict", encoded(timing=1.0), "'timing' must be dict"),
+    ("errors not a list", encoded(errors={"type": "E"}), "'errors' must be a list"),
+    ("an error not an object", encoded(errors=["boom"]), "'errors[0]' must be an object"),
+    ("info not a dict", encoded(info=["x"]), "'info' must be an object"),
+    ("timing not a dict", encoded(timing=1.0), "'timing' must be an object"),
     ("stop_condition not a string", encoded(stop_condition=1), "'stop_condition' must be a string"),
     ("nesting past orjson's limit", deeply_nested(2000), "nested too deeply"),
     ("nesting past the lenient parser's limit", deeply_nested(20000), "nested too deeply"),
@@ -835,10 +841,11 @@ class TestScanAgreesWithConversion:
     """The cheap first pass and the conversion take and refuse exactly the same lines."""
 
     HARD_LINES = [
-        b'{"id": "s", "task": {"idx": 0}, "info": {"s": "\\ud800"}}',  # lone surrogate
-        deeply_nested(950),  # past orjson's encoder, within its parser
-        b'{"id": "n", "task": {"idx": 0}, "rewards": {"r": NaN}}',  # not JSON, accepted
-        deeply_nested(2000),  # refused by both
+        b'{"id": "s", "task": {"idx": 0}, "info": {"s": "\\ud800"}}',  # lone surrogate: refused
+        deeply_nested(150),  # deep, taken
+        b'{"id": "n", "task": {"idx": 0}, "rewards": {"r": NaN}}',  # not JSON, taken
+        deeply_nested(2000),  # too deep: refused
+        deeply_nested(950),  # deep, taken
         b'{"id": "ok", "task": {"idx": 1}, "rewards": {"r": 1.0}}',
     ]
 
@@ -848,21 +855,24 @@ class TestScanAgreesWithConversion:
         return path
 
     @pytest.mark.timeout(10)
-    def test_lines_orjson_cannot_encode_still_convert_to_valid_json(self, tmp_path: Path) -> None:
+    def test_hard_lines_that_are_taken_convert_to_strict_json(self, tmp_path: Path) -> None:
         path = self._lines(tmp_path)
-        items = list(convert_lines(read_lines(path, max_line_bytes=MIB), RunTotals(), max_line_bytes=MIB))
+        lines = read_lines(path, max_line_bytes=MIB)
+        items = list(convert_lines(lines, RunTotals(), max_line_bytes=MIB))
         converted = [i for i in items if isinstance(i, Converted)]
-        assert [i.line.number for i in converted] == [1, 2, 3, 5]
+        assert [i.line.number for i in converted] == [2, 3, 5, 6]
         for item in converted:
             json.loads(item.sample)  # strict JSON: no NaN literal
-        assert json.loads(converted[2].sample)["reward"] is None
+        assert json.loads(converted[1].sample)["reward"] is None
 
     @pytest.mark.timeout(10)
     def test_scan_counts_exactly_the_lines_conversion_sends(self, tmp_path: Path) -> None:
         path = self._lines(tmp_path)
         totals = RunTotals()
-        items = list(convert_lines(read_lines(path, max_line_bytes=MIB), totals, max_line_bytes=MIB))
+        lines = read_lines(path, max_line_bytes=MIB)
+        items = list(convert_lines(lines, totals, max_line_bytes=MIB))
         found = scan(read_lines(path, max_line_bytes=MIB), max_line_bytes=MIB)
-        assert [s.line for s in found.set_aside] == [i.line for i in items if isinstance(i, SetAside)]
+        refused = [i.line for i in items if isinstance(i, SetAside)]
+        assert [s.line for s in found.set_aside] == refused == [1, 4]
         assert found.totals.to_json() == totals.to_json()
         assert found.end == path.stat().st_size

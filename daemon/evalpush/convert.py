@@ -1,27 +1,32 @@
 """The convert stage: one trace line -> one platform sample, and the run's aggregates.
 
 The rules are TRACE_FORMAT.md sections 4-6, which restate what verifiers' own push does, so a
-run uploaded by evalpush looks exactly like one the eval pushed itself. Lines are plain dicts
-parsed with orjson (validating every line into full models is what makes the producer slow);
-`check_trace` validates just what the conversion relies on, and every failure is a `BadRecord`
-naming the line and the reason. Aggregates are running sums (`RunTotals`), so a run of any
-size converts in bounded memory and a resumed upload continues the sums from the ledger.
+run uploaded by evalpush looks exactly like one the eval pushed itself.
+
+Speed (the hot path of the daemon): each line is decoded by msgspec into a `Trace` that names
+only what conversion reads, so types are checked in C and everything else is skipped unread.
+Messages stay raw JSON and go into the sample byte for byte; token ids and masks stay raw and
+are only counted. `decode_trace` adds the checks types cannot express (task.idx, the graph),
+and every failure is a `BadRecord` naming the line and the reason. Aggregates are running sums
+(`RunTotals`), so a run of any size converts in bounded memory and a resumed upload continues
+the sums from the ledger.
 
 Not-finite numbers: a `NaN`/`Infinity` literal (not JSON, but Python's json writes it) is
 accepted, and so is a `null` reward or metric (what pydantic writes for NaN); both count as
-NaN and go out as `null`, since orjson encodes non-finite floats as null.
+NaN and go out as `null`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
 import orjson
 
 from evalpush.config import Config
@@ -42,31 +47,116 @@ TRUNCATING_STOP_CONDITIONS = frozenset(
 OPTIONAL_USAGE_FIELDS = ("cached_input_tokens", "reasoning_tokens", "cost")
 NAN = float("nan")
 
-# orjson parses up to 1024 levels of nesting and the lenient parse is held to the same; the
-# stdlib fallbacks (parse, encode) and the null-dropping walk recurse in Python, so give them
-# room for anything accepted.
 MAX_DEPTH = 1024
-RECURSION_LIMIT = 5000
-sys.setrecursionlimit(max(sys.getrecursionlimit(), RECURSION_LIMIT))
+"""Deepest nesting the lenient parse accepts (orjson's parser stops at the same depth)."""
+
+
+# ---------------------------------------------------------------- the trace line, as typed
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_input_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cost: float | None = None
+
+
+_EMPTY_LIST = msgspec.Raw(b"[]")
+_EMPTY_OBJECT = msgspec.Raw(b"{}")
+
+
+class Node(msgspec.Struct):
+    """A MessageNode. `message` stays raw JSON (passed through to the sample untouched);
+    `token_ids` and `mask` stay raw too: conversion only counts their items."""
+
+    message: msgspec.Raw
+    parent: int | None = None
+    sampled: bool = False
+    token_ids: msgspec.Raw = _EMPTY_LIST
+    mask: msgspec.Raw = _EMPTY_LIST
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+class Trace(msgspec.Struct):
+    """What conversion reads of a trace line; keys it does not name are skipped unread."""
+
+    id: str
+    task: dict[str, Any]
+    nodes: list[Node] = []
+    rewards: dict[str, float | None] = {}
+    metrics: dict[str, float | None] = {}
+    info: msgspec.Raw = _EMPTY_OBJECT
+    is_completed: bool = False
+    stop_condition: str | None = None
+    errors: list[msgspec.Raw] = []
+    timing: msgspec.Raw = _EMPTY_OBJECT
+
+
+_DECODER = msgspec.json.Decoder(Trace)
+_ENCODER = msgspec.json.Encoder()
+_INT_LIST = re.compile(rb"\[[\s0-9,+-]*\]")
+_BOOL_LIST = re.compile(rb"\[[\s,truefals]*\]")
+_EMPTY_CONTAINER = re.compile(rb"[\[{]\s*[\]}]")
+_NULL = re.compile(rb"null")
 
 
 # ---------------------------------------------------------------- parsing and checking
 
 
-def parse_trace(data: bytes, number: int) -> dict[str, Any]:
-    """The line as a dict; `BadRecord` when it is not a JSON object."""
+def decode_trace(data: bytes, number: int) -> Trace:
+    """The line as a checked `Trace`; `BadRecord` names the first problem."""
     try:
-        trace = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        trace = _parse_lenient(data, number)
-    if not isinstance(trace, dict):
-        kind = {list: "an array", str: "a string"}.get(type(trace), type(trace).__name__)
-        raise BadRecord(f"the line is {kind}, not a JSON object", line=number)
+        trace = _DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise BadRecord(_describe(exc), line=number) from None
+    except msgspec.DecodeError:
+        trace = _decode_lenient(data, number)
+    except RecursionError:
+        raise BadRecord("nested too deeply", line=number) from None
+    _check(trace, number)
     return trace
 
 
-def _parse_lenient(data: bytes, number: int) -> Any:
-    """Python's parser, which also takes NaN/Infinity literals and huge integers."""
+_MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`(?: - at `\$(?P<at>[^`]*)`)?")
+_WRONG_TYPE = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`(?: - at `\$(?P<at>[^`]*)`)?")
+_KINDS = {
+    "object": "an object",
+    "array": "a list",
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "null": "null",
+}
+
+
+def _kind(name: str) -> str:
+    names = [part for part in name.split(" | ") if part != "null"] or ["null"]
+    return " or ".join(_KINDS.get(part, part) for part in names)
+
+
+def _describe(exc: msgspec.ValidationError) -> str:
+    """msgspec's validation message in the words of the rest of the daemon's reasons."""
+    message = str(exc)
+    if missing := _MISSING.fullmatch(message):
+        at = (missing["at"] or "").lstrip(".")
+        return f"missing '{at + '.' if at else ''}{missing['field']}'"
+    if wrong := _WRONG_TYPE.fullmatch(message):
+        at, want, got = (wrong["at"] or "").lstrip("."), _kind(wrong["want"]), _kind(wrong["got"])
+        if not at:
+            got = {"a list": "an array"}.get(got, got)
+            return f"the line is {got}, not a JSON object"
+        if at.endswith("[...]"):
+            return f"a value in '{at[:-5]}' must be {want}, got {got}"
+        return f"'{at}' must be {want}, got {got}"
+    return message
+
+
+def _decode_lenient(data: bytes, number: int) -> Trace:
+    """Python's parser, which also takes NaN/Infinity literals: non-finite numbers become
+    null (what goes out for them anyway), then the line is decoded as usual."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -78,8 +168,16 @@ def _parse_lenient(data: bytes, number: int) -> Any:
     except RecursionError:
         value = None
     if value is None or _deeper_than(value, MAX_DEPTH):
-        raise BadRecord(f"nested too deeply (over {MAX_DEPTH} levels)", line=number)
-    return value
+        raise BadRecord(f"invalid JSON: nested too deeply (over {MAX_DEPTH} levels)", line=number)
+    try:
+        strict = json.dumps(_finite(value), allow_nan=False).encode()
+        return _DECODER.decode(strict)
+    except msgspec.ValidationError as exc:
+        raise BadRecord(_describe(exc), line=number) from None
+    except RecursionError:
+        raise BadRecord("nested too deeply", line=number) from None
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise BadRecord(f"invalid JSON: {exc}", line=number) from None
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
@@ -96,71 +194,55 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-# The checks below run once per node of every line: exact `type(...) is` tests (orjson and
-# json only ever produce these types, and bool must not pass for int) keep them cheap.
-_NUMBER_TYPES = (int, float)
-
-
-def _field(trace: dict[str, Any], key: str, kind: type, default: Any, number: int) -> Any:
-    value = trace.get(key, default)
-    if value is None:
-        return default
-    if type(value) is not kind:
-        raise BadRecord(f"'{key}' must be {kind.__name__}, got {type(value).__name__}", line=number)
+def _finite(value: Any) -> Any:
+    """`value` with non-finite floats as None."""
+    kind = type(value)
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is dict:
+        return {k: _finite(v) for k, v in value.items()}
+    if kind is list:
+        return [_finite(v) for v in value]
     return value
 
 
-def _scores(trace: dict[str, Any], key: str, number: int) -> dict[str, float]:
-    scores = _field(trace, key, dict, {}, number)
-    for name, value in scores.items():
-        if type(value) not in _NUMBER_TYPES:
-            if value is not None:
-                message = f"'{key}.{name}' must be a number, got {value!r}"
-                raise BadRecord(message[:200], line=number)
-            scores[name] = NAN
-    return scores
-
-
-def _check_usage(usage: Any, i: int, number: int) -> None:
-    if type(usage) is not dict:
-        raise BadRecord(f"'nodes[{i}].usage' must be an object", line=number)
-    if type(usage.get("prompt_tokens", 0)) is not int:
-        raise BadRecord(f"'nodes[{i}].usage.prompt_tokens' must be an integer", line=number)
-    if type(usage.get("completion_tokens", 0)) is not int:
-        raise BadRecord(f"'nodes[{i}].usage.completion_tokens' must be an integer", line=number)
-    for key in OPTIONAL_USAGE_FIELDS:
-        value = usage.get(key)
-        if value is not None and type(value) not in _NUMBER_TYPES:
-            raise BadRecord(f"'nodes[{i}].usage.{key}' must be a number", line=number)
-
-
-def _check_nodes(nodes: list[Any], number: int) -> None:
-    count = len(nodes)
+def _check(trace: Trace, number: int) -> None:
+    """What the types alone do not say: task.idx, raw shapes, and the graph."""
+    if not trace.id:
+        raise BadRecord("'id' must be a non-empty string", line=number)
+    if "idx" not in trace.task:
+        raise BadRecord("missing 'task.idx'", line=number)
+    if type(trace.task["idx"]) is not int:
+        raise BadRecord(f"'task.idx' must be an integer, got {trace.task['idx']!r}"[:200], line=number)
+    for name, raw in (("info", trace.info), ("timing", trace.timing)):
+        if memoryview(raw)[:1] != b"{":
+            raise BadRecord(f"'{name}' must be an object", line=number)
+    for i, raw in enumerate(trace.errors):
+        if memoryview(raw)[:1] != b"{":
+            raise BadRecord(f"'errors[{i}]' must be an object", line=number)
+    count = len(trace.nodes)
     forward_only = True  # every parent precedes its child: then no cycle is possible
-    for i, node in enumerate(nodes):
-        if type(node) is not dict or type(node.get("message")) is not dict:
-            raise BadRecord(f"'nodes[{i}]' must be an object with a 'message' object", line=number)
-        parent = node.get("parent")
+    for i, node in enumerate(trace.nodes):
+        if memoryview(node.message)[:1] != b"{":
+            raise BadRecord(f"'nodes[{i}].message' must be an object", line=number)
+        if not _INT_LIST.fullmatch(node.token_ids):
+            raise BadRecord(f"'nodes[{i}].token_ids' must be a list of integers", line=number)
+        if not _BOOL_LIST.fullmatch(node.mask):
+            raise BadRecord(f"'nodes[{i}].mask' must be a list of booleans", line=number)
+        parent = node.parent
         if parent is not None:
-            if type(parent) is not int or not 0 <= parent < count:
-                raise BadRecord(f"'nodes[{i}].parent' {parent!r} is out of range", line=number)
+            if not 0 <= parent < count:
+                raise BadRecord(f"'nodes[{i}].parent' {parent} is out of range", line=number)
             if parent >= i:
                 forward_only = False
-        for key in ("token_ids", "mask"):
-            value = node.get(key)
-            if value is not None and type(value) is not list:
-                raise BadRecord(f"'nodes[{i}].{key}' must be a list", line=number)
-        usage = node.get("usage")
-        if usage is not None:
-            _check_usage(usage, i, number)
     if not forward_only:
-        _check_acyclic(nodes, number)
+        _check_acyclic([node.parent for node in trace.nodes], number)
 
 
-def _check_acyclic(nodes: list[dict[str, Any]], number: int) -> None:
+def _check_acyclic(parents: list[int | None], number: int) -> None:
     """Every parent chain reaches a root: O(n) with the chains already proven."""
-    reaches_root = [False] * len(nodes)
-    for i in range(len(nodes)):
+    reaches_root = [False] * len(parents)
+    for i in range(len(parents)):
         chain: list[int] = []
         on_chain: set[int] = set()
         j: int | None = i
@@ -169,34 +251,9 @@ def _check_acyclic(nodes: list[dict[str, Any]], number: int) -> None:
                 raise BadRecord(f"'nodes' parent links form a cycle through node {j}", line=number)
             chain.append(j)
             on_chain.add(j)
-            j = nodes[j].get("parent")
+            j = parents[j]
         for k in chain:
             reaches_root[k] = True
-
-
-def check_trace(trace: dict[str, Any], number: int) -> None:
-    """Validate what the conversion relies on; `BadRecord` names the first problem."""
-    if "id" not in trace:
-        raise BadRecord("missing 'id'", line=number)
-    if type(trace["id"]) is not str or not trace["id"]:
-        raise BadRecord("'id' must be a non-empty string", line=number)
-    task = trace.get("task")
-    if type(task) is not dict:
-        raise BadRecord("missing 'task' object", line=number)
-    if "idx" not in task:
-        raise BadRecord("missing 'task.idx'", line=number)
-    if type(task["idx"]) is not int:
-        raise BadRecord(f"'task.idx' must be an integer, got {task['idx']!r}"[:200], line=number)
-    _check_nodes(_field(trace, "nodes", list, [], number), number)
-    trace["rewards"] = _scores(trace, "rewards", number)
-    trace["metrics"] = _scores(trace, "metrics", number)
-    for key, kind in (("info", dict), ("timing", dict), ("errors", list)):
-        _field(trace, key, kind, kind(), number)
-    if not all(type(error) is dict for error in trace.get("errors") or ()):
-        raise BadRecord("'errors' entries must be objects", line=number)
-    stop = trace.get("stop_condition")
-    if stop is not None and type(stop) is not str:
-        raise BadRecord("'stop_condition' must be a string", line=number)
 
 
 # ---------------------------------------------------------------- derived views
@@ -217,13 +274,27 @@ def _without_nulls(value: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _message(message: dict[str, Any]) -> dict[str, Any]:
-    """A message with its null-valued keys dropped. Only the top level: the producer writes
-    lines with model nulls already excluded, so a nested null belongs to a free-form field
-    (e.g. `provider_state`) that the producer keeps as it is."""
-    if None in message.values():
-        return {k: v for k, v in message.items() if v is not None}
-    return message
+def _top_level_without_nulls(raw: msgspec.Raw) -> msgspec.Raw | dict[str, Any]:
+    """A raw object with its null-valued keys dropped; only the top level (messages, errors):
+    the producer writes lines with model nulls already excluded, so a nested null belongs to a
+    free-form field (e.g. `provider_state`) that the producer keeps as it is. The raw bytes
+    pass through untouched when there is no null at all."""
+    if not _NULL.search(raw):
+        return raw
+    value = msgspec.json.decode(raw)
+    return {k: v for k, v in value.items() if v is not None}
+
+
+def _all_without_nulls(raw: msgspec.Raw) -> msgspec.Raw | dict[str, Any]:
+    """A raw object with null-valued keys dropped at every depth (timing: spans are models)."""
+    return _without_nulls(msgspec.json.decode(raw)) if _NULL.search(raw) else raw
+
+
+def _count_items(raw: msgspec.Raw) -> int:
+    """Items of a checked flat JSON list of numbers."""
+    if _EMPTY_CONTAINER.fullmatch(raw):
+        return 0
+    return bytes(raw).count(b",") + 1
 
 
 def _input_tokens(path: list[int], tokens: list[int], masked: list[int], usages: list[Any]) -> int:
@@ -236,7 +307,7 @@ def _input_tokens(path: list[int], tokens: list[int], masked: list[int], usages:
     usage = next((usages[i] for i in reversed(path) if usages[i] is not None), None)
     if usage is None:
         return 0
-    return usage.get("prompt_tokens", 0) + (usage.get("cached_input_tokens") or 0)
+    return usage.prompt_tokens + (usage.cached_input_tokens or 0)
 
 
 def _output_tokens(path: list[int], masked: list[int], usages: list[Any]) -> int:
@@ -244,17 +315,17 @@ def _output_tokens(path: list[int], masked: list[int], usages: list[Any]) -> int
     total = sum(masked[i] for i in path)
     if total:
         return total
-    return sum(usages[i].get("completion_tokens", 0) for i in path if usages[i] is not None)
+    return sum(usages[i].completion_tokens for i in path if usages[i] is not None)
 
 
-def trajectory(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def trajectory(nodes: list[Node]) -> list[dict[str, Any]]:
     """One entry per branch (root -> leaf path), in ascending leaf order (section 4)."""
-    parents = [node.get("parent") for node in nodes]
+    parents = [node.parent for node in nodes]
     has_child = set(parents)
-    messages = [_message(node["message"]) for node in nodes]
-    tokens = [len(node.get("token_ids") or ()) for node in nodes]
-    masked = [(node.get("mask") or []).count(True) for node in nodes]
-    usages = [node.get("usage") for node in nodes]
+    messages = [_top_level_without_nulls(node.message) for node in nodes]
+    tokens = [_count_items(node.token_ids) for node in nodes]
+    masked = [bytes(node.mask).count(b"true") for node in nodes]
+    usages = [node.usage for node in nodes]
     branches = []
     for leaf in range(len(nodes)):
         if leaf in has_child:
@@ -275,45 +346,50 @@ def trajectory(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return branches
 
 
-def usage_total(usages: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Summed usage, null fields dropped; None when there is no usage at all."""
+def usage_total(usages: list[Usage]) -> dict[str, Any] | None:
+    """Summed usage, fields no usage reports left out; None when there is no usage at all."""
     if not usages:
         return None
     total: dict[str, Any] = {
-        "prompt_tokens": sum(u.get("prompt_tokens", 0) for u in usages),
-        "completion_tokens": sum(u.get("completion_tokens", 0) for u in usages),
+        "prompt_tokens": sum(u.prompt_tokens for u in usages),
+        "completion_tokens": sum(u.completion_tokens for u in usages),
     }
     for key in OPTIONAL_USAGE_FIELDS:
-        reported = [u[key] for u in usages if u.get(key) is not None]
+        reported = [value for u in usages if (value := getattr(u, key)) is not None]
         if reported:
             total[key] = sum(reported)
     return total
 
 
-def is_truncated(trace: dict[str, Any]) -> bool:
-    if trace.get("stop_condition") in TRUNCATING_STOP_CONDITIONS:
+def is_truncated(trace: Trace) -> bool:
+    if trace.stop_condition in TRUNCATING_STOP_CONDITIONS:
         return True
-    for node in reversed(trace.get("nodes") or ()):
-        if node.get("sampled"):
-            return node.get("finish_reason") == "length"
+    for node in reversed(trace.nodes):
+        if node.sampled:
+            return node.finish_reason == "length"
     return False
+
+
+def _scores(scores: dict[str, float | None]) -> dict[str, float]:
+    """Scores with null (how pydantic writes NaN) read as NaN."""
+    if None in scores.values():
+        return {k: NAN if v is None else v for k, v in scores.items()}
+    return scores  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------- the sample
 
 
-def build_sample(trace: dict[str, Any], rollout_number: int) -> dict[str, Any]:
+def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
     """The platform sample of a checked trace (TRACE_FORMAT.md section 5)."""
-    nodes = trace.get("nodes") or []
-    branches = trajectory(nodes)
-    task = trace["task"]
+    branches = trajectory(trace.nodes)
+    task = trace.task
     if None in task.values():
         task = {k: v for k, v in task.items() if v is not None}
-    errors = trace.get("errors")
-    rewards = trace["rewards"]
-    usages = [usage for node in nodes if (usage := node.get("usage")) is not None]
+    errors = trace.errors
+    rewards = _scores(trace.rewards)
     sample = {
-        "sample_id": trace["id"],
+        "sample_id": trace.id,
         "example_id": task["idx"],
         "rollout_number": rollout_number,
         "task": task,
@@ -321,15 +397,15 @@ def build_sample(trace: dict[str, Any], rollout_number: int) -> dict[str, Any]:
         "completion": branches[-1]["messages"] if branches else [],
         "answer": task.get("answer"),
         "reward": sum(rewards.values()),
-        "timing": _without_nulls(trace.get("timing") or {}),
-        "is_completed": bool(trace.get("is_completed", False)),
+        "timing": _all_without_nulls(trace.timing),
+        "is_completed": trace.is_completed,
         "is_truncated": is_truncated(trace),
-        "metrics": trace["metrics"],
-        "error": _without_nulls(errors[-1]) if errors else None,
-        "stop_condition": trace.get("stop_condition"),
+        "metrics": _scores(trace.metrics),
+        "error": _top_level_without_nulls(errors[-1]) if errors else None,
+        "stop_condition": trace.stop_condition,
         "trajectory": branches,
-        "token_usage": usage_total(usages),
-        "info": trace.get("info") or None,
+        "token_usage": usage_total([n.usage for n in trace.nodes if n.usage is not None]),
+        "info": None if _EMPTY_CONTAINER.fullmatch(trace.info) else trace.info,
     }
     for name, value in rewards.items():
         sample.setdefault(name, value)
@@ -337,29 +413,11 @@ def build_sample(trace: dict[str, Any], rollout_number: int) -> dict[str, Any]:
 
 
 def encode_sample(sample: dict[str, Any], number: int) -> bytes:
-    """The sample as JSON. orjson first; what it cannot encode (a lone surrogate, nesting past
-    its 255 levels) goes through the stdlib encoder, so every line that parsed also encodes and
-    the cheap first pass (`scan`) agrees with the conversion on which lines are good."""
+    """The sample as JSON (non-finite floats as null)."""
     try:
-        return orjson.dumps(sample)
-    except orjson.JSONEncodeError:
-        pass
-    try:
-        return json.dumps(_finite(sample), ensure_ascii=True, allow_nan=False).encode()
-    except (ValueError, RecursionError) as exc:
+        return _ENCODER.encode(sample)
+    except (msgspec.EncodeError, OverflowError, RecursionError) as exc:
         raise BadRecord(f"cannot be encoded as JSON: {exc}", line=number) from None
-
-
-def _finite(value: Any) -> Any:
-    """`value` with non-finite floats as None (the stdlib encoder would write NaN)."""
-    kind = type(value)
-    if kind is float:
-        return value if math.isfinite(value) else None
-    if kind is dict:
-        return {k: _finite(v) for k, v in value.items()}
-    if kind is list:
-        return [_finite(v) for v in value]
-    return value
 
 
 # ---------------------------------------------------------------- the run's aggregates
@@ -376,15 +434,16 @@ class RunTotals:
     metric_counts: dict[str, int] = field(default_factory=dict)
     rollouts: dict[int, int] = field(default_factory=dict)  # task idx -> traces so far
 
-    def add(self, trace: dict[str, Any]) -> int:
+    def add(self, trace: Trace) -> int:
         """Count a checked trace in; returns its rollout number within its task."""
+        rewards = _scores(trace.rewards)
         self.traces += 1
-        self.reward_sum += sum(trace["rewards"].values())
-        self.errored += bool(trace.get("errors"))
-        for name, value in {**trace["rewards"], **trace["metrics"]}.items():
+        self.reward_sum += sum(rewards.values())
+        self.errored += bool(trace.errors)
+        for name, value in {**rewards, **_scores(trace.metrics)}.items():
             self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
             self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
-        idx = trace["task"]["idx"]
+        idx = trace.task["idx"]
         self.rollouts[idx] = number = self.rollouts.get(idx, 0) + 1
         return number
 
@@ -462,7 +521,7 @@ class Converted:
     sample: bytes  # the encoded sample
 
 
-def _checked(line: Line, max_line_bytes: int) -> dict[str, Any] | SetAside | None:
+def _checked(line: Line, max_line_bytes: int) -> Trace | SetAside | None:
     """The line's checked trace, its SetAside record, or None for a blank line."""
     if line.data is None:
         reason = f"line longer than read.max_line_bytes ({max_line_bytes} bytes)"
@@ -470,8 +529,7 @@ def _checked(line: Line, max_line_bytes: int) -> dict[str, Any] | SetAside | Non
     if not line.data.strip():
         return None  # a blank line is no record (the producer skips them too)
     try:
-        trace = parse_trace(line.data, line.number)
-        check_trace(trace, line.number)
+        trace = decode_trace(line.data, line.number)
     except BadRecord as exc:
         return SetAside(line.number, line.start, exc.reason, line.end - line.start)
     return trace
@@ -492,7 +550,7 @@ def convert_lines(
                 yield trace
             continue
         try:
-            sample = build_sample(trace, totals.rollouts.get(trace["task"]["idx"], 0) + 1)
+            sample = build_sample(trace, totals.rollouts.get(trace.task["idx"], 0) + 1)
             encoded = encode_sample(sample, line.number)
         except BadRecord as exc:
             yield SetAside(line.number, line.start, exc.reason, line.end - line.start)
@@ -570,10 +628,9 @@ __all__ = [
     "RunTotals",
     "SetAside",
     "build_sample",
-    "check_trace",
     "convert_lines",
     "convert_to_streams",
-    "parse_trace",
+    "decode_trace",
     "scan",
     "summary",
 ]
