@@ -78,7 +78,8 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
         return EXIT_USAGE
     log.configure(config.log.level, config.log.format, stream=sys.stderr)
     progress = PushProgress(sys.stderr)
-    with Service(config, progress=progress.update) as service, service.stop_on_signals():
+    service = Service(config, progress=progress.update, wait_on_auth=False)
+    with service, service.stop_on_signals():
         results = service.push([d.resolve() for d in args.dirs])
     progress.finish()
     if not results:

@@ -15,13 +15,15 @@ from typing import Any
 import structlog
 
 _secrets: set[str] = set()
-_BEARER = re.compile(r"(?i)(bearer\s+)[^\s'\",]+")
+_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
 REDACTED = "[redacted]"
+MIN_SECRET_CHARS = 8
+"""Shorter values are not scrubbed: they would blank out ordinary words (no real key is this short)."""
 
 
 def register_secret(value: str | None) -> None:
     """Never print `value` again, in any log event."""
-    if value and len(value) >= 4:
+    if value and len(value) >= MIN_SECRET_CHARS:
         _secrets.add(value)
 
 

@@ -87,7 +87,8 @@ def push_line(result: PushResult) -> str:
     if result.set_aside:
         where += f", {result.set_aside} set aside (see `evalpush status`)"
     if record.state == State.FINALIZED:
-        return f"finalized  {result.path}: {where} -> {record.viewer_url}"
+        done = "already finalized, nothing sent" if result.already else where
+        return f"finalized  {result.path}: {done} -> {record.viewer_url}"
     if record.state == State.SKIPPED:
         return f"skipped    {result.path}: {record.reason}"
     return f"{record.state:<10} {result.path}: {result.error or record.reason} ({where})"

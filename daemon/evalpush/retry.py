@@ -274,10 +274,12 @@ class Gate:
         self._state_wall = self._wall_clock() + seconds
 
 
-def _should_retry(exc: BaseException, *, replayable: bool) -> bool:
+def _should_retry(exc: BaseException, *, replayable: bool, wait_on_auth: bool) -> bool:
     if isinstance(exc, errors.Ambiguous):
         return replayable
-    return isinstance(exc, (errors.Transient, errors.AuthError))
+    if isinstance(exc, errors.AuthError):
+        return wait_on_auth
+    return isinstance(exc, errors.Transient)
 
 
 class _FullJitter(tenacity.wait.wait_base):
@@ -307,7 +309,11 @@ class Retrier:
         backoff: Backoff = CALL_BACKOFF,
         rng: Callable[[], float] = random.random,
         sleep: Callable[[float], object] | None = None,
+        wait_on_auth: bool = True,
     ) -> None:
+        """`wait_on_auth=False` raises `AuthError` instead of waiting for a new key: for a
+        one-shot command a person is watching, where waiting would look like a hang."""
+        self._wait_on_auth = wait_on_auth
         self._client = client
         self._gate = gate
         self._stop = stop
@@ -320,7 +326,9 @@ class Retrier:
     ) -> T:
         """`fn()` (one attempt, raising classified errors), retried as the module docstring says."""
         retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(partial(_should_retry, replayable=replayable)),
+            retry=tenacity.retry_if_exception(
+                partial(_should_retry, replayable=replayable, wait_on_auth=self._wait_on_auth)
+            ),
             wait=_FullJitter(self._backoff, self._rng),
             sleep=partial(self._pause, what=what),
             before_sleep=partial(self._log_retry, what=what, run=run),
@@ -333,7 +341,8 @@ class Retrier:
         try:
             return fn()
         except errors.EvalpushError as exc:
-            self._gate.report(exc, token)
+            if self._wait_on_auth or not isinstance(exc, errors.AuthError):
+                self._gate.report(exc, token)
             raise
 
     def _pause(self, seconds: float, *, what: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 
 from evalpush.config import Config
-from evalpush.errors import Interrupted, RunError
+from evalpush.errors import AuthError, Interrupted, RunError
 from evalpush.ledger import Ledger, RunRecord, State, default_path
 from evalpush.platform import PlatformClient
 from evalpush.retry import Gate, Retrier
@@ -35,6 +35,7 @@ class PushResult:
     record: RunRecord | None
     set_aside: int
     error: str | None = None
+    already: bool = False  # finalized before this push: nothing was sent
 
     @property
     def ok(self) -> bool:
@@ -49,7 +50,9 @@ class PushResult:
 class Service:
     """The wired pipeline. Use as a context manager; it closes what it opened."""
 
-    def __init__(self, config: Config, *, progress: Progress | None = None):
+    def __init__(
+        self, config: Config, *, progress: Progress | None = None, wait_on_auth: bool = True
+    ):
         self.config = config
         self.stop = threading.Event()
         self.ledger = Ledger(default_path(config.state_dir))
@@ -59,7 +62,7 @@ class Service:
             self.ledger.close()
             raise
         self.gate = Gate()
-        self.retrier = Retrier(self.client, self.gate, self.stop)
+        self.retrier = Retrier(self.client, self.gate, self.stop, wait_on_auth=wait_on_auth)
         self.uploader = Uploader(
             config, self.ledger, self.client, self.retrier, progress=progress or _no_progress
         )
@@ -103,16 +106,26 @@ class Service:
             run = load_run(directory)
         except RunError as exc:
             return PushResult(directory, self._record_unloadable(directory, exc), 0, str(exc))
+        before = self.ledger.get(str(directory))
         try:
             record = self.uploader.upload(run)
         except Interrupted:
             record = self.ledger.get(str(directory))
             return PushResult(directory, record, 0, "interrupted; push again to resume")
+        except AuthError as exc:
+            record = self.ledger.get(str(directory))
+            if record is not None:
+                record = self.ledger.update(
+                    record, state=State.READY, reason="waiting for a working API key",
+                    last_error=str(exc),
+                )
+            return PushResult(directory, record, 0, str(exc))
         set_aside = len(self.ledger.set_aside(record))
         error = record.last_error if record.state == State.FAILED else None
         if record.state == State.HELD:
             error = record.reason
-        return PushResult(directory, record, set_aside, error)
+        already = before is not None and before.state == State.FINALIZED and before == record
+        return PushResult(directory, record, set_aside, error, already)
 
     def _record_unloadable(self, directory: Path, exc: RunError) -> RunRecord:
         """A run whose config cannot be read still shows in `status`, failed, with why."""
