@@ -223,7 +223,10 @@ class Ledger:
                 try:
                     yield self._db
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    # SQLite may have rolled back already (SQLITE_FULL does): a second ROLLBACK
+                    # would fail and hide the real error.
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
                     raise
                 self._db.execute("COMMIT")
             except sqlite3.Error as exc:
