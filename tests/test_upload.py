@@ -704,3 +704,359 @@ class TestFileChanges:
         [evaluation] = evaluations_of(local_platform, run_dir).values()
         assert evaluation["status"] == "CANCELLED"
         assert evaluation["sample_count"] == 0
+
+
+# ---------------------------------------------------------------- bad input during upload
+
+
+def bad_lines() -> list[tuple[int, bytes, str]]:
+    """(line number, raw line, words of the reason) for a few kinds of bad line."""
+    return [
+        (3, b'{"id": "a", oops}', "invalid JSON"),
+        (6, orjson.dumps({"task": {"idx": 0}}), "missing 'id'"),
+        (8, b'[{"id": "b", "task": {"idx": 1}}]', "array"),
+    ]
+
+
+def with_bad_lines(good: list[bytes]) -> list[bytes]:
+    lines = list(good)
+    for number, raw, _reason in bad_lines():
+        lines.insert(number - 1, raw)
+    return lines
+
+
+class TestBadInput:
+    def test_bad_lines_are_set_aside_with_their_line_numbers_and_the_rest_finalize(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, with_bad_lines(trace_lines(9)))
+
+        record = upload(uploader, run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+        assert record.samples_seen == 9
+        set_aside = ledger.set_aside(record)
+        assert [(item.line, item.kind) for item in set_aside] == [
+            (number, "bad_line") for number, _raw, _reason in bad_lines()
+        ]
+        for item, (_number, raw, reason) in zip(set_aside, bad_lines()):
+            assert reason in item.reason
+            assert item.size == len(raw) + 1
+
+    def test_a_half_written_last_line_is_left_for_later(
+        self, local_platform, uploader, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(4))
+        with (run_dir / "traces.jsonl").open("ab") as traces:
+            traces.write(orjson.dumps(a_trace(4))[:40])
+
+        record = upload(uploader, run_dir)
+
+        assert record.samples_seen == 4
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+
+    def test_on_bad_line_hold_holds_the_run_before_anything_is_sent(
+        self, local_platform, make_uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, with_bad_lines(trace_lines(6)))
+        uploader = make_uploader(convert={"on_bad_line": "hold"})
+
+        record = upload(uploader, run_dir)
+        again = upload(uploader, run_dir)
+
+        assert record.state == again.state == State.HELD
+        assert "3 bad lines" in record.reason
+        assert len(ledger.set_aside(record)) == 3
+        requests = local_platform.summary()["requests"]
+        assert requests["resolve"] == requests["create"] == requests["samples"] == 0
+
+    def test_a_held_run_released_by_retry_uploads_without_its_bad_lines(
+        self, local_platform, make_uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, with_bad_lines(trace_lines(6)))
+        uploader = make_uploader(convert={"on_bad_line": "hold"})
+        held = upload(uploader, run_dir)
+        # what `evalpush retry` does
+        ledger.update(held, state=State.READY, release_hold=1, reason="queued", last_error=None)
+
+        record = upload(uploader, run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+        assert len(ledger.set_aside(record)) == 3
+
+    def test_a_run_without_an_environment_name_fails_naming_its_config(
+        self, local_platform, uploader, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(3), config=config_toml(env_name=None))
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FAILED
+        assert str(run_dir / "config.toml") in record.last_error
+        assert "environment name" in record.last_error
+        assert local_platform.summary()["evaluations"] == {}
+
+    def test_an_empty_trace_file_fails_with_a_clear_message(
+        self, local_platform, uploader, runs_root
+    ):
+        run_dir = write_run(runs_root, [])
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FAILED
+        assert str(run_dir / "traces.jsonl") in record.last_error
+        assert "no traces" in record.last_error
+        assert local_platform.summary()["evaluations"] == {}
+
+    def test_a_debug_run_is_skipped_with_its_reason(self, local_platform, uploader, runs_root):
+        config = config_toml(extra='script_path = "debug.py"')
+        run_dir = write_run(runs_root, trace_lines(3), config=config)
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.SKIPPED
+        assert "debug run" in record.reason
+        assert sum(local_platform.summary()["requests"].values()) == 0
+
+    def test_a_replay_run_is_skipped_unless_replays_are_uploaded(
+        self, local_platform, make_uploader, runs_root
+    ):
+        config = config_toml(extra="num_rescores = 2", model=False)
+        run_dir = write_run(runs_root, trace_lines(4), config=config)
+
+        skipped = upload(make_uploader(), run_dir)
+        record = upload(make_uploader(runs={"upload_replays": True}), run_dir)
+
+        assert skipped.state == State.SKIPPED
+        assert "runs.upload_replays" in skipped.reason
+        assert_uploaded_once(local_platform, run_dir, record)
+
+
+# ---------------------------------------------------------------- the eval pushed itself
+
+
+def push_inline(
+    client: PlatformClient, run_dir: Path, *, samples: int | None = None, finalize: bool
+) -> str:
+    """What the eval's own push does: create the evaluation, push samples, maybe finalize."""
+    want = expected(run_dir)
+    run = load_run(run_dir)
+    env_id = client.resolve_environment(run.env_name)
+    evaluation_id, _url = client.create_evaluation(
+        {
+            "name": want.summary["name"],
+            "environments": [{"id": env_id}],
+            "model_name": run.model,
+            "dataset": run.env_name,
+            "framework": "verifiers",
+            "metadata": want.summary["metadata"],
+            "metrics": want.summary["metrics"],
+            "tags": [],
+        }
+    )
+    pushed = want.samples[:samples]
+    if pushed:
+        client.push_samples(evaluation_id, orjson.dumps({"samples": pushed}))
+    if finalize:
+        client.finalize(evaluation_id, want.summary["metrics"])
+    return evaluation_id
+
+
+class TestInlinePush:
+    """`push = true`: the eval may have uploaded itself; the daemon looks before it creates."""
+
+    def test_a_finalized_evaluation_of_the_run_is_adopted_and_nothing_is_sent(
+        self, local_platform, uploader, platform_client, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(7), config=config_toml(push=True))
+        evaluation_id = push_inline(platform_client, run_dir, finalize=True)
+        before = local_platform.summary()["requests"]
+
+        record = upload(uploader, run_dir)
+
+        after = local_platform.summary()["requests"]
+        for kind in ("create", "samples", "finalize", "close"):
+            assert after[kind] == before[kind], kind
+        assert record.state == State.FINALIZED
+        assert record.evaluation_id == evaluation_id
+        assert "adopted" in record.reason
+        assert record.viewer_url.endswith(f"/dashboard/evaluations/{evaluation_id}")
+        assert list(evaluations_of(local_platform, run_dir)) == [evaluation_id]
+
+    def test_an_open_evaluation_holding_every_sample_is_finalized_without_resending(
+        self, local_platform, uploader, platform_client, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(7), config=config_toml(push=True))
+        evaluation_id = push_inline(platform_client, run_dir, finalize=False)
+        before = local_platform.summary()["requests"]
+
+        record = upload(uploader, run_dir)
+
+        after = local_platform.summary()["requests"]
+        assert (after["create"], after["samples"]) == (before["create"], before["samples"])
+        assert record.evaluation_id == evaluation_id
+        assert_uploaded_once(local_platform, run_dir, record)
+
+    def test_an_open_evaluation_holding_some_samples_gets_only_the_rest(
+        self, local_platform, uploader, platform_client, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(10), config=config_toml(push=True))
+        evaluation_id = push_inline(platform_client, run_dir, samples=5, finalize=False)
+
+        record = upload(uploader, run_dir)
+
+        assert record.evaluation_id == evaluation_id
+        assert_uploaded_once(local_platform, run_dir, record)
+
+    def test_a_run_that_did_not_push_itself_gets_a_new_evaluation(
+        self, local_platform, uploader, platform_client, runs_root
+    ):
+        other = write_run(runs_root, trace_lines(2), config=config_toml(push=True))
+        push_inline(platform_client, other, finalize=True)  # another run of the environment
+        run_dir = write_run(runs_root, trace_lines(5), config=config_toml(push=True))
+
+        record = upload(uploader, run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+
+
+# ---------------------------------------------------------------- several runs at once
+
+
+class TestConcurrency:
+    def test_service_push_finalizes_every_run_once_with_at_most_max_concurrent_runs_at_a_time(
+        self, local_platform, make_service, runs_root
+    ):
+        run_dirs = [write_run(runs_root, trace_lines(8 + i)) for i in range(4)]
+        run_dirs += [gen_traces.generate(runs_root / "generated", 60_000, seed=s) for s in (1, 2)]
+        threads: set[str] = set()
+        active: set[str] = set()
+        most_active = 0
+        guard = threading.Lock()
+
+        def progress(record: RunRecord) -> None:
+            nonlocal most_active
+            with guard:
+                threads.add(threading.current_thread().name)
+                active.add(record.run_id)
+                if record.step == Step.PUSH and record.acked_offset == record.upload_end:
+                    active.discard(record.run_id)
+                most_active = max(most_active, len(active))
+
+        service = make_service(
+            progress=progress, upload={"max_concurrent_runs": 2, "max_batch_samples": 3}
+        )
+        results = service.push([runs_root])
+
+        assert sorted(result.path for result in results) == sorted(run_dirs)
+        assert all(result.ok for result in results), [r.error for r in results]
+        for result in results:
+            assert_uploaded_once(local_platform, result.path, result.record)
+        assert len(threads) == 2
+        assert most_active <= 2
+
+    def test_the_same_run_uploaded_from_several_threads_at_once_gets_one_evaluation(
+        self, local_platform, uploader, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(12))
+        run = load_run(run_dir)
+        records: list[RunRecord] = []
+        workers = [
+            threading.Thread(target=lambda: records.append(uploader.upload(run))) for _ in range(4)
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+
+        assert len(records) == 4
+        assert {record.state for record in records} == {State.FINALIZED}
+        assert_uploaded_once(local_platform, run_dir, records[-1])
+        assert local_platform.summary()["requests"]["create"] == 1
+
+    def test_runs_uploading_side_by_side_through_resets_each_arrive_once(
+        self, local_platform, uploader, runs_root
+    ):
+        run_dirs = [write_run(runs_root, trace_lines(10)) for _ in range(4)]
+        local_platform.inject("reset", on="samples", count=4)
+        local_platform.inject("status", on="create", status=502, do_work=True, count=2)
+        records: dict[Path, RunRecord] = {}
+        workers = [
+            threading.Thread(target=lambda d=d: records.__setitem__(d, upload(uploader, d)))
+            for d in run_dirs
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+
+        for run_dir in run_dirs:
+            assert_uploaded_once(local_platform, run_dir, records[run_dir])
+
+
+# ---------------------------------------------------------------- the ledger's disk fills up
+
+
+def fill_the_disk(ledger: Ledger) -> None:
+    """No new page for the ledger from now on: SQLite fails as on a full disk (SQLITE_FULL)."""
+    pages = ledger._db.execute("PRAGMA page_count").fetchone()[0]
+    ledger._db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def free_the_disk(ledger: Ledger) -> None:
+    ledger._db.execute("PRAGMA max_page_count = 1073741823")
+
+
+def many_tasks(count: int) -> list[bytes]:
+    """One task per trace, with long idxs: the running totals in the ledger row grow by about
+    12 bytes a sample, so acknowledging a batch of 1000 needs new pages."""
+    return [orjson.dumps(a_trace(n, idx=1_000_000 + n)) for n in range(count)]
+
+
+class TestLedgerFull:
+    def test_a_full_ledger_disk_stops_the_upload_with_an_error_naming_the_file(
+        self, local_platform, make_uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, many_tasks(3000))
+        uploader = make_uploader(
+            upload={"max_batch_samples": 1000}, progress=after_batch(1, lambda: fill_the_disk(ledger))
+        )
+
+        with pytest.raises(LedgerError) as failure:
+            upload(uploader, run_dir)
+
+        assert str(ledger.path) in str(failure.value)
+        assert "database or disk is full" in str(failure.value)
+        free_the_disk(ledger)
+        stuck = ledger.get(str(run_dir))
+        assert (stuck.state, stuck.step, stuck.samples_sent) == (State.UPLOADING, Step.PUSH, 1000)
+
+    def test_a_batch_sent_but_not_recorded_for_a_full_disk_is_not_resent_on_resume(
+        self, local_platform, make_uploader, ledger, runs_root, monkeypatch
+    ):
+        run_dir = write_run(runs_root, many_tasks(3000))
+        uploader = make_uploader(upload={"max_batch_samples": 1000})
+        push_samples = uploader.client.push_samples
+        pushes = 0
+
+        def push_then_fill_the_disk(evaluation_id: str, body: bytes) -> None:
+            nonlocal pushes
+            push_samples(evaluation_id, body)
+            pushes += 1
+            if pushes == 2:
+                fill_the_disk(ledger)  # the platform has the batch; the ledger cannot say so
+
+        monkeypatch.setattr(uploader.client, "push_samples", push_then_fill_the_disk)
+
+        with pytest.raises(LedgerError, match="database or disk is full"):
+            upload(uploader, run_dir)
+
+        stuck = ledger.get(str(run_dir))
+        assert stuck.pending is not None and stuck.samples_sent == 1000
+        [evaluation] = evaluations_of(local_platform, run_dir).values()
+        assert evaluation["sample_count"] == 2000
+        free_the_disk(ledger)
+        record = upload(uploader, run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+        assert pushes == 3

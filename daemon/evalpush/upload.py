@@ -360,9 +360,11 @@ class Uploader:
             # The open file still reads the old inode: look at the path before every batch.
             if compare(run.traces_path, known) in (Change.REPLACED, Change.GONE):
                 raise FileChangedError(f"{run.traces_path}: replaced or deleted mid-upload")
+            already = 0
             if stored is not None and batch.start < reconcile_end:
-                batch = _without_stored(batch, stored)
-            record = self._send_batch(record, batch, rejected)
+                unsent = _without_stored(batch, stored)
+                already, batch = len(batch.samples) - len(unsent.samples), unsent
+            record = self._send_batch(record, batch, rejected, already)
             rejected = []
             self.progress(record)
         return self.ledger.update(record, step=Step.FINALIZE)
@@ -377,15 +379,16 @@ class Uploader:
         )
 
     def _send_batch(
-        self, record: RunRecord, batch: Batch, set_aside: list[SetAsideRecord]
+        self, record: RunRecord, batch: Batch, set_aside: list[SetAsideRecord], already: int = 0
     ) -> RunRecord:
-        delivered = 0
+        """Send `batch`; `already` more of its range's samples were found stored on the platform."""
+        delivered = already
         if batch.samples:
             record = self.ledger.update(
                 record, pending=_intent(Step.PUSH, start=batch.start, end=batch.end)
             )
             _crash_point("batch-intent")
-            delivered = self._deliver(record, batch, set_aside)
+            delivered += self._deliver(record, batch, set_aside)
             _crash_point("batch-sent")
         self.ledger.add_set_aside(record, set_aside)
         acked = self.ledger.update(
