@@ -1,0 +1,241 @@
+"""The operator's commands as real subprocesses: `push`, `status`, `retry`, `forget`.
+
+Each test runs `python -m evalpush ...` against a local platform on loopback, with its own state
+directory and home, and checks exit codes, what the command prints, and what the platform holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from evalpush.local_platform import LocalPlatform
+
+RUN_ID = "5b0c7f3e-1d2a-4c3b-9e8f-7a6b5c4d3e2f"
+
+
+def trace_line(i: int, idx: int) -> bytes:
+    return orjson.dumps(
+        {
+            "id": f"trace-{i}",
+            "task": {"idx": idx, "prompt": "2+2?", "answer": "4"},
+            "nodes": [
+                {"message": {"role": "user", "content": "2+2?"}},
+                {"parent": 0, "message": {"role": "assistant", "content": "4"}, "sampled": True},
+            ],
+            "rewards": {"correct": float(i % 2)},
+            "is_completed": True,
+        }
+    )
+
+
+def write_run(root: Path, *, lines: list[bytes] | None = None, run_id: str = RUN_ID) -> Path:
+    run = root / "gsm8k--org--model--default" / run_id
+    run.mkdir(parents=True)
+    (run / "config.toml").write_text(
+        'model = "org/model"\nnum_rollouts = 2\nnum_tasks = 2\npush = false\n'
+        '[taskset]\nid = "gsm8k"\n'
+    )
+    lines = lines if lines is not None else [trace_line(i, i // 2) for i in range(4)]
+    (run / "traces.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
+    return run
+
+
+@pytest.fixture
+def platform() -> LocalPlatform:
+    with LocalPlatform() as local:
+        yield local
+
+
+@pytest.fixture
+def evalpush(platform: LocalPlatform, tmp_path: Path):
+    """Run `evalpush ARGS...` with the platform's key and a private state dir and home."""
+    home = tmp_path / "home"
+    home.mkdir()
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "EVALPUSH_"))}
+    base_env.update(
+        PRIME_API_KEY=platform.api_key,
+        PRIME_API_BASE_URL=platform.base_url,
+        HOME=str(home),
+        EVALPUSH_STATE_DIR=str(tmp_path / "state"),
+    )
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "evalpush", *args],
+            env={**base_env, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+def status_json(evalpush) -> list[dict]:
+    done = evalpush("status", "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+class TestPush:
+    def test_push_finalizes_a_run_and_prints_its_viewer_url(self, evalpush, platform, tmp_path):
+        write_run(tmp_path / "outputs")
+
+        done = evalpush("push", str(tmp_path / "outputs"))
+
+        assert done.returncode == 0, done.stderr
+        (evaluation_id, evaluation), = platform.summary()["evaluations"].items()
+        assert evaluation["status"] == "COMPLETED"
+        assert evaluation["sample_count"] == evaluation["distinct_sample_ids"] == 4
+        assert f"4/4 samples -> {platform.base_url}/dashboard/evaluations/{evaluation_id}" in done.stdout
+
+    def test_a_second_push_of_a_finalized_run_sends_nothing_and_says_so(
+        self, evalpush, platform, tmp_path
+    ):
+        write_run(tmp_path / "outputs")
+        assert evalpush("push", str(tmp_path / "outputs")).returncode == 0
+        requests = platform.summary()["requests"]
+
+        again = evalpush("push", str(tmp_path / "outputs"))
+
+        assert again.returncode == 0
+        assert "already finalized, nothing sent" in again.stdout
+        assert platform.summary()["requests"] == requests
+
+    def test_lines_set_aside_make_the_exit_code_1_and_show_in_status(
+        self, evalpush, platform, tmp_path
+    ):
+        lines = [trace_line(0, 0), b"{not json", trace_line(1, 0)]
+        write_run(tmp_path / "outputs", lines=lines)
+
+        done = evalpush("push", str(tmp_path / "outputs"))
+
+        assert done.returncode == 1
+        assert "1 set aside" in done.stdout
+        (row,) = status_json(evalpush)
+        assert (row["state"], row["samples_sent"], row["set_aside"]) == ("finalized", 2, 1)
+
+    def test_a_wrong_key_fails_the_push_at_once_with_a_clear_message_and_no_key_shown(
+        self, evalpush, platform, tmp_path
+    ):
+        write_run(tmp_path / "outputs")
+        wrong_key = "not-the-right-key-0123456789"
+
+        done = evalpush("push", str(tmp_path / "outputs"), PRIME_API_KEY=wrong_key)
+
+        assert done.returncode == 1
+        assert "HTTP 401" in done.stdout
+        assert wrong_key not in done.stdout + done.stderr
+        assert platform.summary()["evaluations"] == {}
+
+    def test_no_key_at_all_is_one_clear_error(self, evalpush, tmp_path):
+        write_run(tmp_path / "outputs")
+
+        done = evalpush("push", str(tmp_path / "outputs"), PRIME_API_KEY="")
+
+        assert done.returncode == 1
+        assert "PRIME_API_KEY" in done.stderr
+
+    def test_a_missing_directory_is_a_usage_error(self, evalpush, tmp_path):
+        done = evalpush("push", str(tmp_path / "nowhere"))
+
+        assert done.returncode == 2
+        assert "no such directory" in done.stderr
+
+    def test_a_directory_without_runs_is_a_usage_error(self, evalpush, tmp_path):
+        (tmp_path / "empty").mkdir()
+
+        done = evalpush("push", str(tmp_path / "empty"))
+
+        assert done.returncode == 2
+        assert "no eval run found" in done.stderr
+
+    def test_a_bad_config_value_is_a_usage_error_naming_the_key(self, evalpush, tmp_path):
+        write_run(tmp_path / "outputs")
+
+        done = evalpush(
+            "push", str(tmp_path / "outputs"), EVALPUSH_UPLOAD__MAX_CONCURRENT_RUNS="many"
+        )
+
+        assert done.returncode == 2
+        assert "upload.max_concurrent_runs" in done.stderr
+
+
+class TestStatus:
+    def test_status_of_an_empty_ledger_says_so(self, evalpush):
+        done = evalpush("status")
+
+        assert done.returncode == 0
+        assert "no runs" in done.stdout
+
+    def test_status_json_has_every_documented_field(self, evalpush, platform, tmp_path):
+        run = write_run(tmp_path / "outputs")
+        evalpush("push", str(tmp_path / "outputs"))
+
+        (row,) = status_json(evalpush)
+
+        assert {
+            "run_id", "path", "state", "reason", "samples_sent", "samples_seen",
+            "set_aside", "evaluation_id", "url", "last_error",
+        } <= set(row)
+        assert (row["run_id"], row["path"], row["state"]) == (RUN_ID, str(run), "finalized")
+        assert row["url"].endswith(row["evaluation_id"])
+
+    def test_the_status_table_names_each_run_and_its_state(self, evalpush, tmp_path):
+        write_run(tmp_path / "outputs")
+        evalpush("push", str(tmp_path / "outputs"))
+
+        table = evalpush("status").stdout
+
+        assert RUN_ID[:8] in table
+        assert "finalized" in table
+        assert "4/4" in table
+
+
+class TestRetryAndForget:
+    def test_a_held_run_uploads_after_retry(self, evalpush, platform, tmp_path):
+        lines = [trace_line(0, 0), b"[1, 2]", trace_line(1, 0)]
+        write_run(tmp_path / "outputs", lines=lines)
+        hold = {"EVALPUSH_CONVERT__ON_BAD_LINE": "hold"}
+
+        held = evalpush("push", str(tmp_path / "outputs"), **hold)
+        assert held.returncode == 1
+        assert status_json(evalpush)[0]["state"] == "held"
+        assert platform.summary()["evaluations"] == {}
+
+        assert evalpush("retry", RUN_ID[:8]).returncode == 0
+        evalpush("push", str(tmp_path / "outputs"), **hold)
+
+        (row,) = status_json(evalpush)
+        assert (row["state"], row["samples_sent"], row["set_aside"]) == ("finalized", 2, 1)
+
+    def test_retry_refuses_a_run_that_is_not_failed_or_held(self, evalpush, tmp_path):
+        write_run(tmp_path / "outputs")
+        evalpush("push", str(tmp_path / "outputs"))
+
+        done = evalpush("retry", RUN_ID)
+
+        assert done.returncode == 1
+        assert "only failed or held runs" in done.stderr
+
+    def test_forget_drops_the_run_so_it_is_seen_as_new(self, evalpush, tmp_path):
+        run = write_run(tmp_path / "outputs")
+        evalpush("push", str(tmp_path / "outputs"))
+
+        done = evalpush("forget", str(run))
+
+        assert done.returncode == 0
+        assert status_json(evalpush) == []
+
+    def test_an_unknown_run_is_a_usage_error(self, evalpush):
+        done = evalpush("forget", "no-such-run")
+
+        assert done.returncode == 2
+        assert "no run 'no-such-run'" in done.stderr
