@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("forget", help="drop a run from the ledger (it will be seen as new)")
     p.add_argument("run", metavar="RUN", help="run id (or a unique prefix) or path")
 
+    p = sub.add_parser(
+        "demo", help="the main job on an embedded default: local platform, sample runs"
+    )
+    p.add_argument("--dir", type=Path, default=None, help="scratch dir (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the local platform up until Ctrl-C")
+
     p = sub.add_parser("local-platform", help="serve the local stand-in of the platform")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8700)
@@ -143,6 +149,14 @@ class UsageError(EvalpushError):
     """The command line names something that does not exist."""
 
 
+def cmd_demo(args: argparse.Namespace, config: Config) -> int:
+    from evalpush import log
+    from evalpush.demo import run_demo
+
+    log.configure(config.log.level, config.log.format, stream=sys.stderr)
+    return run_demo(sys.stdout, directory=args.dir, keep=args.keep)
+
+
 def cmd_local_platform(args: argparse.Namespace, config: Config) -> int:
     from evalpush.local_platform import serve
 
@@ -156,6 +170,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "status": cmd_status,
     "retry": cmd_retry,
     "forget": cmd_forget,
+    "demo": cmd_demo,
     "local-platform": cmd_local_platform,
 }
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,13 +51,21 @@ class Service:
     """The wired pipeline. Use as a context manager; it closes what it opened."""
 
     def __init__(
-        self, config: Config, *, progress: Progress | None = None, wait_on_auth: bool = True
+        self,
+        config: Config,
+        *,
+        progress: Progress | None = None,
+        wait_on_auth: bool = True,
+        environ: Mapping[str, str] | None = None,
+        home: Path | None = None,
     ):
+        """`environ` and `home` replace the process environment and home directory as the
+        places credentials are read from (the demo isolates itself with them)."""
         self.config = config
         self.stop = threading.Event()
         self.ledger = Ledger(default_path(config.state_dir))
         try:
-            self.client = PlatformClient(config.platform)
+            self.client = PlatformClient(config.platform, environ=environ, home=home)
         except BaseException:
             self.ledger.close()
             raise
