@@ -1,0 +1,27 @@
+"""config.example.toml documents every key, and the values it shows are the defaults."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+from evalpush.config import Config
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "config.example.toml"
+
+
+def test_the_example_file_loads_and_equals_the_defaults() -> None:
+    with EXAMPLE.open("rb") as f:
+        assert Config.model_validate(tomllib.load(f)) == Config()
+
+
+def test_every_key_of_every_section_appears_in_the_example() -> None:
+    text = EXAMPLE.read_text()
+    sections = re.split(r"^\[(\w+)\]\s*$", text, flags=re.MULTILINE)
+    documented = {name: body for name, body in zip(sections[1::2], sections[2::2])}
+    for section, model in Config.model_fields.items():
+        assert section in documented, f"[{section}] missing"
+        for key in model.annotation.model_fields:
+            pattern = rf"^#?\s*{key} = "
+            assert re.search(pattern, documented[section], re.MULTILINE), f"{section}.{key}"
