@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sqlite3
 import threading
 import time
 import uuid
@@ -26,7 +25,7 @@ import pytest
 
 from evalpush.config import Config, PlatformConfig
 from evalpush.convert import RunTotals, SetAside, convert_lines, summary
-from evalpush.errors import LedgerError
+from evalpush.errors import Interrupted, LedgerError
 from evalpush.ledger import Ledger, RunRecord, State, Step, default_path
 from evalpush.local_platform import LocalPlatform
 from evalpush.platform import PlatformClient
@@ -204,7 +203,11 @@ class RecordingTransport(httpx.HTTPTransport):
         return super().handle_request(request)
 
     def sample_bodies(self) -> list[int]:
-        return [size for method, path, size in self.requests if path.endswith("/samples") and method == "POST"]
+        return [
+            size
+            for method, path, size in self.requests
+            if path.endswith("/samples") and method == "POST"
+        ]
 
 
 @pytest.fixture
@@ -513,7 +516,9 @@ class TestBatching:
         record = upload(uploader, run_dir)
 
         [evaluation_id] = evaluations_of(local_platform, run_dir)
-        assert_complete(local_platform, evaluation_id, without(expected(run_dir), {first["sample_id"]}))
+        assert_complete(
+            local_platform, evaluation_id, without(expected(run_dir), {first["sample_id"]})
+        )
         assert record.state == State.FINALIZED
         assert (record.samples_sent, record.samples_seen) == (5, 6)
         [rejected] = ledger.set_aside(record)
@@ -562,11 +567,14 @@ class TestEvaluationGone:
         superseded = [row for row in status_rows(ledger) if row["state"] == State.SUPERSEDED]
         assert [row["evaluation_id"] for row in superseded] == [history.evaluation_id]
 
-    def test_an_evaluation_closed_on_the_platform_mid_run_is_replaced(
-        self, local_platform, uploader, ledger, platform_client, runs_root
+    @pytest.mark.parametrize("batches_before", [1, 3], ids=["mid-run", "at-finalize"])
+    def test_an_evaluation_closed_on_the_platform_is_replaced(
+        self, local_platform, uploader, ledger, platform_client, runs_root, batches_before
     ):
         run_dir = write_run(runs_root, trace_lines(10))
-        uploader.progress = after_batch(1, close_out(local_platform, platform_client, run_dir))
+        uploader.progress = after_batch(
+            batches_before, close_out(local_platform, platform_client, run_dir)
+        )
 
         record = upload(uploader, run_dir)
 
@@ -581,8 +589,14 @@ class TestEvaluationGone:
 # ---------------------------------------------------------------- the run's files change
 
 
-PRIME_VARIABLES = ("PRIME_API_KEY", "PRIME_API_BASE_URL", "PRIME_BASE_URL", "PRIME_FRONTEND_URL",
-                   "PRIME_TEAM_ID", "CREDENTIALS_DIRECTORY")
+PRIME_VARIABLES = (
+    "PRIME_API_KEY",
+    "PRIME_API_BASE_URL",
+    "PRIME_BASE_URL",
+    "PRIME_FRONTEND_URL",
+    "PRIME_TEAM_ID",
+    "CREDENTIALS_DIRECTORY",
+)
 
 
 @pytest.fixture
@@ -601,7 +615,9 @@ def make_service(
     services: list[Service] = []
 
     def make(progress: Callable[[RunRecord], None] | None = None, **sections: Any) -> Service:
-        config = Config.model_validate({"state": {"dir": str(tmp_path / "service-state")}, **sections})
+        config = Config.model_validate(
+            {"state": {"dir": str(tmp_path / "service-state")}, **sections}
+        )
         service = Service(config, progress=progress)
         services.append(service)
         return service
@@ -612,14 +628,18 @@ def make_service(
 
 
 class TestFileChanges:
-    def test_a_finalized_run_that_grew_uploads_again_as_a_new_evaluation(
-        self, local_platform, uploader, ledger, runs_root
+    @pytest.mark.parametrize("change", ["grew", "replaced"])
+    def test_a_finalized_run_that_changed_uploads_again_as_a_new_evaluation(
+        self, local_platform, uploader, ledger, runs_root, change
     ):
         run_dir = write_run(runs_root, trace_lines(6))
         first = upload(uploader, run_dir)
         old = expected(run_dir)
-        with (run_dir / "traces.jsonl").open("ab") as traces:
-            traces.write(b"".join(line + b"\n" for line in trace_lines(3, start=6)))
+        if change == "grew":
+            with (run_dir / "traces.jsonl").open("ab") as traces:
+                traces.write(b"".join(line + b"\n" for line in trace_lines(3, start=6)))
+        else:
+            replace_traces(run_dir, trace_lines(9, start=50))
 
         record = upload(uploader, run_dir)
 
@@ -653,6 +673,43 @@ class TestFileChanges:
         assert record.state == State.FINALIZED
         assert_complete(local_platform, record.evaluation_id, expected(run_dir))
         assert record.samples_sent == record.samples_seen == 8
+
+    def test_a_trace_file_growing_mid_upload_finalizes_what_was_scanned_then_supersedes_it(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(10))
+        scanned = expected(run_dir)
+
+        def append() -> None:
+            with (run_dir / "traces.jsonl").open("ab") as traces:
+                traces.write(b"".join(line + b"\n" for line in trace_lines(4, start=10)))
+
+        uploader.progress = after_batch(1, append)
+        first = upload(uploader, run_dir)
+
+        assert first.state == State.FINALIZED
+        assert first.samples_sent == first.samples_seen == 10
+        assert_complete(local_platform, first.evaluation_id, scanned)
+        record = upload(uploader, run_dir)
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+        assert [h.outcome for h in ledger.history(record)] == ["superseded"]
+
+    def test_a_trace_file_truncated_in_place_mid_upload_starts_over(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(12))
+
+        def truncate() -> None:
+            with (run_dir / "traces.jsonl").open("r+b") as traces:
+                traces.truncate(0)
+                traces.write(b"".join(line + b"\n" for line in trace_lines(5, start=200)))
+
+        uploader.progress = after_batch(1, truncate)
+        record = upload(uploader, run_dir)
+
+        assert [h.outcome for h in ledger.history(record)] == ["cancelled"]
+        assert record.state == State.FINALIZED
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
 
     def test_a_run_directory_deleted_mid_upload_fails_clearly_and_other_runs_finalize(
         self, local_platform, make_service, runs_root
@@ -743,9 +800,7 @@ class TestBadInput:
             assert reason in item.reason
             assert item.size == len(raw) + 1
 
-    def test_a_half_written_last_line_is_left_for_later(
-        self, local_platform, uploader, runs_root
-    ):
+    def test_a_half_written_last_line_is_left_for_later(self, local_platform, uploader, runs_root):
         run_dir = write_run(runs_root, trace_lines(4))
         with (run_dir / "traces.jsonl").open("ab") as traces:
             traces.write(orjson.dumps(a_trace(4))[:40])
@@ -817,6 +872,21 @@ class TestBadInput:
         assert record.state == State.SKIPPED
         assert "debug run" in record.reason
         assert sum(local_platform.summary()["requests"].values()) == 0
+
+    def test_a_run_whose_config_cannot_be_read_fails_and_other_runs_in_the_push_finalize(
+        self, local_platform, make_service, runs_root
+    ):
+        broken = write_run(runs_root, trace_lines(3), config="model = [unclosed\n")
+        good = [write_run(runs_root, trace_lines(4)) for _ in range(2)]
+
+        results = {result.path: result for result in make_service().push([runs_root])}
+
+        assert results[broken].record.state == State.FAILED
+        assert "not valid TOML" in results[broken].error
+        assert str(broken / "config.toml") in results[broken].error
+        for run_dir in good:
+            assert results[run_dir].ok
+            assert_uploaded_once(local_platform, run_dir, results[run_dir].record)
 
     def test_a_replay_run_is_skipped_unless_replays_are_uploaded(
         self, local_platform, make_uploader, runs_root
@@ -1019,7 +1089,8 @@ class TestLedgerFull:
     ):
         run_dir = write_run(runs_root, many_tasks(3000))
         uploader = make_uploader(
-            upload={"max_batch_samples": 1000}, progress=after_batch(1, lambda: fill_the_disk(ledger))
+            upload={"max_batch_samples": 1000},
+            progress=after_batch(1, lambda: fill_the_disk(ledger)),
         )
 
         with pytest.raises(LedgerError) as failure:
@@ -1060,3 +1131,31 @@ class TestLedgerFull:
 
         assert_uploaded_once(local_platform, run_dir, record)
         assert pushes == 3
+
+
+# ---------------------------------------------------------------- stopping
+
+
+class TestStop:
+    def test_a_stop_during_an_outage_leaves_the_run_ready_and_a_later_upload_finishes_it_once(
+        self, local_platform, uploader, ledger, stop_event, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(12))
+
+        def outage_then_stop() -> None:
+            local_platform.inject("refuse", seconds=1.0)
+            threading.Timer(0.2, stop_event.set).start()
+
+        uploader.progress = after_batch(1, outage_then_stop)
+
+        with pytest.raises(Interrupted):
+            upload(uploader, run_dir)
+
+        stopped = ledger.get(str(run_dir))
+        assert (stopped.state, stopped.step) == (State.READY, Step.PUSH)
+        assert "interrupted" in stopped.reason
+        stop_event.clear()
+        uploader.progress = lambda record: None
+        record = upload(uploader, run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
