@@ -839,6 +839,41 @@ class TestBadInput:
         assert_uploaded_once(local_platform, run_dir, record)
         assert len(ledger.set_aside(record)) == 3
 
+    def test_a_released_hold_does_not_release_the_bad_lines_of_a_later_version_of_the_file(
+        self, local_platform, make_uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, with_bad_lines(trace_lines(6)))
+        uploader = make_uploader(convert={"on_bad_line": "hold"})
+        held = upload(uploader, run_dir)
+        ledger.update(held, state=State.READY, release_hold=1, reason="queued", last_error=None)
+        first = upload(uploader, run_dir)
+        assert first.state == State.FINALIZED
+        with (run_dir / "traces.jsonl").open("ab") as traces:
+            traces.write(b"not json either\n" + trace_lines(1, start=6)[0] + b"\n")
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.HELD
+        assert "bad lines" in record.reason
+        assert list(evaluations_of(local_platform, run_dir)) == [first.evaluation_id]
+
+    def test_a_released_run_whose_evaluation_is_deleted_is_not_held_again(
+        self, local_platform, make_uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, with_bad_lines(trace_lines(10)))
+        uploader = make_uploader(convert={"on_bad_line": "hold"}, upload={"max_batch_samples": 4})
+        held = upload(uploader, run_dir)
+        ledger.update(held, state=State.READY, release_hold=1, reason="queued", last_error=None)
+        uploader.progress = after_batch(
+            1, lambda: local_platform.inject("status", on="samples", status=404)
+        )
+
+        record = upload(uploader, run_dir)
+
+        assert [h.outcome for h in ledger.history(record)] == ["deleted"]
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+        assert record.state == State.FINALIZED
+
     def test_a_run_without_an_environment_name_fails_naming_its_config(
         self, local_platform, uploader, runs_root
     ):

@@ -328,9 +328,13 @@ class Ledger:
         )
         return [HistoryRecord(*row) for row in rows]
 
-    def restart(self, record: RunRecord, *, outcome: str, state: str = State.READY) -> RunRecord:
+    def restart(
+        self, record: RunRecord, *, outcome: str, state: str = State.READY, same_file: bool = False
+    ) -> RunRecord:
         """Start the run's upload over: its current evaluation (if any) goes to `history` with
-        `outcome`, its progress and set-aside records are cleared, in one transaction."""
+        `outcome`, its progress and set-aside records are cleared, in one transaction. A hold
+        release (`evalpush retry`) is kept only for the `same_file`: it was for the bad lines a
+        person saw."""
         now = self._clock()
         with self._transaction() as db:
             if record.evaluation_id is not None:
@@ -345,8 +349,9 @@ class Ledger:
                 "file_inode = NULL, file_size = NULL, upload_end = NULL, evaluation_id = NULL, "
                 "viewer_url = NULL, pending = NULL, acked_offset = 0, acked_line = 0, "
                 "samples_sent = 0, samples_seen = 0, bytes_sent = 0, totals = NULL, "
-                "sent_totals = NULL, finalized_at = NULL, updated_at = ? WHERE id = ?",
-                (state, Step.SCAN, now, record.id),
+                "sent_totals = NULL, finalized_at = NULL, release_hold = ?, updated_at = ? "
+                "WHERE id = ?",
+                (state, Step.SCAN, record.release_hold if same_file else 0, now, record.id),
             )
         restarted = self.get(record.id)
         assert restarted is not None

@@ -195,7 +195,9 @@ class Uploader:
                 evaluation=record.evaluation_id,
                 error=str(exc),
             )
-            return self.ledger.restart(record, outcome=outcome, state=State.UPLOADING)
+            return self.ledger.restart(
+                record, outcome=outcome, state=State.UPLOADING, same_file=True
+            )
         except OSError as exc:  # FileChangedError, or the trace file gone or unreadable
             checked = self._check_file(record, run, restart_as=State.UPLOADING)
             if checked is record:
