@@ -392,6 +392,27 @@ class TestAmbiguousFailures:
 
         assert_uploaded_once(local_platform, run_dir, record)
 
+    @pytest.mark.xfail(
+        strict=True,
+        reason="known limitation: the reconciling read counts every stored copy of an id, "
+        "including copies acknowledged in earlier batches, so a line repeating an earlier "
+        "line's id is taken as stored (TRACE_FORMAT.md: ids are unique per rollout)",
+    )
+    def test_a_repeated_id_in_a_batch_that_failed_ambiguously_is_still_sent(
+        self, local_platform, uploader, runs_root
+    ):
+        lines = trace_lines(8)
+        lines[6] = orjson.dumps({**orjson.loads(lines[6]), "id": orjson.loads(lines[1])["id"]})
+        run_dir = write_run(runs_root, lines)
+        inject = after_batch(1, lambda: local_platform.inject("status", on="samples", status=504))
+        uploader.progress = inject
+
+        record = upload(uploader, run_dir)
+
+        evaluation = local_platform.summary()["evaluations"][record.evaluation_id]
+        assert evaluation["sample_count"] == 8
+        assert evaluation["duplicates"] == 1  # the file's own repeat, nothing more
+
 
 class TestTransientFailures:
     """Failures where the platform did no work are retried until it does, exactly once."""
