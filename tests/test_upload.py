@@ -775,7 +775,7 @@ class TestFileChanges:
 
         monkeypatch.setattr(uploader.client, "create_evaluation", create_then_delete)
 
-        record = upload(uploader, load_run(run_dir).path)
+        record = upload(uploader, run_dir)
 
         assert record.state == State.FAILED
         assert "deleted mid-upload" in record.last_error
@@ -1055,23 +1055,25 @@ class TestConcurrency:
     ):
         run_dirs = [write_run(runs_root, trace_lines(8 + i)) for i in range(4)]
         run_dirs += [gen_traces.generate(runs_root / "generated", 60_000, seed=s) for s in (1, 2)]
+        service = make_service(upload={"max_concurrent_runs": 2, "max_batch_samples": 3})
         threads: set[str] = set()
-        active: set[str] = set()
-        most_active = 0
+        running = most_running = 0
         guard = threading.Lock()
+        upload_one = service.uploader.upload
 
-        def progress(record: RunRecord) -> None:
-            nonlocal most_active
+        def counted(run: Any, **options: Any) -> RunRecord:
+            nonlocal running, most_running
             with guard:
                 threads.add(threading.current_thread().name)
-                active.add(record.run_id)
-                if record.step == Step.PUSH and record.acked_offset == record.upload_end:
-                    active.discard(record.run_id)
-                most_active = max(most_active, len(active))
+                running += 1
+                most_running = max(most_running, running)
+            try:
+                return upload_one(run, **options)
+            finally:
+                with guard:
+                    running -= 1
 
-        service = make_service(
-            progress=progress, upload={"max_concurrent_runs": 2, "max_batch_samples": 3}
-        )
+        service.uploader.upload = counted  # type: ignore[method-assign]
         results = service.push([runs_root])
 
         assert sorted(result.path for result in results) == sorted(run_dirs)
@@ -1079,7 +1081,7 @@ class TestConcurrency:
         for result in results:
             assert_uploaded_once(local_platform, result.path, result.record)
         assert len(threads) == 2
-        assert most_active <= 2
+        assert most_running <= 2
 
     def test_the_same_run_uploaded_from_several_threads_at_once_gets_one_evaluation(
         self, local_platform, uploader, runs_root
