@@ -32,6 +32,14 @@ def _row(record: RunRecord, set_aside: int) -> dict[str, Any]:
     }
 
 
+_HISTORY_REASONS = {
+    "superseded": "superseded: the run changed after this evaluation was finalized",
+    "cancelled": "closed out: the trace file was replaced or deleted mid-upload",
+    "deleted": "deleted on the platform mid-upload; uploaded again",
+    "closed": "closed on the platform mid-upload; uploaded again",
+}
+
+
 def status_rows(ledger: Ledger) -> list[dict[str, Any]]:
     """One row per run, then one per earlier evaluation of a run (state `superseded`)."""
     counts = ledger.set_aside_counts()
@@ -43,7 +51,7 @@ def status_rows(ledger: Ledger) -> list[dict[str, Any]]:
                 {
                     **_row(record, 0),
                     "state": State.SUPERSEDED,
-                    "reason": f"evaluation {earlier.outcome}; replaced by a newer upload",
+                    "reason": _HISTORY_REASONS.get(earlier.outcome, earlier.outcome),
                     "samples_sent": None,
                     "samples_seen": None,
                     "evaluation_id": earlier.evaluation_id,

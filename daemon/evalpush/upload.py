@@ -308,6 +308,7 @@ class Uploader:
         url = evaluation.get("viewer_url") or self.client.viewer_url(evaluation_id)
         get_logger(run=record.run_id).info("adopting the run's evaluation", evaluation=evaluation_id)
         if is_finalized(evaluation):
+            held = evaluation.get("sample_count")
             return self.ledger.update(
                 record,
                 evaluation_id=evaluation_id,
@@ -316,6 +317,7 @@ class Uploader:
                 step=Step.DONE,
                 state=State.FINALIZED,
                 reason="already on the platform: adopted its finalized evaluation",
+                samples_sent=held if isinstance(held, int) else record.samples_seen,
                 finalized_at=self.clock(),
             )
         # Samples may be stored already: reconcile the whole range before sending any.
