@@ -754,7 +754,7 @@ BAD_LINES = [
     ("info not a dict", encoded(info=["x"]), "'info' must be an object"),
     ("timing not a dict", encoded(timing=1.0), "'timing' must be an object"),
     ("stop_condition not a string", encoded(stop_condition=1), "'stop_condition' must be a string"),
-    ("nesting past orjson's limit", deeply_nested(2000), "nested too deeply"),
+    ("nesting past the decoder's limit", deeply_nested(2000), "nested too deeply"),
     ("nesting past the lenient parser's limit", deeply_nested(20000), "nested too deeply"),
 ]
 

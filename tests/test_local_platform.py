@@ -221,6 +221,21 @@ class TestServedEndpoints:
         answer = served.api("POST", f"/api/v1/evaluations/{evaluation_id}/samples", content=exact)
         assert answer.status_code == 200 and answer.json()["accepted"] == 1
 
+    @pytest.mark.parametrize(
+        "body",
+        [
+            b'{"samples":[{"sample_id":1}',
+            b'{"samples":[{"sample_id":"\xff"}]}',
+            b"[" * 5000 + b"]" * 5000,
+        ],
+        ids=["truncated", "not UTF-8", "nested too deeply"],
+    )
+    def test_a_body_that_is_not_json_is_refused_with_422(self, served: Served, body: bytes) -> None:
+        evaluation_id = served.create(f"run-422-{len(body)}")
+        answer = served.api("POST", f"/api/v1/evaluations/{evaluation_id}/samples", content=body)
+        assert answer.status_code == 422 and "not JSON" in answer.json()["detail"]
+        assert served.summary()["evaluations"][evaluation_id]["sample_count"] == 0
+
     def test_duplicate_samples_are_stored_as_duplicates_and_counted(self, served: Served) -> None:
         evaluation_id = served.create("run-dups")
         path = f"/api/v1/evaluations/{evaluation_id}/samples"

@@ -130,11 +130,14 @@ class TestCredentials:
         with pytest.raises(errors.AuthError, match="platform.api_key_file"):
             load_credentials(config, {}, tmp_path)
 
+    @pytest.mark.parametrize(
+        "broken", [b"{not json", b"[" * 5000 + b"]" * 5000], ids=["not JSON", "nested too deeply"]
+    )
     def test_a_broken_config_json_does_not_block_a_key_given_another_way(
-        self, tmp_path: Path
+        self, tmp_path: Path, broken: bytes
     ) -> None:
         (tmp_path / ".prime").mkdir()
-        (tmp_path / ".prime" / "config.json").write_text("{not json")
+        (tmp_path / ".prime" / "config.json").write_bytes(broken)
         assert (
             load_credentials(PlatformConfig(), {"PRIME_API_KEY": "k1234"}, tmp_path).api_key
             == "k1234"
@@ -487,6 +490,13 @@ class TestTolerantShapes:
     ) -> None:
         with pytest.raises(errors.Ambiguous):
             step(mock_client(tmp_path, [httpx.Response(200, text="<html>gateway</html>")]))
+
+    def test_a_2xx_nested_too_deeply_to_parse_is_unreadable_not_a_crash(
+        self, tmp_path: Path
+    ) -> None:
+        deep = b"[" * 5000 + b"]" * 5000
+        with pytest.raises(errors.Ambiguous, match="not JSON"):
+            mock_client(tmp_path, [httpx.Response(200, content=deep)]).create_evaluation({})
 
     def test_a_create_answer_without_an_id_is_ambiguous(self, tmp_path: Path) -> None:
         with pytest.raises(errors.Ambiguous, match="no evaluation id"):

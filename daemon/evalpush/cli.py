@@ -107,9 +107,9 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
         with Ledger(path) as ledger:
             rows = status_rows(ledger)
     if args.json:
-        import orjson
+        import msgspec
 
-        sys.stdout.buffer.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(rows), indent=2) + b"\n")
     else:
         print(status_table(rows))
     return EXIT_OK

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import msgspec
-import orjson
 
 from evalpush.config import Config
 from evalpush.errors import BadRecord, RunError
@@ -48,7 +47,8 @@ OPTIONAL_USAGE_FIELDS = ("cached_input_tokens", "reasoning_tokens", "cost")
 NAN = float("nan")
 
 MAX_DEPTH = 1024
-"""Deepest nesting the lenient parse accepts (orjson's parser stops at the same depth)."""
+"""Deepest nesting the lenient parse accepts (msgspec's parser stops a little earlier, at
+Python's recursion limit: either way the line is refused as nested too deeply)."""
 
 
 # ---------------------------------------------------------------- the trace line, as typed
@@ -456,18 +456,18 @@ class RunTotals:
         }
 
     def to_json(self) -> bytes:
-        # orjson writes NaN/Infinity as null: keep them as text so a resumed sum stays non-finite
+        # msgspec writes NaN/Infinity as null: keep them as text so a resumed sum stays non-finite
         state = {
             **self.__dict__,
             "reward_sum": _float_text(self.reward_sum),
             "metric_sums": {k: _float_text(v) for k, v in self.metric_sums.items()},
             "rollouts": list(self.rollouts.items()),
         }
-        return orjson.dumps(state)
+        return _ENCODER.encode(state)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> RunTotals:
-        state = orjson.loads(data)
+        state = msgspec.json.decode(data)
         state["reward_sum"] = float(state["reward_sum"])
         state["metric_sums"] = {k: float(v) for k, v in state["metric_sums"].items()}
         state["rollouts"] = {int(k): v for k, v in state["rollouts"]}
@@ -618,7 +618,7 @@ def convert_to_streams(
     if not run.env_name:
         err.write(f"{run.path}: no environment name ('[taskset] id' or 'id')\n".encode())
     report = {**summary(run, totals), "set_aside": set_aside}
-    err.write(orjson.dumps(report) + b"\n")
+    err.write(_ENCODER.encode(report) + b"\n")
     err.flush()
     return report
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-import orjson
+import msgspec
 
 from evalpush.config import Config
 from evalpush.local_platform import LocalPlatform
@@ -67,7 +67,7 @@ def _write_run(
         f'{model}num_rollouts = 2\nnum_tasks = {traces // 2}\npush = false\n'
         f'{extra_config}\n[taskset]\nid = "{TASKSET}"\n'
     )
-    lines = [orjson.dumps(_trace(rng, n, n // 2)) for n in range(traces)]
+    lines = [msgspec.json.encode(_trace(rng, n, n // 2)) for n in range(traces)]
     if bad_line:
         lines.insert(2, b'{"id": "broken", "task": {"idx": "three"}}')
     (run / file_name).write_bytes(b"".join(line + b"\n" for line in lines))

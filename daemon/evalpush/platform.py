@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import httpx
-import orjson
+import msgspec
 
 from evalpush import __version__, errors
 from evalpush.config import PlatformConfig
@@ -74,10 +74,10 @@ def _read_prime_config(home: Path) -> tuple[dict[str, Any], str]:
     """`~/.prime/config.json` (written by `prime login`) and a note on how it was found."""
     path = home / ".prime" / "config.json"
     try:
-        data = orjson.loads(path.read_bytes())
+        data = msgspec.json.decode(path.read_bytes())
     except FileNotFoundError:
         return {}, f"{path} (no such file)"
-    except (OSError, orjson.JSONDecodeError) as exc:
+    except (OSError, msgspec.DecodeError, RecursionError) as exc:
         # A broken file must not block a key given another way; it is named if no key is found.
         return {}, f"{path} (unreadable: {exc})"
     if not isinstance(data, dict):
@@ -363,8 +363,8 @@ class PlatformClient:
     @staticmethod
     def _decode(response: httpx.Response, *, what: str, replayable: bool) -> Any:
         try:
-            return orjson.loads(response.content)
-        except orjson.JSONDecodeError:
+            return msgspec.json.decode(response.content)
+        except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deeply
             raise PlatformClient._unexpected(response, what=what, replayable=replayable) from None
 
     @staticmethod
@@ -397,7 +397,7 @@ class PlatformClient:
     def resolve_environment(self, name: str) -> str:
         """The environment's id, created on the platform if new (get-or-create: replayable)."""
         what = f"resolve environment {name!r}"
-        body = orjson.dumps(self._with_team({"name": name}))
+        body = msgspec.json.encode(self._with_team({"name": name}))
         response = self._send("POST", "/environmentshub/resolve", what=what, body=body)
         env_id = _first_id(self._decode(response, what=what, replayable=True), ("id",))
         if env_id is None:
@@ -408,7 +408,7 @@ class PlatformClient:
         """Create an evaluation; its id and viewer URL (if the platform gave one). NOT replayable."""
         what = "create evaluation"
         response = self._send(
-            "POST", "/evaluations/", what=what, body=orjson.dumps(self._with_team(body))
+            "POST", "/evaluations/", what=what, body=msgspec.json.encode(self._with_team(body))
         )
         data = self._decode(response, what=what, replayable=False)
         evaluation_id = _first_id(data, ("evaluation_id", "id"))
@@ -426,7 +426,7 @@ class PlatformClient:
     def finalize(self, evaluation_id: str, metrics: dict[str, Any]) -> str | None:
         """Finalize with the run's metrics; the viewer URL if given. NOT replayable."""
         what = f"finalize {evaluation_id}"
-        body = orjson.dumps({"metrics": metrics})
+        body = msgspec.json.encode({"metrics": metrics})
         response = self._send(
             "POST", f"/evaluations/{evaluation_id}/finalize", what=what, body=body
         )
@@ -507,7 +507,9 @@ class PlatformClient:
             if value is not None:
                 body[key] = value
         what = f"close out {evaluation_id} as {status}"
-        self._send("PUT", f"/evaluations/{evaluation_id}", what=what, body=orjson.dumps(body))
+        self._send(
+            "PUT", f"/evaluations/{evaluation_id}", what=what, body=msgspec.json.encode(body)
+        )
 
     def probe(self) -> None:
         """A cheap authenticated read: returns if the platform answers and accepts the key."""

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
+import msgspec
 
 from evalpush.batch import Batch, batches
 from evalpush.config import Config
@@ -334,7 +334,7 @@ class Uploader:
     def _push(self, record: RunRecord, run: Run) -> RunRecord:
         assert record.evaluation_id is not None and record.upload_end is not None
         stored = self._stored_ids(record) if record.pending else None
-        reconcile_end = orjson.loads(record.pending)["end"] if record.pending else 0
+        reconcile_end = msgspec.json.decode(record.pending)["end"] if record.pending else 0
         totals = RunTotals.from_json(record.sent_totals) if record.sent_totals else RunTotals()
         max_line = self.config.read.max_line_bytes
         known = FileIdentity(record.file_device, record.file_inode, record.file_size)
@@ -483,7 +483,7 @@ class Uploader:
 
 
 def _intent(step: str, **fields: int | None) -> str:
-    return orjson.dumps({"step": step, **fields}).decode()
+    return msgspec.json.encode({"step": step, **fields}).decode()
 
 
 def _evaluation_id(evaluation: dict[str, Any]) -> str:
@@ -494,7 +494,7 @@ def _without_stored(batch: Batch, stored: collections.Counter[str]) -> Batch:
     """`batch` less the samples the platform already holds (each stored id used up once)."""
     keep = []
     for i, sample in enumerate(batch.samples):
-        sample_id = orjson.loads(sample)["sample_id"]
+        sample_id = msgspec.json.decode(sample)["sample_id"]
         if stored[sample_id] > 0:
             stored[sample_id] -= 1
         else:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import orjson
+import msgspec
 from aiohttp import web
 
 from evalpush.local_platform._faults import REQUEST_KINDS, Fault, FaultPlan
@@ -29,7 +29,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+    return web.Response(
+        body=msgspec.json.encode(data), status=status, content_type="application/json"
+    )
 
 
 def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -68,9 +70,11 @@ async def _read_body(request: web.Request) -> bytes | bytearray:
 
 def _parse(body: bytes | bytearray) -> Any:
     try:
-        return orjson.loads(body) if body else None
-    except orjson.JSONDecodeError as exc:
+        return msgspec.json.decode(body) if body else None
+    except msgspec.DecodeError as exc:
         raise Refusal(422, f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        raise Refusal(422, "the body is not JSON: nested too deeply") from None
 
 
 class PlatformServer:

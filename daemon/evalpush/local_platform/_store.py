@@ -14,10 +14,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
+import msgspec
 
 RUNNING, COMPLETED = "RUNNING", "COMPLETED"
 CLOSE_OUT_STATUSES = frozenset({"FAILED", "CANCELLED"})
+_ENCODER, _DECODER = msgspec.json.Encoder(), msgspec.json.Decoder()  # reused: hot per sample
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS environments (
@@ -114,15 +115,15 @@ class Store:
     @staticmethod
     def _evaluation(row: sqlite3.Row) -> dict[str, Any]:
         return {
-            **orjson.loads(row["fields"]),
+            **_DECODER.decode(row["fields"]),
             "id": row["id"],
             "evaluation_id": row["id"],
             "name": row["name"],
             "status": row["status"],
             "environment_ids": [row["environment_id"]],
             "environment_name": row["environment_name"],
-            "metadata": orjson.loads(row["metadata"]),
-            "metrics": orjson.loads(row["metrics"]),
+            "metadata": _DECODER.decode(row["metadata"]),
+            "metrics": _DECODER.decode(row["metrics"]),
             "error_message": row["error_message"],
             "sample_count": row["sample_count"],
             "created_at": row["created_at"],
@@ -188,9 +189,9 @@ class Store:
                     env["name"],
                     name,
                     RUNNING,
-                    orjson.dumps(fields),
-                    orjson.dumps(metadata or {}),
-                    orjson.dumps(metrics or {}),
+                    _ENCODER.encode(fields),
+                    _ENCODER.encode(metadata or {}),
+                    _ENCODER.encode(metrics or {}),
                     now,
                     now,
                 ),
@@ -203,7 +204,9 @@ class Store:
         if not isinstance(samples, list):
             raise Refusal(422, 'the body must be {"samples": [...]}')
         # A generator, so no second copy of a 25 MiB batch is held; a bad sample rolls back.
-        rows = ((evaluation_id, _sample_id(s, i), orjson.dumps(s)) for i, s in enumerate(samples))
+        rows = (
+            (evaluation_id, _sample_id(s, i), _ENCODER.encode(s)) for i, s in enumerate(samples)
+        )
         with self._lock, self._conn:
             self._require_running(self._row(evaluation_id), "add samples")
             self._conn.executemany("INSERT INTO samples VALUES (?, ?, ?)", rows)
@@ -232,7 +235,7 @@ class Store:
                     "UPDATE evaluations SET status = ?, metrics = ?, updated_at = ? WHERE id = ?",
                     (
                         COMPLETED,
-                        orjson.dumps(metrics) if metrics is not None else row["metrics"],
+                        _ENCODER.encode(metrics) if metrics is not None else row["metrics"],
                         _now(),
                         evaluation_id,
                     ),
@@ -253,8 +256,8 @@ class Store:
                 (
                     status.upper(),
                     body.get("error_message"),
-                    orjson.dumps(metadata) if metadata is not None else row["metadata"],
-                    orjson.dumps(metrics) if metrics is not None else row["metrics"],
+                    _ENCODER.encode(metadata) if metadata is not None else row["metadata"],
+                    _ENCODER.encode(metrics) if metrics is not None else row["metrics"],
                     _now(),
                     evaluation_id,
                 ),
@@ -280,7 +283,7 @@ class Store:
             if len(rows) == limit:
                 self._page_ends[(evaluation_id, limit, page)] = rows[-1]["rowid"]
         return {
-            "samples": [orjson.Fragment(row["body"]) for row in rows],
+            "samples": [msgspec.Raw(row["body"]) for row in rows],
             "page": page,
             "limit": limit,
             "total": total,
@@ -316,7 +319,7 @@ class Store:
             rows = self._conn.execute(
                 "SELECT body FROM samples WHERE evaluation_id = ? ORDER BY rowid", (evaluation_id,)
             ).fetchall()
-        return [orjson.loads(row["body"]) for row in rows]
+        return [_DECODER.decode(row["body"]) for row in rows]
 
     def summary(self) -> dict[str, Any]:
         """Per evaluation what was received, and how many evaluations each run_id got."""
@@ -330,14 +333,14 @@ class Store:
         evaluations: dict[str, Any] = {}
         runs: dict[str, int] = {}
         for row in rows:
-            metadata = orjson.loads(row["metadata"])
+            metadata = _DECODER.decode(row["metadata"])
             unique = distinct.get(row["id"], 0)
             evaluations[row["id"]] = {
                 "name": row["name"],
                 "environment": row["environment_name"],
                 "status": row["status"],
                 "metadata": metadata,
-                "metrics": orjson.loads(row["metrics"]),
+                "metrics": _DECODER.decode(row["metrics"]),
                 "sample_count": row["sample_count"],
                 "distinct_sample_ids": unique,
                 "duplicates": row["sample_count"] - unique,
