@@ -876,3 +876,18 @@ class TestScanAgreesWithConversion:
         assert [s.line for s in found.set_aside] == refused == [1, 4]
         assert found.totals.to_json() == totals.to_json()
         assert found.end == path.stat().st_size
+
+
+class TestRawFieldsAreValidText:
+    """Messages and info pass through raw, so their bytes are checked before they go out."""
+
+    @pytest.mark.parametrize("where", ["message", "info"])
+    def test_invalid_utf8_inside_a_raw_field_sets_the_line_aside(self, tmp_path, where):
+        good = orjson.dumps(trace(id="good", nodes=[node("hi")], info={"k": "v"}))
+        bad = good.replace(b'"hi"' if where == "message" else b'"v"', b'"\xff\xfe"')
+
+        items, totals = convert_file(tmp_path / "traces.jsonl", [good, bad])
+
+        assert [type(i) for i in items] == [Converted, SetAside]
+        assert "not UTF-8" in items[1].reason
+        assert totals.traces == 1

@@ -115,6 +115,13 @@ def decode_trace(data: bytes, number: int) -> Trace:
         trace = _decode_lenient(data, number)
     except RecursionError:
         raise BadRecord("nested too deeply", line=number) from None
+    if not data.isascii():
+        # Raw fields (messages, info) are not checked by the decoder: a bad byte there would
+        # reach the platform and get the whole batch refused.
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
     _check(trace, number)
     return trace
 
