@@ -239,3 +239,26 @@ class TestRetryAndForget:
 
         assert done.returncode == 2
         assert "no run 'no-such-run'" in done.stderr
+
+
+class TestCheck:
+    def test_check_reports_each_part_and_exits_0_when_all_work(self, evalpush, platform):
+        done = evalpush("check")
+
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "api key:    found in $PRIME_API_KEY" in done.stdout
+        assert f"api base:   {platform.base_url}" in done.stdout
+        assert "reachable, key accepted" in done.stdout
+        assert platform.api_key not in done.stdout + done.stderr
+
+    def test_check_exits_1_when_the_platform_refuses_the_key(self, evalpush):
+        done = evalpush("check", PRIME_API_KEY="wrong-key-wrong-key-0000")
+
+        assert done.returncode == 1
+        assert "NOT OK" in done.stdout and "HTTP 401" in done.stdout
+
+    def test_check_exits_2_on_plain_http_to_a_remote_host(self, evalpush):
+        done = evalpush("check", PRIME_API_BASE_URL="http://platform.example.com")
+
+        assert done.returncode == 2
+        assert "plain http to a non-loopback host" in done.stderr

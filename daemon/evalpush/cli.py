@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("forget", help="drop a run from the ledger (it will be seen as new)")
     p.add_argument("run", metavar="RUN", help="run id (or a unique prefix) or path")
 
+    sub.add_parser("check", help="validate config and credentials, reach the platform, report")
+
     p = sub.add_parser(
         "demo", help="the main job on an embedded default: local platform, sample runs"
     )
@@ -149,6 +151,32 @@ class UsageError(EvalpushError):
     """The command line names something that does not exist."""
 
 
+def cmd_check(args: argparse.Namespace, config: Config) -> int:
+    """Each thing the daemon needs, one line each; exit 0 only if all of them are fine."""
+    import os
+    import time
+
+    from evalpush.platform import PlatformClient
+
+    source = args.config or os.environ.get("EVALPUSH_CONFIG") or "(defaults and environment)"
+    print(f"config:     {source}: valid")
+    with Ledger(default_path(config.state_dir)) as ledger:
+        print(f"ledger:     {ledger.path}: writable, {len(ledger.all())} runs known")
+    with PlatformClient(config.platform) as client:
+        creds = client.credentials
+        print(f"api key:    found in {creds.key_source}")
+        print(f"api base:   {creds.api_base}" + (f" (team {creds.team_id})" if creds.team_id else ""))
+        started = time.monotonic()
+        try:
+            client.probe()
+        except EvalpushError as exc:
+            print(f"platform:   NOT OK: {exc}")
+            return EXIT_PARTIAL
+        elapsed_ms = (time.monotonic() - started) * 1000
+        print(f"platform:   reachable, key accepted ({elapsed_ms:.0f} ms)")
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace, config: Config) -> int:
     from evalpush import log
     from evalpush.demo import run_demo
@@ -170,6 +198,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "status": cmd_status,
     "retry": cmd_retry,
     "forget": cmd_forget,
+    "check": cmd_check,
     "demo": cmd_demo,
     "local-platform": cmd_local_platform,
 }
