@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import threading
 import time
 import uuid
@@ -1125,30 +1126,60 @@ class TestConcurrency:
 # ---------------------------------------------------------------- the ledger's disk fills up
 
 
-def fill_the_disk(ledger: Ledger) -> None:
-    """No new page for the ledger from now on: SQLite fails as on a full disk (SQLITE_FULL)."""
-    pages = ledger._db.execute("PRAGMA page_count").fetchone()[0]
-    ledger._db.execute(f"PRAGMA max_page_count = {pages}")
+TINY_DISK_BYTES = 1024 * 1024
 
 
-def free_the_disk(ledger: Ledger) -> None:
-    ledger._db.execute("PRAGMA max_page_count = 1073741823")
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 1 MiB filesystem (tmpfs) to fill up; skipped where mounting is not allowed."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={TINY_DISK_BYTES}", "tmpfs", str(disk)],
+        capture_output=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("mounting a tmpfs needs root: " + mounted.stderr.decode().strip())
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill_the_disk(disk: Path) -> None:
+    """Take every free byte of `disk` (a real ENOSPC, as SQLite meets it on a full disk)."""
+    with open(disk / "filler", "ab") as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+        except OSError:
+            pass
+
+
+def free_the_disk(disk: Path) -> None:
+    (disk / "filler").unlink()
 
 
 def many_tasks(count: int) -> list[bytes]:
-    """One task per trace, with long idxs: the running totals in the ledger row grow by about
-    12 bytes a sample, so acknowledging a batch of 1000 needs new pages."""
-    return [orjson.dumps(a_trace(n, idx=1_000_000 + n)) for n in range(count)]
+    return [orjson.dumps(a_trace(n, idx=n)) for n in range(count)]
 
 
 class TestLedgerFull:
+    """The ledger's disk really fills up (a 1 MiB tmpfs): the upload stops, nothing is lost."""
+
+    @pytest.fixture
+    def ledger(self, tiny_disk: Path) -> Iterator[Ledger]:
+        with Ledger(tiny_disk / "state.db") as opened:
+            yield opened
+
     def test_a_full_ledger_disk_stops_the_upload_with_an_error_naming_the_file(
-        self, local_platform, make_uploader, ledger, runs_root
+        self, local_platform, make_uploader, ledger, runs_root, tiny_disk
     ):
         run_dir = write_run(runs_root, many_tasks(3000))
         uploader = make_uploader(
             upload={"max_batch_samples": 1000},
-            progress=after_batch(1, lambda: fill_the_disk(ledger)),
+            progress=after_batch(1, lambda: fill_the_disk(tiny_disk)),
         )
 
         with pytest.raises(LedgerError) as failure:
@@ -1156,12 +1187,12 @@ class TestLedgerFull:
 
         assert str(ledger.path) in str(failure.value)
         assert "database or disk is full" in str(failure.value)
-        free_the_disk(ledger)
+        free_the_disk(tiny_disk)
         stuck = ledger.get(str(run_dir))
         assert (stuck.state, stuck.step, stuck.samples_sent) == (State.UPLOADING, Step.PUSH, 1000)
 
     def test_a_batch_sent_but_not_recorded_for_a_full_disk_is_not_resent_on_resume(
-        self, local_platform, make_uploader, ledger, runs_root, monkeypatch
+        self, local_platform, make_uploader, ledger, runs_root, monkeypatch, tiny_disk
     ):
         run_dir = write_run(runs_root, many_tasks(3000))
         uploader = make_uploader(upload={"max_batch_samples": 1000})
@@ -1173,7 +1204,7 @@ class TestLedgerFull:
             push_samples(evaluation_id, body)
             pushes += 1
             if pushes == 2:
-                fill_the_disk(ledger)  # the platform has the batch; the ledger cannot say so
+                fill_the_disk(tiny_disk)  # the platform has the batch; the ledger cannot say so
 
         monkeypatch.setattr(uploader.client, "push_samples", push_then_fill_the_disk)
 
@@ -1184,7 +1215,7 @@ class TestLedgerFull:
         assert stuck.pending is not None and stuck.samples_sent == 1000
         [evaluation] = evaluations_of(local_platform, run_dir).values()
         assert evaluation["sample_count"] == 2000
-        free_the_disk(ledger)
+        free_the_disk(tiny_disk)
         record = upload(uploader, run_dir)
 
         assert_uploaded_once(local_platform, run_dir, record)

@@ -1,20 +1,28 @@
 """The batch stage: pack encoded samples into request bodies under a byte and a count limit.
 
 A batch knows the byte range of the trace file it consumed (`start`..`end`, bad lines inside
-included) and the running totals after it, which is what the ledger records when the platform
-acknowledges it. Only the batch being built is in memory.
+included) and the records set aside inside that range, which is what the ledger records when
+the platform acknowledges it. Only the batches being built and sent are in memory: `Prefetch`
+builds the next batch in a thread while the current one is on the wire, so conversion overlaps
+the platform's work instead of waiting for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
-from evalpush.convert import Converted, RunTotals, SetAside
+from evalpush.convert import Converted, SetAside
 
 PLATFORM_MAX_BODY_BYTES = 25 * 1024 * 1024
 _HEAD, _SEP, _TAIL = b'{"samples":[', b",", b"]}"
 OVERHEAD_BYTES = len(_HEAD) + len(_TAIL)
+
+BAD_LINE = "bad_line"  # the converter refused the line
+REJECTED = "rejected"  # the sample can never be sent (too large), or the platform refused it
 
 
 @dataclass(slots=True)
@@ -25,7 +33,7 @@ class Batch:
     start: int  # first byte this batch consumed
     end: int  # first byte after it
     end_line: int  # line number of the last line consumed
-    totals_after: bytes  # RunTotals JSON once this batch is counted in
+    set_aside: list[tuple[str, SetAside]] = field(default_factory=list)  # (kind, record)
 
     @property
     def body_bytes(self) -> int:
@@ -34,65 +42,124 @@ class Batch:
     def body(self) -> bytes:
         return _HEAD + _SEP.join(self.samples) + _TAIL
 
+    def only(self, keep: list[int]) -> Batch:
+        """The same range with only the samples at indices `keep`."""
+        return Batch(
+            [self.samples[i] for i in keep],
+            [self.offsets[i] for i in keep],
+            [self.numbers[i] for i in keep],
+            self.start,
+            self.end,
+            self.end_line,
+            self.set_aside,
+        )
+
     def split(self) -> tuple[Batch, Batch]:
         """Two halves of a refused batch to send apart; the ledger still acknowledges the whole."""
         half = len(self.samples) // 2
-        first = Batch(
-            self.samples[:half], self.offsets[:half], self.numbers[:half],
-            self.start, self.offsets[half], self.numbers[half] - 1, self.totals_after,
-        )
-        second = Batch(
-            self.samples[half:], self.offsets[half:], self.numbers[half:],
-            self.offsets[half], self.end, self.end_line, self.totals_after,
-        )
-        return first, second
+        return self.only(list(range(half))), self.only(list(range(half, len(self.samples))))
 
 
 def batches(
     items: Iterator[Converted | SetAside],
-    totals: RunTotals,
     *,
     start: int,
     start_line: int,
     end: int,
     max_batch_bytes: int,
     max_batch_samples: int,
-    set_aside: Callable[[SetAside, str], None],
 ) -> Iterator[Batch]:
     """Group converted samples into batches covering `start`..`end` of the file.
 
-    `set_aside(record, kind)` receives bad lines ("bad_line") and samples too large for any
-    request ("rejected"). The last batch may hold no sample: it still moves the range to `end`.
+    Bad lines travel with the batch whose range holds them (`BAD_LINE`), and so do samples too
+    large for any request (`REJECTED`). The last batch may hold no sample: it still moves the
+    range to `end`.
     """
-    samples: list[bytes] = []
-    offsets: list[int] = []
-    numbers: list[int] = []
+    batch = Batch([], [], [], start, start, start_line)
     size = OVERHEAD_BYTES
-    batch_start, last_line = start, start_line
-
-    def close(next_offset: int, next_line: int) -> Batch:
-        return Batch(samples, offsets, numbers, batch_start, next_offset, next_line, totals.to_json())
-
     for item in items:
         if isinstance(item, SetAside):
-            set_aside(item, "bad_line")
-            last_line = item.line
+            batch.set_aside.append((BAD_LINE, item))
+            batch.end_line = item.line
             continue
         line, sample = item.line, item.sample
         if len(sample) + OVERHEAD_BYTES > PLATFORM_MAX_BODY_BYTES:
             reason = f"sample is {len(sample)} bytes encoded; no request may exceed 25 MiB"
-            set_aside(SetAside(line.number, line.start, reason, len(sample)), "rejected")
-            last_line = line.number
+            batch.set_aside.append((REJECTED, SetAside(line.number, line.start, reason, len(sample))))
+            batch.end_line = line.number
             continue
-        grown = size + len(sample) + (1 if samples else 0)
-        if samples and (grown > max_batch_bytes or len(samples) >= max_batch_samples):
-            yield close(line.start, line.number - 1)
-            samples, offsets, numbers = [], [], []
-            size, batch_start = OVERHEAD_BYTES, line.start
-            grown = size + len(sample)
-        samples.append(sample)
-        offsets.append(line.start)
-        numbers.append(line.number)
+        grown = size + len(sample) + (1 if batch.samples else 0)
+        if batch.samples and (grown > max_batch_bytes or len(batch.samples) >= max_batch_samples):
+            batch.end, batch.end_line = line.start, line.number - 1
+            yield batch
+            batch = Batch([], [], [], line.start, line.start, line.number - 1)
+            size, grown = OVERHEAD_BYTES, OVERHEAD_BYTES + len(sample)
+        batch.samples.append(sample)
+        batch.offsets.append(line.start)
+        batch.numbers.append(line.number)
+        batch.end_line = line.number
         size = grown
-        last_line = line.number
-    yield close(end, last_line)
+    batch.end = end
+    yield batch
+
+
+T = TypeVar("T")
+_DONE = object()
+
+
+class _Failed:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class Prefetch(Generic[T]):
+    """Iterate `source` in a thread, up to `depth` items ahead of the consumer.
+
+    The producer's exception is raised in the consumer, in order. Leaving the `with` block
+    stops the producer after its current item and joins its thread.
+    """
+
+    POLL_SECONDS = 0.1
+
+    def __init__(self, source: Iterator[T], *, depth: int = 1, name: str = "prefetch"):
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, args=(source,), name=name)
+        self._thread.start()
+
+    def _produce(self, source: Iterator[T]) -> None:
+        try:
+            for item in source:
+                if not self._put(item):
+                    return
+            self._put(_DONE)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            self._put(_Failed(exc))
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=self.POLL_SECONDS)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[T]:
+        while True:
+            item = self._queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item  # type: ignore[misc]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self) -> Prefetch[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

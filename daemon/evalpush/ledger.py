@@ -79,7 +79,6 @@ _MIGRATIONS: list[str] = [
         samples_seen INTEGER NOT NULL DEFAULT 0,
         bytes_sent INTEGER NOT NULL DEFAULT 0,
         totals BLOB,
-        sent_totals BLOB,
         release_hold INTEGER NOT NULL DEFAULT 0,
         attempts INTEGER NOT NULL DEFAULT 0,
         last_error TEXT,
@@ -134,7 +133,6 @@ class RunRecord:
     samples_seen: int
     bytes_sent: int
     totals: bytes | None
-    sent_totals: bytes | None
     release_hold: int
     attempts: int
     last_error: str | None
@@ -349,7 +347,7 @@ class Ledger:
                 "file_inode = NULL, file_size = NULL, upload_end = NULL, evaluation_id = NULL, "
                 "viewer_url = NULL, pending = NULL, acked_offset = 0, acked_line = 0, "
                 "samples_sent = 0, samples_seen = 0, bytes_sent = 0, totals = NULL, "
-                "sent_totals = NULL, finalized_at = NULL, release_hold = ?, updated_at = ? "
+                "finalized_at = NULL, release_hold = ?, updated_at = ? "
                 "WHERE id = ?",
                 (state, Step.SCAN, record.release_hold if same_file else 0, now, record.id),
             )

@@ -29,9 +29,9 @@ from typing import Any
 
 import msgspec
 
-from evalpush.batch import Batch, batches
+from evalpush.batch import BAD_LINE, REJECTED, Batch, Prefetch, batches
 from evalpush.config import Config
-from evalpush.convert import RunTotals, SetAside, convert_lines, scan, summary
+from evalpush.convert import RunTotals, convert_lines, scan, summary
 from evalpush.errors import (
     Ambiguous,
     BatchRefused,
@@ -216,7 +216,7 @@ class Uploader:
         lines = read_lines(run.traces_path, end=ident.size, max_line_bytes=max_line, expect=ident)
         found = scan(lines, max_line_bytes=max_line)
         totals = found.totals
-        bad = [SetAsideRecord(i.line, i.offset, i.size, "bad_line", i.reason) for i in found.set_aside]
+        bad = [SetAsideRecord(i.line, i.offset, i.size, BAD_LINE, i.reason) for i in found.set_aside]
         if totals.traces == 0 and not bad:
             raise RunError(f"{run.traces_path}: no traces in the file: nothing to upload")
         self.ledger.add_set_aside(record, bad)
@@ -335,9 +335,9 @@ class Uploader:
         assert record.evaluation_id is not None and record.upload_end is not None
         stored = self._stored_ids(record) if record.pending else None
         reconcile_end = msgspec.json.decode(record.pending)["end"] if record.pending else 0
-        totals = RunTotals.from_json(record.sent_totals) if record.sent_totals else RunTotals()
-        max_line = self.config.read.max_line_bytes
         known = FileIdentity(record.file_device, record.file_inode, record.file_size)
+        max_line = self.config.read.max_line_bytes
+        totals = self._totals_before(record, run, known)
         lines = read_lines(
             run.traces_path,
             offset=record.acked_offset,
@@ -346,32 +346,37 @@ class Uploader:
             max_line_bytes=max_line,
             expect=known,
         )
-        rejected: list[SetAsideRecord] = []
-
-        def set_aside(item: SetAside, kind: str) -> None:
-            rejected.append(SetAsideRecord(item.line, item.offset, item.size, kind, item.reason))
-
-        for batch in batches(
+        source = batches(
             convert_lines(lines, totals, max_line_bytes=max_line),
-            totals,
             start=record.acked_offset,
             start_line=record.acked_line,
             end=record.upload_end,
             max_batch_bytes=self.config.upload.max_batch_bytes,
             max_batch_samples=self.config.upload.max_batch_samples,
-            set_aside=set_aside,
-        ):
-            # The open file still reads the old inode: look at the path before every batch.
-            if compare(run.traces_path, known) in (Change.REPLACED, Change.GONE):
-                raise FileChangedError(f"{run.traces_path}: replaced or deleted mid-upload")
-            already = 0
-            if stored is not None and batch.start < reconcile_end:
-                unsent = _without_stored(batch, stored)
-                already, batch = len(batch.samples) - len(unsent.samples), unsent
-            record = self._send_batch(record, batch, rejected, already)
-            rejected = []
-            self.progress(record)
+        )
+        with Prefetch(source, name=f"convert-{run.run_id[:8]}") as ahead:
+            for batch in ahead:
+                # The open file still reads the old inode: look at the path before every batch.
+                if compare(run.traces_path, known) in (Change.REPLACED, Change.GONE):
+                    raise FileChangedError(f"{run.traces_path}: replaced or deleted mid-upload")
+                already = 0
+                if stored is not None and batch.start < reconcile_end:
+                    unsent = _without_stored(batch, stored)
+                    already, batch = len(batch.samples) - len(unsent.samples), unsent
+                record = self._send_batch(record, batch, already)
+                self.progress(record)
         return self.ledger.update(record, step=Step.FINALIZE)
+
+    def _totals_before(self, record: RunRecord, run: Run, known: FileIdentity) -> RunTotals:
+        """The running totals at the acknowledged offset (they number each task's rollouts):
+        nothing at the start; after a restart, one cheap pass over the lines already sent."""
+        if record.acked_offset == 0:
+            return RunTotals()
+        max_line = self.config.read.max_line_bytes
+        lines = read_lines(
+            run.traces_path, end=record.acked_offset, max_line_bytes=max_line, expect=known
+        )
+        return scan(lines, max_line_bytes=max_line).totals
 
     def _stored_ids(self, record: RunRecord) -> collections.Counter[str]:
         evaluation_id = record.evaluation_id
@@ -382,11 +387,13 @@ class Uploader:
             run=record.run_id,
         )
 
-    def _send_batch(
-        self, record: RunRecord, batch: Batch, set_aside: list[SetAsideRecord], already: int = 0
-    ) -> RunRecord:
+    def _send_batch(self, record: RunRecord, batch: Batch, already: int = 0) -> RunRecord:
         """Send `batch`; `already` more of its range's samples were found stored on the platform."""
         delivered = already
+        set_aside = [
+            SetAsideRecord(item.line, item.offset, item.size, kind, item.reason)
+            for kind, item in batch.set_aside
+        ]
         if batch.samples:
             record = self.ledger.update(
                 record, pending=_intent(Step.PUSH, start=batch.start, end=batch.end)
@@ -400,7 +407,6 @@ class Uploader:
             pending=None,
             acked_offset=batch.end,
             acked_line=batch.end_line,
-            sent_totals=batch.totals_after,
             samples_sent=record.samples_sent + delivered,
             bytes_sent=record.bytes_sent + batch.body_bytes,
         )
@@ -422,7 +428,7 @@ class Uploader:
             if len(batch.samples) == 1:
                 size = len(batch.samples[0])
                 set_aside.append(
-                    SetAsideRecord(batch.numbers[0], batch.offsets[0], size, "rejected", str(exc))
+                    SetAsideRecord(batch.numbers[0], batch.offsets[0], size, REJECTED, str(exc))
                 )
                 return 0
             first, second = batch.split()
@@ -494,19 +500,16 @@ def _without_stored(batch: Batch, stored: collections.Counter[str]) -> Batch:
     """`batch` less the samples the platform already holds (each stored id used up once)."""
     keep = []
     for i, sample in enumerate(batch.samples):
-        sample_id = msgspec.json.decode(sample)["sample_id"]
+        sample_id = _SAMPLE_ID.decode(sample).sample_id
         if stored[sample_id] > 0:
             stored[sample_id] -= 1
         else:
             keep.append(i)
-    if len(keep) == len(batch.samples):
-        return batch
-    return Batch(
-        [batch.samples[i] for i in keep],
-        [batch.offsets[i] for i in keep],
-        [batch.numbers[i] for i in keep],
-        batch.start,
-        batch.end,
-        batch.end_line,
-        batch.totals_after,
-    )
+    return batch if len(keep) == len(batch.samples) else batch.only(keep)
+
+
+class _SampleId(msgspec.Struct):
+    sample_id: str
+
+
+_SAMPLE_ID = msgspec.json.Decoder(_SampleId)
