@@ -394,3 +394,197 @@ class TestInProcess:
         platform = LocalPlatform().start()
         platform.stop()
         platform.stop()
+
+
+class TestSamplesIngest:
+    """The samples endpoint stores each sample's bytes as sent, after checking what decoding did."""
+
+    @pytest.fixture
+    def push(self, local_platform: LocalPlatform) -> Iterator[Callable[..., httpx.Response]]:
+        """`push(body, evaluation_id=None)`: POST raw bytes (or chunks) as a samples body."""
+        headers = {"Authorization": f"Bearer {local_platform.api_key}"}
+        with httpx.Client(base_url=f"{local_platform.base_url}/api/v1", headers=headers) as http:
+            env_id = http.post("/environmentshub/resolve", json={"name": "gsm8k"}).json()["data"][
+                "id"
+            ]
+
+            def push(body: bytes | Iterator[bytes], evaluation_id: str | None = None) -> Any:
+                if evaluation_id is None:
+                    new = {"name": "n", "environments": [{"id": env_id}]}
+                    evaluation_id = http.post("/evaluations/", json=new).json()["evaluation_id"]
+                answer = http.post(f"/evaluations/{evaluation_id}/samples", content=body)
+                answer.evaluation_id = evaluation_id  # type: ignore[attr-defined]
+                return answer
+
+            push.http = http  # type: ignore[attr-defined]
+            yield push
+
+    @staticmethod
+    def assert_refused_and_nothing_stored(
+        local_platform: LocalPlatform, answer: httpx.Response, detail: str
+    ) -> None:
+        assert answer.status_code == 422, answer.text
+        assert detail in answer.json()["detail"]
+        evaluation_id = answer.evaluation_id  # type: ignore[attr-defined]
+        assert local_platform.samples(evaluation_id) == []
+        assert local_platform.summary()["evaluations"][evaluation_id]["sample_count"] == 0
+
+    @pytest.mark.parametrize(
+        "bad",
+        [b"\xff", b"caf\xe9", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82"],
+        ids=["0xff", "latin-1", "overlong", "surrogate", "past U+10FFFF", "cut short"],
+    )
+    def test_invalid_utf8_anywhere_in_a_sample_refuses_the_whole_batch(
+        self, local_platform: LocalPlatform, push: Callable[..., httpx.Response], bad: bytes
+    ) -> None:
+        body = b'{"samples":[{"sample_id":"a"},{"sample_id":"b","message":"x' + bad + b'y"}]}'
+        self.assert_refused_and_nothing_stored(local_platform, push(body), "not JSON")
+
+    def test_utf8_is_checked_across_the_whole_body_and_its_chunk_boundaries(
+        self, local_platform: LocalPlatform, push: Callable[..., httpx.Response]
+    ) -> None:
+        head = b'{"samples":[{"sample_id":"a","pad":"'
+        # "€" (3 bytes) straddling every 64 KiB boundary of a multi-chunk body is fine...
+        fill = b"".join(
+            b"x" * (65536 - 1 - (len(head) if i == 0 else 2)) + "€".encode() for i in range(4)
+        )
+        good = push(head + fill + b'"}]}')
+        assert good.status_code == 200, good.text
+        stored = local_platform.samples(good.evaluation_id)  # type: ignore[attr-defined]
+        assert stored[0]["pad"].count("€") == 4
+        # ...and a bad byte far past the first chunk is still found.
+        bad = push(head + fill + b"\xff" + b'"}]}')
+        self.assert_refused_and_nothing_stored(local_platform, bad, "invalid UTF-8")
+
+    @pytest.mark.parametrize(
+        ("sample", "detail"),
+        [
+            (b'{"reward":1}', "samples[1] has no usable sample_id"),
+            (b'{"sample_id":null}', "samples[1] has no usable sample_id"),
+            (b'{"sample_id":true}', "samples[1] has no usable sample_id"),
+            (b'{"sample_id":{"id":"a"}}', "samples[1] has no usable sample_id"),
+            (b'{"sample_id":["a"]}', "samples[1] has no usable sample_id"),
+            (b'{"sample_id":1e400}', "not JSON"),
+            (b'"a"', "samples[1] is not an object"),
+            (b"[]", "samples[1] is not an object"),
+            (b"null", "samples[1] is not an object"),
+        ],
+    )
+    def test_a_sample_without_a_usable_sample_id_refuses_the_whole_batch(
+        self,
+        local_platform: LocalPlatform,
+        push: Callable[..., httpx.Response],
+        sample: bytes,
+        detail: str,
+    ) -> None:
+        body = b'{"samples":[{"sample_id":"a"},' + sample + b"]}"
+        self.assert_refused_and_nothing_stored(local_platform, push(body), detail)
+
+    @pytest.mark.parametrize(
+        "body",
+        [b"", b"[]", b"{}", b'{"samples":null}', b'{"samples":{"sample_id":"a"}}', b'"samples"'],
+    )
+    def test_json_of_another_shape_is_refused(
+        self, local_platform: LocalPlatform, push: Callable[..., httpx.Response], body: bytes
+    ) -> None:
+        answer = push(body)
+        self.assert_refused_and_nothing_stored(local_platform, answer, '{"samples": [...]}')
+        assert "not JSON" not in answer.json()["detail"]
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            b'{"samples":[{"sample_id":"a","x":tru}]}',
+            b'{"samples":[{"sample_id":"a","x":"\\q"}]}',
+            b'{"samples":[{"sample_id":"a","x":NaN}]}',
+            b'{"samples":[{"sample_id":"a"}]} trailing',
+            b'{"samples":5,' + b"[" * 3000,
+            b'{"samples":[{"sample_id":"a","x":' + b"[" * 3000 + b"]" * 3000 + b"}]}",
+        ],
+        ids=["bad literal", "bad escape", "NaN", "trailing", "shape then garbage", "too deep"],
+    )
+    def test_a_sample_that_is_not_json_refuses_the_whole_batch(
+        self, local_platform: LocalPlatform, push: Callable[..., httpx.Response], body: bytes
+    ) -> None:
+        self.assert_refused_and_nothing_stored(local_platform, push(body), "not JSON")
+
+    def test_a_bad_sample_after_finalize_still_gets_409(
+        self, local_platform: LocalPlatform, push: Callable[..., httpx.Response]
+    ) -> None:
+        evaluation_id = push(b'{"samples":[]}').evaluation_id  # type: ignore[attr-defined]
+        http: httpx.Client = push.http  # type: ignore[attr-defined]
+        assert http.post(f"/evaluations/{evaluation_id}/finalize", json={}).status_code == 200
+        assert push(b'{"samples":[{"reward":1}]}', evaluation_id).status_code == 409
+
+    def test_duplicates_are_stored_and_counted_and_numbers_count_as_their_text(
+        self, local_platform: LocalPlatform, push: Callable[..., httpx.Response]
+    ) -> None:
+        first = push(b'{"samples":[{"sample_id":"a"},{"sample_id":"b"},{"sample_id":1}]}')
+        evaluation_id = first.evaluation_id  # type: ignore[attr-defined]
+        assert first.json() == {"accepted": 3, "sample_count": 3}
+        second = push(b'{"samples":[{"sample_id":"a"},{"sample_id":"1"}]}', evaluation_id)
+        assert second.json() == {"accepted": 2, "sample_count": 5}
+        evaluation = local_platform.summary()["evaluations"][evaluation_id]
+        assert (
+            evaluation["sample_count"],
+            evaluation["distinct_sample_ids"],
+            evaluation["duplicates"],
+        ) == (5, 3, 2)
+        ids = [s["sample_id"] for s in local_platform.samples(evaluation_id)]
+        assert ids == ["a", "b", 1, "a", "1"]
+
+    def test_each_sample_is_stored_and_listed_as_the_bytes_it_was_sent_as(
+        self, local_platform: LocalPlatform, push: Callable[..., httpx.Response]
+    ) -> None:
+        samples = [
+            '{ "sample_id" : "é-1", "reward": 1.50, "info": {"b": 2, "a": [1, 2]} }',
+            '{"sample_id":"2","x":"\\u00e9\\n","sample_id":"3"}',
+            '{"sample_id":4,"big":123456789012345678901234567890}',
+        ]
+        body = ('{"extra": 1, "samples": [\n' + ",\n".join(samples) + "\n]}").encode()
+        answer = push(body)
+        assert answer.status_code == 200, answer.text
+        evaluation_id = answer.evaluation_id  # type: ignore[attr-defined]
+        http: httpx.Client = push.http  # type: ignore[attr-defined]
+        listed = http.get(f"/evaluations/{evaluation_id}/samples", params={"limit": 10})
+        for sample in samples:
+            assert sample.encode() in listed.content
+        assert [s["sample_id"] for s in listed.json()["samples"]] == ["é-1", "3", 4]
+        assert local_platform.samples(evaluation_id)[0] == {
+            "sample_id": "é-1",
+            "reward": 1.5,
+            "info": {"b": 2, "a": [1, 2]},
+        }
+        evaluation = local_platform.summary()["evaluations"][evaluation_id]
+        assert (evaluation["sample_count"], evaluation["distinct_sample_ids"]) == (3, 3)
+        control = httpx.get(
+            f"{local_platform.base_url}/_control/evaluations/{evaluation_id}/samples",
+            headers={"Authorization": f"Bearer {local_platform.api_key}"},
+        )
+        assert [s["sample_id"] for s in control.json()["samples"]] == ["é-1", "3", 4]
+
+    def test_a_number_beyond_a_float_s_range_is_stored_as_sent_not_refused(
+        self, local_platform: LocalPlatform, push: Callable[..., httpx.Response]
+    ) -> None:
+        # The one documented difference from decoding every sample: msgspec skips numbers unread.
+        answer = push(b'{"samples":[{"sample_id":"a","x":1e400}]}')
+        assert answer.status_code == 200, answer.text
+        http: httpx.Client = push.http  # type: ignore[attr-defined]
+        evaluation_id = answer.evaluation_id  # type: ignore[attr-defined]
+        listed = http.get(f"/evaluations/{evaluation_id}/samples")
+        assert b'{"sample_id":"a","x":1e400}' in listed.content
+
+    def test_a_body_sent_in_chunks_without_a_length_is_taken_too(
+        self, local_platform: LocalPlatform, push: Callable[..., httpx.Response]
+    ) -> None:
+        samples = [{"sample_id": str(i), "pad": "ü" * 1000} for i in range(300)]
+        body = orjson.dumps({"samples": samples})
+
+        def chunks() -> Iterator[bytes]:
+            for start in range(0, len(body), 4096):
+                yield body[start : start + 4096]
+
+        answer = push(chunks())
+        assert answer.status_code == 200 and answer.json()["accepted"] == 300
+        stored = local_platform.samples(answer.evaluation_id)  # type: ignore[attr-defined]
+        assert [s["sample_id"] for s in stored] == [str(i) for i in range(300)]

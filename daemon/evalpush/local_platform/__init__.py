@@ -18,6 +18,14 @@ Endpoints (under `/api/v1`; errors answer `{"detail": "..."}`):
 | `GET /evaluations/?environment_name=&skip=0&limit=50` | `{"evaluations": [evaluation, ...], "total", "skip", "limit"}`, creation order |
 | `PUT /evaluations/{id}` `{"status": "FAILED"/"CANCELLED", "error_message"?, "metadata"?, "metrics"?}` | the evaluation; 409 when already closed |
 
+A samples body must be UTF-8 JSON shaped `{"samples": [...]}` (other keys ignored), each sample
+an object whose `sample_id` is a string or a number; otherwise 422 and nothing of the batch is
+stored. A numeric id counts as its text (`1` and `"1"` are one id in `distinct_sample_ids`).
+Samples are stored, and listed, as the bytes they were sent as, not decoded and encoded again:
+whitespace, key order, duplicate keys and number spelling (`1.50`) stay as sent. One thing a
+full decode would refuse is taken: a number beyond a float's range (`1e400`) in a sample, other
+than its `sample_id`, is stored as sent (`LocalPlatform.samples` cannot decode that sample).
+
 `GET /dashboard/evaluations/{id}` (no auth: a browser opens it) shows the evaluation as JSON, so
 the viewer URLs the platform hands out lead somewhere.
 

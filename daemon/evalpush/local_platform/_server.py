@@ -16,7 +16,7 @@ import msgspec
 from aiohttp import web
 
 from evalpush.local_platform._faults import REQUEST_KINDS, Fault, FaultPlan
-from evalpush.local_platform._store import Refusal, Store
+from evalpush.local_platform._store import Refusal, Store, decode_json
 from evalpush.log import get_logger
 
 MAX_BODY_BYTES = 25 * 1024 * 1024
@@ -59,22 +59,14 @@ async def _read_body(request: web.Request) -> bytes | bytearray:
             raise Refusal(
                 413, f"request body of {length} bytes is over the {MAX_BODY_BYTES}-byte limit"
             )
-        return await request.content.readexactly(length)
+        # aiohttp's empty payload raises on readexactly(0): an empty body was a 500, not a 422.
+        return await request.content.readexactly(length) if length else b""
     body = bytearray()
     async for chunk in request.content.iter_any():
         body += chunk
         if len(body) > MAX_BODY_BYTES:
             raise Refusal(413, f"request body is over the {MAX_BODY_BYTES}-byte limit")
     return body
-
-
-def _parse(body: bytes | bytearray) -> Any:
-    try:
-        return msgspec.json.decode(body) if body else None
-    except msgspec.DecodeError as exc:
-        raise Refusal(422, f"the body is not JSON: {exc}") from None
-    except RecursionError:
-        raise Refusal(422, "the body is not JSON: nested too deeply") from None
 
 
 class PlatformServer:
@@ -247,7 +239,7 @@ class PlatformServer:
     async def _body_then(self, request: web.Request, fn: Callable[..., Any], *args: Any) -> Any:
         """Read the body, then parse it and call `fn(*args, body)` on the storage thread."""
         raw = await _read_body(request)
-        return await self._in_db(lambda: fn(*args, _parse(raw)))
+        return await self._in_db(lambda: fn(*args, decode_json(raw)))
 
     def _viewer(self, evaluation: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -269,7 +261,9 @@ class PlatformServer:
         }
 
     async def _push_samples(self, request: web.Request) -> Any:
-        return await self._body_then(request, self.store.add_samples, request.match_info["id"])
+        # The body goes to the store as bytes: it checks and splits it without decoding samples.
+        body = await _read_body(request)
+        return await self._in_db(self.store.add_samples, request.match_info["id"], body)
 
     async def _finalize(self, request: web.Request) -> Any:
         evaluation = self._viewer(
@@ -312,7 +306,7 @@ class PlatformServer:
 
     async def _control_inject(self, request: web.Request) -> Any:
         try:
-            fault = Fault.from_json(_parse(await _read_body(request)))
+            fault = Fault.from_json(decode_json(await _read_body(request)))
         except (ValueError, TypeError) as exc:
             raise Refusal(422, str(exc)) from None
         await self.inject(fault, asked_by=request)
@@ -337,4 +331,4 @@ class PlatformServer:
     async def _control_samples(self, request: web.Request) -> Any:
         evaluation_id = request.match_info["id"]
         await self._in_db(self.store.get, evaluation_id)  # 404 for an unknown evaluation
-        return {"samples": await self._in_db(self.store.samples, evaluation_id)}
+        return {"samples": await self._in_db(self.store.raw_samples, evaluation_id)}
