@@ -193,14 +193,16 @@ def assert_uploaded_once(
 
 
 class RecordingTransport(httpx.HTTPTransport):
-    """The real HTTP transport, noting each request's method, path and body size."""
+    """The real HTTP transport, noting each request's method, path and body size (as sent:
+    the Content-Length the platform reads the body by)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.requests: list[tuple[str, str, int]] = []
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append((request.method, request.url.path, len(request.content)))
+        size = int(request.headers.get("Content-Length", 0))
+        self.requests.append((request.method, request.url.path, size))
         return super().handle_request(request)
 
     def sample_bodies(self) -> list[int]:
