@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +48,12 @@ class PushResult:
         )
 
 
+GIL_SWITCH_SECONDS = 0.001
+"""While one thread converts the next batch, the thread sending the current one needs the GIL
+back after every socket and SQLite call; the default 5 ms hand-over made each batch's
+bookkeeping wait behind the converter (measured: the 72 MB push's push step 1.5 s -> 1.3 s)."""
+
+
 class Service:
     """The wired pipeline. Use as a context manager; it closes what it opened."""
 
@@ -63,6 +70,7 @@ class Service:
         places credentials are read from (the demo isolates itself with them)."""
         self.config = config
         self.stop = threading.Event()
+        sys.setswitchinterval(GIL_SWITCH_SECONDS)
         self.ledger = Ledger(default_path(config.state_dir))
         try:
             self.client = PlatformClient(config.platform, environ=environ, home=home)
