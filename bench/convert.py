@@ -126,20 +126,26 @@ def the_run(mb: float, cache: Path) -> Path:
 
 
 def report(rows: dict[str, Measure], walls: dict[str, list[float]], size: int, traces: int) -> None:
-    print(f"{'path':<7}{'wall s':>9}{'MB/s':>9}{'traces/s':>11}{'CPU s':>8}{'peak RSS MiB':>14}"
-          f"{'  all walls':<12}")
+    print(
+        f"{'path':<7}{'wall s':>9}{'MB/s':>9}{'traces/s':>11}{'CPU s':>8}{'peak RSS MiB':>14}"
+        f"{'  all walls':<12}"
+    )
     for name, m in rows.items():
-        print(f"{name:<7}{m.wall_seconds:>9.2f}{size / MB / m.wall_seconds:>9.1f}"
-              f"{traces / m.wall_seconds:>11.0f}{m.cpu_seconds:>8.2f}"
-              f"{m.peak_rss_bytes / MIB:>14.1f}  {', '.join(f'{w:.2f}' for w in walls[name])}")
+        print(
+            f"{name:<7}{m.wall_seconds:>9.2f}{size / MB / m.wall_seconds:>9.1f}"
+            f"{traces / m.wall_seconds:>11.0f}{m.cpu_seconds:>8.2f}"
+            f"{m.peak_rss_bytes / MIB:>14.1f}  {', '.join(f'{w:.2f}' for w in walls[name])}"
+        )
     ours, seed, floor = rows["ours"], rows["seed"], rows["floor"]
     seed_report = json.loads(seed.stderr.strip().splitlines()[-1])
     seed_import = seed_report["import_seconds"]
     assert seed_report["samples"] == traces, f"the seed read {seed_report['samples']} of {traces}"
     print()
-    print(f"ours vs seed throughput: {seed.wall_seconds / ours.wall_seconds:.1f}x "
-          f"(seed without its {seed_import:.1f} s import: "
-          f"{(seed.wall_seconds - seed_import) / ours.wall_seconds:.1f}x)")
+    print(
+        f"ours vs seed throughput: {seed.wall_seconds / ours.wall_seconds:.1f}x "
+        f"(seed without its {seed_import:.1f} s import: "
+        f"{(seed.wall_seconds - seed_import) / ours.wall_seconds:.1f}x)"
+    )
     print(f"ours vs floor: {ours.wall_seconds / floor.wall_seconds:.2f}x the floor's wall time")
     print(f"ours CPU seconds per GB: {ours.cpu_seconds / (size / 1e9):.1f}")
     print(f"ours peak RSS vs seed: {seed.peak_rss_bytes / ours.peak_rss_bytes:.0f}x smaller")

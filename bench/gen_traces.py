@@ -50,53 +50,84 @@ def text(rng: random.Random, words: int) -> str:
 
 
 def prompt_node(rng: random.Random, role: str, parent: int | None, words: int, **extra) -> dict:
-    node = {"message": {"role": role, **extra, "content": text(rng, words)}, "sampled": False,
-            "token_ids": [], "mask": [], "is_content": [], "logprobs": []}
+    node = {
+        "message": {"role": role, **extra, "content": text(rng, words)},
+        "sampled": False,
+        "token_ids": [],
+        "mask": [],
+        "is_content": [],
+        "logprobs": [],
+    }
     return {"parent": parent, **node} if parent is not None else node
 
 
-def sampled_node(rng: random.Random, parent: int, prompt_tokens: int, message: dict,
-                 finish: str) -> dict:
+def sampled_node(
+    rng: random.Random, parent: int, prompt_tokens: int, message: dict, finish: str
+) -> dict:
     scaffold, completion = 3, rng.randint(7, 16)
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion}
     if rng.random() < 0.5:
-        usage["cached_input_tokens"] = rng.randrange(0, prompt_tokens, 64) if prompt_tokens > 64 else 0
+        usage["cached_input_tokens"] = (
+            rng.randrange(0, prompt_tokens, 64) if prompt_tokens > 64 else 0
+        )
     if rng.random() < 0.3:
         usage["reasoning_tokens"] = rng.randint(0, completion)
     if rng.random() < 0.6:
         usage["cost"] = round(prompt_tokens * 4e-7 + completion * 1.6e-6, 9)
     return {
-        "parent": parent, "message": message, "sampled": True,
+        "parent": parent,
+        "message": message,
+        "sampled": True,
         "token_ids": [rng.randrange(151_000) for _ in range(scaffold + completion)],
         "mask": [False] * scaffold + [True] * completion,
         "is_content": [False] * scaffold + [True] * completion,
         "logprobs": [-rng.expovariate(8.0) for _ in range(completion)],
-        "finish_reason": finish, "usage": usage,
+        "finish_reason": finish,
+        "usage": usage,
     }
 
 
 def nodes_for(rng: random.Random, prompt: str) -> tuple[list[dict], int]:
     """A tool-calling conversation: system, user, 1-2 (call, result) turns, a final answer."""
-    nodes = [prompt_node(rng, "system", None, 12),
-             {"parent": 0, "message": {"role": "user", "content": prompt}, "sampled": False,
-              "token_ids": [], "mask": [], "is_content": [], "logprobs": []}]
+    nodes = [
+        prompt_node(rng, "system", None, 12),
+        {
+            "parent": 0,
+            "message": {"role": "user", "content": prompt},
+            "sampled": False,
+            "token_ids": [],
+            "mask": [],
+            "is_content": [],
+            "logprobs": [],
+        },
+    ]
     turns, context = rng.randint(1, 2), 180
-    for turn in range(turns):
+    for _ in range(turns):
         call_id = f"call_{rng.getrandbits(48):012x}"
-        call = {"id": call_id, "name": rng.choice(TOOLS),
-                "arguments": json.dumps({"cmd": text(rng, 6)}, ensure_ascii=False)}
-        message = {"role": "assistant", "content": None if rng.random() < 0.5 else text(rng, 8),
-                   "tool_calls": [call]}
+        call = {
+            "id": call_id,
+            "name": rng.choice(TOOLS),
+            "arguments": json.dumps({"cmd": text(rng, 6)}, ensure_ascii=False),
+        }
+        message = {
+            "role": "assistant",
+            "content": None if rng.random() < 0.5 else text(rng, 8),
+            "tool_calls": [call],
+        }
         if message["content"] is None:
             del message["content"]
         nodes.append(sampled_node(rng, len(nodes) - 1, context, message, "tool_calls"))
         context += 60
-        nodes.append(prompt_node(rng, "tool", len(nodes) - 1, rng.randint(6, 18),
-                                 tool_call_id=call_id))
+        nodes.append(
+            prompt_node(rng, "tool", len(nodes) - 1, rng.randint(6, 18), tool_call_id=call_id)
+        )
         context += 40
     finish = "length" if rng.random() < 0.04 else "stop"
-    nodes.append(sampled_node(rng, len(nodes) - 1, context,
-                              {"role": "assistant", "content": text(rng, 12)}, finish))
+    nodes.append(
+        sampled_node(
+            rng, len(nodes) - 1, context, {"role": "assistant", "content": text(rng, 12)}, finish
+        )
+    )
     return nodes, turns
 
 
@@ -107,21 +138,34 @@ def variant(rng: random.Random) -> dict:
     errored = rng.random() < 0.03
     trace = {
         "id": "@@id@@",
-        "task": {"idx": "@@idx@@", "prompt": prompt, "timeout": {}, "resources": {},
-                 "answer": text(rng, 5)},
+        "task": {
+            "idx": "@@idx@@",
+            "prompt": prompt,
+            "timeout": {},
+            "resources": {},
+            "answer": text(rng, 5),
+        },
         "nodes": nodes,
         "rewards": {"correct": "@@correct@@", "format": "@@format@@"},
-        "metrics": {"num_turns": float(turns + 1), "num_tool_calls": float(turns),
-                    "response_chars": "@@chars@@"},
+        "metrics": {
+            "num_turns": float(turns + 1),
+            "num_tool_calls": float(turns),
+            "response_chars": "@@chars@@",
+        },
         "info": {"exit_code": 0, "stdout_tail": text(rng, 6)},
         "extra_usage": [],
         "is_completed": True,
         "stop_condition": "error" if errored else "agent_completed",
-        "errors": [{"type": "TimeoutError", "message": "tool call timed out after 30s"}] if errored else [],
-        "timing": {"start": "@@t0@@", "setup": {"start": "@@t0@@", "end": "@@t1@@"},
-                   "generation": {"start": "@@t1@@", "end": "@@t2@@"},
-                   "finalize": {"start": "@@t2@@", "end": "@@t3@@"},
-                   "scoring": {"start": "@@t3@@", "end": "@@t4@@"}},
+        "errors": [{"type": "TimeoutError", "message": "tool call timed out after 30s"}]
+        if errored
+        else [],
+        "timing": {
+            "start": "@@t0@@",
+            "setup": {"start": "@@t0@@", "end": "@@t1@@"},
+            "generation": {"start": "@@t1@@", "end": "@@t2@@"},
+            "finalize": {"start": "@@t2@@", "end": "@@t3@@"},
+            "scoring": {"start": "@@t3@@", "end": "@@t4@@"},
+        },
     }
     return trace
 
@@ -175,7 +219,7 @@ def config_toml(num_tasks: int) -> str:
         f'model = "{MODEL}"\nnum_tasks = {num_tasks}\nnum_rollouts = {NUM_ROLLOUTS}\n'
         f'max_concurrent = 128\nrich = false\npush = false\n\n[taskset]\nid = "{TASKSET}"\n'
         'judges = []\n\n[harness]\nid = "default"\n\n[harness.runtime]\ntype = "subprocess"\n\n'
-        '[sampling]\ntemperature = 1.0\n'
+        "[sampling]\ntemperature = 1.0\n"
     )
 
 

@@ -172,15 +172,32 @@ class Platform:
         env = {k: v for k, v in os.environ.items() if not k.startswith("EVALPUSH_")}
         env.update(SOURCE)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "evalpush", "local-platform", "--host", "127.0.0.1",
-             "--port", str(self.port), "--api-key", PLATFORM_KEY, "--db", str(self.db)],
-            stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+            [
+                sys.executable,
+                "-m",
+                "evalpush",
+                "local-platform",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--api-key",
+                PLATFORM_KEY,
+                "--db",
+                str(self.db),
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
         )
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if self.proc.poll() is not None:
-                raise SystemExit(f"local platform exited {self.proc.returncode}: "
-                                 f"{(workdir / 'platform.log').read_text()[-2000:]}")
+                raise SystemExit(
+                    f"local platform exited {self.proc.returncode}: "
+                    f"{(workdir / 'platform.log').read_text()[-2000:]}"
+                )
             try:
                 self.get("/_control/summary")
                 break
@@ -250,18 +267,23 @@ def check_platform(platform: Platform, traces: int, trace_ids: list[str] | None)
         if ev["status"] != "COMPLETED":
             problems.append(f"{evaluation_id}: status {ev['status']}")
         if ev["sample_count"] != traces or ev["distinct_sample_ids"] != traces:
-            problems.append(f"{evaluation_id}: {ev['sample_count']} samples, "
-                            f"{ev['distinct_sample_ids']} distinct, file has {traces} traces")
+            problems.append(
+                f"{evaluation_id}: {ev['sample_count']} samples, "
+                f"{ev['distinct_sample_ids']} distinct, file has {traces} traces"
+            )
         if ev["duplicates"] or ev["finalize_count"] != 1:
-            problems.append(f"{evaluation_id}: {ev['duplicates']} duplicates, "
-                            f"{ev['finalize_count']} finalize requests")
+            problems.append(
+                f"{evaluation_id}: {ev['duplicates']} duplicates, "
+                f"{ev['finalize_count']} finalize requests"
+            )
         if trace_ids is not None and not problems:
             stored = platform.get(f"/_control/evaluations/{evaluation_id}/samples")["samples"]
             if sorted(s["sample_id"] for s in stored) != sorted(trace_ids):
                 problems.append(f"{evaluation_id}: stored sample ids differ from the file's ids")
     if problems:
-        raise SystemExit("the platform does not hold the run exactly once:\n  "
-                         + "\n  ".join(problems))
+        raise SystemExit(
+            "the platform does not hold the run exactly once:\n  " + "\n  ".join(problems)
+        )
     return summary
 
 
@@ -271,8 +293,11 @@ def push_once(run_dir: Path, traces: int, hook_dir: Path, trace_ids: list[str] |
         work = Path(tmp)
         platform = Platform(work)
         try:
-            env = {"PRIME_API_KEY": PLATFORM_KEY, "PRIME_API_BASE_URL": platform.base,
-                   "EVALPUSH_STATE_DIR": str(work / "state")}
+            env = {
+                "PRIME_API_KEY": PLATFORM_KEY,
+                "PRIME_API_BASE_URL": platform.base,
+                "EVALPUSH_STATE_DIR": str(work / "state"),
+            }
             cpu_before = platform.cpu_seconds()
             with child_environ(env):
                 m = measure([sys.executable, "-m", "evalpush", "push", str(run_dir)], hook_dir)
@@ -308,13 +333,17 @@ def walls(runs: list[Measure]) -> str:
 
 def table(rows: dict[str, list[Measure]], size: int, traces: int) -> dict[str, Measure]:
     best = {name: min(runs, key=lambda m: m.wall_seconds) for name, runs in rows.items()}
-    print(f"{'path':<7}{'wall s':>8}{'MB/s':>8}{'samples/s':>11}{'CPU s':>8}{'CPU s/GB':>10}"
-          f"{'peak RSS MiB':>14}  all walls")
+    print(
+        f"{'path':<7}{'wall s':>8}{'MB/s':>8}{'samples/s':>11}{'CPU s':>8}{'CPU s/GB':>10}"
+        f"{'peak RSS MiB':>14}  all walls"
+    )
     for name, m in best.items():
-        print(f"{name:<7}{m.wall_seconds:>8.2f}{size / MB / m.wall_seconds:>8.1f}"
-              f"{traces / m.wall_seconds:>11.0f}{m.cpu_seconds:>8.2f}"
-              f"{m.cpu_seconds / (size / 1e9):>10.1f}{m.peak_rss_bytes / MIB:>14.1f}  "
-              f"{walls(rows[name])}")
+        print(
+            f"{name:<7}{m.wall_seconds:>8.2f}{size / MB / m.wall_seconds:>8.1f}"
+            f"{traces / m.wall_seconds:>11.0f}{m.cpu_seconds:>8.2f}"
+            f"{m.cpu_seconds / (size / 1e9):>10.1f}{m.peak_rss_bytes / MIB:>14.1f}  "
+            f"{walls(rows[name])}"
+        )
     return best
 
 
@@ -329,10 +358,12 @@ def throughput(args: argparse.Namespace, hook_dir: Path) -> None:
     traces = count_lines(traces_file)
     seed_python = producer_python(args.producer_venv)
     print(f"== throughput: {run_dir}\n{size / MB:.1f} MB, {traces} traces, best of {args.repeat}")
-    print("ours = `evalpush push` to `evalpush local-platform` (own process, SQLite --db); "
-          "seed = read_traces + trace_to_sample + ONE httpx post of the whole body to a discard "
-          "endpoint in the bench process (the local platform refuses bodies over 25 MiB); "
-          "floor = orjson loads+dumps per line\n")
+    print(
+        "ours = `evalpush push` to `evalpush local-platform` (own process, SQLite --db); "
+        "seed = read_traces + trace_to_sample + ONE httpx post of the whole body to a discard "
+        "endpoint in the bench process (the local platform refuses bodies over 25 MiB); "
+        "floor = orjson loads+dumps per line\n"
+    )
 
     trace_ids = trace_ids_of(traces_file)
     ours: list[PushRun] = []
@@ -342,8 +373,10 @@ def throughput(args: argparse.Namespace, hook_dir: Path) -> None:
     with discard_endpoint() as url:
         for _ in range(args.repeat):
             seed.append(measure([str(seed_python), "-c", SEED_PUSH, str(run_dir), url], hook_dir))
-    floor = [measure([sys.executable, "-c", FLOOR, str(traces_file)], hook_dir)
-             for _ in range(args.repeat)]
+    floor = [
+        measure([sys.executable, "-c", FLOOR, str(traces_file)], hook_dir)
+        for _ in range(args.repeat)
+    ]
 
     best = table({"ours": [r.measure for r in ours], "seed": seed, "floor": floor}, size, traces)
     our_run = min(ours, key=lambda r: r.measure.wall_seconds)
@@ -352,25 +385,35 @@ def throughput(args: argparse.Namespace, hook_dir: Path) -> None:
     if phases["samples"] != traces:
         raise SystemExit(f"the seed converted {phases['samples']} of {traces} traces")
     print()
-    print(f"ours: platform verified (1 COMPLETED evaluation, {traces} samples, each once, ids = "
-          f"the file's); {our_run.batches} sample requests; the platform process (not counted "
-          f"above) used {our_run.platform_cpu:.2f} CPU s, peak RSS "
-          f"{our_run.platform_peak / MIB:.0f} MiB, db {our_run.db_bytes / MB:.0f} MB")
-    print(f"seed phases: import {phases['import_seconds']:.2f} s, read_traces "
-          f"{phases['read_seconds']:.2f} s, trace_to_sample {phases['convert_seconds']:.2f} s, "
-          f"json encode + send {phases['send_seconds']:.2f} s "
-          f"(one body of {phases['body_bytes'] / MB:.1f} MB, received whole by the discard "
-          "endpoint)")
+    print(
+        f"ours: platform verified (1 COMPLETED evaluation, {traces} samples, each once, ids = "
+        f"the file's); {our_run.batches} sample requests; the platform process (not counted "
+        f"above) used {our_run.platform_cpu:.2f} CPU s, peak RSS "
+        f"{our_run.platform_peak / MIB:.0f} MiB, db {our_run.db_bytes / MB:.0f} MB"
+    )
+    print(
+        f"seed phases: import {phases['import_seconds']:.2f} s, read_traces "
+        f"{phases['read_seconds']:.2f} s, trace_to_sample {phases['convert_seconds']:.2f} s, "
+        f"json encode + send {phases['send_seconds']:.2f} s "
+        f"(one body of {phases['body_bytes'] / MB:.1f} MB, received whole by the discard "
+        "endpoint)"
+    )
     ratio = s.wall_seconds / o.wall_seconds
     no_import = (s.wall_seconds - phases["import_seconds"]) / o.wall_seconds
-    print(f"ours vs seed: {ratio:.1f}x the samples/s (seed without its "
-          f"{phases['import_seconds']:.1f} s import: {no_import:.1f}x); CPU "
-          f"{s.cpu_seconds / o.cpu_seconds:.1f}x less; SPEC >= 10x: {verdict(ratio >= 10)}")
+    print(
+        f"ours vs seed: {ratio:.1f}x the samples/s (seed without its "
+        f"{phases['import_seconds']:.1f} s import: {no_import:.1f}x); CPU "
+        f"{s.cpu_seconds / o.cpu_seconds:.1f}x less; SPEC >= 10x: {verdict(ratio >= 10)}"
+    )
     vs_floor = o.wall_seconds / f.wall_seconds
-    print(f"ours vs floor: {vs_floor:.2f}x the floor's wall ({o.cpu_seconds / f.cpu_seconds:.2f}x "
-          f"its CPU); SPEC within 3x: {verdict(vs_floor <= 3)}")
-    print(f"ours: {size / MB / o.wall_seconds:.1f} MB/s, {traces / o.wall_seconds:.0f} samples/s, "
-          f"{o.cpu_seconds / (size / 1e9):.1f} CPU s per GB")
+    print(
+        f"ours vs floor: {vs_floor:.2f}x the floor's wall ({o.cpu_seconds / f.cpu_seconds:.2f}x "
+        f"its CPU); SPEC within 3x: {verdict(vs_floor <= 3)}"
+    )
+    print(
+        f"ours: {size / MB / o.wall_seconds:.1f} MB/s, {traces / o.wall_seconds:.0f} samples/s, "
+        f"{o.cpu_seconds / (size / 1e9):.1f} CPU s per GB"
+    )
 
 
 def streaming(args: argparse.Namespace, hook_dir: Path) -> None:
@@ -378,10 +421,13 @@ def streaming(args: argparse.Namespace, hook_dir: Path) -> None:
     free = shutil.disk_usage(args.cache.parent if not args.cache.exists() else args.cache).free
     need = 3 * big_bytes  # the run, the platform's db (about the same), headroom
     if free < need:
-        raise SystemExit(f"streaming: {free / GIB:.1f} GiB free under {args.cache}, "
-                         f"need ~{need / GIB:.1f} GiB")
-    print(f"\n== streaming memory: `evalpush push`, peak RSS of the push process "
-          f"({free / GIB:.0f} GiB free on disk)")
+        raise SystemExit(
+            f"streaming: {free / GIB:.1f} GiB free under {args.cache}, need ~{need / GIB:.1f} GiB"
+        )
+    print(
+        f"\n== streaming memory: `evalpush push`, peak RSS of the push process "
+        f"({free / GIB:.0f} GiB free on disk)"
+    )
     rows = {}
     for label, size_bytes in (("10 MiB", 10 * MIB), (f"{args.big_gib:g} GiB", big_bytes)):
         started = time.perf_counter()
@@ -392,28 +438,36 @@ def streaming(args: argparse.Namespace, hook_dir: Path) -> None:
         traces = count_lines(traces_file)
         run = push_once(run_dir, traces, hook_dir, None)
         rows[label] = (run, size, traces, made)
-    print(f"{'run':<8}{'MB':>8}{'traces':>9}{'wall s':>8}{'MB/s':>7}{'CPU s':>7}{'CPU s/GB':>10}"
-          f"{'batches':>9}{'peak RSS MiB':>14}{'platform db MB':>16}")
+    print(
+        f"{'run':<8}{'MB':>8}{'traces':>9}{'wall s':>8}{'MB/s':>7}{'CPU s':>7}{'CPU s/GB':>10}"
+        f"{'batches':>9}{'peak RSS MiB':>14}{'platform db MB':>16}"
+    )
     for label, (run, size, traces, _) in rows.items():
         m = run.measure
-        print(f"{label:<8}{size / MB:>8.1f}{traces:>9}{m.wall_seconds:>8.2f}"
-              f"{size / MB / m.wall_seconds:>7.1f}{m.cpu_seconds:>7.2f}"
-              f"{m.cpu_seconds / (size / 1e9):>10.1f}{run.batches:>9}"
-              f"{m.peak_rss_bytes / MIB:>14.1f}{run.db_bytes / MB:>16.0f}")
+        print(
+            f"{label:<8}{size / MB:>8.1f}{traces:>9}{m.wall_seconds:>8.2f}"
+            f"{size / MB / m.wall_seconds:>7.1f}{m.cpu_seconds:>7.2f}"
+            f"{m.cpu_seconds / (size / 1e9):>10.1f}{run.batches:>9}"
+            f"{m.peak_rss_bytes / MIB:>14.1f}{run.db_bytes / MB:>16.0f}"
+        )
     small, big = (rows[label][0].measure.peak_rss_bytes for label in rows)
     big_label = list(rows)[1]
     print("each verified on the platform: 1 COMPLETED evaluation, every trace once")
     print(f"peak on {big_label}: {big / MIB:.1f} MiB; SPEC < 150 MiB: {verdict(big < 150 * MIB)}")
-    print(f"{big_label} vs 10 MiB peak: {big / small:.3f}x; SPEC within 1.2x: "
-          f"{verdict(big <= 1.2 * small)}")
+    print(
+        f"{big_label} vs 10 MiB peak: {big / small:.3f}x; SPEC within 1.2x: "
+        f"{verdict(big <= 1.2 * small)}"
+    )
 
 
 def checkout(rev: str, into: Path) -> str:
     """`daemon/` as committed at `rev`, extracted under `into`; its path, for PYTHONPATH."""
-    commit = subprocess.run(["git", "rev-parse", "--short", rev], cwd=REPO, check=True,
-                            capture_output=True, text=True).stdout.strip()
-    archive = subprocess.Popen(["git", "archive", commit, "daemon"], cwd=REPO,
-                               stdout=subprocess.PIPE)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", rev], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    archive = subprocess.Popen(
+        ["git", "archive", commit, "daemon"], cwd=REPO, stdout=subprocess.PIPE
+    )
     subprocess.run(["tar", "-x", "-C", str(into)], stdin=archive.stdout, check=True)
     if archive.wait() != 0:
         raise SystemExit(f"git archive {commit} failed")

@@ -91,10 +91,13 @@ class TestPush:
         done = evalpush("push", str(tmp_path / "outputs"))
 
         assert done.returncode == 0, done.stderr
-        (evaluation_id, evaluation), = platform.summary()["evaluations"].items()
+        ((evaluation_id, evaluation),) = platform.summary()["evaluations"].items()
         assert evaluation["status"] == "COMPLETED"
         assert evaluation["sample_count"] == evaluation["distinct_sample_ids"] == 4
-        assert f"4/4 samples -> {platform.base_url}/dashboard/evaluations/{evaluation_id}" in done.stdout
+        assert (
+            f"4/4 samples -> {platform.base_url}/dashboard/evaluations/{evaluation_id}"
+            in done.stdout
+        )
 
     def test_a_second_push_of_a_finalized_run_sends_nothing_and_says_so(
         self, evalpush, platform, tmp_path
@@ -182,8 +185,16 @@ class TestStatus:
         (row,) = status_json(evalpush)
 
         assert {
-            "run_id", "path", "state", "reason", "samples_sent", "samples_seen",
-            "set_aside", "evaluation_id", "url", "last_error",
+            "run_id",
+            "path",
+            "state",
+            "reason",
+            "samples_sent",
+            "samples_seen",
+            "set_aside",
+            "evaluation_id",
+            "url",
+            "last_error",
         } <= set(row)
         assert (row["run_id"], row["path"], row["state"]) == (RUN_ID, str(run), "finalized")
         assert row["url"].endswith(row["evaluation_id"])

@@ -19,7 +19,7 @@ def test_the_example_file_loads_and_equals_the_defaults() -> None:
 def test_every_key_of_every_section_appears_in_the_example() -> None:
     text = EXAMPLE.read_text()
     sections = re.split(r"^\[(\w+)\]\s*$", text, flags=re.MULTILINE)
-    documented = {name: body for name, body in zip(sections[1::2], sections[2::2])}
+    documented = {name: body for name, body in zip(sections[1::2], sections[2::2], strict=True)}
     for section, model in Config.model_fields.items():
         assert section in documented, f"[{section}] missing"
         for key in model.annotation.model_fields:

@@ -13,13 +13,14 @@ import pytest
 
 from evalpush.convert import (
     Converted,
+    RolloutCounter,
     RunTotals,
     SetAside,
     Trace,
     build_sample,
+    convert_lines,
     decode_trace,
     encode_sample,
-    convert_lines,
     scan,
     summary,
 )
@@ -711,7 +712,11 @@ BAD_LINES = [
         "'task.idx' must be an integer",
     ),
     ("rewards not a dict", encoded(rewards=[1.0]), "'rewards' must be an object"),
-    ("a reward not a number", encoded(rewards={"r": "high"}), "a value in 'rewards' must be a number"),
+    (
+        "a reward not a number",
+        encoded(rewards={"r": "high"}),
+        "a value in 'rewards' must be a number",
+    ),
     ("metrics not a dict", encoded(metrics=3), "'metrics' must be an object"),
     ("nodes not a list", encoded(nodes={"0": {}}), "'nodes' must be a list"),
     ("a node not an object", encoded(nodes=["hi"]), "'nodes[0]'"),
@@ -891,3 +896,27 @@ class TestRawFieldsAreValidText:
         assert [type(i) for i in items] == [Converted, SetAside]
         assert "not UTF-8" in items[1].reason
         assert totals.traces == 1
+
+
+class TestRolloutCounter:
+    """Rollout numbers per task idx, dense or not."""
+
+    def test_counts_per_task_and_distinct_tasks_for_every_kind_of_idx(self):
+        counter = RolloutCounter()
+        idxs = [0, 5, 0, -3, 10**12, 5, 0, -3]
+
+        numbers = [counter.add(idx) for idx in idxs]
+
+        assert numbers == [1, 1, 2, 1, 1, 2, 3, 2]
+        assert len(counter) == 4
+        assert (counter.count(0), counter.count(7), counter.count(-3)) == (3, 0, 2)
+
+    def test_a_counter_rebuilt_from_its_items_is_equal_and_counts_on(self):
+        counter = RolloutCounter()
+        for idx in [3, 1, 3, -1, 2**40]:
+            counter.add(idx)
+
+        rebuilt = RolloutCounter(counter.items())
+
+        assert rebuilt == counter and len(rebuilt) == 4
+        assert rebuilt.add(3) == counter.add(3) == 3

@@ -131,7 +131,8 @@ def assert_exactly_once(platform: LocalPlatform, root: Path) -> None:
         ids, expected = _expected(run_dir)
         assert state["runs"][expected["run_id"]] == 1, "one evaluation per run"
         evaluation_id, evaluation = next(
-            (k, e) for k, e in state["evaluations"].items()
+            (k, e)
+            for k, e in state["evaluations"].items()
             if e["metadata"]["run_id"] == expected["run_id"]
         )
         assert evaluation["status"] == "COMPLETED"
@@ -178,7 +179,10 @@ class TestKilledAtEveryStepBoundary:
 
 class TestKilledAtRandomInstants:
     def test_a_push_killed_at_random_instants_until_done_sends_each_sample_once(
-        self, big_source_run: Path, source_runs: list[Path], platform: LocalPlatform,
+        self,
+        big_source_run: Path,
+        source_runs: list[Path],
+        platform: LocalPlatform,
         tmp_path: Path,
     ) -> None:
         runs = _outputs(tmp_path, [big_source_run, *source_runs])

@@ -28,8 +28,10 @@ def differences(expected, actual, path: str = "") -> list[str]:
     JSON types are kept apart (`0` is not `0.0`, `true` is not `1`); floats agree within a
     relative 1e-12, since a sum may be taken in another order."""
     if type(expected) is not type(actual):
-        return [f"{path or '.'}: expected {expected!r} ({type(expected).__name__}), "
-                f"got {actual!r} ({type(actual).__name__})"]
+        return [
+            f"{path or '.'}: expected {expected!r} ({type(expected).__name__}), "
+            f"got {actual!r} ({type(actual).__name__})"
+        ]
     if isinstance(expected, dict):
         found = []
         for key in expected.keys() - actual.keys():
@@ -43,7 +45,7 @@ def differences(expected, actual, path: str = "") -> list[str]:
         if len(expected) != len(actual):
             return [f"{path}: expected {len(expected)} items, got {len(actual)}"]
         found = []
-        for i, (e, a) in enumerate(zip(expected, actual)):
+        for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
             found += differences(e, a, f"{path}[{i}]")
         return found
     if isinstance(expected, float):
@@ -58,7 +60,8 @@ def convert(run_dir: Path) -> tuple[list[dict], dict]:
     """Run `evalpush convert` on a run directory: its samples and its summary line."""
     done = subprocess.run(
         [sys.executable, "-m", "evalpush", "convert", str(run_dir)],
-        capture_output=True, timeout=60,
+        capture_output=True,
+        timeout=60,
     )
     stderr = done.stderr.decode(errors="replace")
     assert done.returncode == 0, f"exit {done.returncode}; stderr:\n{stderr}"
@@ -72,9 +75,13 @@ def bodies(record: dict) -> dict[str, dict]:
     steps = {}
     for request in record["requests"]:
         path = request["path"]
-        step = ("resolve" if path.endswith("/environmentshub/resolve")
-                else "create" if path.endswith("/evaluations/")
-                else path.rsplit("/", 1)[-1])
+        step = (
+            "resolve"
+            if path.endswith("/environmentshub/resolve")
+            else "create"
+            if path.endswith("/evaluations/")
+            else path.rsplit("/", 1)[-1]
+        )
         steps[step] = request["body"]
     assert list(steps) == ["resolve", "create", "samples", "finalize"], list(steps)
     return steps

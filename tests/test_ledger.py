@@ -72,7 +72,9 @@ class TestFile:
 
         done = subprocess.run(
             [sys.executable, "-m", "evalpush", "--state-dir", str(state), "status"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
 
         assert done.returncode == 1
@@ -110,8 +112,13 @@ class TestRuns:
 
     def test_restart_moves_the_evaluation_to_history_and_clears_progress(self, ledger: Ledger):
         record = ledger.update(
-            a_run(ledger), evaluation_id="eval-1", viewer_url="http://v/eval-1",
-            state=State.FINALIZED, step=Step.DONE, acked_offset=99, samples_sent=3,
+            a_run(ledger),
+            evaluation_id="eval-1",
+            viewer_url="http://v/eval-1",
+            state=State.FINALIZED,
+            step=Step.DONE,
+            acked_offset=99,
+            samples_sent=3,
         )
         ledger.add_set_aside(record, [SetAsideRecord(2, 10, 5, "bad_line", "invalid JSON")])
 
@@ -122,7 +129,9 @@ class TestRuns:
         assert ledger.set_aside(restarted) == []
         (earlier,) = ledger.history(restarted)
         assert (earlier.evaluation_id, earlier.viewer_url, earlier.outcome) == (
-            "eval-1", "http://v/eval-1", "superseded",
+            "eval-1",
+            "http://v/eval-1",
+            "superseded",
         )
 
     def test_forget_drops_the_run_with_its_records(self, ledger: Ledger):
@@ -145,9 +154,7 @@ class TestRuns:
 
 
 class TestFullDisk:
-    def test_a_full_disk_is_a_ledger_error_and_the_last_committed_state_stays(
-        self, ledger: Ledger
-    ):
+    def test_a_full_disk_is_a_ledger_error_and_the_last_committed_state_stays(self, ledger: Ledger):
         record = ledger.update(a_run(ledger), acked_offset=10)
         page_count = ledger._db.execute("PRAGMA page_count").fetchone()[0]
         ledger._db.execute(f"PRAGMA max_page_count = {page_count}")

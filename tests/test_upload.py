@@ -820,7 +820,7 @@ class TestBadInput:
         assert [(item.line, item.kind) for item in set_aside] == [
             (number, "bad_line") for number, _raw, _reason in bad_lines()
         ]
-        for item, (_number, raw, reason) in zip(set_aside, bad_lines()):
+        for item, (_number, raw, reason) in zip(set_aside, bad_lines(), strict=True):
             assert reason in item.reason
             assert item.size == len(raw) + 1
 

@@ -47,7 +47,10 @@ def producer_python(venv: Path) -> Path:
     """The venv's interpreter, after creating the venv and installing the producer if needed."""
     python = venv / "bin" / "python"
     check = f"import importlib.metadata as m; assert m.version('verifiers') == '{PRODUCER_VERSION}'"
-    if python.exists() and subprocess.run([python, "-c", check], capture_output=True).returncode == 0:
+    if (
+        python.exists()
+        and subprocess.run([python, "-c", check], capture_output=True).returncode == 0
+    ):
         return python
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run([python, "-m", "pip", "install", "-q", *PRODUCER_REQUIREMENTS], check=True)
@@ -109,7 +112,7 @@ def recording_platform():
 
 # --- inside: a local taskset, so `[taskset] id` resolves without the hub ----------------------
 
-TASKSET_MODULE = '''
+TASKSET_MODULE = """
 from typing import Any
 
 from verifiers.v1.task import Task
@@ -127,7 +130,7 @@ class ReverseTextTaskset(Taskset[ReverseTextTask, TasksetConfig]):
 
 
 __all__ = ["ReverseTextTaskset"]
-'''
+"""
 
 
 def install_taskset(scratch: Path) -> None:
@@ -163,20 +166,28 @@ class Build:
         """A prompt-supplied node; `tokens` > 0 gives it renderer token ids (all unmasked)."""
         ids = list(range(base, base + tokens))
         return self.g.MessageNode(
-            parent=parent, message=message, token_ids=ids, mask=[False] * tokens,
+            parent=parent,
+            message=message,
+            token_ids=ids,
+            mask=[False] * tokens,
             is_content=[i > 0 for i in range(tokens)],
         )
 
-    def sampled(self, message, parent, *, finish="stop", usage=None, scaffold=0, completion=0, base=500):
+    def sampled(
+        self, message, parent, *, finish="stop", usage=None, scaffold=0, completion=0, base=500
+    ):
         """A model response; `scaffold` + `completion` > 0 gives it token ids, mask and logprobs."""
         count = scaffold + completion
         return self.g.MessageNode(
-            parent=parent, message=message, sampled=True,
+            parent=parent,
+            message=message,
+            sampled=True,
             token_ids=list(range(base, base + count)),
             mask=[False] * scaffold + [True] * completion,
             is_content=[False] * scaffold + [True] * completion,
             logprobs=[round(-0.03125 * (i + 1), 5) for i in range(completion)],
-            finish_reason=finish, usage=usage,
+            finish_reason=finish,
+            usage=usage,
         )
 
     def usage(self, prompt, completion, **optional):
@@ -191,7 +202,9 @@ class Build:
     def assistant(self, content=None, *, calls=(), reasoning=None, provider_state=None):
         tool_calls = [self.ty.ToolCall(id=i, name=n, arguments=a) for i, n, a in calls] or None
         return self.ty.AssistantMessage(
-            content=content, reasoning_content=reasoning, tool_calls=tool_calls,
+            content=content,
+            reasoning_content=reasoning,
+            tool_calls=tool_calls,
             provider_state=provider_state,
         )
 
@@ -233,12 +246,28 @@ def reverse_text_tasks(b: Build) -> dict:
     from reverse_text import ReverseTextTask as Task
 
     return {
-        0: Task(idx=0, name="hello", prompt="Reverse the text: hello", system_prompt="You reverse text.", answer="olleh"),
+        0: Task(
+            idx=0,
+            name="hello",
+            prompt="Reverse the text: hello",
+            system_prompt="You reverse text.",
+            answer="olleh",
+        ),
         1: Task(idx=1, prompt="Reverse 'abc' using the reverse tool."),
-        2: Task(idx=2, prompt=[b.user(b.image_prompt("Reverse the caption of this image."))], answer="tac"),
+        2: Task(
+            idx=2,
+            prompt=[b.user(b.image_prompt("Reverse the caption of this image."))],
+            answer="tac",
+        ),
         # nulls inside a free-form dict stay: the producer drops only null-valued fields
-        3: Task(idx=3, name=None, description=None, prompt="Reverse: stressed", answer="desserts",
-                metadata={"source": None, "tags": ["palindrome-ish", None], "nested": {"k": None}}),
+        3: Task(
+            idx=3,
+            name=None,
+            description=None,
+            prompt="Reverse: stressed",
+            answer="desserts",
+            metadata={"source": None, "tags": ["palindrome-ish", None], "nested": {"k": None}},
+        ),
     }
 
 
@@ -250,58 +279,128 @@ def taskset_traces(b: Build, case: str) -> list:
     tasks, T = reverse_text_tasks(b), Trace[ReverseTextTask]
     u = b.usage
     linear = T(
-        id=trace_id(case, 0), task=tasks[0],
+        id=trace_id(case, 0),
+        task=tasks[0],
         nodes=[
             b.node(b.system("You reverse text."), tokens=5),
             b.node(b.user("Reverse the text: hello"), 0, tokens=8, base=105),
-            b.sampled(b.assistant("olleh", reasoning="Read it backwards."), 1, scaffold=3, completion=6,
-                      usage=u(10, 6, cached_input_tokens=3, reasoning_tokens=2, cost=0.000125)),
+            b.sampled(
+                b.assistant("olleh", reasoning="Read it backwards."),
+                1,
+                scaffold=3,
+                completion=6,
+                usage=u(10, 6, cached_input_tokens=3, reasoning_tokens=2, cost=0.000125),
+            ),
         ],
-        rewards={"correct": 1.0, "format": 0.25}, metrics={"num_chars": 5.0},
-        info={"source": "fixture", "attempt": 1, "note": "naïve → olléh 🐱"}, is_completed=True,
-        stop_condition="agent_completed", timing=b.timing(0.0),
+        rewards={"correct": 1.0, "format": 0.25},
+        metrics={"num_chars": 5.0},
+        info={"source": "fixture", "attempt": 1, "note": "naïve → olléh 🐱"},
+        is_completed=True,
+        stop_condition="agent_completed",
+        timing=b.timing(0.0),
     )
     tool_calls = T(
-        id=trace_id(case, 1), task=tasks[1],
+        id=trace_id(case, 1),
+        task=tasks[1],
         nodes=[
             b.node(b.user("Reverse 'abc' using the reverse tool.")),
-            b.sampled(b.assistant(calls=[("call_1", "reverse", '{"text": "abc"}')]), 0,
-                      finish="tool_calls", usage=u(40, 12)),
+            b.sampled(
+                b.assistant(calls=[("call_1", "reverse", '{"text": "abc"}')]),
+                0,
+                finish="tool_calls",
+                usage=u(40, 12),
+            ),
             b.node(b.tool("call_1", "cba", name="reverse"), 1),
-            b.sampled(b.assistant("cba", reasoning="The tool answered.", provider_state=[
-                {"type": "reasoning", "id": "rs_1", "encrypted_content": None, "summary": [{"text": None}]}]), 2,
-                      usage=u(60, 5, cost=0.0002)),
+            b.sampled(
+                b.assistant(
+                    "cba",
+                    reasoning="The tool answered.",
+                    provider_state=[
+                        {
+                            "type": "reasoning",
+                            "id": "rs_1",
+                            "encrypted_content": None,
+                            "summary": [{"text": None}],
+                        }
+                    ],
+                ),
+                2,
+                usage=u(60, 5, cost=0.0002),
+            ),
         ],
-        rewards={"correct": 1.0}, metrics={"correct": 0.0, "tool_calls": 1.0},
+        rewards={"correct": 1.0},
+        metrics={"correct": 0.0, "tool_calls": 1.0},
         info={"judge": [{"verdict": "yes", "score": 1.0}]},
         extra_usage=[u(100, 20, cost=0.001), u(90, 10)],
-        is_completed=True, stop_condition="agent_completed", timing=b.timing(1.25),
+        is_completed=True,
+        stop_condition="agent_completed",
+        timing=b.timing(1.25),
     )
     branching = T(
-        id=trace_id(case, 2), task=tasks[0],
+        id=trace_id(case, 2),
+        task=tasks[0],
         nodes=[
-            b.node(b.system("You reverse text."), tokens=5),                        # 0
-            b.node(b.user("Reverse the text: hello"), 0, tokens=8, base=105),        # 1
-            b.sampled(b.assistant(calls=[("c1", "reverse", '{"text":"hello"}')]), 1,  # 2
-                      finish="tool_calls", scaffold=3, completion=9, usage=u(13, 9, cached_input_tokens=0)),
-            b.node(b.tool("c1", "olleh"), 2, tokens=6, base=200),                   # 3
-            b.sampled(b.assistant("olleh"), 3, scaffold=3, completion=4, base=600,    # 4: leaf
-                      usage=u(31, 4, cached_input_tokens=25, cost=0.00005)),
-            b.sampled(b.assistant("subagent: checking"), 1, scaffold=2, completion=3,  # 5: leaf
-                      base=700, usage=u(13, 3, reasoning_tokens=1)),
-            b.node(b.user("Summary so far: the tool reversed 'hello' to 'olleh'."), tokens=12, base=300),  # 6
-            b.sampled(b.assistant(calls=[("c2", "check", '{"text":"olleh"}')]), 6,   # 7
-                      finish="tool_calls", scaffold=3, completion=7, base=800, usage=u(12, 7)),
-            b.node(b.tool("c2", [b.ty.TextContentPart(text="ok")], name="check"), 7, tokens=4, base=900),  # 8
-            b.sampled(b.assistant("Final answer: olleh"), 8, scaffold=3, completion=5,  # 9: leaf
-                      base=950, usage=u(26, 5, cost=0.00004)),
+            b.node(b.system("You reverse text."), tokens=5),  # 0
+            b.node(b.user("Reverse the text: hello"), 0, tokens=8, base=105),  # 1
+            b.sampled(
+                b.assistant(calls=[("c1", "reverse", '{"text":"hello"}')]),
+                1,  # 2
+                finish="tool_calls",
+                scaffold=3,
+                completion=9,
+                usage=u(13, 9, cached_input_tokens=0),
+            ),
+            b.node(b.tool("c1", "olleh"), 2, tokens=6, base=200),  # 3
+            b.sampled(
+                b.assistant("olleh"),
+                3,
+                scaffold=3,
+                completion=4,
+                base=600,  # 4: leaf
+                usage=u(31, 4, cached_input_tokens=25, cost=0.00005),
+            ),
+            b.sampled(
+                b.assistant("subagent: checking"),
+                1,
+                scaffold=2,
+                completion=3,  # 5: leaf
+                base=700,
+                usage=u(13, 3, reasoning_tokens=1),
+            ),
+            b.node(
+                b.user("Summary so far: the tool reversed 'hello' to 'olleh'."), tokens=12, base=300
+            ),  # 6
+            b.sampled(
+                b.assistant(calls=[("c2", "check", '{"text":"olleh"}')]),
+                6,  # 7
+                finish="tool_calls",
+                scaffold=3,
+                completion=7,
+                base=800,
+                usage=u(12, 7),
+            ),
+            b.node(
+                b.tool("c2", [b.ty.TextContentPart(text="ok")], name="check"), 7, tokens=4, base=900
+            ),  # 8
+            b.sampled(
+                b.assistant("Final answer: olleh"),
+                8,
+                scaffold=3,
+                completion=5,  # 9: leaf
+                base=950,
+                usage=u(26, 5, cost=0.00004),
+            ),
         ],
-        rewards={"correct": 1.0, "format": 0.5}, metrics={"compactions": 1.0, "num_chars": 5.0},
-        info={"compacted_at_turn": 2}, is_completed=True, stop_condition="agent_completed",
+        rewards={"correct": 1.0, "format": 0.5},
+        metrics={"compactions": 1.0, "num_chars": 5.0},
+        info={"compacted_at_turn": 2},
+        is_completed=True,
+        stop_condition="agent_completed",
         timing=b.timing(2.5, generation=12.125),
     )
     multimodal_errors = T(
-        id=trace_id(case, 3), task=tasks[2],
+        id=trace_id(case, 3),
+        task=tasks[2],
         nodes=[
             b.node(b.user(b.image_prompt("Reverse the caption of this image."))),
             b.sampled(b.assistant("The caption says 'cat', reversed"), 0, finish=None),
@@ -310,53 +409,98 @@ def taskset_traces(b: Build, case: str) -> list:
             b.error("RateLimitError", "429 Too Many Requests", traceback=False),
             b.error("TimeoutError", "harness timed out after 30s"),
         ],
-        rewards={"correct": 0.0, "format": 0.0}, is_completed=True, stop_condition="error",
+        rewards={"correct": 0.0, "format": 0.0},
+        is_completed=True,
+        stop_condition="error",
         timing=b.timing(3.0, finalize=None, scoring=None),
     )
     max_turns = T(
-        id=trace_id(case, 4), task=tasks[3],
+        id=trace_id(case, 4),
+        task=tasks[3],
         nodes=[
             b.node(b.user("Reverse: stressed")),
-            b.sampled(b.assistant(calls=[("c1", "reverse", '{"text":"stressed"}')]), 0,
-                      finish="tool_calls", usage=u(20, 9, cached_input_tokens=4)),
+            b.sampled(
+                b.assistant(calls=[("c1", "reverse", '{"text":"stressed"}')]),
+                0,
+                finish="tool_calls",
+                usage=u(20, 9, cached_input_tokens=4),
+            ),
             b.node(b.tool("c1", "desserts"), 1),
-            b.sampled(b.assistant(calls=[("c2", "reverse", '{"text":"desserts"}')]), 2,
-                      finish="tool_calls", usage=u(35, 9, cached_input_tokens=20, reasoning_tokens=3)),
+            b.sampled(
+                b.assistant(calls=[("c2", "reverse", '{"text":"desserts"}')]),
+                2,
+                finish="tool_calls",
+                usage=u(35, 9, cached_input_tokens=20, reasoning_tokens=3),
+            ),
         ],
         # reward names that are also sample keys: a core key is never overwritten by them
         rewards={"correct": 0.0, "reward": 0.5, "info": 0.25, "task": 0.125},
         metrics={"reward": 2.0, "tool_calls": 2.0},
-        info={"turns": 2}, is_completed=True, stop_condition="max_turns", timing=b.timing(4.0),
+        info={"turns": 2},
+        is_completed=True,
+        stop_condition="max_turns",
+        timing=b.timing(4.0),
     )
     finish_length = T(
-        id=trace_id(case, 5), task=tasks[2],
+        id=trace_id(case, 5),
+        task=tasks[2],
         nodes=[
             b.node(b.user(b.image_prompt("Reverse the caption of this image.")), tokens=40),
-            b.sampled(b.assistant("tac tac tac tac"), 0, finish="length", scaffold=2, completion=16,
-                      base=400, usage=u(40, 16)),
+            b.sampled(
+                b.assistant("tac tac tac tac"),
+                0,
+                finish="length",
+                scaffold=2,
+                completion=16,
+                base=400,
+                usage=u(40, 16),
+            ),
             b.node(b.user("Please keep it short."), 1, tokens=7, base=450),
         ],
-        rewards={"correct": 0.0, "format": 1.0}, metrics={"num_chars": 15.0},
-        info={}, is_completed=False, timing=b.timing(5.0),
+        rewards={"correct": 0.0, "format": 1.0},
+        metrics={"num_chars": 15.0},
+        info={},
+        is_completed=False,
+        timing=b.timing(5.0),
     )
     no_nodes = T(
-        id=trace_id(case, 6), task=tasks[1],
+        id=trace_id(case, 6),
+        task=tasks[1],
         errors=[b.error("SandboxError", "container failed to start")],
-        is_completed=True, stop_condition="error", timing=b.timing(6.0, generation=None, finalize=None, scoring=None),
+        is_completed=True,
+        stop_condition="error",
+        timing=b.timing(6.0, generation=None, finalize=None, scoring=None),
     )
     nulls = T(
-        id=trace_id(case, 7), task=tasks[3],
+        id=trace_id(case, 7),
+        task=tasks[3],
         nodes=[
             b.node(b.user("Reverse: stressed")),
-            b.sampled(b.assistant("desserts", reasoning=None), 0, finish=None,
-                      usage=u(18, 3, cached_input_tokens=None, reasoning_tokens=None, cost=None)),
+            b.sampled(
+                b.assistant("desserts", reasoning=None),
+                0,
+                finish=None,
+                usage=u(18, 3, cached_input_tokens=None, reasoning_tokens=None, cost=None),
+            ),
         ],
-        rewards={"correct": 1.0, "format": 1.0}, metrics={"num_chars": 8.0},
+        rewards={"correct": 1.0, "format": 1.0},
+        metrics={"num_chars": 8.0},
         # nested nulls inside free-form JSON survive the producer's dump (only model fields drop)
         info={"notes": None, "meta": {"grader": None, "ok": True}},
-        is_completed=True, stop_condition=None, timing=b.timing(7.0),
+        is_completed=True,
+        stop_condition=None,
+        timing=b.timing(7.0),
     )
-    return [linear, tool_calls, branching, multimodal_errors, max_turns, finish_length, no_nodes, nulls]
+    return [
+        linear,
+        tool_calls,
+        branching,
+        multimodal_errors,
+        max_turns,
+        finish_length,
+        no_nodes,
+        nulls,
+    ]
 
 
 def legacy_traces(b: Build, case: str) -> list:
@@ -364,27 +508,42 @@ def legacy_traces(b: Build, case: str) -> list:
     from verifiers.v1.task import WireTask
     from verifiers.v1.trace import WireTrace
 
-    q = {5: ("Natalia sold 48 clips in April and half as many in May. How many in total?", "72"),
-         7: ("Weng earns $12 an hour. How much did she earn for 50 minutes?", "10")}
-    order = [(5, "72", {"correct_answer": 1.0, "format_reward": 0.2}),
-             (7, "12", {"correct_answer": 0.0, "format_reward": 0.2}),
-             (5, "The answer is 72.", {}),
-             (5, "72", {"correct_answer": 1.0, "format_reward": 0.0}),
-             (7, "10", {"correct_answer": 1.0, "format_reward": 0.2})]
+    q = {
+        5: ("Natalia sold 48 clips in April and half as many in May. How many in total?", "72"),
+        7: ("Weng earns $12 an hour. How much did she earn for 50 minutes?", "10"),
+    }
+    order = [
+        (5, "72", {"correct_answer": 1.0, "format_reward": 0.2}),
+        (7, "12", {"correct_answer": 0.0, "format_reward": 0.2}),
+        (5, "The answer is 72.", {}),
+        (5, "72", {"correct_answer": 1.0, "format_reward": 0.0}),
+        (7, "10", {"correct_answer": 1.0, "format_reward": 0.2}),
+    ]
     traces = []
     for n, (idx, reply, rewards) in enumerate(order):
         question, answer = q[idx]
-        traces.append(WireTrace(
-            id=trace_id(case, n),
-            # a null extra key is dropped, a null inside an extra's value is not
-            task=WireTask(idx=idx, prompt=[b.user(question)], answer=answer, hint=None,
-                          info={"split": "test", "source": None}),
-            nodes=[b.node(b.user(question)),
-                   b.sampled(b.assistant(reply), 0, usage=b.usage(60 + n, 3 + n))],
-            rewards=rewards,
-            metrics={"num_turns": 1.0} if rewards else {},
-            is_completed=True, stop_condition="agent_completed", timing=b.timing(10.0 + n),
-        ))
+        traces.append(
+            WireTrace(
+                id=trace_id(case, n),
+                # a null extra key is dropped, a null inside an extra's value is not
+                task=WireTask(
+                    idx=idx,
+                    prompt=[b.user(question)],
+                    answer=answer,
+                    hint=None,
+                    info={"split": "test", "source": None},
+                ),
+                nodes=[
+                    b.node(b.user(question)),
+                    b.sampled(b.assistant(reply), 0, usage=b.usage(60 + n, 3 + n)),
+                ],
+                rewards=rewards,
+                metrics={"num_turns": 1.0} if rewards else {},
+                is_completed=True,
+                stop_condition="agent_completed",
+                timing=b.timing(10.0 + n),
+            )
+        )
     return traces
 
 
@@ -395,19 +554,38 @@ def results_traces(b: Build, case: str) -> list:
 
     traces = []
     for n, idx in enumerate([0, 1, 1, 0]):
-        task = WireTask(idx=idx, name=f"hello-world-{idx}", prompt=f"Create hello{idx}.txt",
-                        image="ghcr.io/harbor/hello-world:latest", workdir="/app")
-        traces.append(WireTrace(
-            id=trace_id(case, n), task=task,
-            nodes=[b.node(b.user(task.prompt)),
-                   b.sampled(b.assistant(calls=[("c", "bash", f'{{"cmd":"echo hi > hello{idx}.txt"}}')]),
-                             0, finish="tool_calls", usage=b.usage(900, 30, cached_input_tokens=800)),
-                   b.node(b.tool("c", "", name="bash"), 1),
-                   b.sampled(b.assistant("Done."), 2, usage=b.usage(950, 4, cached_input_tokens=900))],
-            rewards={"harbor": float(n % 2)}, metrics={"exit_code": 0.0},
-            info={"verifier_stdout": "1 passed"}, is_completed=True,
-            stop_condition="agent_completed", timing=b.timing(20.0 + n),
-        ))
+        task = WireTask(
+            idx=idx,
+            name=f"hello-world-{idx}",
+            prompt=f"Create hello{idx}.txt",
+            image="ghcr.io/harbor/hello-world:latest",
+            workdir="/app",
+        )
+        traces.append(
+            WireTrace(
+                id=trace_id(case, n),
+                task=task,
+                nodes=[
+                    b.node(b.user(task.prompt)),
+                    b.sampled(
+                        b.assistant(calls=[("c", "bash", f'{{"cmd":"echo hi > hello{idx}.txt"}}')]),
+                        0,
+                        finish="tool_calls",
+                        usage=b.usage(900, 30, cached_input_tokens=800),
+                    ),
+                    b.node(b.tool("c", "", name="bash"), 1),
+                    b.sampled(
+                        b.assistant("Done."), 2, usage=b.usage(950, 4, cached_input_tokens=900)
+                    ),
+                ],
+                rewards={"harbor": float(n % 2)},
+                metrics={"exit_code": 0.0},
+                info={"verifier_stdout": "1 passed"},
+                is_completed=True,
+                stop_condition="agent_completed",
+                timing=b.timing(20.0 + n),
+            )
+        )
     return traces
 
 
@@ -419,34 +597,91 @@ def prompt_null_traces(b: Build, case: str) -> list:
     traces = []
     for n in range(2):
         task = ReverseTextTask(idx=n, prompt=None, answer="olleh")
-        traces.append(Trace[ReverseTextTask](
-            id=trace_id(case, n), task=task,
-            nodes=[b.node(b.user("Hi! Please reverse 'hello' for me.")),
-                   b.sampled(b.assistant("olleh"), 0, usage=b.usage(30, 3))],
-            rewards={"correct": 1.0}, is_completed=True, stop_condition="agent_completed",
-            timing=b.timing(30.0 + n),
-        ))
+        traces.append(
+            Trace[ReverseTextTask](
+                id=trace_id(case, n),
+                task=task,
+                nodes=[
+                    b.node(b.user("Hi! Please reverse 'hello' for me.")),
+                    b.sampled(b.assistant("olleh"), 0, usage=b.usage(30, 3)),
+                ],
+                rewards={"correct": 1.0},
+                is_completed=True,
+                stop_condition="agent_completed",
+                timing=b.timing(30.0 + n),
+            )
+        )
     return traces
 
 
 # (case, config fields, traces, file name, where push_traces gets its traces)
 CASES = [
-    ("taskset", dict(taskset={"id": "reverse-text"}, model="openai/gpt-4.1-mini",
-                     num_tasks=4, num_rollouts=2, push=False), taskset_traces, "traces.jsonl", "disk"),
-    ("legacy_id", dict(id="primeintellect/gsm8k", model="Qwen/Qwen3-8B", num_rollouts=3,
-                       push=False), legacy_traces, "traces.jsonl", "disk"),
-    ("results_jsonl", dict(taskset={"id": "harbor"}, model="anthropic/claude-sonnet-4.5",
-                           num_tasks=2, num_rollouts=2), results_traces, "results.jsonl", "disk"),
+    (
+        "taskset",
+        dict(
+            taskset={"id": "reverse-text"},
+            model="openai/gpt-4.1-mini",
+            num_tasks=4,
+            num_rollouts=2,
+            push=False,
+        ),
+        taskset_traces,
+        "traces.jsonl",
+        "disk",
+    ),
+    (
+        "legacy_id",
+        dict(id="primeintellect/gsm8k", model="Qwen/Qwen3-8B", num_rollouts=3, push=False),
+        legacy_traces,
+        "traces.jsonl",
+        "disk",
+    ),
+    (
+        "results_jsonl",
+        dict(
+            taskset={"id": "harbor"},
+            model="anthropic/claude-sonnet-4.5",
+            num_tasks=2,
+            num_rollouts=2,
+        ),
+        results_traces,
+        "results.jsonl",
+        "disk",
+    ),
     # dev437 drops `prompt: null` when writing, then its own reader requires it: these lines
     # cannot be read back, so the recording is what the eval's inline push sends.
-    ("prompt_null", dict(taskset={"id": "reverse-text"}, model="openai/gpt-4.1-mini",
-                         num_tasks=2, num_rollouts=1, push=False), prompt_null_traces, "traces.jsonl", "inline"),
-    ("empty", dict(taskset={"id": "reverse-text"}, model="openai/gpt-4.1-mini", num_tasks=2,
-                   num_rollouts=1, push=False), lambda b, case: [], "traces.jsonl", "disk"),
+    (
+        "prompt_null",
+        dict(
+            taskset={"id": "reverse-text"},
+            model="openai/gpt-4.1-mini",
+            num_tasks=2,
+            num_rollouts=1,
+            push=False,
+        ),
+        prompt_null_traces,
+        "traces.jsonl",
+        "inline",
+    ),
+    (
+        "empty",
+        dict(
+            taskset={"id": "reverse-text"},
+            model="openai/gpt-4.1-mini",
+            num_tasks=2,
+            num_rollouts=1,
+            push=False,
+        ),
+        lambda b, case: [],
+        "traces.jsonl",
+        "disk",
+    ),
 ]
 
 
-def write_case(b: Build, fixtures: Path, requests: list, case, fields, make, file_name, source) -> None:
+def write_case(
+    b: Build, fixtures: Path, requests: list, case, fields, make, file_name, source
+) -> None:
     from verifiers.v1.cli.output import TRACES_FILE, read_traces, save_config, write_trace
     from verifiers.v1.configs.eval import EvalConfig
     from verifiers.v1.push import push_traces, trace_to_sample
@@ -489,7 +724,10 @@ def drive(fixtures: Path) -> None:
     for generated in ("runs", "recorded"):
         shutil.rmtree(fixtures / generated, ignore_errors=True)
     (fixtures / "recorded").mkdir(parents=True)
-    with tempfile.TemporaryDirectory(prefix="taskset-") as scratch, recording_platform() as requests:
+    with (
+        tempfile.TemporaryDirectory(prefix="taskset-") as scratch,
+        recording_platform() as requests,
+    ):
         install_taskset(Path(scratch))
         b = Build()
         for case in CASES:

@@ -85,7 +85,9 @@ def batches(
         line, sample = item.line, item.sample
         if len(sample) + OVERHEAD_BYTES > PLATFORM_MAX_BODY_BYTES:
             reason = f"sample is {len(sample)} bytes encoded; no request may exceed 25 MiB"
-            batch.set_aside.append((REJECTED, SetAside(line.number, line.start, reason, len(sample))))
+            batch.set_aside.append(
+                (REJECTED, SetAside(line.number, line.start, reason, len(sample)))
+            )
             batch.end_line = line.number
             continue
         grown = size + len(sample) + (1 if batch.samples else 0)

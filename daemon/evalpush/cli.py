@@ -18,6 +18,7 @@ from evalpush.ledger import Ledger, RunRecord, State, default_path
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
 
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="evalpush",
@@ -91,8 +92,10 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
         results = service.push([d.resolve() for d in args.dirs])
     progress.finish()
     if not results:
-        print("evalpush push: no eval run found (a run dir holds config.toml and "
-              "traces.jsonl)", file=sys.stderr)
+        print(
+            "evalpush push: no eval run found (a run dir holds config.toml and traces.jsonl)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     for result in results:
         print(push_line(result))
@@ -121,11 +124,19 @@ def cmd_retry(args: argparse.Namespace, config: Config) -> int:
     with Ledger(default_path(config.state_dir)) as ledger:
         record = _find(ledger, args.run)
         if record.state not in (State.FAILED, State.HELD):
-            print(f"evalpush retry: run {record.run_id} is {record.state}; only failed or held "
-                  "runs are retried", file=sys.stderr)
+            print(
+                f"evalpush retry: run {record.run_id} is {record.state}; only failed or held "
+                "runs are retried",
+                file=sys.stderr,
+            )
             return EXIT_PARTIAL
-        ledger.update(record, state=State.READY, release_hold=int(record.state == State.HELD),
-                      reason="queued by `evalpush retry`", last_error=None)
+        ledger.update(
+            record,
+            state=State.READY,
+            release_hold=int(record.state == State.HELD),
+            reason="queued by `evalpush retry`",
+            last_error=None,
+        )
     print(f"queued {record.run_id} ({record.path})")
     return EXIT_OK
 
@@ -165,7 +176,9 @@ def cmd_check(args: argparse.Namespace, config: Config) -> int:
     with PlatformClient(config.platform) as client:
         creds = client.credentials
         print(f"api key:    found in {creds.key_source}")
-        print(f"api base:   {creds.api_base}" + (f" (team {creds.team_id})" if creds.team_id else ""))
+        print(
+            f"api base:   {creds.api_base}" + (f" (team {creds.team_id})" if creds.team_id else "")
+        )
         started = time.monotonic()
         try:
             client.probe()

@@ -18,10 +18,11 @@ NaN and go out as `null`.
 
 from __future__ import annotations
 
+import array
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -124,8 +125,12 @@ def decode_trace(data: bytes, number: int) -> Trace:
     return trace
 
 
-_MISSING = re.compile(r"Object missing required field `(?P<field>[^`]+)`(?: - at `\$(?P<at>[^`]*)`)?")
-_WRONG_TYPE = re.compile(r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`(?: - at `\$(?P<at>[^`]*)`)?")
+_MISSING = re.compile(
+    r"Object missing required field `(?P<field>[^`]+)`(?: - at `\$(?P<at>[^`]*)`)?"
+)
+_WRONG_TYPE = re.compile(
+    r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`(?: - at `\$(?P<at>[^`]*)`)?"
+)
 _KINDS = {
     "object": "an object",
     "array": "a list",
@@ -218,7 +223,9 @@ def _check(trace: Trace, number: int) -> None:
     if "idx" not in trace.task:
         raise BadRecord("missing 'task.idx'", line=number)
     if type(trace.task["idx"]) is not int:
-        raise BadRecord(f"'task.idx' must be an integer, got {trace.task['idx']!r}"[:200], line=number)
+        raise BadRecord(
+            f"'task.idx' must be an integer, got {trace.task['idx']!r}"[:200], line=number
+        )
     for name, raw in (("info", trace.info), ("timing", trace.timing)):
         if memoryview(raw)[:1] != b"{":
             raise BadRecord(f"'{name}' must be an object", line=number)
@@ -378,7 +385,7 @@ def usage_total(usages: list[Usage]) -> dict[str, Any] | None:
         if u.cost is not None:
             cost = u.cost if cost is None else cost + u.cost
     total: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
-    for key, value in zip(OPTIONAL_USAGE_FIELDS, (cached, reasoning, cost)):
+    for key, value in zip(OPTIONAL_USAGE_FIELDS, (cached, reasoning, cost), strict=True):
         if value is not None:
             total[key] = value
     return total
@@ -446,6 +453,60 @@ def encode_sample(sample: dict[str, Any], number: int) -> bytes:
 # ---------------------------------------------------------------- the run's aggregates
 
 
+class RolloutCounter:
+    """Traces seen so far per task idx: what numbers each task's rollouts.
+
+    Task idxs are nearly always 0..num_tasks-1, so their counts live in one flat array: no
+    object per task, which over a run of a million lines would pin heap arenas among the
+    transient garbage. Other idxs (negative, or past `DENSE_LIMIT`) go to a dict.
+    """
+
+    DENSE_LIMIT = 1 << 22
+
+    def __init__(self, items: Iterable[tuple[int, int]] = ()):
+        self._dense = array.array("I")
+        self._sparse: dict[int, int] = {}
+        self._distinct = 0
+        for idx, count in items:
+            self._set(idx, count)
+
+    def count(self, idx: int) -> int:
+        if 0 <= idx < len(self._dense):
+            return self._dense[idx]
+        return self._sparse.get(idx, 0)
+
+    def add(self, idx: int) -> int:
+        """Count one more trace of task `idx`; returns its count (its rollout number)."""
+        number = self.count(idx) + 1
+        self._set(idx, number)
+        return number
+
+    def _set(self, idx: int, count: int) -> None:
+        if self.count(idx) == 0 and count:
+            self._distinct += 1
+        if 0 <= idx < self.DENSE_LIMIT:
+            if idx >= len(self._dense):
+                grown = min(max(idx + 1, 2 * len(self._dense)), self.DENSE_LIMIT)
+                self._dense.frombytes(bytes(self._dense.itemsize * (grown - len(self._dense))))
+            self._dense[idx] = count
+        else:
+            self._sparse[idx] = count
+
+    def __len__(self) -> int:
+        """How many distinct tasks were seen."""
+        return self._distinct
+
+    def items(self) -> list[tuple[int, int]]:
+        dense = [(idx, count) for idx, count in enumerate(self._dense) if count]
+        return dense + sorted(self._sparse.items())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RolloutCounter) and self.items() == other.items()
+
+    def __repr__(self) -> str:
+        return f"RolloutCounter({len(self)} tasks)"
+
+
 @dataclass
 class RunTotals:
     """Running sums over a run's good traces in file order (TRACE_FORMAT.md section 6)."""
@@ -455,7 +516,7 @@ class RunTotals:
     errored: int = 0
     metric_sums: dict[str, float] = field(default_factory=dict)
     metric_counts: dict[str, int] = field(default_factory=dict)
-    rollouts: dict[int, int] = field(default_factory=dict)  # task idx -> traces so far
+    rollouts: RolloutCounter = field(default_factory=RolloutCounter)
 
     def add(self, trace: Trace) -> int:
         """Count a checked trace in; returns its rollout number within its task."""
@@ -466,9 +527,7 @@ class RunTotals:
         for name, value in {**rewards, **_scores(trace.metrics)}.items():
             self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
             self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
-        idx = trace.task["idx"]
-        self.rollouts[idx] = number = self.rollouts.get(idx, 0) + 1
-        return number
+        return self.rollouts.add(trace.task["idx"])
 
     def metrics(self) -> dict[str, Any]:
         n = self.traces
@@ -493,7 +552,7 @@ class RunTotals:
         state = msgspec.json.decode(data)
         state["reward_sum"] = float(state["reward_sum"])
         state["metric_sums"] = {k: float(v) for k, v in state["metric_sums"].items()}
-        state["rollouts"] = {int(k): v for k, v in state["rollouts"]}
+        state["rollouts"] = RolloutCounter((int(k), v) for k, v in state["rollouts"])
         return cls(**state)
 
 
@@ -573,7 +632,7 @@ def convert_lines(
                 yield trace
             continue
         try:
-            sample = build_sample(trace, totals.rollouts.get(trace.task["idx"], 0) + 1)
+            sample = build_sample(trace, totals.rollouts.count(trace.task["idx"]) + 1)
             encoded = encode_sample(sample, line.number)
         except BadRecord as exc:
             yield SetAside(line.number, line.start, exc.reason, line.end - line.start)

@@ -40,23 +40,39 @@ def _trace(rng: random.Random, n: int, idx: int) -> dict:
         "id": uuid.UUID(int=rng.getrandbits(128), version=4).hex,
         "task": {"idx": idx, "prompt": f"Reverse: {prompt}", "answer": answer},
         "nodes": [
-            {"message": {"role": "user", "content": f"Reverse: {prompt}"}, "token_ids": [1] * 6,
-             "mask": [False] * 6},
-            {"parent": 0, "message": {"role": "assistant", "content": completion},
-             "sampled": True, "token_ids": [2] * 4, "mask": [True] * 4, "finish_reason": "stop",
-             "usage": {"prompt_tokens": 6, "completion_tokens": 4}},
+            {
+                "message": {"role": "user", "content": f"Reverse: {prompt}"},
+                "token_ids": [1] * 6,
+                "mask": [False] * 6,
+            },
+            {
+                "parent": 0,
+                "message": {"role": "assistant", "content": completion},
+                "sampled": True,
+                "token_ids": [2] * 4,
+                "mask": [True] * 4,
+                "finish_reason": "stop",
+                "usage": {"prompt_tokens": 6, "completion_tokens": 4},
+            },
         ],
         "rewards": {"correct": 1.0 if correct else 0.0},
         "metrics": {"num_words": 4.0},
         "is_completed": True,
         "stop_condition": "completed",
-        "timing": {"start": 1767225600.0 + n, "generation": {"start": 1767225600.0 + n,
-                                                             "end": 1767225601.5 + n}},
+        "timing": {
+            "start": 1767225600.0 + n,
+            "generation": {"start": 1767225600.0 + n, "end": 1767225601.5 + n},
+        },
     }
 
 
 def _write_run(
-    root: Path, kind: str, *, traces: int, extra_config: str = "", bad_line: bool = False,
+    root: Path,
+    kind: str,
+    *,
+    traces: int,
+    extra_config: str = "",
+    bad_line: bool = False,
     file_name: str = "traces.jsonl",
 ) -> Path:
     rng = random.Random(f"{DEMO_SEED}/{kind}")
@@ -64,7 +80,7 @@ def _write_run(
     run.mkdir(parents=True)
     model = "" if kind == "replay" else f'model = "{MODEL}"\n'  # a replay config has none
     (run / "config.toml").write_text(
-        f'{model}num_rollouts = 2\nnum_tasks = {traces // 2}\npush = false\n'
+        f"{model}num_rollouts = 2\nnum_tasks = {traces // 2}\npush = false\n"
         f'{extra_config}\n[taskset]\nid = "{TASKSET}"\n'
     )
     lines = [msgspec.json.encode(_trace(rng, n, n // 2)) for n in range(traces)]

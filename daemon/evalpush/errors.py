@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import email.utils
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import httpx
 
@@ -87,7 +87,9 @@ class BadRecord(BadInput):
 class Transient(EvalpushError):
     """The platform did not do the work (or cannot be reached); retry later."""
 
-    def __init__(self, message: str, *, retry_after: float | None = None, status: int | None = None):
+    def __init__(
+        self, message: str, *, retry_after: float | None = None, status: int | None = None
+    ):
         self.retry_after = retry_after
         self.status = status
         super().__init__(message)
@@ -157,8 +159,8 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
         except (TypeError, ValueError):
             return None
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        seconds = (when - (now or datetime.now(timezone.utc))).total_seconds()
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
     if not math.isfinite(seconds):
         return None
     return min(max(seconds, 0.0), RETRY_AFTER_CAP_SECONDS)

@@ -191,7 +191,9 @@ class Ledger:
             self._migrate(db)
         except sqlite3.Error as exc:
             db.close()
-            raise LedgerError(f"{path}: the ledger is unusable ({exc}); move it aside to start over") from None
+            raise LedgerError(
+                f"{path}: the ledger is unusable ({exc}); move it aside to start over"
+            ) from None
         return db
 
     def _migrate(self, db: sqlite3.Connection) -> None:

@@ -111,7 +111,9 @@ def _lines(
     parts: list[bytes] = []  # the current line's bytes so far; dropped once it is too long
     length = 0  # the current line's length so far, held or not
     while end is None or read_at < end:
-        chunk = os.pread(fd, CHUNK_BYTES if end is None else min(CHUNK_BYTES, end - read_at), read_at)
+        chunk = os.pread(
+            fd, CHUNK_BYTES if end is None else min(CHUNK_BYTES, end - read_at), read_at
+        )
         if not chunk:
             return
         read_at += len(chunk)

@@ -83,7 +83,8 @@ def status_table(rows: list[dict[str, Any]]) -> str:
         )
     widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
     return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths)) + "  " + r[-1] for r in table
+        "  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
+        for r in table
     )
 
 

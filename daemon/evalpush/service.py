@@ -132,7 +132,9 @@ class Service:
             record = self.ledger.get(str(directory))
             if record is not None:
                 record = self.ledger.update(
-                    record, state=State.READY, reason="waiting for a working API key",
+                    record,
+                    state=State.READY,
+                    reason="waiting for a working API key",
                     last_error=str(exc),
                 )
             return PushResult(directory, record, 0, str(exc))

@@ -216,7 +216,9 @@ class Uploader:
         lines = read_lines(run.traces_path, end=ident.size, max_line_bytes=max_line, expect=ident)
         found = scan(lines, max_line_bytes=max_line)
         totals = found.totals
-        bad = [SetAsideRecord(i.line, i.offset, i.size, BAD_LINE, i.reason) for i in found.set_aside]
+        bad = [
+            SetAsideRecord(i.line, i.offset, i.size, BAD_LINE, i.reason) for i in found.set_aside
+        ]
         if totals.traces == 0 and not bad:
             raise RunError(f"{run.traces_path}: no traces in the file: nothing to upload")
         self.ledger.add_set_aside(record, bad)
@@ -225,8 +227,9 @@ class Uploader:
             record,
             step=Step.RESOLVE,
             state=State.HELD if hold else State.UPLOADING,
-            reason=f"{len(bad)} bad lines set aside: fix them, or `evalpush retry` uploads "
-            "the rest" if hold else "",
+            reason=f"{len(bad)} bad lines set aside: fix them, or `evalpush retry` uploads the rest"
+            if hold
+            else "",
             file_device=ident.device,
             file_inode=ident.inode,
             file_size=ident.size,
@@ -306,7 +309,9 @@ class Uploader:
     def _adopt(self, record: RunRecord, evaluation: dict[str, Any]) -> RunRecord:
         evaluation_id = _evaluation_id(evaluation)
         url = evaluation.get("viewer_url") or self.client.viewer_url(evaluation_id)
-        get_logger(run=record.run_id).info("adopting the run's evaluation", evaluation=evaluation_id)
+        get_logger(run=record.run_id).info(
+            "adopting the run's evaluation", evaluation=evaluation_id
+        )
         if is_finalized(evaluation):
             held = evaluation.get("sample_count")
             return self.ledger.update(
@@ -432,7 +437,9 @@ class Uploader:
                 )
                 return 0
             first, second = batch.split()
-            return self._deliver(record, first, set_aside) + self._deliver(record, second, set_aside)
+            return self._deliver(record, first, set_aside) + self._deliver(
+                record, second, set_aside
+            )
         except Ambiguous:
             stored = self._stored_ids(record)
             missing = _without_stored(batch, stored)
