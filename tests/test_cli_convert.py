@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -16,11 +15,11 @@ from typing import Any
 import orjson
 import pytest
 
+from as_nobody import without_read_access
 from evalpush import cli
 
 RUN_UUID = "3b8e1f20-7c4d-4e5a-9f6b-1a2c3d4e5f60"
 CONFIG = 'model = "org/model"\nnum_rollouts = 2\n[taskset]\nid = "gsm8k"\n'
-NOBODY = 65534
 
 
 def trace(id: str, idx: int = 0, **fields: Any) -> bytes:
@@ -203,36 +202,8 @@ def open_dir() -> Iterator[Path]:
 
 
 def convert_without_read_access(directory: Path) -> Any:
-    """`evalpush convert DIR` in-process by a user who may not read its traces.jsonl.
-
-    Root reads any file, so as root it runs in a forked child that became `nobody`
-    (the interpreter under /root cannot be started by nobody, hence no subprocess).
-    """
-    locked = directory / "traces.jsonl"
-    locked.chmod(0)
-    try:
-        if os.geteuid() != 0:
-            return _main_outcome(directory)
-        rfd, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: drop to nobody, report, leave without running pytest's exit
-            os.close(rfd)
-            try:
-                os.setgroups([])
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-                result = _main_outcome(directory)
-            except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-                result = ("child failed", repr(exc))
-            os.write(wfd, pickle.dumps(result))
-            os._exit(0)
-        os.close(wfd)
-        with os.fdopen(rfd, "rb") as f:
-            data = f.read()
-        os.waitpid(pid, 0)
-        return pickle.loads(data)
-    finally:
-        locked.chmod(0o600)
+    """`evalpush convert DIR` in-process by a user who may not read its traces.jsonl."""
+    return without_read_access(directory / "traces.jsonl", lambda: _main_outcome(directory))
 
 
 def _main_outcome(directory: Path) -> tuple[Any, bytes, bytes]:

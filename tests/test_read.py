@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import pickle
 import shutil
 import tempfile
 import tracemalloc
@@ -14,11 +13,11 @@ from typing import Any
 
 import pytest
 
+from as_nobody import without_read_access
 from evalpush import read
 from evalpush.read import Change, FileChangedError, Line, compare, identity, read_lines
 
 MIB = 1024 * 1024
-NOBODY = 65534
 
 
 def write(path: Path, data: bytes) -> Path:
@@ -36,34 +35,8 @@ def read_all(path: Path, *, max_line_bytes: int = MIB, **kwargs: Any) -> list[Li
 
 
 def outcome_without_read_access(locked: Path, fn: Callable[[], Any]) -> tuple[str, str]:
-    """What `fn()` does for a user who may not read `locked`: ("ok", repr) or (error class, text).
-
-    Root reads any file, so as root `fn` runs in a forked child that became `nobody`.
-    """
-    locked.chmod(0)
-    try:
-        if os.geteuid() != 0:
-            return _outcome(fn)
-        rfd, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: drop to nobody, report, and leave without running pytest's exit
-            os.close(rfd)
-            try:
-                os.setgroups([])
-                os.setgid(NOBODY)
-                os.setuid(NOBODY)
-                result = _outcome(fn)
-            except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-                result = ("child failed", repr(exc))
-            os.write(wfd, pickle.dumps(result))
-            os._exit(0)
-        os.close(wfd)
-        with os.fdopen(rfd, "rb") as f:
-            data = f.read()
-        os.waitpid(pid, 0)
-        return pickle.loads(data)
-    finally:
-        locked.chmod(0o600)
+    """What `fn()` does for a user who may not read `locked`: ("ok", repr) or (error class, text)."""
+    return without_read_access(locked, lambda: _outcome(fn))
 
 
 def _outcome(fn: Callable[[], Any]) -> tuple[str, str]:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evalpush.errors import ConfigError
+from evalpush.errors import BadInput, ConfigError
 
 MIB = 1024 * 1024
 ENV_PREFIX = "EVALPUSH_"
@@ -128,18 +128,19 @@ def _merge(base: dict[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def read_toml(path: Path, error: type[BadInput], what: str) -> dict[str, Any]:
+    """A TOML file as a dict; every way it can fail is one `error` naming the file."""
     try:
         with path.open("rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
+        raise error(f"{path}: {what} not found") from None
     except PermissionError:
-        raise ConfigError(f"{path}: config file not readable (permission denied)") from None
+        raise error(f"{path}: {what} not readable (permission denied)") from None
     except OSError as exc:
-        raise ConfigError(f"{path}: config file cannot be read: {exc.strerror}") from None
+        raise error(f"{path}: {what} cannot be read: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        raise error(f"{path}: {what} is not valid TOML: {exc}") from None
 
 
 def _describe(exc: ValidationError, origin: str) -> str:
@@ -167,7 +168,7 @@ def load_config(
     environ = os.environ if environ is None else environ
     if path is None and environ.get("EVALPUSH_CONFIG"):
         path = Path(environ["EVALPUSH_CONFIG"])
-    data: dict[str, Any] = _read_file(path) if path is not None else {}
+    data: dict[str, Any] = read_toml(path, ConfigError, "config file") if path else {}
     env_layer = _env_overrides(environ)
     data = _merge(_merge(data, env_layer), flags or {})
     origin = str(path) if path is not None else "configuration"

@@ -15,13 +15,13 @@ import enum
 import os
 import socket
 import stat
-import tomllib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalpush.config import read_toml
 from evalpush.errors import RunError
 
 CONFIG_FILE = "config.toml"
@@ -102,18 +102,6 @@ def derive_run_id(directory: Path) -> str:
         return str(uuid.uuid5(uuid.NAMESPACE_URL, key))
 
 
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise RunError(f"{path}: no config.toml: not a run directory") from None
-    except PermissionError:
-        raise RunError(f"{path}: not readable (permission denied)") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise RunError(f"{path}: config.toml is not valid TOML: {exc}") from None
-
-
 def _kind(config: dict[str, Any]) -> RunKind:
     if "script_path" in config or "command" in config:
         return RunKind.DEBUG
@@ -140,7 +128,7 @@ def load_run(directory: Path) -> Run:
         raise RunError(f"{directory}: no traces.jsonl (or results.jsonl): not a run directory")
     if not _regular_file(config_path):
         raise RunError(f"{config_path}: no config.toml: not a run directory")
-    config = _read_config(config_path)
+    config = read_toml(config_path, RunError, "config.toml")
     taskset = config.get("taskset")
     taskset_id = taskset.get("id") if isinstance(taskset, dict) else None
     env_name = taskset_id or config.get("id") or ""
