@@ -8,6 +8,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 
@@ -920,3 +921,16 @@ class TestRolloutCounter:
 
         assert rebuilt == counter and len(rebuilt) == 4
         assert rebuilt.add(3) == counter.add(3) == 3
+
+
+def test_a_rollout_counter_survives_its_json_state_with_dense_and_sparse_tasks():
+    counter = RolloutCounter()
+    for idx in [0, 0, 7, -2, 2**40, 7, 3]:
+        counter.add(idx)
+
+    restored = RolloutCounter.from_state(
+        msgspec.json.decode(msgspec.json.encode(counter.to_state()))
+    )
+
+    assert restored == counter and len(restored) == len(counter) == 5
+    assert restored.add(7) == 3

@@ -19,6 +19,7 @@ NaN and go out as `null`.
 from __future__ import annotations
 
 import array
+import base64
 import json
 import math
 import re
@@ -470,6 +471,18 @@ class RolloutCounter:
         for idx, count in items:
             self._set(idx, count)
 
+    def to_state(self) -> dict[str, Any]:
+        """A JSON-able form built without an object per task (the dense counts as base64)."""
+        dense = base64.b64encode(self._dense.tobytes()).decode()
+        return {"dense": dense, "sparse": sorted(self._sparse.items())}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> RolloutCounter:
+        counter = cls((int(idx), count) for idx, count in state["sparse"])
+        counter._dense.frombytes(base64.b64decode(state["dense"]))
+        counter._distinct += len(counter._dense) - counter._dense.count(0)
+        return counter
+
     def count(self, idx: int) -> int:
         if 0 <= idx < len(self._dense):
             return self._dense[idx]
@@ -543,7 +556,7 @@ class RunTotals:
             **self.__dict__,
             "reward_sum": _float_text(self.reward_sum),
             "metric_sums": {k: _float_text(v) for k, v in self.metric_sums.items()},
-            "rollouts": list(self.rollouts.items()),
+            "rollouts": self.rollouts.to_state(),
         }
         return _ENCODER.encode(state)
 
@@ -552,7 +565,7 @@ class RunTotals:
         state = msgspec.json.decode(data)
         state["reward_sum"] = float(state["reward_sum"])
         state["metric_sums"] = {k: float(v) for k, v in state["metric_sums"].items()}
-        state["rollouts"] = RolloutCounter((int(k), v) for k, v in state["rollouts"])
+        state["rollouts"] = RolloutCounter.from_state(state["rollouts"])
         return cls(**state)
 
 
