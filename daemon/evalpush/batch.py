@@ -40,7 +40,13 @@ class Batch:
         return OVERHEAD_BYTES + sum(map(len, self.samples)) + max(len(self.samples) - 1, 0)
 
     def body(self) -> bytes:
-        return _HEAD + _SEP.join(self.samples) + _TAIL
+        """The request body, built with one copy of the samples (a batch can be 25 MiB)."""
+        if not self.samples:
+            return _HEAD + _TAIL
+        if len(self.samples) == 1:
+            return _HEAD + self.samples[0] + _TAIL
+        first, *middle, last = self.samples
+        return _SEP.join([_HEAD + first, *middle, last + _TAIL])
 
     def only(self, keep: list[int]) -> Batch:
         """The same range with only the samples at indices `keep`."""
@@ -115,41 +121,45 @@ class _Failed:
 
 
 class Prefetch(Generic[T]):
-    """Iterate `source` in a thread, up to `depth` items ahead of the consumer.
+    """Iterate `source` in a thread, building up to `depth` items ahead of the consumer.
 
-    The producer's exception is raised in the consumer, in order. Leaving the `with` block
-    stops the producer after its current item and joins its thread.
+    The producer starts on the next item only once the consumer has taken the previous one, so
+    at most `depth` items wait besides the one in use. Its exception is raised in the consumer,
+    in order. Leaving the `with` block stops the producer after its current item and joins it.
     """
 
     POLL_SECONDS = 0.1
 
     def __init__(self, source: Iterator[T], *, depth: int = 1, name: str = "prefetch"):
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._slots = threading.Semaphore(depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, args=(source,), name=name)
         self._thread.start()
 
     def _produce(self, source: Iterator[T]) -> None:
         try:
-            for item in source:
-                if not self._put(item):
+            while self._take_slot():
+                try:
+                    item: object = next(source)
+                except StopIteration:
+                    item = _DONE
+                self._queue.put(item)
+                if item is _DONE:
                     return
-            self._put(_DONE)
         except BaseException as exc:  # handed to the consumer, which raises it
-            self._put(_Failed(exc))
+            self._queue.put(_Failed(exc))
 
-    def _put(self, item: object) -> bool:
+    def _take_slot(self) -> bool:
         while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=self.POLL_SECONDS)
+            if self._slots.acquire(timeout=self.POLL_SECONDS):
                 return True
-            except queue.Full:
-                continue
         return False
 
     def __iter__(self) -> Iterator[T]:
         while True:
             item = self._queue.get()
+            self._slots.release()
             if item is _DONE:
                 return
             if isinstance(item, _Failed):
