@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -273,3 +274,40 @@ class TestCheck:
 
         assert done.returncode == 2
         assert "plain http to a non-loopback host" in done.stderr
+
+
+class TestProgress:
+    def test_on_a_terminal_push_draws_a_progress_bar_with_samples_and_mb(self, platform, tmp_path):
+        write_run(tmp_path / "outputs", lines=[trace_line(i, i // 2) for i in range(400)])
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "EVALPUSH_"))}
+        env.update(
+            PRIME_API_KEY=platform.api_key,
+            PRIME_API_BASE_URL=platform.base_url,
+            HOME=str(tmp_path),
+            EVALPUSH_STATE_DIR=str(tmp_path / "state"),
+            EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="10",
+            EVALPUSH_LOG__LEVEL="warning",
+        )
+        primary, secondary = pty.openpty()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "evalpush", "push", str(tmp_path / "outputs")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=secondary,
+        )
+        os.close(secondary)
+        out, _ = process.communicate(timeout=60)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the terminal closed: everything is read
+                break
+            if not chunk:
+                break
+            screen += chunk
+        os.close(primary)
+
+        assert process.returncode == 0
+        assert b"\r[" in screen and b"/400 samples" in screen and b" MB" in screen
+        assert b"400/400 samples" in out
