@@ -54,18 +54,25 @@ def platform() -> LocalPlatform:
         yield local
 
 
-@pytest.fixture
-def evalpush(platform: LocalPlatform, tmp_path: Path):
-    """Run `evalpush ARGS...` with the platform's key and a private state dir and home."""
+def cli_env(platform: LocalPlatform, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """This environment less any PRIME_/EVALPUSH_ variable, pointed at `platform`, with a
+    private state dir and home."""
     home = tmp_path / "home"
-    home.mkdir()
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "EVALPUSH_"))}
-    base_env.update(
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "EVALPUSH_"))}
+    env.update(
         PRIME_API_KEY=platform.api_key,
         PRIME_API_BASE_URL=platform.base_url,
         HOME=str(home),
         EVALPUSH_STATE_DIR=str(tmp_path / "state"),
     )
+    return {**env, **extra}
+
+
+@pytest.fixture
+def evalpush(platform: LocalPlatform, tmp_path: Path):
+    """Run `evalpush ARGS...` with the platform's key and a private state dir and home."""
+    base_env = cli_env(platform, tmp_path)
 
     def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -279,12 +286,9 @@ class TestCheck:
 class TestProgress:
     def test_on_a_terminal_push_draws_a_progress_bar_with_samples_and_mb(self, platform, tmp_path):
         write_run(tmp_path / "outputs", lines=[trace_line(i, i // 2) for i in range(400)])
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "EVALPUSH_"))}
-        env.update(
-            PRIME_API_KEY=platform.api_key,
-            PRIME_API_BASE_URL=platform.base_url,
-            HOME=str(tmp_path),
-            EVALPUSH_STATE_DIR=str(tmp_path / "state"),
+        env = cli_env(
+            platform,
+            tmp_path,
             EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="10",
             EVALPUSH_LOG__LEVEL="warning",
         )
