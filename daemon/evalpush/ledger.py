@@ -307,10 +307,6 @@ class Ledger:
                 [(record.id, i.line, i.offset, i.size, i.kind, i.reason) for i in items],
             )
 
-    def clear_set_aside(self, record: RunRecord) -> None:
-        with self._transaction() as db:
-            db.execute("DELETE FROM set_aside WHERE run = ?", (record.id,))
-
     def set_aside(self, record: RunRecord) -> list[SetAsideRecord]:
         rows = self._query(
             "SELECT line, offset, size, kind, reason FROM set_aside WHERE run = ? ORDER BY offset",
