@@ -13,7 +13,7 @@ from pathlib import Path
 
 from evalpush import __version__
 from evalpush.config import Config, load_config
-from evalpush.errors import ConfigError, EvalpushError, RunError
+from evalpush.errors import ConfigError, EvalpushError, RunError, UsageError
 from evalpush.ledger import Ledger, RunRecord, State, default_path
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
@@ -156,10 +156,6 @@ def _find(ledger: Ledger, key: str) -> RunRecord:
     if record is None:
         raise UsageError(f"no run {key!r} in the ledger (see `evalpush status`)")
     return record
-
-
-class UsageError(EvalpushError):
-    """The command line names something that does not exist."""
 
 
 def cmd_check(args: argparse.Namespace, config: Config) -> int:

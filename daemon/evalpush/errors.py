@@ -5,6 +5,7 @@ The tree (what the daemon does about each class in brackets)::
     EvalpushError
     ├── BadInput              the input is wrong [set it aside, name where, the rest goes on]
     │   ├── ConfigError       a config file or value; names the key and the file [exit 2]
+    │   ├── UsageError        the command line names a run or directory that is not there [exit 2]
     │   ├── RunError          a run directory that cannot be uploaded (no config.toml, no env)
     │   └── BadRecord         one trace line or sample; names the line and the reason
     ├── Transient             the platform did not do the work; retry later with backoff
@@ -48,6 +49,7 @@ __all__ = [
     "RunError",
     "Transient",
     "Unreachable",
+    "UsageError",
     "from_status",
     "from_transport_error",
     "parse_retry_after",
@@ -67,6 +69,10 @@ class BadInput(EvalpushError):
 
 class ConfigError(BadInput):
     """A configuration file or value is invalid; the message names the key and the file."""
+
+
+class UsageError(BadInput):
+    """The command line names a run or directory that does not exist."""
 
 
 class RunError(BadInput):
