@@ -165,3 +165,19 @@ class TestFullDisk:
 
         assert ledger.get(record.id).acked_offset == 10
         assert ledger.set_aside(record) == []
+
+
+class TestLocked:
+    def test_a_ledger_locked_by_another_process_is_a_clear_error_not_a_hang(self, tmp_path: Path):
+        path = tmp_path / "state.db"
+        with Ledger(path, busy_timeout_seconds=0.2) as ledger:
+            record = a_run(ledger)
+            other = sqlite3.connect(path, isolation_level=None)
+            other.execute("BEGIN EXCLUSIVE")
+            try:
+                with pytest.raises(LedgerError, match=f"{path}.*locked"):
+                    ledger.update(record, acked_offset=5)
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
+            assert ledger.update(record, acked_offset=5).acked_offset == 5

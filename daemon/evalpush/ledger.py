@@ -168,9 +168,12 @@ def default_path(state_dir: Path) -> Path:
 class Ledger:
     """The state database. Thread-safe: one connection, one lock, one short transaction a call."""
 
-    def __init__(self, path: Path, *, clock: Any = time.time):
+    def __init__(self, path: Path, *, clock: Any = time.time, busy_timeout_seconds: float = 10.0):
+        """`busy_timeout_seconds`: how long a write waits for another process holding the file
+        (a second `evalpush` on the same state dir) before it is a `LedgerError`."""
         self.path = path
         self._clock = clock
+        self._busy_timeout_seconds = busy_timeout_seconds
         self._lock = threading.RLock()
         self._db = self._open(path)
 
@@ -181,7 +184,12 @@ class Ledger:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             os.close(fd)
-            db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
+            db = sqlite3.connect(
+                path,
+                check_same_thread=False,
+                isolation_level=None,
+                timeout=self._busy_timeout_seconds,
+            )
         except OSError as exc:
             raise LedgerError(f"{path}: cannot open the ledger: {exc}") from None
         try:
