@@ -13,6 +13,7 @@ import pytest
 
 from evalpush.errors import LedgerError
 from evalpush.ledger import SCHEMA_VERSION, Ledger, SetAsideRecord, State, Step
+from evalpush.log import register_secret
 
 
 @pytest.fixture
@@ -181,3 +182,14 @@ class TestLocked:
                 other.execute("ROLLBACK")
                 other.close()
             assert ledger.update(record, acked_offset=5).acked_offset == 5
+
+
+def test_a_secret_quoted_in_an_error_never_reaches_the_ledger(ledger: Ledger):
+    secret = "sk-test-secret-0123456789abcdef"
+    register_secret(secret)
+
+    ledger.update(a_run(ledger), last_error=f"HTTP 400: bad key {secret}", reason=secret)
+
+    stored = sqlite3.connect(ledger.path).execute("SELECT last_error, reason FROM runs").fetchone()
+    assert secret not in repr(stored)
+    assert stored[0] == "HTTP 400: bad key [redacted]"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from evalpush.errors import LedgerError
+from evalpush.log import scrub
 
 LEDGER_FILE = "state.db"
 SCHEMA_VERSION = 1
@@ -142,6 +143,7 @@ class RunRecord:
 
 
 _COLUMNS = [f.name for f in fields(RunRecord)]
+_MESSAGE_COLUMNS = {"reason", "last_error"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +290,9 @@ class Ledger:
         unknown = set(changes) - set(_COLUMNS)
         if unknown:
             raise ValueError(f"unknown ledger columns: {sorted(unknown)}")
+        for name in _MESSAGE_COLUMNS & changes.keys():
+            if changes[name] is not None:  # errors can quote what a server echoed back
+                changes[name] = scrub(changes[name])
         changes["updated_at"] = self._clock()
         assignments = ", ".join(f"{name} = ?" for name in changes)
         with self._transaction() as db:
