@@ -123,6 +123,8 @@ def decode_trace(data: bytes, number: int) -> Trace:
         except UnicodeDecodeError as exc:
             raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
     _check(trace, number)
+    trace.rewards = _scores(trace.rewards)
+    trace.metrics = _scores(trace.metrics)
     return trace
 
 
@@ -418,7 +420,7 @@ def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
     if None in task.values():
         task = {k: v for k, v in task.items() if v is not None}
     errors = trace.errors
-    rewards = _scores(trace.rewards)
+    rewards = trace.rewards
     sample = {
         "sample_id": trace.id,
         "example_id": task["idx"],
@@ -431,8 +433,10 @@ def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
         "timing": _all_without_nulls(trace.timing),
         "is_completed": trace.is_completed,
         "is_truncated": is_truncated(trace),
-        "metrics": _scores(trace.metrics),
-        "error": _top_level_without_nulls(errors[-1]) if errors else None,
+        "metrics": trace.metrics,
+        "error": (_top_level_without_nulls(errors[-1]) if nulls else errors[-1])
+        if errors
+        else None,
         "stop_condition": trace.stop_condition,
         "trajectory": branches,
         "token_usage": usage_total([n.usage for n in trace.nodes if n.usage is not None]),
@@ -533,11 +537,11 @@ class RunTotals:
 
     def add(self, trace: Trace) -> int:
         """Count a checked trace in; returns its rollout number within its task."""
-        rewards = _scores(trace.rewards)
+        rewards = trace.rewards
         self.traces += 1
         self.reward_sum += sum(rewards.values())
         self.errored += bool(trace.errors)
-        for name, value in {**rewards, **_scores(trace.metrics)}.items():
+        for name, value in {**rewards, **trace.metrics}.items():
             self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
             self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
         return self.rollouts.add(trace.task["idx"])
