@@ -434,9 +434,7 @@ def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
         "is_completed": trace.is_completed,
         "is_truncated": is_truncated(trace),
         "metrics": trace.metrics,
-        "error": (_top_level_without_nulls(errors[-1]) if nulls else errors[-1])
-        if errors
-        else None,
+        "error": _top_level_without_nulls(errors[-1]) if errors else None,
         "stop_condition": trace.stop_condition,
         "trajectory": branches,
         "token_usage": usage_total([n.usage for n in trace.nodes if n.usage is not None]),
