@@ -17,20 +17,25 @@ def converted(number: int, size: int = 10) -> Converted:
     return Converted(Line(b"", number * 100, number * 100 + 100, number), sample)
 
 
+def batch_all(items: list, *, end: int, max_bytes: int = 10_000, max_samples: int = 1000):
+    """Every batch of `items`, read from byte 100 (line 0) to `end`."""
+    return list(
+        batches(
+            iter(items),
+            start=100,
+            start_line=0,
+            end=end,
+            max_batch_bytes=max_bytes,
+            max_batch_samples=max_samples,
+        )
+    )
+
+
 class TestBatches:
     def test_bodies_are_valid_json_holding_every_sample_once(self):
         items = [converted(n) for n in range(1, 8)]
 
-        out = list(
-            batches(
-                iter(items),
-                start=100,
-                start_line=0,
-                end=800,
-                max_batch_bytes=10_000,
-                max_batch_samples=3,
-            )
-        )
+        out = batch_all(items, end=800, max_bytes=10_000, max_samples=3)
 
         assert [len(b.samples) for b in out] == [3, 3, 1]
         ids = [s["sample_id"] for b in out for s in msgspec.json.decode(b.body())["samples"]]
@@ -40,16 +45,7 @@ class TestBatches:
     def test_batches_cover_the_range_end_to_end(self):
         items = [converted(n) for n in range(1, 6)]
 
-        out = list(
-            batches(
-                iter(items),
-                start=100,
-                start_line=0,
-                end=600,
-                max_batch_bytes=10_000,
-                max_batch_samples=2,
-            )
-        )
+        out = batch_all(items, end=600, max_bytes=10_000, max_samples=2)
 
         assert [(b.start, b.end, b.end_line) for b in out] == [
             (100, 300, 2),
@@ -60,16 +56,7 @@ class TestBatches:
     def test_a_body_never_exceeds_max_batch_bytes_unless_one_sample_does(self):
         items = [converted(n, size=400) for n in range(1, 10)]
 
-        out = list(
-            batches(
-                iter(items),
-                start=100,
-                start_line=0,
-                end=1000,
-                max_batch_bytes=1_500,
-                max_batch_samples=1000,
-            )
-        )
+        out = batch_all(items, end=1000, max_bytes=1_500, max_samples=1000)
 
         assert all(b.body_bytes <= 1_500 for b in out)
         assert sum(len(b.samples) for b in out) == 9
@@ -79,14 +66,7 @@ class TestBatches:
         bad = SetAside(2, 200, "invalid JSON", 100)
         items = [converted(1), bad, huge, converted(4)]
 
-        (batch,) = batches(
-            iter(items),
-            start=100,
-            start_line=0,
-            end=500,
-            max_batch_bytes=10_000,
-            max_batch_samples=10,
-        )
+        (batch,) = batch_all(items, end=500, max_bytes=10_000, max_samples=10)
 
         assert [kind for kind, _ in batch.set_aside] == [BAD_LINE, REJECTED]
         assert batch.set_aside[1][1].size == 26 * 1024 * 1024
