@@ -116,6 +116,15 @@ def wait_until_serving(process: subprocess.Popen[bytes], base_url: str, key: str
 
 
 @pytest.fixture
+def api(local_platform: LocalPlatform) -> Iterator[tuple[httpx.Client, str]]:
+    """A plain httpx client on the in-process platform's API, and a resolved environment id."""
+    headers = {"Authorization": f"Bearer {local_platform.api_key}"}
+    with httpx.Client(base_url=f"{local_platform.base_url}/api/v1", headers=headers) as http:
+        env_id = http.post("/environmentshub/resolve", json={"name": "gsm8k"}).json()["data"]["id"]
+        yield http, env_id
+
+
+@pytest.fixture
 def start_served() -> Iterator[Callable[..., Served]]:
     started: list[Served] = []
 
@@ -346,48 +355,32 @@ class TestInProcess:
             assert httpx.get(f"{platform.base_url}/api/v1/evaluations/").status_code == 200
 
     def test_samples_returns_what_was_stored_in_arrival_order(
-        self, local_platform: LocalPlatform
+        self, local_platform: LocalPlatform, api: tuple[httpx.Client, str]
     ) -> None:
-        headers = {"Authorization": f"Bearer {local_platform.api_key}"}
-        with httpx.Client(base_url=f"{local_platform.base_url}/api/v1", headers=headers) as http:
-            env_id = http.post("/environmentshub/resolve", json={"name": "gsm8k"}).json()["data"][
-                "id"
-            ]
-            body = {"name": "n", "environments": [{"id": env_id}], "metadata": {"run_id": "r"}}
-            evaluation_id = http.post("/evaluations/", json=body).json()["evaluation_id"]
-            http.post(
-                f"/evaluations/{evaluation_id}/samples",
-                json={"samples": [{"sample_id": "b"}, {"sample_id": "a"}]},
-            )
-            http.post(
-                f"/evaluations/{evaluation_id}/samples", json={"samples": [{"sample_id": "b"}]}
-            )
+        http, env_id = api
+        body = {"name": "n", "environments": [{"id": env_id}], "metadata": {"run_id": "r"}}
+        evaluation_id = http.post("/evaluations/", json=body).json()["evaluation_id"]
+        samples = f"/evaluations/{evaluation_id}/samples"
+        http.post(samples, json={"samples": [{"sample_id": "b"}, {"sample_id": "a"}]})
+        http.post(samples, json={"samples": [{"sample_id": "b"}]})
         assert [s["sample_id"] for s in local_platform.samples(evaluation_id)] == ["b", "a", "b"]
 
     def test_a_batch_with_one_bad_sample_is_refused_whole(
-        self, local_platform: LocalPlatform
+        self, local_platform: LocalPlatform, api: tuple[httpx.Client, str]
     ) -> None:
-        headers = {"Authorization": f"Bearer {local_platform.api_key}"}
-        with httpx.Client(base_url=f"{local_platform.base_url}/api/v1", headers=headers) as http:
-            env_id = http.post("/environmentshub/resolve", json={"name": "gsm8k"}).json()["data"][
-                "id"
-            ]
-            body = {"name": "n", "environments": [{"id": env_id}]}
-            evaluation_id = http.post("/evaluations/", json=body).json()["evaluation_id"]
-            batch = {"samples": [{"sample_id": 1}, {"reward": 0.5}]}
-            answer = http.post(f"/evaluations/{evaluation_id}/samples", json=batch)
+        http, env_id = api
+        body = {"name": "n", "environments": [{"id": env_id}]}
+        evaluation_id = http.post("/evaluations/", json=body).json()["evaluation_id"]
+        batch = {"samples": [{"sample_id": 1}, {"reward": 0.5}]}
+        answer = http.post(f"/evaluations/{evaluation_id}/samples", json=batch)
         assert answer.status_code == 422 and "samples[1]" in answer.json()["detail"]
         assert local_platform.samples(evaluation_id) == []
         assert local_platform.summary()["evaluations"][evaluation_id]["sample_count"] == 0
 
-    def test_the_viewer_url_leads_to_the_evaluation(self, local_platform: LocalPlatform) -> None:
-        headers = {"Authorization": f"Bearer {local_platform.api_key}"}
-        with httpx.Client(base_url=f"{local_platform.base_url}/api/v1", headers=headers) as http:
-            env_id = http.post("/environmentshub/resolve", json={"name": "gsm8k"}).json()["data"][
-                "id"
-            ]
-            body = {"name": "n", "environments": [{"id": env_id}]}
-            viewer_url = http.post("/evaluations/", json=body).json()["viewer_url"]
+    def test_the_viewer_url_leads_to_the_evaluation(self, api: tuple[httpx.Client, str]) -> None:
+        http, env_id = api
+        body = {"name": "n", "environments": [{"id": env_id}]}
+        viewer_url = http.post("/evaluations/", json=body).json()["viewer_url"]
         assert httpx.get(viewer_url).json()["name"] == "n"
 
     def test_stop_twice_is_harmless(self) -> None:
@@ -400,24 +393,20 @@ class TestSamplesIngest:
     """The samples endpoint stores each sample's bytes as sent, after checking what decoding did."""
 
     @pytest.fixture
-    def push(self, local_platform: LocalPlatform) -> Iterator[Callable[..., httpx.Response]]:
+    def push(self, api: tuple[httpx.Client, str]) -> Callable[..., httpx.Response]:
         """`push(body, evaluation_id=None)`: POST raw bytes (or chunks) as a samples body."""
-        headers = {"Authorization": f"Bearer {local_platform.api_key}"}
-        with httpx.Client(base_url=f"{local_platform.base_url}/api/v1", headers=headers) as http:
-            env_id = http.post("/environmentshub/resolve", json={"name": "gsm8k"}).json()["data"][
-                "id"
-            ]
+        http, env_id = api
 
-            def push(body: bytes | Iterator[bytes], evaluation_id: str | None = None) -> Any:
-                if evaluation_id is None:
-                    new = {"name": "n", "environments": [{"id": env_id}]}
-                    evaluation_id = http.post("/evaluations/", json=new).json()["evaluation_id"]
-                answer = http.post(f"/evaluations/{evaluation_id}/samples", content=body)
-                answer.evaluation_id = evaluation_id  # type: ignore[attr-defined]
-                return answer
+        def push(body: bytes | Iterator[bytes], evaluation_id: str | None = None) -> Any:
+            if evaluation_id is None:
+                new = {"name": "n", "environments": [{"id": env_id}]}
+                evaluation_id = http.post("/evaluations/", json=new).json()["evaluation_id"]
+            answer = http.post(f"/evaluations/{evaluation_id}/samples", content=body)
+            answer.evaluation_id = evaluation_id  # type: ignore[attr-defined]
+            return answer
 
-            push.http = http  # type: ignore[attr-defined]
-            yield push
+        push.http = http  # type: ignore[attr-defined]
+        return push
 
     @staticmethod
     def assert_refused_and_nothing_stored(
