@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
 
 from evalpush import __version__
 from evalpush.config import Config, load_config
 from evalpush.errors import ConfigError, EvalpushError, RunError, UsageError
 from evalpush.ledger import Ledger, RunRecord, State, default_path
+
+if TYPE_CHECKING:
+    from evalpush.read import Line
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
 
@@ -66,14 +70,61 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def cmd_convert(args: argparse.Namespace, config: Config) -> int:
-    from evalpush.convert import convert_to_streams
-
     try:
-        report = convert_to_streams(args.dir, config, sys.stdout.buffer, sys.stderr.buffer)
+        report = _convert_to_streams(args.dir, config, sys.stdout.buffer, sys.stderr.buffer)
     except RunError as exc:
         print(f"evalpush: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_PARTIAL if report["set_aside"] or not report["env_name"] else EXIT_OK
+
+
+def _convert_to_streams(
+    directory: Path, config: Config, out: IO[bytes], err: IO[bytes]
+) -> dict[str, Any]:
+    """`evalpush convert`: samples as JSON lines on `out`, then the summary on `err`.
+
+    Returns the summary (with its `set_aside` records).
+    """
+    import msgspec
+
+    from evalpush.convert import RunTotals, SetAside, convert_lines, summary
+    from evalpush.runs import load_run
+
+    run = load_run(directory)
+    totals = RunTotals()
+    set_aside: list[dict[str, Any]] = []
+    lines = _readable_lines(run.traces_path, config.read.max_line_bytes)
+    pending: list[bytes] = []
+    for item in convert_lines(lines, totals, max_line_bytes=config.read.max_line_bytes):
+        if isinstance(item, SetAside):
+            set_aside.append(item.to_dict())
+            err.write(f"{run.traces_path}: line {item.line}: {item.reason}\n".encode())
+            continue
+        pending.append(item.sample)
+        if len(pending) >= 256:
+            out.write(b"\n".join(pending) + b"\n")
+            pending.clear()
+    if pending:
+        out.write(b"\n".join(pending) + b"\n")
+    out.flush()
+    if not run.env_name:
+        err.write(f"{run.path}: no environment name ('[taskset] id' or 'id')\n".encode())
+    report = {**summary(run, totals), "set_aside": set_aside}
+    err.write(msgspec.json.encode(report) + b"\n")
+    err.flush()
+    return report
+
+
+def _readable_lines(path: Path, max_line_bytes: int) -> Iterator[Line]:
+    """`read_lines`, with a trace file that cannot be read reported as the run's error."""
+    from evalpush.read import read_lines
+
+    try:
+        yield from read_lines(path, max_line_bytes=max_line_bytes)
+    except PermissionError:
+        raise RunError(f"{path}: not readable (permission denied)") from None
+    except OSError as exc:
+        raise RunError(f"{path}: cannot be read: {exc.strerror or exc}") from None
 
 
 def cmd_push(args: argparse.Namespace, config: Config) -> int:

@@ -1,0 +1,204 @@
+"""One checked trace -> one platform sample (TRACE_FORMAT.md sections 4 and 5).
+
+The derived views (branches, token counts, usage, truncation) are computed here and never
+stored; raw message objects pass through untouched unless a top-level null must be dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from evalpush.convert.trace import Node, Trace, Usage
+from evalpush.errors import BadRecord
+
+TRUNCATING_STOP_CONDITIONS = frozenset(
+    {
+        "max_turns",
+        "max_input_tokens",
+        "max_output_tokens",
+        "max_total_tokens",
+        "context_length",
+        "harness_timeout",
+    }
+)
+OPTIONAL_USAGE_FIELDS = ("cached_input_tokens", "reasoning_tokens", "cost")
+
+_ENCODER = msgspec.json.Encoder()
+_EMPTY_CONTAINER = re.compile(rb"[\[{]\s*[\]}]")
+_NULL = re.compile(rb"null")
+
+
+def _without_nulls(value: dict[str, Any]) -> dict[str, Any]:
+    """An object with null-valued keys dropped at every depth (as exclude_none does)."""
+    out = {}
+    for key, item in value.items():
+        if item is None:
+            continue
+        kind = type(item)
+        if kind is dict:
+            item = _without_nulls(item)
+        elif kind is list:
+            item = [_without_nulls(x) if type(x) is dict else x for x in item]
+        out[key] = item
+    return out
+
+
+def _top_level_without_nulls(raw: msgspec.Raw) -> msgspec.Raw | dict[str, Any]:
+    """A raw object with its null-valued keys dropped; only the top level (messages, errors):
+    the producer writes lines with model nulls already excluded, so a nested null belongs to a
+    free-form field (e.g. `provider_state`) that the producer keeps as it is. The raw bytes
+    pass through untouched when there is no null at all."""
+    if not _NULL.search(raw):
+        return raw
+    value = msgspec.json.decode(raw)
+    return {k: v for k, v in value.items() if v is not None}
+
+
+def _all_without_nulls(raw: msgspec.Raw) -> msgspec.Raw | dict[str, Any]:
+    """A raw object with null-valued keys dropped at every depth (timing: spans are models)."""
+    return _without_nulls(msgspec.json.decode(raw)) if _NULL.search(raw) else raw
+
+
+def _input_tokens(path: list[int], tokens: list[int], masked: list[int], usages: list[Any]) -> int:
+    """Tokens on the path minus the last masked node's (the prompt of the final turn); else
+    the input size of the last usage on the path; else 0."""
+    total = sum(tokens[i] for i in path)
+    last = next((masked[i] for i in reversed(path) if masked[i]), 0)
+    if total - last:
+        return total - last
+    usage = next((usages[i] for i in reversed(path) if usages[i] is not None), None)
+    if usage is None:
+        return 0
+    return usage.prompt_tokens + (usage.cached_input_tokens or 0)
+
+
+def _output_tokens(path: list[int], masked: list[int], usages: list[Any]) -> int:
+    """Masked (sampled) tokens on the path; else the completion tokens of its usages."""
+    total = sum(masked[i] for i in path)
+    if total:
+        return total
+    return sum(usages[i].completion_tokens for i in path if usages[i] is not None)
+
+
+def trajectory(nodes: list[Node]) -> list[dict[str, Any]]:
+    """One entry per branch (root -> leaf path), in ascending leaf order (section 4)."""
+    parents = [node.parent for node in nodes]
+    messages = [_top_level_without_nulls(node.message) for node in nodes]
+    tokens = [len(node.token_ids) for node in nodes]
+    masked = [node.mask.count(True) for node in nodes]
+    usages = [node.usage for node in nodes]
+    if parents == _chain(len(nodes)):  # the common case: one linear conversation
+        paths: list[list[int]] = [list(range(len(nodes)))] if nodes else []
+    else:
+        paths = [_path_to(leaf, parents) for leaf in _leaves(parents)]
+    return [
+        {
+            "messages": [messages[i] for i in path],
+            "num_input_tokens": _input_tokens(path, tokens, masked, usages),
+            "num_output_tokens": _output_tokens(path, masked, usages),
+        }
+        for path in paths
+    ]
+
+
+_CHAINS: dict[int, list[int | None]] = {}
+
+
+def _chain(length: int) -> list[int | None]:
+    """The parents of a linear conversation of `length` nodes: [None, 0, 1, ...]."""
+    chain = _CHAINS.get(length)
+    if chain is None:
+        chain = [None, *range(length - 1)] if length else []
+        if length <= 4096:
+            _CHAINS[length] = chain
+    return chain
+
+
+def _leaves(parents: list[int | None]) -> list[int]:
+    has_child = set(parents)
+    return [i for i in range(len(parents)) if i not in has_child]
+
+
+def _path_to(leaf: int, parents: list[int | None]) -> list[int]:
+    """Root -> leaf node indices (the graph is checked acyclic before this runs)."""
+    path = []
+    i: int | None = leaf
+    while i is not None:
+        path.append(i)
+        i = parents[i]
+    path.reverse()
+    return path
+
+
+def usage_total(usages: list[Usage]) -> dict[str, Any] | None:
+    """Summed usage, fields no usage reports left out; None when there is no usage at all."""
+    if not usages:
+        return None
+    prompt = completion = 0
+    cached = reasoning = cost = None
+    for u in usages:  # one pass, summing in the same order as the producer
+        prompt += u.prompt_tokens
+        completion += u.completion_tokens
+        if u.cached_input_tokens is not None:
+            cached = u.cached_input_tokens + (cached or 0)
+        if u.reasoning_tokens is not None:
+            reasoning = u.reasoning_tokens + (reasoning or 0)
+        if u.cost is not None:
+            cost = u.cost if cost is None else cost + u.cost
+    total: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
+    for key, value in zip(OPTIONAL_USAGE_FIELDS, (cached, reasoning, cost), strict=True):
+        if value is not None:
+            total[key] = value
+    return total
+
+
+def is_truncated(trace: Trace) -> bool:
+    if trace.stop_condition in TRUNCATING_STOP_CONDITIONS:
+        return True
+    for node in reversed(trace.nodes):
+        if node.sampled:
+            return node.finish_reason == "length"
+    return False
+
+
+def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
+    """The platform sample of a checked trace (TRACE_FORMAT.md section 5)."""
+    branches = trajectory(trace.nodes)
+    task = trace.task
+    if None in task.values():
+        task = {k: v for k, v in task.items() if v is not None}
+    errors = trace.errors
+    rewards = trace.rewards
+    sample = {
+        "sample_id": trace.id,
+        "example_id": task["idx"],
+        "rollout_number": rollout_number,
+        "task": task,
+        "prompt": [],
+        "completion": branches[-1]["messages"] if branches else [],
+        "answer": task.get("answer"),
+        "reward": sum(rewards.values()),
+        "timing": _all_without_nulls(trace.timing),
+        "is_completed": trace.is_completed,
+        "is_truncated": is_truncated(trace),
+        "metrics": trace.metrics,
+        "error": _top_level_without_nulls(errors[-1]) if errors else None,
+        "stop_condition": trace.stop_condition,
+        "trajectory": branches,
+        "token_usage": usage_total([n.usage for n in trace.nodes if n.usage is not None]),
+        "info": None if _EMPTY_CONTAINER.fullmatch(trace.info) else trace.info,
+    }
+    for name, value in rewards.items():
+        sample.setdefault(name, value)
+    return sample
+
+
+def encode_sample(sample: dict[str, Any], number: int) -> bytes:
+    """The sample as JSON (non-finite floats as null)."""
+    try:
+        return _ENCODER.encode(sample)
+    except (msgspec.EncodeError, OverflowError, RecursionError) as exc:
+        raise BadRecord(f"cannot be encoded as JSON: {exc}", line=number) from None

@@ -1,0 +1,161 @@
+"""The run's aggregates as running sums (TRACE_FORMAT.md section 6), and its summary.
+
+`RunTotals` are sums over the good traces in file order, so a run of any size is totalled in
+bounded memory and a resumed upload continues them from the ledger.
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from evalpush.convert.trace import Trace
+from evalpush.runs import Run
+
+_ENCODER = msgspec.json.Encoder()
+
+
+class RolloutCounter:
+    """Traces seen so far per task idx: what numbers each task's rollouts.
+
+    Task idxs are nearly always 0..num_tasks-1, so their counts live in one flat array: no
+    object per task, which over a run of a million lines would pin heap arenas among the
+    transient garbage. Other idxs (negative, or past `DENSE_LIMIT`) go to a dict.
+    """
+
+    DENSE_LIMIT = 1 << 22
+
+    def __init__(self, items: Iterable[tuple[int, int]] = ()):
+        self._dense = array.array("I")
+        self._sparse: dict[int, int] = {}
+        self._distinct = 0
+        for idx, count in items:
+            self._set(idx, count)
+
+    def to_state(self) -> dict[str, Any]:
+        """A JSON-able form built without an object per task (the dense counts as base64)."""
+        dense = base64.b64encode(self._dense.tobytes()).decode()
+        return {"dense": dense, "sparse": sorted(self._sparse.items())}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> RolloutCounter:
+        counter = cls((int(idx), count) for idx, count in state["sparse"])
+        counter._dense.frombytes(base64.b64decode(state["dense"]))
+        counter._distinct += len(counter._dense) - counter._dense.count(0)
+        return counter
+
+    def count(self, idx: int) -> int:
+        if 0 <= idx < len(self._dense):
+            return self._dense[idx]
+        return self._sparse.get(idx, 0)
+
+    def add(self, idx: int) -> int:
+        """Count one more trace of task `idx`; returns its count (its rollout number)."""
+        number = self.count(idx) + 1
+        self._set(idx, number)
+        return number
+
+    def _set(self, idx: int, count: int) -> None:
+        if self.count(idx) == 0 and count:
+            self._distinct += 1
+        if 0 <= idx < self.DENSE_LIMIT:
+            if idx >= len(self._dense):
+                grown = min(max(idx + 1, 2 * len(self._dense)), self.DENSE_LIMIT)
+                self._dense.frombytes(bytes(self._dense.itemsize * (grown - len(self._dense))))
+            self._dense[idx] = count
+        else:
+            self._sparse[idx] = count
+
+    def __len__(self) -> int:
+        """How many distinct tasks were seen."""
+        return self._distinct
+
+    def items(self) -> list[tuple[int, int]]:
+        dense = [(idx, count) for idx, count in enumerate(self._dense) if count]
+        return dense + sorted(self._sparse.items())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RolloutCounter) and self.items() == other.items()
+
+    def __repr__(self) -> str:
+        return f"RolloutCounter({len(self)} tasks)"
+
+
+@dataclass
+class RunTotals:
+    """Running sums over a run's good traces in file order (TRACE_FORMAT.md section 6)."""
+
+    traces: int = 0
+    reward_sum: float = 0.0
+    errored: int = 0
+    metric_sums: dict[str, float] = field(default_factory=dict)
+    metric_counts: dict[str, int] = field(default_factory=dict)
+    rollouts: RolloutCounter = field(default_factory=RolloutCounter)
+
+    def add(self, trace: Trace) -> int:
+        """Count a checked trace in; returns its rollout number within its task."""
+        rewards = trace.rewards
+        self.traces += 1
+        self.reward_sum += sum(rewards.values())
+        self.errored += bool(trace.errors)
+        for name, value in {**rewards, **trace.metrics}.items():
+            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
+            self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
+        return self.rollouts.add(trace.task["idx"])
+
+    def metrics(self) -> dict[str, Any]:
+        n = self.traces
+        return {
+            "avg_reward": self.reward_sum / n if n else 0.0,
+            "avg_metrics": {k: s / self.metric_counts[k] for k, s in self.metric_sums.items()},
+            "avg_error": self.errored / n if n else 0.0,
+        }
+
+    def to_json(self) -> bytes:
+        # msgspec writes NaN/Infinity as null: keep them as text so a resumed sum stays non-finite
+        state = {
+            **self.__dict__,
+            "reward_sum": _float_text(self.reward_sum),
+            "metric_sums": {k: _float_text(v) for k, v in self.metric_sums.items()},
+            "rollouts": self.rollouts.to_state(),
+        }
+        return _ENCODER.encode(state)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> RunTotals:
+        state = msgspec.json.decode(data)
+        state["reward_sum"] = float(state["reward_sum"])
+        state["metric_sums"] = {k: float(v) for k, v in state["metric_sums"].items()}
+        state["rollouts"] = RolloutCounter.from_state(state["rollouts"])
+        return cls(**state)
+
+
+def _float_text(value: float) -> float | str:
+    """A finite float as is, else its text ("nan", "inf", "-inf"), which `float()` reads back."""
+    return value if math.isfinite(value) else str(value)
+
+
+def summary(run: Run, totals: RunTotals) -> dict[str, Any]:
+    """Name, metadata and metrics of the run's evaluation (TRACE_FORMAT.md section 6)."""
+    metrics = totals.metrics()
+    metadata = {
+        "framework": "verifiers",
+        "run_id": run.run_id,
+        "model": run.model,
+        "num_examples": len(totals.rollouts),
+        "rollouts_per_example": run.num_rollouts,
+        **metrics,
+    }
+    return {
+        "name": run.evaluation_name,
+        "run_id": run.run_id,
+        "env_name": run.env_name,
+        "metadata": metadata,
+        "metrics": metrics,
+    }

@@ -1,0 +1,247 @@
+"""The trace line, as typed and checked (TRACE_FORMAT.md section 3).
+
+Each line is decoded by msgspec into a `Trace` that names only what conversion reads, so types
+are checked in C and everything else is skipped unread. Messages stay raw JSON (they go into the
+sample byte for byte); token ids and masks are decoded as typed lists and only counted.
+`decode_trace` adds the checks types cannot express (task.idx, raw shapes, the message graph),
+and every failure is a `BadRecord` naming the line and the reason.
+
+Not-finite numbers: a `NaN`/`Infinity` literal (not JSON, but Python's json writes it) is
+accepted, and so is a `null` reward or metric (what pydantic writes for NaN); both count as
+NaN and go out as `null`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import msgspec
+
+from evalpush.errors import BadRecord
+
+NAN = float("nan")
+
+MAX_DEPTH = 1024
+"""Deepest nesting the lenient parse accepts (msgspec's parser stops a little earlier, at
+Python's recursion limit: either way the line is refused as nested too deeply)."""
+
+
+# ---------------------------------------------------------------- the trace line, as typed
+
+
+# gc=False: these hold no reference cycles, and untracked objects spare the collector work on
+# every line.
+class Usage(msgspec.Struct, gc=False):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_input_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cost: float | None = None
+
+
+_EMPTY_OBJECT = msgspec.Raw(b"{}")
+
+
+class Node(msgspec.Struct, gc=False):
+    """A MessageNode. `message` stays raw JSON, passed through to the sample untouched."""
+
+    message: msgspec.Raw
+    parent: int | None = None
+    sampled: bool = False
+    token_ids: list[int] = []
+    mask: list[bool] = []
+    finish_reason: str | None = None
+    usage: Usage | None = None
+
+
+class Trace(msgspec.Struct, gc=False):
+    """What conversion reads of a trace line; keys it does not name are skipped unread."""
+
+    id: str
+    task: dict[str, Any]
+    nodes: list[Node] = []
+    rewards: dict[str, float | None] = {}
+    metrics: dict[str, float | None] = {}
+    info: msgspec.Raw = _EMPTY_OBJECT
+    is_completed: bool = False
+    stop_condition: str | None = None
+    errors: list[msgspec.Raw] = []
+    timing: msgspec.Raw = _EMPTY_OBJECT
+
+
+_DECODER = msgspec.json.Decoder(Trace)
+
+
+# ---------------------------------------------------------------- parsing and checking
+
+
+def decode_trace(data: bytes, number: int) -> Trace:
+    """The line as a checked `Trace`; `BadRecord` names the first problem."""
+    try:
+        trace = _DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise BadRecord(_describe(exc), line=number) from None
+    except msgspec.DecodeError:
+        trace = _decode_lenient(data, number)
+    except RecursionError:
+        raise BadRecord("nested too deeply", line=number) from None
+    if not data.isascii():
+        # Raw fields (messages, info) are not checked by the decoder: a bad byte there would
+        # reach the platform and get the whole batch refused.
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
+    _check(trace, number)
+    trace.rewards = _scores(trace.rewards)
+    trace.metrics = _scores(trace.metrics)
+    return trace
+
+
+_MISSING = re.compile(
+    r"Object missing required field `(?P<field>[^`]+)`(?: - at `\$(?P<at>[^`]*)`)?"
+)
+_WRONG_TYPE = re.compile(
+    r"Expected `(?P<want>[^`]+)`, got `(?P<got>[^`]+)`(?: - at `\$(?P<at>[^`]*)`)?"
+)
+_KINDS = {
+    "object": "an object",
+    "array": "a list",
+    "str": "a string",
+    "int": "an integer",
+    "float": "a number",
+    "bool": "a boolean",
+    "null": "null",
+}
+
+
+def _kind(name: str) -> str:
+    names = [part for part in name.split(" | ") if part != "null"] or ["null"]
+    return " or ".join(_KINDS.get(part, part) for part in names)
+
+
+def _describe(exc: msgspec.ValidationError) -> str:
+    """msgspec's validation message in the words of the rest of the daemon's reasons."""
+    message = str(exc)
+    if missing := _MISSING.fullmatch(message):
+        at = (missing["at"] or "").lstrip(".")
+        return f"missing '{at + '.' if at else ''}{missing['field']}'"
+    if wrong := _WRONG_TYPE.fullmatch(message):
+        at, want, got = (wrong["at"] or "").lstrip("."), _kind(wrong["want"]), _kind(wrong["got"])
+        if not at:
+            got = {"a list": "an array"}.get(got, got)
+            return f"the line is {got}, not a JSON object"
+        if at.endswith("[...]"):
+            return f"a value in '{at[:-5]}' must be {want}, got {got}"
+        return f"'{at}' must be {want}, got {got}"
+    return message
+
+
+def _decode_lenient(data: bytes, number: int) -> Trace:
+    """Python's parser, which also takes NaN/Infinity literals: non-finite numbers become
+    null (what goes out for them anyway), then the line is decoded as usual."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadRecord(f"invalid JSON: {exc.msg} at column {exc.colno}", line=number) from None
+    except RecursionError:
+        value = None
+    if value is None or _deeper_than(value, MAX_DEPTH):
+        raise BadRecord(f"invalid JSON: nested too deeply (over {MAX_DEPTH} levels)", line=number)
+    try:
+        strict = json.dumps(_finite(value), allow_nan=False).encode()
+        return _DECODER.decode(strict)
+    except msgspec.ValidationError as exc:
+        raise BadRecord(_describe(exc), line=number) from None
+    except RecursionError:
+        raise BadRecord("nested too deeply", line=number) from None
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise BadRecord(f"invalid JSON: {exc}", line=number) from None
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests containers more than `limit` deep (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if type(item) is dict else item if type(item) is list else ()
+        for child in children:
+            if type(child) in (dict, list):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def _finite(value: Any) -> Any:
+    """`value` with non-finite floats as None."""
+    kind = type(value)
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is dict:
+        return {k: _finite(v) for k, v in value.items()}
+    if kind is list:
+        return [_finite(v) for v in value]
+    return value
+
+
+def _check(trace: Trace, number: int) -> None:
+    """What the types alone do not say: task.idx, raw shapes, and the graph."""
+    if not trace.id:
+        raise BadRecord("'id' must be a non-empty string", line=number)
+    if "idx" not in trace.task:
+        raise BadRecord("missing 'task.idx'", line=number)
+    if type(trace.task["idx"]) is not int:
+        raise BadRecord(
+            f"'task.idx' must be an integer, got {trace.task['idx']!r}"[:200], line=number
+        )
+    for name, raw in (("info", trace.info), ("timing", trace.timing)):
+        if memoryview(raw)[:1] != b"{":
+            raise BadRecord(f"'{name}' must be an object", line=number)
+    for i, raw in enumerate(trace.errors):
+        if memoryview(raw)[:1] != b"{":
+            raise BadRecord(f"'errors[{i}]' must be an object", line=number)
+    count = len(trace.nodes)
+    forward_only = True  # every parent precedes its child: then no cycle is possible
+    for i, node in enumerate(trace.nodes):
+        if memoryview(node.message)[:1] != b"{":
+            raise BadRecord(f"'nodes[{i}].message' must be an object", line=number)
+        parent = node.parent
+        if parent is not None:
+            if not 0 <= parent < count:
+                raise BadRecord(f"'nodes[{i}].parent' {parent} is out of range", line=number)
+            if parent >= i:
+                forward_only = False
+    if not forward_only:
+        _check_acyclic([node.parent for node in trace.nodes], number)
+
+
+def _check_acyclic(parents: list[int | None], number: int) -> None:
+    """Every parent chain reaches a root: O(n) with the chains already proven."""
+    reaches_root = [False] * len(parents)
+    for i in range(len(parents)):
+        chain: list[int] = []
+        on_chain: set[int] = set()
+        j: int | None = i
+        while j is not None and not reaches_root[j]:
+            if j in on_chain:
+                raise BadRecord(f"'nodes' parent links form a cycle through node {j}", line=number)
+            chain.append(j)
+            on_chain.add(j)
+            j = parents[j]
+        for k in chain:
+            reaches_root[k] = True
+
+
+def _scores(scores: dict[str, float | None]) -> dict[str, float]:
+    """Scores with null (how pydantic writes NaN) read as NaN."""
+    if None in scores.values():
+        return {k: NAN if v is None else v for k, v in scores.items()}
+    return scores  # type: ignore[return-value]
