@@ -162,6 +162,10 @@ class TestEnvironmentValues:
 
         assert config.watch.roots == [Path("/data/a")]
 
+    def test_a_value_is_one_toml_value_and_not_a_document(self):
+        with pytest.raises(ConfigError, match="EVALPUSH_WATCH__ROOTS"):
+            load_config(environ={"EVALPUSH_WATCH__ROOTS": '["/a"]\nsneaky = 1'})
+
     @pytest.mark.parametrize("raw", ["DEBUG", "Debug", "debug"])
     def test_a_log_level_name_is_read_in_any_case(self, raw):
         assert load_config(environ={"EVALPUSH_LOG__LEVEL": raw}).log.level == "debug"

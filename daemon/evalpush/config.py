@@ -275,8 +275,11 @@ def _sort_variables(environ: Mapping[str, str]) -> _Variables:
 
 
 def _toml_value(raw: str) -> Any:
-    """`raw` read as a TOML value; ValueError when it is not one."""
-    return tomllib.loads(f"v = {raw}")["v"]
+    """`raw` read as one TOML value; ValueError when it is not one (or is more than one)."""
+    document = tomllib.loads(f"v = {raw}")
+    if len(document) != 1:
+        raise ValueError("more than one TOML value")
+    return document["v"]
 
 
 def _unquoted(raw: str) -> str:
