@@ -307,6 +307,12 @@ class TestServer:
             httpx.get(f"{url}/healthz", timeout=HTTP_TIMEOUT_SECONDS)
         server.stop()  # a second stop is harmless
 
+    def test_a_second_start_is_refused_rather_than_leaking_the_first_server(self, server):
+        with pytest.raises(RuntimeError, match="already started"):
+            server.start()
+
+        assert len(metrics_threads()) == 1
+
     def test_a_client_that_sends_nothing_holds_stop_only_until_its_timeout(self, world, metrics):
         before = set(threading.enumerate())
         server = MetricsServer(

@@ -62,9 +62,7 @@ POLL_SECONDS = 0.25
 DURATION_BUCKETS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 """Request durations: a probe takes milliseconds, a 25 MiB samples batch up to the read timeout."""
 
-RUN_STATES = tuple(
-    str(getattr(State, name)) for name in dir(State) if name.isupper() and not name.startswith("_")
-)
+RUN_STATES = tuple(str(getattr(State, name)) for name in dir(State) if name.isupper())
 
 
 class Endpoint(StrEnum):
@@ -369,6 +367,8 @@ class MetricsServer:
 
     def start(self) -> None:
         """Bind and serve; a ConfigError naming `metrics.listen` when the address cannot be used."""
+        if self._server is not None:
+            raise RuntimeError("the metrics server is already started")
         listen = (
             f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
         )
