@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from evalpush.config import Config, load_config
+from evalpush.config import NOT_SETTINGS, Config, load_config
 from evalpush.errors import ConfigError
+from evalpush.upload import CRASH_ENV
 
 
 def config_file(tmp_path: Path, text: str) -> Path:
@@ -42,6 +46,15 @@ class TestDefaults:
 
     def test_no_file_and_no_environment_gives_the_defaults(self):
         assert load_config(environ={}) == Config()
+
+    def test_config_alone_reads_neither_the_environment_nor_a_file(self, monkeypatch, tmp_path):
+        monkeypatch.setenv("EVALPUSH_UPLOAD__MAX_CONCURRENT_RUNS", "9")
+        monkeypatch.setenv("EVALPUSH_CONFIG", str(config_file(tmp_path, "[runs]\nmarker = 'x'\n")))
+
+        assert Config().upload.max_concurrent_runs == 4
+        assert Config.model_validate({"runs": {"settle_seconds": 1}}).runs.marker == ""
+        loaded = load_config()
+        assert (loaded.upload.max_concurrent_runs, loaded.runs.marker) == (9, "x")
 
 
 class TestPrecedence:
@@ -139,10 +152,28 @@ class TestEnvironmentValues:
 
         assert (config.platform.team_id, config.runs.marker) == ("12345", "true")
 
-    def test_evalpush_variables_that_name_no_key_are_not_settings(self):
-        environ = {"EVALPUSH_CONFIG": "", "EVALPUSH_STATE_DIR": "", "EVALPUSH_DEBUG": "1"}
+    def test_empty_evalpush_config_and_state_dir_set_nothing(self):
+        environ = {"EVALPUSH_CONFIG": "", "EVALPUSH_STATE_DIR": ""}
 
         assert load_config(environ=environ) == Config()
+
+    def test_an_array_may_be_written_with_toml_single_quotes(self):
+        config = load_config(environ={"EVALPUSH_WATCH__ROOTS": "['/data/a']"})
+
+        assert config.watch.roots == [Path("/data/a")]
+
+    def test_a_value_is_one_toml_value_and_not_a_document(self):
+        with pytest.raises(ConfigError, match="EVALPUSH_WATCH__ROOTS"):
+            load_config(environ={"EVALPUSH_WATCH__ROOTS": '["/a"]\nsneaky = 1'})
+
+    @pytest.mark.parametrize("raw", ["DEBUG", "Debug", "debug"])
+    def test_a_log_level_name_is_read_in_any_case(self, raw):
+        assert load_config(environ={"EVALPUSH_LOG__LEVEL": raw}).log.level == "debug"
+
+    def test_a_log_level_name_in_the_file_is_read_in_any_case(self, tmp_path):
+        path = config_file(tmp_path, '[log]\nlevel = "Warning"\n')
+
+        assert load_config(path, environ={}).log.level == "warning"
 
 
 class TestErrors:
@@ -237,3 +268,176 @@ class TestErrors:
             load_config(tmp_path, environ={})
 
         assert str(tmp_path) in str(raised.value)
+
+
+class TestVariablesThatNameNoSetting:
+    def test_one_underscore_too_few_is_an_error_naming_the_variable_and_the_real_one(self):
+        with pytest.raises(ConfigError) as raised:
+            load_config(environ={"EVALPUSH_UPLOAD_MAX_CONCURRENT_RUNS": "3"})
+
+        message = str(raised.value)
+        assert "EVALPUSH_UPLOAD_MAX_CONCURRENT_RUNS" in message
+        assert "did you mean EVALPUSH_UPLOAD__MAX_CONCURRENT_RUNS?" in message
+
+    def test_a_variable_like_no_setting_at_all_is_an_error_naming_it(self):
+        with pytest.raises(ConfigError, match="EVALPUSH_DEBUG") as raised:
+            load_config(environ={"EVALPUSH_DEBUG": "1"})
+
+        assert "did you mean" not in str(raised.value)
+
+    def test_a_whole_section_in_one_variable_is_an_error(self):
+        with pytest.raises(ConfigError, match="EVALPUSH_WATCH "):
+            load_config(environ={"EVALPUSH_WATCH": '{roots = ["/a"]}'})
+
+    def test_a_key_nested_too_deep_is_an_error(self):
+        with pytest.raises(ConfigError, match="EVALPUSH_WATCH__ROOTS__0"):
+            load_config(environ={"EVALPUSH_WATCH__ROOTS__0": "/a"})
+
+    def test_variables_evalpush_reads_elsewhere_are_not_errors(self):
+        environ = {name: "1" for name in NOT_SETTINGS}
+
+        assert load_config(environ=environ) == Config()
+
+    def test_the_crash_point_variable_is_one_of_them(self):
+        assert CRASH_ENV in NOT_SETTINGS
+
+    def test_other_variables_are_not_looked_at(self):
+        environ = {"PRIME_API_KEY": "k", "MY_EVALPUSH_UPLOAD": "x", "HOME": "/root"}
+
+        assert load_config(environ=environ) == Config()
+
+    def test_unknown_variables_and_bad_values_are_one_error_naming_each(self, tmp_path):
+        path = config_file(tmp_path, '[log]\nlevel = "loud"\n')
+        environ = {"EVALPUSH_UPLOAD_MAX_CONCURRENT_RUNS": "3", "EVALPUSH_READ__MAX_LINE_BYTES": "x"}
+
+        with pytest.raises(ConfigError) as raised:
+            load_config(path, environ=environ)
+
+        message = str(raised.value)
+        assert "EVALPUSH_UPLOAD_MAX_CONCURRENT_RUNS" in message
+        assert "EVALPUSH_READ__MAX_LINE_BYTES" in message
+        assert "key 'log.level'" in message and str(path) in message
+
+
+class TestEveryErrorNamesItsSource:
+    def test_a_bad_environment_value_names_the_variable(self):
+        with pytest.raises(ConfigError) as raised:
+            load_config(environ={"EVALPUSH_READ__MAX_LINE_BYTES": "abc"})
+
+        assert "EVALPUSH_READ__MAX_LINE_BYTES" in str(raised.value)
+
+    def test_a_bad_value_set_by_the_environment_does_not_blame_the_file(self, tmp_path):
+        path = config_file(tmp_path, "[read]\nmax_line_bytes = 1024\n")
+
+        with pytest.raises(ConfigError) as raised:
+            load_config(path, environ={"EVALPUSH_READ__MAX_LINE_BYTES": "abc"})
+
+        assert "EVALPUSH_READ__MAX_LINE_BYTES" in str(raised.value)
+        assert str(path) not in str(raised.value)
+
+    def test_a_bad_file_value_does_not_blame_the_environment(self, tmp_path):
+        path = config_file(tmp_path, '[read]\nmax_line_bytes = "abc"\n')
+
+        with pytest.raises(ConfigError) as raised:
+            load_config(path, environ={"EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES": "10"})
+
+        assert str(path) in str(raised.value)
+        assert "EVALPUSH_" not in str(raised.value)
+
+    def test_a_bad_flag_value_names_the_command_line(self, tmp_path):
+        path = config_file(tmp_path, "[state]\ndir = 5\n")
+
+        with pytest.raises(ConfigError) as raised:
+            load_config(path, environ={}, flags={"state": {"dir": 7}})
+
+        assert "command line" in str(raised.value)
+        assert str(path) not in str(raised.value)
+
+    def test_a_missing_file_named_by_evalpush_config_says_which_variable_named_it(self, tmp_path):
+        path = tmp_path / "absent.toml"
+
+        with pytest.raises(ConfigError, match="not found") as raised:
+            load_config(environ={"EVALPUSH_CONFIG": str(path)})
+
+        assert str(path) in str(raised.value)
+        assert "EVALPUSH_CONFIG" in str(raised.value)
+
+    def test_an_unknown_file_key_suggests_the_closest_real_one(self, tmp_path):
+        path = config_file(tmp_path, "[watch]\nrescan_secs = 5\n")
+
+        with pytest.raises(ConfigError, match="did you mean 'watch.rescan_seconds'"):
+            load_config(path, environ={})
+
+
+class TestMetricsSection:
+    def test_metrics_are_off_by_default_and_health_turns_bad_after_ten_minutes(self):
+        metrics = load_config(environ={}).metrics
+
+        assert (metrics.listen, metrics.address, metrics.unhealthy_after_seconds) == ("", None, 600)
+
+    @pytest.mark.parametrize(
+        "listen, address",
+        [
+            ("127.0.0.1:9464", ("127.0.0.1", 9464)),
+            ("0.0.0.0:9464", ("0.0.0.0", 9464)),
+            ("[::1]:9464", ("::1", 9464)),
+            ("[::]:80", ("::", 80)),
+            ("localhost:0", ("localhost", 0)),
+        ],
+    )
+    def test_listen_is_a_host_and_a_port(self, listen, address):
+        config = load_config(environ={"EVALPUSH_METRICS__LISTEN": listen})
+
+        assert config.metrics.address == address
+
+    @pytest.mark.parametrize(
+        "listen",
+        [
+            "9464",
+            ":9464",
+            "127.0.0.1",
+            "127.0.0.1:",
+            "127.0.0.1:http",
+            "127.0.0.1:65536",
+            "::1:9464",
+            "[::1]",
+            "[not-v6]:9464",
+            "[127.0.0.1]:9464",
+            "my host:9464",
+            "127.0.0.1:9464/metrics",
+        ],
+    )
+    def test_a_bad_listen_value_is_an_error_naming_the_key_and_the_file(self, tmp_path, listen):
+        path = config_file(tmp_path, f"[metrics]\nlisten = {listen!r}\n".replace("'", '"'))
+
+        with pytest.raises(ConfigError) as raised:
+            load_config(path, environ={})
+
+        assert "key 'metrics.listen'" in str(raised.value)
+        assert str(path) in str(raised.value)
+        assert "HOST:PORT" in str(raised.value)
+
+    def test_unhealthy_after_seconds_must_be_positive(self):
+        with pytest.raises(ConfigError, match="metrics.unhealthy_after_seconds"):
+            load_config(environ={"EVALPUSH_METRICS__UNHEALTHY_AFTER_SECONDS": "0"})
+
+
+class TestThroughTheCommand:
+    def test_a_misspelt_variable_stops_the_command_with_exit_2_and_the_real_name(self, tmp_path):
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("EVALPUSH_", "PRIME_"))}
+        environ.update(
+            EVALPUSH_STATE_DIR=str(tmp_path / "state"), EVALPUSH_UPLOAD_MAX_CONCURRENT_RUNS="3"
+        )
+
+        done = subprocess.run(
+            [sys.executable, "-m", "evalpush", "status"],
+            capture_output=True,
+            text=True,
+            env=environ,
+            timeout=60,
+            check=False,
+        )
+
+        assert done.returncode == 2
+        assert "did you mean EVALPUSH_UPLOAD__MAX_CONCURRENT_RUNS?" in done.stderr
+        assert "Traceback" not in done.stderr

@@ -1,29 +1,98 @@
-"""Configuration: one pydantic model of every setting, loaded with a fixed precedence.
+"""Configuration: one pydantic model of every setting, loaded by pydantic-settings.
 
-Precedence, highest first: command-line flag > environment variable > config file > default.
-Environment variables are `EVALPUSH_<SECTION>__<KEY>` for any key (an array, table or quoted
-string is read as TOML; anything else is the plain string, which validation reads as the key's
-type, so `60` is a number for a number key and stays "60" for a string key), plus `EVALPUSH_CONFIG` (the file) and
-`EVALPUSH_STATE_DIR`. The platform's own variables (`PRIME_API_KEY`, ...) are read by
+Precedence, highest first: command-line flag > environment variable > config file > default
+(`Config.settings_customise_sources`). The sources:
+
+- flags: `load_config(flags={section: {key: value}})`, the command-line values that were given;
+- the environment: `EVALPUSH_<SECTION>__<KEY>` for any key (pydantic-settings' prefix and
+  nesting), plus `EVALPUSH_STATE_DIR` (short for `EVALPUSH_STATE__DIR`, and wins over it).
+  Where a key wants an array the value is TOML, as in the file (`["/data/a", "/data/b"]`);
+  otherwise it is the plain string, which validation reads as the key's type (`60` is a number
+  for a number key and stays "60" for a string key); a quoted string loses its quotes. Any other
+  `EVALPUSH_*` variable is an error naming it and the closest real name, except
+  `EVALPUSH_CONFIG` and the few in `NOT_SETTINGS`;
+- the file: `--config FILE`, else `$EVALPUSH_CONFIG`; TOML, every key optional.
+
+`Config()` alone reads nothing: it is the defaults, or the keyword arguments given. Only
+`load_config` reads the environment and the file. Every problem in every source is one
+`ConfigError` naming each key and where its value came from: the file, the variable, or the
+command line. The platform's own variables (`PRIME_API_KEY`, ...) are read by
 `evalpush.platform`, which owns credentials.
-
-A bad file or value raises one `ConfigError` naming the key and the file.
 """
 
 from __future__ import annotations
 
+import difflib
+import ipaddress
 import os
+import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from evalpush.errors import BadInput, ConfigError
 
 MIB = 1024 * 1024
+MAX_PORT = 65535
 ENV_PREFIX = "EVALPUSH_"
+ENV_NESTED_DELIMITER = "__"
+CONFIG_VARIABLE = "EVALPUSH_CONFIG"
+STATE_DIR_VARIABLE = "EVALPUSH_STATE_DIR"
+NOT_SETTINGS = frozenset({"EVALPUSH_CRASH_AT", "EVALPUSH_TEST_SEED", "EVALPUSH_BENCH_PEAK_FILE"})
+"""`EVALPUSH_*` variables that are not settings: the crash point tests kill at
+(`upload.CRASH_ENV`), and the test suite's and the benchmarks' own knobs."""
+SUGGESTION_CUTOFF = 0.6
+"""How alike (difflib's ratio) a real name must be to a wrong one to be offered instead."""
+ENVIRONMENT = "EVALPUSH_* environment variable"
+COMMAND_LINE = "command line"
+
+
+def _lowercase(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+LogLevel = Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lowercase)]
+
+_LISTEN = re.compile(r"(?:\[(?P<ipv6>[^\]]*)\]|(?P<host>[A-Za-z0-9.-]+)):(?P<port>[0-9]{1,5})")
+LISTEN_FORMAT = "HOST:PORT, e.g. 127.0.0.1:9464, or [::1]:9464 for an IPv6 address"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`host:port` or `[ipv6]:port` as (host, port); port 0 is any free port.
+
+    A ValueError says what is wrong: a bare IPv6 address is refused, since its last `:` could
+    be part of the address.
+    """
+    match = _LISTEN.fullmatch(text)
+    if match is None:
+        raise ValueError(f"expected {LISTEN_FORMAT}")
+    port = int(match["port"])
+    if port > MAX_PORT:
+        raise ValueError(f"port {port} is over {MAX_PORT}; expected {LISTEN_FORMAT}")
+    if match["ipv6"] is None:
+        return match["host"], port
+    try:
+        ipaddress.IPv6Address(match["ipv6"])
+    except ValueError:
+        raise ValueError(
+            f"[{match['ipv6']}] is not an IPv6 address; expected {LISTEN_FORMAT}"
+        ) from None
+    return match["ipv6"], port
 
 
 class _Section(BaseModel):
@@ -71,11 +140,41 @@ class StateConfig(_Section):
 
 
 class LogConfig(_Section):
-    level: Literal["debug", "info", "warning", "error"] = "info"
+    level: LogLevel = "info"
     format: Literal["auto", "json", "console"] = "auto"
 
 
-class Config(_Section):
+class MetricsConfig(_Section):
+    listen: str = ""  # off; see parse_listen
+    unhealthy_after_seconds: float = Field(600.0, gt=0)
+
+    @field_validator("listen")
+    @classmethod
+    def _host_and_port(cls, value: str) -> str:
+        if value:
+            parse_listen(value)
+        return value
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """Where to serve /metrics and /healthz: (host, port), or None when off."""
+        return parse_listen(self.listen) if self.listen else None
+
+
+# The sources `load_config` builds for one call; `Config()` outside it sees none and reads nothing.
+_LOADING: ContextVar[tuple[PydanticBaseSettingsSource, ...]] = ContextVar(
+    "evalpush_config_sources", default=()
+)
+
+
+class Config(BaseSettings):
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        frozen=True,
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+    )
+
     watch: WatchConfig = WatchConfig()
     runs: RunsConfig = RunsConfig()
     read: ReadConfig = ReadConfig()
@@ -84,6 +183,23 @@ class Config(_Section):
     platform: PlatformConfig = PlatformConfig()
     state: StateConfig = StateConfig()
     log: LogConfig = LogConfig()
+    metrics: MetricsConfig = MetricsConfig()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Keyword arguments (the flags) > environment > file; pydantic-settings adds defaults.
+
+        The environment and the file are the ones `load_config` was given: the library's own
+        sources read `os.environ` and a file fixed on the class.
+        """
+        return (init_settings, *_LOADING.get())
 
     @property
     def state_dir(self) -> Path:
@@ -98,34 +214,106 @@ class Config(_Section):
         return base / "evalpush"
 
 
-def _env_value(raw: str) -> Any:
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
-    return value if isinstance(value, (list, dict, str)) else raw
+def _keys() -> dict[str, tuple[str, str]]:
+    """Every setting's variable name: `EVALPUSH_<SECTION>__<KEY>` -> (section, key)."""
+    return {
+        f"{ENV_PREFIX}{section}{ENV_NESTED_DELIMITER}{key}".upper(): (section, key)
+        for section, field in Config.model_fields.items()
+        for key in field.annotation.model_fields
+    }
 
 
-def _env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    overrides: dict[str, dict[str, Any]] = {}
-    for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
+def _closest(name: str, candidates: Sequence[str]) -> str | None:
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=SUGGESTION_CUTOFF)
+    return close[0] if close else None
+
+
+# -- the environment --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Variables:
+    """The `EVALPUSH_*` variables of one environment, sorted into settings and problems."""
+
+    values: dict[str, str]  # EVALPUSH_<SECTION>__<KEY> (upper case) -> raw value
+    names: dict[tuple[str, str], str]  # (section, key) -> the variable as it was spelt
+    problems: list[str]
+
+
+def _unknown_variable(name: str, keys: Sequence[str]) -> str:
+    wrong = name.upper().removeprefix(ENV_PREFIX)
+    real = [n.removeprefix(ENV_PREFIX) for n in (*keys, CONFIG_VARIABLE, STATE_DIR_VARIABLE)]
+    closest = _closest(wrong, real)
+    hint = (
+        f"did you mean {ENV_PREFIX}{closest}?"
+        if closest
+        else f"settings are {ENV_PREFIX}<SECTION>{ENV_NESTED_DELIMITER}<KEY> (config.example.toml has every key)"
+    )
+    key = wrong.lower().replace(ENV_NESTED_DELIMITER, ".")
+    return f"{name} ({ENVIRONMENT}): unknown key {key!r}, {hint}"
+
+
+def _sort_variables(environ: Mapping[str, str]) -> _Variables:
+    keys = _keys()
+    found = _Variables({}, {}, [])
+    state_dir: tuple[str, str] | None = None
+    for name, value in environ.items():
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in NOT_SETTINGS or upper == CONFIG_VARIABLE:
             continue
-        section, _, key = name[len(ENV_PREFIX) :].partition("__")
-        overrides.setdefault(section.lower(), {})[key.lower()] = _env_value(raw)
-    if environ.get("EVALPUSH_STATE_DIR"):
-        overrides.setdefault("state", {})["dir"] = environ["EVALPUSH_STATE_DIR"]
-    return overrides
-
-
-def _merge(base: dict[str, Any], layer: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in layer.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _merge(merged[key], value)
+        if upper == STATE_DIR_VARIABLE:
+            state_dir = (name, value) if value else None  # empty: unset, as before
+        elif upper in keys:
+            found.values[upper] = value
+            found.names[keys[upper]] = name
         else:
-            merged[key] = value
-    return merged
+            found.problems.append(_unknown_variable(name, list(keys)))
+    if state_dir is not None:
+        name, found.values[f"{ENV_PREFIX}STATE{ENV_NESTED_DELIMITER}DIR"] = state_dir
+        found.names[("state", "dir")] = name
+    return found
+
+
+def _toml_value(raw: str) -> Any:
+    """`raw` read as one TOML value; ValueError when it is not one (or is more than one)."""
+    document = tomllib.loads(f"v = {raw}")
+    if len(document) != 1:
+        raise ValueError("more than one TOML value")
+    return document["v"]
+
+
+def _unquoted(raw: str) -> str:
+    """A value written as a TOML string ("x" or 'x') is that string; anything else is itself."""
+    if raw[:1] not in ('"', "'"):
+        return raw
+    try:
+        value = _toml_value(raw)
+    except ValueError:
+        return raw
+    return value if isinstance(value, str) else raw
+
+
+class _Environment(EnvSettingsSource):
+    """pydantic-settings' environment source over given variables, with values written as TOML."""
+
+    def __init__(self, settings_cls: type[BaseSettings], variables: Mapping[str, str]):
+        self._variables = variables  # read by _load_env_vars, which the base __init__ calls
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # The library reads os.environ; load_config is given the environment (tests give theirs)
+        # and has already set aside every variable that names no setting.
+        return {name.lower(): _unquoted(value) for name, value in self._variables.items()}
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        # An array is written as in the file, so ['/a'] works as well as the library's JSON.
+        try:
+            return _toml_value(value)
+        except ValueError:
+            return value  # validation then says what the key wants, naming the variable
+
+
+# -- the file ---------------------------------------------------------------------------------
 
 
 def read_toml(path: Path, error: type[BadInput], what: str) -> dict[str, Any]:
@@ -143,15 +331,73 @@ def read_toml(path: Path, error: type[BadInput], what: str) -> dict[str, Any]:
         raise error(f"{path}: {what} is not valid TOML: {exc}") from None
 
 
-def _describe(exc: ValidationError, origin: str) -> str:
-    problems = []
-    for err in exc.errors():
-        key = ".".join(str(part) for part in err["loc"])
-        if err["type"] == "extra_forbidden":
-            problems.append(f"unknown key {key!r}")
-        else:
-            problems.append(f"key {key!r}: {err['msg']} (got {err.get('input')!r})")
-    return f"{origin}: invalid configuration: " + "; ".join(problems)
+class _ConfigFile(TomlConfigSettingsSource):
+    """pydantic-settings' TOML source, except that a file it cannot read is an error naming it.
+
+    The library skips a missing file without a word, and anything that is not a regular file,
+    such as the pipe of `--config <(...)`.
+    """
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path, what: str):
+        self._what = what  # read by _read_files, which the base __init__ calls
+        super().__init__(settings_cls, toml_file=path)
+
+    def _read_files(self, files: Any, deep_merge: bool = False) -> dict[str, Any]:
+        return read_toml(Path(files), ConfigError, self._what)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def _holds(data: Mapping[str, Any], loc: tuple[int | str, ...]) -> bool:
+    for part in loc:
+        if not isinstance(data, Mapping) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+@dataclass(frozen=True)
+class _Origins:
+    """Where each value came from, so an error can name it: the highest source that set it."""
+
+    flags: Mapping[str, Any]
+    variables: Mapping[tuple[str, str], str]
+    path: Path | None
+
+    def of(self, loc: tuple[int | str, ...]) -> str:
+        if _holds(self.flags, loc[:2]):
+            return COMMAND_LINE
+        variable = self.variables.get((str(loc[0]), str(loc[1]))) if len(loc) > 1 else None
+        if variable is not None:
+            return f"{variable} ({ENVIRONMENT})"
+        return str(self.path)  # defaults are valid, so whatever else failed came from the file
+
+
+def _unknown_key(key: str) -> str:
+    real = [*Config.model_fields, *(f"{s}.{k}" for s, k in _keys().values())]
+    closest = _closest(key, real)
+    return f"unknown key {key!r}" + (f" (did you mean {closest!r}?)" if closest else "")
+
+
+def _problem(error: ErrorDetails, origins: _Origins) -> str:
+    key = ".".join(str(part) for part in error["loc"])
+    where = origins.of(error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"{where}: {_unknown_key(key)}"
+    return f"{where}: key {key!r}: {error['msg']} (got {error.get('input')!r})"
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _loading(sources: tuple[PydanticBaseSettingsSource, ...]) -> Iterator[None]:
+    token = _LOADING.set(sources)
+    try:
+        yield
+    finally:
+        _LOADING.reset(token)
 
 
 def load_config(
@@ -163,18 +409,33 @@ def load_config(
     """Build the configuration from defaults, the file, the environment and flags.
 
     `path` None means `$EVALPUSH_CONFIG` if set, else no file. `flags` is a nested
-    `{section: {key: value}}` of command-line values that were given.
+    `{section: {key: value}}` of command-line values that were given. Every problem found is
+    in one `ConfigError`.
     """
     environ = os.environ if environ is None else environ
-    if path is None and environ.get("EVALPUSH_CONFIG"):
-        path = Path(environ["EVALPUSH_CONFIG"])
-    data: dict[str, Any] = read_toml(path, ConfigError, "config file") if path else {}
-    env_layer = _env_overrides(environ)
-    data = _merge(_merge(data, env_layer), flags or {})
-    origin = str(path) if path is not None else "configuration"
-    if env_layer:
-        origin += " (with EVALPUSH_* environment overrides)"
+    flags = flags or {}
+    what = "config file"
+    if path is None and environ.get(CONFIG_VARIABLE):
+        path, what = Path(environ[CONFIG_VARIABLE]), f"config file (named by {CONFIG_VARIABLE})"
+    variables = _sort_variables(environ)
+    sources: list[PydanticBaseSettingsSource] = [_Environment(Config, variables.values)]
+    if path is not None:
+        try:
+            sources.append(_ConfigFile(Config, path, what))
+        except ConfigError as exc:
+            raise _invalid([*variables.problems, str(exc)]) from None
     try:
-        return Config.model_validate(data)
+        with _loading(tuple(sources)):
+            config = Config(**flags)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, origin)) from None
+        origins = _Origins(flags, variables.names, path)
+        raise _invalid(
+            [*variables.problems, *(_problem(error, origins) for error in exc.errors())]
+        ) from None
+    if variables.problems:
+        raise _invalid(variables.problems)
+    return config
+
+
+def _invalid(problems: Sequence[str]) -> ConfigError:
+    return ConfigError("invalid configuration: " + "; ".join(problems))

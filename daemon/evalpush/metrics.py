@@ -1,0 +1,430 @@
+"""The daemon's metrics and health for Prometheus: what is measured, the hooks that feed it, and
+the small HTTP server on `[metrics] listen` that serves `/metrics` and `/healthz`.
+
+| metric | type | fed by |
+| --- | --- | --- |
+| `evalpush_runs{state}` | gauge | `Metrics.set_runs(counts)`: the daemon, from the ledger |
+| `evalpush_samples_sent_total` | counter | `Metrics.samples_sent(count, nbytes)` per acknowledged batch |
+| `evalpush_samples_sent_bytes_total` | counter | the same call: the request bodies' bytes |
+| `evalpush_platform_requests_total{endpoint,outcome}` | counter | `RequestObserver.request_done`: the platform client, after every attempt |
+| `evalpush_platform_request_duration_seconds{endpoint}` | histogram | the same call |
+| `evalpush_retries_total` | counter | `Metrics.retried()`: the retrier, before each new attempt |
+| `evalpush_platform_unreachable_seconds` | gauge | `Probes.unreachable_seconds()`, read at scrape time |
+| `evalpush_oldest_waiting_run_age_seconds` | gauge | `Metrics.set_oldest_waiting(since)`; the age is taken at scrape time |
+| `evalpush_ledger_size_bytes` | gauge | `Probes.ledger_bytes()`, read at scrape time |
+| `evalpush_last_upload_success_timestamp_seconds` | gauge | `Metrics.upload_finalized()` |
+| `evalpush_build_info{version}` | info | this module |
+
+`/healthz` answers 200 `ok` unless the platform has been unreachable longer than
+`[metrics] unhealthy_after_seconds` or the ledger check reports a problem; then 503 with one
+reason a line. Probes are read on the server's request threads, so each must be quick and safe
+to call from any thread (a `stat`, or a value the daemon's loop keeps), never a SQLite query on
+a connection another thread owns.
+
+Wiring the platform client (the lead's part; `platform.py` does not know this module yet): give
+`PlatformClient` an optional `observer: RequestObserver` and wrap the one exchange in `_send`:
+
+    with observed(self._observer, endpoint):
+        ...  # build, send, classify: exactly the body `_send` has today
+
+where `endpoint` is the `Endpoint` named after the public method calling `_send` (a new
+keyword argument of `_send`; the URL path is no label, it holds evaluation ids). An attempt
+that raises is counted under the `Outcome` of what it raised (`outcome_of`), so the client
+classifies and the metrics only read the class. The retrier's `before_sleep` hook is where
+`Metrics.retried()` goes.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import Any, Protocol, Self
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
+
+from evalpush import __version__, errors
+from evalpush.config import MetricsConfig
+from evalpush.errors import ConfigError
+from evalpush.ledger import State
+
+REQUEST_TIMEOUT_SECONDS = 5.0
+"""How long a connection may send nothing before its thread gives up: `stop` waits for it."""
+POLL_SECONDS = 0.25
+"""How often the serving loop looks for `stop`: the longest `stop` waits for that loop."""
+DURATION_BUCKETS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+"""Request durations: a probe takes milliseconds, a 25 MiB samples batch up to the read timeout."""
+
+RUN_STATES = tuple(str(getattr(State, name)) for name in dir(State) if name.isupper())
+
+
+class Endpoint(StrEnum):
+    """One platform endpoint, named after the `PlatformClient` method that calls it."""
+
+    RESOLVE_ENVIRONMENT = "resolve_environment"
+    CREATE_EVALUATION = "create_evaluation"
+    PUSH_SAMPLES = "push_samples"
+    FINALIZE = "finalize"
+    GET_EVALUATION = "get_evaluation"
+    LIST_SAMPLES = "list_samples"
+    LIST_EVALUATIONS = "list_evaluations"
+    CLOSE_OUT = "close_out"
+    PROBE = "probe"
+
+
+class Outcome(StrEnum):
+    """How one attempt ended, read from the class `errors.py` gave its failure."""
+
+    OK = "ok"
+    UNREACHABLE = "unreachable"  # no connection was made: nothing was sent
+    AMBIGUOUS = "ambiguous"  # sent, and the answer lost (a broken connection, 502, 504)
+    THROTTLED = "throttled"  # 429
+    TRANSIENT = "transient"  # 408, 500, 503, a pool timeout, a 2xx that cannot be read
+    AUTH = "auth"  # 401, 403
+    REFUSED = "refused"  # 404, 409, 413, 422 and any other 4xx
+    ERROR = "error"  # anything else: a bug, not the platform
+
+
+HTTP_TOO_MANY_REQUESTS = 429
+
+
+def outcome_of(error: BaseException | None) -> Outcome:
+    match error:
+        case None:
+            return Outcome.OK
+        case errors.Unreachable():
+            return Outcome.UNREACHABLE
+        case errors.Ambiguous():
+            return Outcome.AMBIGUOUS
+        case errors.Transient(status=status):
+            return Outcome.THROTTLED if status == HTTP_TOO_MANY_REQUESTS else Outcome.TRANSIENT
+        case errors.AuthError():
+            return Outcome.AUTH
+        case errors.Refused():
+            return Outcome.REFUSED
+        case _:
+            return Outcome.ERROR
+
+
+class RequestObserver(Protocol):
+    """Told of every attempt the platform client makes, once it has ended."""
+
+    def request_done(
+        self, endpoint: Endpoint, error: BaseException | None, seconds: float
+    ) -> None: ...
+
+
+@contextmanager
+def observed(
+    observer: RequestObserver | None,
+    endpoint: Endpoint,
+    clock: Callable[[], float] = time.monotonic,
+) -> Iterator[None]:
+    """Report the attempt inside the block to `observer` (None: nobody is listening)."""
+    started = clock()
+    try:
+        yield
+    except BaseException as exc:
+        if observer is not None:
+            observer.request_done(endpoint, exc, clock() - started)
+        raise
+    if observer is not None:
+        observer.request_done(endpoint, None, clock() - started)
+
+
+def ledger_file_bytes(path: Path) -> int:
+    """The ledger's size on disk: the database and its write-ahead log (absent counts 0)."""
+    total = 0
+    for part in (path, path.with_name(path.name + "-wal")):
+        try:
+            total += part.stat().st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What metrics and health read at scrape time (see the module docstring: any thread)."""
+
+    unreachable_seconds: Callable[[], float]
+    """How long the platform has been unreachable; 0 while it answers."""
+    ledger_problem: Callable[[], str | None]
+    """Why the ledger cannot be used (e.g. the last write failed), or None when it can."""
+    ledger_bytes: Callable[[], int]
+
+
+class Metrics:
+    """The daemon's metrics, in a registry of their own (so tests and two daemons never share)."""
+
+    def __init__(self, probes: Probes, *, clock: Callable[[], float] = time.time) -> None:
+        self.registry = CollectorRegistry()
+        self._clock = clock
+        self._oldest_waiting_since: float | None = None
+        self._known_states: set[str] = set(RUN_STATES)
+        r = self.registry
+        Info("evalpush_build", "The running evalpush.", registry=r).info({"version": __version__})
+        self._runs = Gauge(
+            "evalpush_runs", "Runs the ledger knows, by state.", ["state"], registry=r
+        )
+        self._samples = Counter(
+            "evalpush_samples_sent", "Samples the platform acknowledged.", registry=r
+        )
+        self._bytes = Counter(
+            "evalpush_samples_sent_bytes", "Bytes of acknowledged samples requests.", registry=r
+        )
+        self._requests = Counter(
+            "evalpush_platform_requests",
+            "Platform requests (single attempts), by endpoint and outcome.",
+            ["endpoint", "outcome"],
+            registry=r,
+        )
+        self._durations = Histogram(
+            "evalpush_platform_request_duration_seconds",
+            "How long each platform request took, by endpoint.",
+            ["endpoint"],
+            buckets=DURATION_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self._retries = Counter(
+            "evalpush_retries", "Platform calls attempted again after a failure.", registry=r
+        )
+        self._last_success = Gauge(
+            "evalpush_last_upload_success_timestamp_seconds",
+            "When a run was last finalized (Unix time; 0: not since start).",
+            registry=r,
+        )
+        Gauge(
+            "evalpush_platform_unreachable_seconds",
+            "How long the platform has been unreachable (0 while it answers).",
+            registry=r,
+        ).set_function(probes.unreachable_seconds)
+        Gauge(
+            "evalpush_oldest_waiting_run_age_seconds",
+            "Age of the oldest run waiting to be uploaded (0: none waits).",
+            registry=r,
+        ).set_function(self._oldest_waiting_age)
+        Gauge(
+            "evalpush_ledger_size_bytes", "The ledger's size on disk, WAL included.", registry=r
+        ).set_function(probes.ledger_bytes)
+        self._start_series()
+
+    def _start_series(self) -> None:
+        # Every series exists from the start at 0, so rate() and alerts see the first event.
+        for state in RUN_STATES:
+            self._runs.labels(state=state).set(0)
+        for endpoint in Endpoint:
+            self._durations.labels(endpoint=endpoint)
+            for outcome in Outcome:
+                self._requests.labels(endpoint=endpoint, outcome=outcome)
+
+    # -- fed by the daemon -------------------------------------------------------------------
+
+    def set_runs(self, counts: Mapping[str, int]) -> None:
+        """Runs by state, all of them: a state missing from `counts` has none now."""
+        self._known_states.update(counts)
+        for state in self._known_states:
+            self._runs.labels(state=state).set(counts.get(state, 0))
+
+    def samples_sent(self, count: int, nbytes: int) -> None:
+        self._samples.inc(count)
+        self._bytes.inc(nbytes)
+
+    def retried(self) -> None:
+        self._retries.inc()
+
+    def upload_finalized(self) -> None:
+        self._last_success.set(self._clock())
+
+    def set_oldest_waiting(self, since: float | None) -> None:
+        """When the oldest run still waiting for upload became ready (Unix time), or None."""
+        self._oldest_waiting_since = since
+
+    def _oldest_waiting_age(self) -> float:
+        since = self._oldest_waiting_since
+        return 0.0 if since is None else max(0.0, self._clock() - since)
+
+    # -- fed by the platform client (RequestObserver) -----------------------------------------
+
+    def request_done(self, endpoint: Endpoint, error: BaseException | None, seconds: float) -> None:
+        self._requests.labels(endpoint=endpoint, outcome=outcome_of(error)).inc()
+        self._durations.labels(endpoint=endpoint).observe(seconds)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+@dataclass(frozen=True)
+class Health:
+    """The verdict `/healthz` gives: healthy, or the reasons it is not."""
+
+    probes: Probes
+    unhealthy_after_seconds: float
+
+    def problems(self) -> list[str]:
+        problems = []
+        unreachable = self.probes.unreachable_seconds()
+        if unreachable > self.unhealthy_after_seconds:
+            problems.append(
+                f"platform unreachable for {_duration(unreachable)}"
+                f" (over metrics.unhealthy_after_seconds = {self.unhealthy_after_seconds:g})"
+            )
+        ledger = self.probes.ledger_problem()
+        if ledger is not None:
+            problems.append(f"ledger: {ledger}")
+        return problems
+
+
+# -- the HTTP server ---------------------------------------------------------------------------
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+TEXT = (("Content-Type", "text/plain; charset=utf-8"),)
+"""Headers of every answer but a scrape: a tuple, since start_response adds to the list it is given."""
+
+
+class _Handler(WSGIRequestHandler):
+    server: _Server
+
+    @property
+    def timeout(self) -> float:  # StreamRequestHandler.setup gives the socket this timeout
+        return self.server.request_timeout
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Say nothing: a scrape every 15 s would drown the daemon's own log."""
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    # Request threads are not daemons, and server_close joins them: none outlives `stop`.
+    daemon_threads = False
+    block_on_close = True
+
+    def __init__(self, address: tuple[Any, ...], family: socket.AddressFamily, timeout: float):
+        self.address_family = family  # read by TCPServer.__init__ to open the socket
+        self.request_timeout = timeout
+        super().__init__(address, _Handler)
+
+
+def _routes(metrics: Metrics, health: Health) -> WSGIApp:
+    scrape = make_wsgi_app(metrics.registry)
+
+    def healthz(start_response: Callable[..., Any]) -> Iterable[bytes]:
+        try:
+            problems = health.problems()
+        except Exception as exc:  # a check that fails is a verdict too: unhealthy, and why
+            problems = [f"health check failed: {type(exc).__name__}: {exc}"]
+        if problems:
+            start_response("503 Service Unavailable", [*TEXT])
+            return ["".join(f"{problem}\n" for problem in problems).encode()]
+        start_response("200 OK", [*TEXT])
+        return [b"ok\n"]
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if environ.get("REQUEST_METHOD") != "GET":
+            start_response("405 Method Not Allowed", [*TEXT, ("Allow", "GET")])
+            return [b"GET /metrics or /healthz\n"]
+        if path == "/metrics":
+            return scrape(environ, start_response)
+        if path == "/healthz":
+            return healthz(start_response)
+        start_response("404 Not Found", [*TEXT])
+        return [b"not found: /metrics or /healthz\n"]
+
+    return app
+
+
+class MetricsServer:
+    """`/metrics` and `/healthz` on one address, served by one thread between `start` and `stop`.
+
+    Each request runs on a thread of its own, and `stop` waits for those too, so no thread
+    outlives it; a client that connects and sends nothing holds `stop` up to `request_timeout`.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        health: Health,
+        host: str,
+        port: int,
+        *,
+        request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+    ) -> None:
+        self._app = _routes(metrics, health)
+        self._host, self._port = host, port
+        self._request_timeout = request_timeout
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Bind and serve; a ConfigError naming `metrics.listen` when the address cannot be used."""
+        if self._server is not None:
+            raise RuntimeError("the metrics server is already started")
+        listen = (
+            f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
+        )
+        try:
+            family, *_, sockaddr = socket.getaddrinfo(
+                self._host, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            server = _Server(sockaddr, family, self._request_timeout)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise ConfigError(
+                f"metrics.listen = {listen!r}: cannot listen there: {reason}"
+            ) from None
+        server.set_app(self._app)
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": POLL_SECONDS},
+            name=f"evalpush-metrics {listen}",
+        )
+        self._thread.start()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port): the port the system picked when 0 was asked for."""
+        if self._server is None:
+            raise RuntimeError("the metrics server is not started")
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        """Stop serving, close the socket, and wait for every request thread. Idempotent."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is None or thread is None:
+            return
+        server.shutdown()  # returns once serve_forever has
+        server.server_close()  # closes the socket, joins the request threads
+        thread.join()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def server_for(config: MetricsConfig, metrics: Metrics, probes: Probes) -> MetricsServer | None:
+    """The server `[metrics]` asks for, not started; None when `listen` is empty (off)."""
+    if config.address is None:
+        return None
+    host, port = config.address
+    return MetricsServer(metrics, Health(probes, config.unhealthy_after_seconds), host, port)

@@ -1,0 +1,382 @@
+"""Metrics and health: a real server on loopback, scraped with httpx and read with Prometheus'
+own text parser; the probes are plain values the test sets, as the daemon will feed them."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from evalpush import __version__, errors
+from evalpush.config import MetricsConfig
+from evalpush.errors import ConfigError
+from evalpush.metrics import (
+    RUN_STATES,
+    Endpoint,
+    Health,
+    Metrics,
+    MetricsServer,
+    Outcome,
+    Probes,
+    ledger_file_bytes,
+    observed,
+    outcome_of,
+    server_for,
+)
+
+THRESHOLD_SECONDS = 600.0
+NOW = 1_700_000_000.0
+HTTP_TIMEOUT_SECONDS = 10.0
+
+
+@dataclass
+class World:
+    """What the daemon knows, as values a test sets; `probes()` reads them as the daemon's would."""
+
+    ledger: Path
+    unreachable: float = 0.0
+    ledger_problem: str | None = None
+    now: float = NOW
+    fail_probe: Exception | None = None
+
+    def _unreachable(self) -> float:
+        if self.fail_probe is not None:
+            raise self.fail_probe
+        return self.unreachable
+
+    def probes(self) -> Probes:
+        return Probes(
+            unreachable_seconds=self._unreachable,
+            ledger_problem=lambda: self.ledger_problem,
+            ledger_bytes=lambda: ledger_file_bytes(self.ledger),
+        )
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(ledger=tmp_path / "state.db")
+
+
+@pytest.fixture
+def metrics(world: World) -> Metrics:
+    return Metrics(world.probes(), clock=lambda: world.now)
+
+
+@pytest.fixture
+def server(world: World, metrics: Metrics) -> Iterator[MetricsServer]:
+    with MetricsServer(metrics, Health(world.probes(), THRESHOLD_SECONDS), "127.0.0.1", 0) as s:
+        yield s
+
+
+def scrape(server: MetricsServer) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of /metrics, keyed by name and labels, as Prometheus would read it."""
+    response = httpx.get(f"{server.url}/metrics", timeout=HTTP_TIMEOUT_SECONDS)
+    assert response.status_code == 200
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def healthz(server: MetricsServer) -> httpx.Response:
+    return httpx.get(f"{server.url}/healthz", timeout=HTTP_TIMEOUT_SECONDS)
+
+
+def metrics_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("evalpush-metrics")]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TestScrape:
+    def test_every_series_is_served_at_zero_before_anything_happens(self, server):
+        samples = scrape(server)
+
+        assert {state: value(samples, "evalpush_runs", state=state) for state in RUN_STATES} == (
+            dict.fromkeys(RUN_STATES, 0.0)
+        )
+        for endpoint in Endpoint:
+            for outcome in Outcome:
+                name = "evalpush_platform_requests_total"
+                assert value(samples, name, endpoint=endpoint, outcome=outcome) == 0.0
+        for name in (
+            "evalpush_samples_sent_total",
+            "evalpush_samples_sent_bytes_total",
+            "evalpush_retries_total",
+            "evalpush_platform_unreachable_seconds",
+            "evalpush_oldest_waiting_run_age_seconds",
+            "evalpush_ledger_size_bytes",
+            "evalpush_last_upload_success_timestamp_seconds",
+        ):
+            assert value(samples, name) == 0.0, name
+        assert value(samples, "evalpush_build_info", version=__version__) == 1.0
+
+    def test_what_the_daemon_feeds_is_what_a_scrape_reads(self, server, metrics, world):
+        metrics.set_runs({"finalized": 3, "ready": 2})
+        metrics.set_runs({"finalized": 4, "uploading": 1})
+        metrics.samples_sent(10, 2048)
+        metrics.samples_sent(5, 1000)
+        for _ in range(3):
+            metrics.retried()
+        metrics.upload_finalized()
+        metrics.set_oldest_waiting(NOW - 120)
+        world.now = NOW + 30
+        world.unreachable = 42.5
+
+        samples = scrape(server)
+
+        assert value(samples, "evalpush_runs", state="finalized") == 4
+        assert value(samples, "evalpush_runs", state="uploading") == 1
+        assert value(samples, "evalpush_runs", state="ready") == 0  # none left: not stale
+        assert value(samples, "evalpush_samples_sent_total") == 15
+        assert value(samples, "evalpush_samples_sent_bytes_total") == 3048
+        assert value(samples, "evalpush_retries_total") == 3
+        assert value(samples, "evalpush_last_upload_success_timestamp_seconds") == NOW
+        assert value(samples, "evalpush_oldest_waiting_run_age_seconds") == 150
+        assert value(samples, "evalpush_platform_unreachable_seconds") == 42.5
+
+    def test_no_run_waiting_reads_as_age_zero(self, server, metrics):
+        metrics.set_oldest_waiting(NOW - 120)
+        metrics.set_oldest_waiting(None)
+
+        assert value(scrape(server), "evalpush_oldest_waiting_run_age_seconds") == 0
+
+    def test_a_state_the_ledger_gains_later_is_served_and_reset_like_the_others(
+        self, server, metrics
+    ):
+        metrics.set_runs({"parked": 2})
+        metrics.set_runs({})
+
+        assert value(scrape(server), "evalpush_runs", state="parked") == 0
+
+    def test_the_ledger_size_is_the_database_and_its_wal_on_disk(self, server, world):
+        with closing(sqlite3.connect(world.ledger)) as db:  # open: the WAL stays on disk
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("CREATE TABLE runs (id TEXT, body BLOB)")
+            rows = [(str(i), b"x" * 4096) for i in range(50)]
+            db.executemany("INSERT INTO runs VALUES (?, ?)", rows)
+            db.commit()
+            wal_bytes = world.ledger.with_name("state.db-wal").stat().st_size
+            on_disk = world.ledger.stat().st_size + wal_bytes
+
+            served = value(scrape(server), "evalpush_ledger_size_bytes")
+
+        assert wal_bytes > 0
+        assert served == on_disk > 50 * 4096
+
+
+class TestRequests:
+    def test_each_attempt_of_the_real_client_is_counted_by_endpoint_and_outcome(
+        self, server, metrics, platform_client, make_platform_client, local_platform
+    ):
+        with observed(metrics, Endpoint.PROBE):
+            platform_client.probe()
+        local_platform.inject("status", on="read", status=503)
+        local_platform.inject("status", on="read", status=429, retry_after="1")
+        for expected in (errors.Transient, errors.Transient):
+            with pytest.raises(expected), observed(metrics, Endpoint.PROBE):
+                platform_client.probe()
+        local_platform.inject("status", on="read", status=401)
+        with pytest.raises(errors.AuthError), observed(metrics, Endpoint.GET_EVALUATION):
+            platform_client.get_evaluation("any")
+        nobody = make_platform_client(api_base_url=f"http://127.0.0.1:{closed_port()}")
+        with pytest.raises(errors.Unreachable), observed(metrics, Endpoint.PROBE):
+            nobody.probe()
+
+        samples = scrape(server)
+
+        def requests(endpoint: Endpoint, outcome: Outcome) -> float:
+            name = "evalpush_platform_requests_total"
+            return value(samples, name, endpoint=endpoint, outcome=outcome)
+
+        assert requests(Endpoint.PROBE, Outcome.OK) == 1
+        assert requests(Endpoint.PROBE, Outcome.TRANSIENT) == 1
+        assert requests(Endpoint.PROBE, Outcome.THROTTLED) == 1
+        assert requests(Endpoint.PROBE, Outcome.UNREACHABLE) == 1
+        assert requests(Endpoint.GET_EVALUATION, Outcome.AUTH) == 1
+        durations = "evalpush_platform_request_duration_seconds_count"
+        assert value(samples, durations, endpoint=Endpoint.PROBE) == 4
+
+    def test_observed_without_an_observer_only_runs_the_block(self):
+        with pytest.raises(errors.Gone), observed(None, Endpoint.FINALIZE):
+            raise errors.Gone("gone", status=404)
+
+    @pytest.mark.parametrize(
+        "error, outcome",
+        [
+            (None, Outcome.OK),
+            (
+                errors.from_transport_error(httpx.ConnectError("refused"), what="x"),
+                Outcome.UNREACHABLE,
+            ),
+            (errors.from_transport_error(httpx.ReadTimeout("slow"), what="x"), Outcome.AMBIGUOUS),
+            (errors.from_transport_error(httpx.PoolTimeout("full"), what="x"), Outcome.TRANSIENT),
+            (errors.from_status(502, what="x"), Outcome.AMBIGUOUS),
+            (errors.from_status(429, what="x"), Outcome.THROTTLED),
+            (errors.from_status(503, what="x"), Outcome.TRANSIENT),
+            (errors.from_status(401, what="x"), Outcome.AUTH),
+            (errors.from_status(403, what="x"), Outcome.AUTH),
+            (errors.from_status(404, what="x"), Outcome.REFUSED),
+            (errors.from_status(409, what="x"), Outcome.REFUSED),
+            (errors.from_status(422, what="x"), Outcome.REFUSED),
+            (errors.from_status(418, what="x"), Outcome.REFUSED),
+            (KeyError("bug"), Outcome.ERROR),
+        ],
+    )
+    def test_the_outcome_is_read_from_the_class_errors_gave(self, error, outcome):
+        assert outcome_of(error) is outcome
+
+
+class TestHealth:
+    def test_healthz_is_503_while_unreachable_past_the_threshold_and_200_again_after(
+        self, server, world
+    ):
+        assert (healthz(server).status_code, healthz(server).text) == (200, "ok\n")
+        world.unreachable = THRESHOLD_SECONDS
+        assert healthz(server).status_code == 200  # at the threshold, not yet past it
+
+        world.unreachable = THRESHOLD_SECONDS + 125
+        unhealthy = healthz(server)
+
+        assert unhealthy.status_code == 503
+        assert unhealthy.text == (
+            "platform unreachable for 12m05s (over metrics.unhealthy_after_seconds = 600)\n"
+        )
+        world.unreachable = 0.0
+        assert healthz(server).status_code == 200
+
+    def test_a_ledger_problem_is_503_with_its_reason(self, server, world):
+        world.ledger_problem = "database or disk is full"
+
+        response = healthz(server)
+
+        assert (response.status_code, response.text) == (503, "ledger: database or disk is full\n")
+
+    def test_every_reason_is_given_one_a_line(self, server, world):
+        world.unreachable = 3 * 3600 + 7
+        world.ledger_problem = "locked"
+
+        assert healthz(server).text.splitlines() == [
+            "platform unreachable for 3h00m07s (over metrics.unhealthy_after_seconds = 600)",
+            "ledger: locked",
+        ]
+
+    def test_a_probe_that_fails_is_503_naming_the_failure(self, server, world):
+        world.fail_probe = RuntimeError("gate closed for good")
+
+        response = healthz(server)
+
+        assert response.status_code == 503
+        assert response.text == "health check failed: RuntimeError: gate closed for good\n"
+
+
+class TestServer:
+    def test_other_paths_are_404_and_other_methods_405(self, server):
+        assert httpx.get(f"{server.url}/", timeout=HTTP_TIMEOUT_SECONDS).status_code == 404
+        assert httpx.post(f"{server.url}/metrics", timeout=HTTP_TIMEOUT_SECONDS).status_code == 405
+
+    def test_stop_ends_every_thread_and_closes_the_port(self, world, metrics):
+        server = MetricsServer(metrics, Health(world.probes(), THRESHOLD_SECONDS), "127.0.0.1", 0)
+        server.start()
+        url = server.url
+        scrape(server)
+        assert len(metrics_threads()) == 1
+
+        server.stop()
+
+        assert metrics_threads() == []
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/healthz", timeout=HTTP_TIMEOUT_SECONDS)
+        server.stop()  # a second stop is harmless
+
+    def test_a_second_start_is_refused_rather_than_leaking_the_first_server(self, server):
+        with pytest.raises(RuntimeError, match="already started"):
+            server.start()
+
+        assert len(metrics_threads()) == 1
+
+    def test_a_client_that_sends_nothing_holds_stop_only_until_its_timeout(self, world, metrics):
+        before = set(threading.enumerate())
+        server = MetricsServer(
+            metrics,
+            Health(world.probes(), THRESHOLD_SECONDS),
+            "127.0.0.1",
+            0,
+            request_timeout=0.5,
+        )
+        server.start()
+        with socket.create_connection(server.address, timeout=HTTP_TIMEOUT_SECONDS) as silent:
+            assert healthz(server).status_code == 200  # others are still served meanwhile
+            started = time.monotonic()
+            server.stop()
+            elapsed = time.monotonic() - started
+            assert silent.recv(1) == b""  # the server closed it
+
+        assert elapsed < 10  # generous: the 0.5 s request timeout, not forever
+        assert [t.name for t in set(threading.enumerate()) - before] == []
+
+    def test_ipv6_loopback_is_served(self, world, metrics):
+        if not ipv6_loopback():
+            pytest.skip("no IPv6 loopback on this machine")
+        with MetricsServer(metrics, Health(world.probes(), THRESHOLD_SECONDS), "::1", 0) as server:
+            assert server.url.startswith("http://[::1]:")
+            assert healthz(server).status_code == 200
+            assert value(scrape(server), "evalpush_retries_total") == 0
+
+    def test_a_port_in_use_is_a_config_error_naming_metrics_listen(self, world, metrics):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            server = MetricsServer(
+                metrics, Health(world.probes(), THRESHOLD_SECONDS), "127.0.0.1", port
+            )
+
+            with pytest.raises(ConfigError, match=rf"metrics.listen = '127.0.0.1:{port}'"):
+                server.start()
+
+        assert metrics_threads() == []
+
+
+class TestFromConfig:
+    def test_no_listen_address_means_no_server(self, world, metrics):
+        assert server_for(MetricsConfig(), metrics, world.probes()) is None
+
+    def test_the_configured_address_and_threshold_are_used(self, world, metrics):
+        config = MetricsConfig(listen="127.0.0.1:0", unhealthy_after_seconds=5)
+        server = server_for(config, metrics, world.probes())
+        assert server is not None
+        world.unreachable = 6
+
+        with server:
+            response = healthz(server)
+
+        assert response.status_code == 503
+        assert "over metrics.unhealthy_after_seconds = 5" in response.text
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
