@@ -9,11 +9,8 @@ screenshot from the page this test opens.
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +21,7 @@ import orjson
 import pytest
 
 from browser import Chromium, Page, chromium, why_chromium_cannot_run
-from evalpush.demo import write_sample_runs
+from demo_push import Pushed, push_demo_runs
 from evalpush.local_platform import LocalPlatform
 from evalpush.local_platform._dashboard import (
     HISTOGRAM_BINS,
@@ -361,43 +358,12 @@ def write_hostile_run(root: Path) -> Path:
     return run
 
 
-@dataclass
-class Pushed:
-    """A local platform filled by a real `evalpush push`, and the viewer URL printed per run."""
-
-    platform: LocalPlatform
-    urls: dict[str, str]  # run directory's parent name (the demo's kind) -> viewer URL
-    outputs: Path
-
-
 @pytest.fixture(scope="module")
 def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pushed]:
     scratch = tmp_path_factory.mktemp("viewer")
-    outputs = scratch / "outputs"
-    write_sample_runs(outputs)
-    write_hostile_run(outputs)
-    (scratch / "home").mkdir()
+    write_hostile_run(scratch / "outputs")
     with LocalPlatform() as platform:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "EVALPUSH_"))}
-        env.update(
-            PRIME_API_KEY=platform.api_key,
-            PRIME_API_BASE_URL=platform.base_url,
-            HOME=str(scratch / "home"),
-            EVALPUSH_STATE_DIR=str(scratch / "state"),
-        )
-        done = subprocess.run(
-            [sys.executable, "-m", "evalpush", "push", str(outputs)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 1, done.stderr  # the demo's run with a bad line sets one aside
-        urls = {
-            Path(match[1]).parent.name.split("--", 1)[1]: match[2]
-            for match in re.finditer(r"^finalized\s+(\S+): .* -> (\S+)$", done.stdout, re.M)
-        }
-        yield Pushed(platform, urls, outputs)
+        yield push_demo_runs(platform, scratch)
 
 
 @pytest.fixture
@@ -413,8 +379,7 @@ class TestInChromium:
         self, pushed: Pushed, browser: Chromium
     ) -> None:
         url = pushed.urls["finished"]
-        (evaluation_id,) = [e for e in pushed.platform.summary()["evaluations"] if e in url]
-        evaluation = pushed.platform.summary()["evaluations"][evaluation_id]
+        evaluation = pushed.platform.summary()["evaluations"][pushed.evaluation_id("finished")]
         first_trace = orjson.loads(
             next((pushed.outputs / "reverse-text--finished").glob("*/traces.jsonl"))
             .read_bytes()
