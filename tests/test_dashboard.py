@@ -201,7 +201,7 @@ class TestViewerPages:
         assert bars_drawn(first) == [250]  # every sample in the histogram, not just this page
         beyond = Page(api.page(f"{path}?page=4").text)
         assert beyond.sample_rows() == [] and "No samples on this page" in beyond.text
-        for bad in ("0", "x", "-1"):
+        for bad in ("0", "x", "-1", "²", "", str(1 << 64)):
             refused = api.page(f"{path}?page={bad}")
             assert refused.status_code == 400 and "page must be" in Page(refused.text).text
 
@@ -281,8 +281,9 @@ class TestViewerPages:
         missing = api.page("/dashboard/evaluations/no-such-id")
         assert missing.status_code == 404
         assert "evaluation no-such-id not found" in Page(missing.text).text
-        home = api.http.get("/", follow_redirects=False)
-        assert (home.status_code, home.headers["location"]) == (302, "/dashboard/evaluations")
+        for path in ("/", "/dashboard", "/dashboard/", "/dashboard/evaluations/"):
+            home = api.http.get(path, follow_redirects=False)
+            assert (home.status_code, home.headers["location"]) == (302, "/dashboard/evaluations")
 
     def test_a_database_file_from_before_the_reward_column_gets_it_filled_in(
         self, tmp_path: Path

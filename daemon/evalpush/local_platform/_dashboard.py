@@ -34,6 +34,7 @@ SAMPLES_PER_PAGE = 100
 EVALUATIONS_PER_PAGE = 50
 MESSAGE_CHARS_SHOWN = 20_000
 PREVIEW_CHARS = 140
+MAX_PAGE = 1 << 20  # past any real evaluation (100 million samples), within SQLite's integers
 HISTOGRAM_BINS = 10
 DISTINCT_REWARDS_AS_BARS = 12  # up to this many distinct rewards: one bar each, not ranges
 CSP = (
@@ -53,7 +54,8 @@ InDb = Callable[..., Awaitable[Any]]
 def add_routes(router: web.UrlDispatcher, store: Store, in_db: InDb) -> None:
     """Serve the viewer pages; `in_db(fn, *args)` runs a storage call on the storage thread."""
     pages = _Pages(store, in_db)
-    router.add_get("/", pages.home)
+    for path in ("/", "/dashboard", "/dashboard/", "/dashboard/evaluations/"):
+        router.add_get(path, pages.home)
     router.add_get("/dashboard/evaluations", pages.evaluations)
     router.add_get("/dashboard/evaluations/{id}", pages.evaluation)
 
@@ -102,8 +104,9 @@ class _Pages:
 
 def _page_number(request: web.Request) -> int:
     raw = request.query.get("page", "1")
-    if not raw.isdigit() or int(raw) < 1:
-        raise Refusal(400, f"page must be a whole number from 1, not {raw!r}")
+    # ASCII digits only: str.isdigit() also takes "²", which int() refuses.
+    if not (raw.isascii() and raw.isdigit() and 1 <= int(raw) <= MAX_PAGE):
+        raise Refusal(400, f"page must be a whole number from 1 to {MAX_PAGE}, not {raw!r}")
     return int(raw)
 
 
