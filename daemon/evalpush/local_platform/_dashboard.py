@@ -318,31 +318,36 @@ def _histogram_panel(rewards: list[float | None]) -> str:
 
 
 def _histogram_svg(bars: list[Bar]) -> str:
-    width, height, top, bottom = 480, 200, 22, 24
-    slot = width / len(bars)
+    """Bars with their counts above; a value under each bar, or for ranges each edge's value."""
+    width, height, top, bottom, side = 480, 200, 22, 24, 18
+    slot = (width - 2 * side) / len(bars)
     tallest = max(bar.count for bar in bars) or 1
+    ranges = bars[0].low != bars[0].high
     parts = []
     for i, bar in enumerate(bars):
         bar_height = (height - top - bottom) * bar.count / tallest
-        x, y = i * slot + slot * 0.12, height - bottom - bar_height
-        label = _number(bar.low) if bar.low == bar.high else f"{_number(bar.low)}–"
-        tip = (
-            f"reward {_number(bar.low)}"
-            if bar.low == bar.high
-            else f"reward {_number(bar.low)} to {_number(bar.high)}"
-        )
+        x, y = side + i * slot, height - bottom - bar_height
+        span = f"{_number(bar.low)} to {_number(bar.high)}" if ranges else _number(bar.low)
+        under = "" if ranges else _tick(x + slot / 2, _number(bar.low), height)
         parts.append(
-            f"<g><title>{_e(tip)}: {bar.count:,} samples</title>"
-            f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.76:.1f}" height="{bar_height:.1f}"'
-            ' rx="3"/>'
-            f'<text class="count" x="{i * slot + slot / 2:.1f}" y="{y - 6:.1f}">{bar.count:,}</text>'
-            f'<text x="{i * slot + slot / 2:.1f}" y="{height - 6}">{_e(label)}</text></g>'
+            f"<g><title>reward {_e(span)}: {bar.count:,} samples</title>"
+            f'<rect x="{x + slot * 0.1:.1f}" y="{y:.1f}" width="{slot * 0.8:.1f}"'
+            f' height="{bar_height:.1f}" rx="3"/>'
+            f'<text class="count" x="{x + slot / 2:.1f}" y="{y - 6:.1f}">{bar.count:,}</text>'
+            f"{under}</g>"
         )
+    if ranges:  # short labels at the edges: a range's own ends would not fit under its bar
+        edges = [bar.low for bar in bars] + [bars[-1].high]
+        parts += [_tick(side + i * slot, f"{edge:.2g}", height) for i, edge in enumerate(edges)]
     return (
         f'<svg class="histogram" viewBox="0 0 {width} {height}" role="img"'
         f' aria-label="reward histogram">{"".join(parts)}'
         f'<line x1="0" x2="{width}" y1="{height - bottom}" y2="{height - bottom}"/></svg>'
     )
+
+
+def _tick(x: float, label: str, height: int) -> str:
+    return f'<text x="{x:.1f}" y="{height - 6}">{_e(label)}</text>'
 
 
 def _metadata(metadata: Any) -> str:
@@ -450,12 +455,16 @@ def _transcript(sample: dict[str, Any], messages: list[Any], completion: Any) ->
     for message in messages:
         role = message.get("role") if isinstance(message, dict) else None
         role_class = role if role in ("system", "user", "assistant", "tool") else "other"
-        extra = ""
+        text = _message_text(message)
+        body = f"<pre>{_shortened(text)}</pre>" if text else ""
         if isinstance(message, dict) and message.get("tool_calls"):
-            extra = f'<pre class="calls">{_shortened(_json(message["tool_calls"]))}</pre>'
+            body += (
+                '<div class="role">tool calls</div>'
+                f'<pre class="calls">{_shortened(_json(message["tool_calls"]))}</pre>'
+            )
         parts.append(
             f'<div class="message {role_class}"><div class="role">{_e(role or "message")}</div>'
-            f"<pre>{_shortened(_message_text(message))}</pre>{extra}</div>"
+            f"{body or '<pre></pre>'}</div>"
         )
     if not messages and not parts:
         parts.append('<p class="empty">No completion messages.</p>')
@@ -466,7 +475,10 @@ def _transcript(sample: dict[str, Any], messages: list[Any], completion: Any) ->
 
 
 def _block(label: str, value: Any) -> str:
-    return f'<div class="aside"><span>{_e(label)}</span><pre>{_shortened(_text(value))}</pre></div>'
+    return (
+        f'<div class="aside {_e(label)}"><span>{_e(label)}</span>'
+        f"<pre>{_shortened(_text(value))}</pre></div>"
+    )
 
 
 def _document(title: str, content: str) -> str:
@@ -556,6 +568,7 @@ td.completion details[open] summary { color: var(--muted); margin-bottom: 8px; }
   color: var(--muted); }
 pre { margin: 2px 0 0; white-space: pre-wrap; overflow-wrap: anywhere; }
 pre.calls { color: #7a4b00; }
+.aside.error pre { color: var(--red); }
 .aside span { font-size: 11px; font-weight: 700; text-transform: uppercase; letter-spacing: .6px;
   color: var(--muted); }
 .cut { color: var(--muted); font-style: italic; }
