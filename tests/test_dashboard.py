@@ -27,6 +27,7 @@ from evalpush.local_platform._dashboard import (
     HISTOGRAM_BINS,
     MESSAGE_CHARS_SHOWN,
     SAMPLES_PER_PAGE,
+    TRANSCRIPT_CHARS_SHOWN,
     Bar,
     histogram,
 )
@@ -230,6 +231,23 @@ class TestViewerPages:
         assert "y" * MESSAGE_CHARS_SHOWN in page.text
         assert "y" * (MESSAGE_CHARS_SHOWN + 1) not in page.text
         assert "… 30,000 more characters not shown" in page.text
+
+    def test_a_transcript_of_many_messages_stops_with_a_note_of_how_many_are_not_shown(
+        self, api: Api
+    ) -> None:
+        evaluation_id = api.evaluation()
+        chatty = sample(0)
+        chatty["completion"] = [
+            {"role": "user", "content": f"turn {i:03d} " + "z" * 992} for i in range(300)
+        ]
+        api.push(evaluation_id, [chatty])
+
+        page = Page(api.page(f"/dashboard/evaluations/{evaluation_id}").text)
+
+        shown = page.find("div", "message")
+        assert len(shown) == TRANSCRIPT_CHARS_SHOWN // 1000
+        assert shown[-1].content.startswith(f"user turn {len(shown) - 1:03d}")
+        assert f"… {300 - len(shown)} more messages not shown" in page.text
 
     def test_samples_with_odd_rewards_are_stored_and_counted_as_without_a_reward(
         self, api: Api

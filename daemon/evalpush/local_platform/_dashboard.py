@@ -11,8 +11,9 @@ What it promises:
   `Content-Security-Policy` header lets the browser load nothing but them.
 - Every value that came from a client (names, metadata, every part of a sample) is escaped, so a
   sample holding `<script>` shows as that text. The policy would also stop such a script.
-- A page holds at most `SAMPLES_PER_PAGE` samples and `MESSAGE_CHARS_SHOWN` characters of each
-  message, so a 20,000-sample evaluation is a page of ordinary size.
+- A page holds at most `SAMPLES_PER_PAGE` samples, `MESSAGE_CHARS_SHOWN` characters of a message
+  and about `TRANSCRIPT_CHARS_SHOWN` of a transcript, so a 20,000-sample evaluation is a page
+  of ordinary size, and so is a page of samples with thousands of messages.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from evalpush.local_platform._store import Refusal, Store
 SAMPLES_PER_PAGE = 100
 EVALUATIONS_PER_PAGE = 50
 MESSAGE_CHARS_SHOWN = 20_000
+TRANSCRIPT_CHARS_SHOWN = 100_000  # a transcript stops after the message that passes this
 PREVIEW_CHARS = 140
 MAX_PAGE = 1 << 20  # past any real evaluation (100 million samples), within SQLite's integers
 HISTOGRAM_BINS = 10
@@ -452,26 +454,42 @@ def _shortened(text: str) -> str:
 
 def _transcript(sample: dict[str, Any], messages: list[Any], completion: Any) -> str:
     parts = [] if messages or completion in (None, []) else [_block("completion", completion)]
-    for message in messages:
-        role = message.get("role") if isinstance(message, dict) else None
-        role_class = role if role in ("system", "user", "assistant", "tool") else "other"
-        text = _message_text(message)
-        body = f"<pre>{_shortened(text)}</pre>" if text else ""
-        if isinstance(message, dict) and message.get("tool_calls"):
-            body += (
-                '<div class="role">tool calls</div>'
-                f'<pre class="calls">{_shortened(_json(message["tool_calls"]))}</pre>'
-            )
-        parts.append(
-            f'<div class="message {role_class}"><div class="role">{_e(role or "message")}</div>'
-            f"{body or '<pre></pre>'}</div>"
-        )
+    budget = TRANSCRIPT_CHARS_SHOWN
+    for shown, message in enumerate(messages):
+        if budget <= 0:
+            left = len(messages) - shown
+            parts.append(f'<p class="cut">… {left:,} more messages not shown</p>')
+            break
+        html_message, length = _message(message)
+        parts.append(html_message)
+        budget -= length
     if not messages and not parts:
         parts.append('<p class="empty">No completion messages.</p>')
     for key in ("answer", "error", "stop_condition", "raw"):
         if sample.get(key) not in (None, "", {}):
             parts.append(_block(key, sample[key]))
     return "".join(parts)
+
+
+def _message(message: Any) -> tuple[str, int]:
+    """One message of a transcript, and how many characters of it are shown."""
+    role = message.get("role") if isinstance(message, dict) else None
+    role_class = role if role in ("system", "user", "assistant", "tool") else "other"
+    texts = [("", _message_text(message))]
+    if isinstance(message, dict) and message.get("tool_calls"):
+        texts.append(("tool calls", _json(message["tool_calls"])))
+    body = "".join(
+        (f'<div class="role">{label}</div><pre class="calls">' if label else "<pre>")
+        + f"{_shortened(text)}</pre>"
+        for label, text in texts
+        if text or not label
+    )
+    shown = sum(min(len(text), MESSAGE_CHARS_SHOWN) for _, text in texts)
+    return (
+        f'<div class="message {role_class}"><div class="role">{_e(role or "message")}</div>'
+        f"{body}</div>",
+        shown,
+    )
 
 
 def _block(label: str, value: Any) -> str:
