@@ -30,13 +30,14 @@ The `prime` CLI reads these answers as it reads the platform's: `prime eval list
 `environment_names[0]` and `is_hosted` (its Environment and Type columns), prime_evals' models
 declare `total_samples` and `has_more` (tests/test_prime_cli.py runs the real CLI against it).
 
-Viewer pages (HTML, no auth: a browser opens them; see `_dashboard`):
+Viewer pages (HTML, see `_dashboard`). They ask for no key, as a browser sends none: whoever
+reaches the port reads every sample, so serve on loopback unless that is meant.
 
 | page | shows |
 | --- | --- |
 | `GET /dashboard/evaluations?page=1` | every evaluation, newest first, 50 a page: name, environment, model, status, sample count, mean reward of its stored samples, created |
 | `GET /dashboard/evaluations/{id}?page=1` | the page the viewer URLs lead to: name, model, environment, status, metrics, metadata, a histogram of every stored sample's reward, and the samples 100 a page, each with its completion as a transcript that opens on click (`#sample-N` opens sample N's) |
-| `GET /` | a redirect to the list |
+| `GET /`, `/dashboard` | a redirect to the list |
 
 Control (same bearer auth), for tests and for trying the daemon against bad weather:
 
