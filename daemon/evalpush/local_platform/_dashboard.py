@@ -3,7 +3,8 @@
 `/dashboard/evaluations` lists every evaluation, newest first; `/dashboard/evaluations/{id}`
 shows one: name, model, environment, status, metrics, metadata, a histogram of its samples'
 rewards, and its samples, a page at a time, each with its completion as a transcript that opens
-on click. `/` leads to the list.
+on click. `/` and `/dashboard` lead to the list. Pages are read and rendered on the storage
+thread, so the event loop stays free for the API and control requests meanwhile.
 
 What it promises:
 - Server-rendered HTML, no build step and no script: transcripts are `<details>` elements.
@@ -72,35 +73,29 @@ class _Pages:
 
     async def evaluations(self, request: web.Request) -> web.StreamResponse:
         try:
-            page = _page_number(request)
-            listed, means = await self._in_db(self._list, page)
+            return _html(await self._in_db(self._list, _page_number(request)))
         except Refusal as refusal:
             return _error_page(refusal)
-        return _html(render_evaluations(listed, means, page))
 
     async def evaluation(self, request: web.Request) -> web.StreamResponse:
         try:
             page = _page_number(request)
-            evaluation, rewards, samples = await self._in_db(
-                self._one, request.match_info["id"], page
-            )
+            return _html(await self._in_db(self._one, request.match_info["id"], page))
         except Refusal as refusal:
             return _error_page(refusal)
-        return _html(render_evaluation(evaluation, rewards, samples, page))
 
-    def _list(self, page: int) -> tuple[dict[str, Any], dict[str, float]]:
+    def _list(self, page: int) -> str:
         skip = (page - 1) * EVALUATIONS_PER_PAGE
         listed = self._store.list_evaluations(None, skip, EVALUATIONS_PER_PAGE, newest_first=True)
         ids = [evaluation["id"] for evaluation in listed["evaluations"]]
-        return listed, self._store.mean_rewards(ids)
+        return render_evaluations(listed, self._store.mean_rewards(ids), page)
 
-    def _one(
-        self, evaluation_id: str, page: int
-    ) -> tuple[dict[str, Any], list[float | None], dict[str, Any]]:
-        return (
+    def _one(self, evaluation_id: str, page: int) -> str:
+        return render_evaluation(
             self._store.get(evaluation_id),
             self._store.rewards(evaluation_id),
             self._store.list_samples(evaluation_id, page, SAMPLES_PER_PAGE),
+            page,
         )
 
 
