@@ -9,6 +9,7 @@ screenshot from the page this test opens.
 
 from __future__ import annotations
 
+import math
 import re
 import sqlite3
 from collections.abc import Iterator
@@ -343,6 +344,13 @@ class TestHistogram:
         assert missing == 0 and len(bars) == HISTOGRAM_BINS
         assert [bar.count for bar in bars] == [10] * 10
         assert bars[0].low == 0.0 and bars[-1].high == 1.0  # the highest lands in the last bar
+
+    def test_rewards_at_the_ends_of_the_float_range_are_binned_too(self) -> None:
+        rewards = [-1.7e308, 1.7e308, *range(20)]
+        bars, missing = histogram(rewards)
+        assert missing == 0 and sum(bar.count for bar in bars) == 22
+        assert (bars[0].count, bars[-1].count) == (1, 1)  # 0..19 are all in the middle bins
+        assert all(math.isfinite(bar.low) and math.isfinite(bar.high) for bar in bars)
 
     def test_missing_and_non_finite_rewards_are_counted_apart(self) -> None:
         assert histogram([None, float("inf"), float("nan"), 2.0]) == ([Bar(2.0, 2.0, 1)], 3)

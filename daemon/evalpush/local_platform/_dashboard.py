@@ -141,14 +141,15 @@ def histogram(rewards: Sequence[float | None]) -> tuple[list[Bar], int]:
     if len(counts) <= DISTINCT_REWARDS_AS_BARS:
         return [Bar(value, value, counts[value]) for value in sorted(counts)], missing
     low, high = min(finite), max(finite)
-    width = (high - low) / HISTOGRAM_BINS
+    # Halves: `high - low` overflows to infinity for rewards near the float limits.
+    half_span = high / 2 - low / 2
     bins = [0] * HISTOGRAM_BINS
     for reward in finite:
-        bins[min(int((reward - low) / width), HISTOGRAM_BINS - 1)] += 1
-    return [
-        Bar(low + i * width, high if i == HISTOGRAM_BINS - 1 else low + (i + 1) * width, n)
-        for i, n in enumerate(bins)
-    ], missing
+        at = int((reward / 2 - low / 2) / half_span * HISTOGRAM_BINS)
+        bins[min(at, HISTOGRAM_BINS - 1)] += 1
+    edges = [(low / 2 + half_span * (i / HISTOGRAM_BINS)) * 2 for i in range(HISTOGRAM_BINS)]
+    edges.append(high)
+    return [Bar(edges[i], edges[i + 1], n) for i, n in enumerate(bins)], missing
 
 
 # -- rendering ---------------------------------------------------------------------------------
