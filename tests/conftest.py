@@ -1,7 +1,8 @@
 """Shared fixtures: a real local platform on loopback, clients pointed at it, fast retries.
 
 Every test runs under `no_thread_outlives_its_test` (autouse): a test that leaves a non-daemon
-thread running fails, so whatever starts a thread must stop it.
+thread running fails, so whatever starts a thread must stop it. `--viewer-screenshot PNG` saves
+the viewer page's browser-test screenshot there (tests/test_dashboard.py).
 
 Fixtures for tests that talk to the platform:
 
@@ -44,6 +45,15 @@ from evalpush.retry import Backoff, Gate, Retrier
 
 THREAD_JOIN_GRACE_SECONDS = 2.0
 FAST_BACKOFF = Backoff(base_seconds=0.002, cap_seconds=0.02)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--viewer-screenshot",
+        metavar="PNG",
+        type=Path,
+        help="also save the viewer page's browser-test screenshot here (docs/viewer.png)",
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ import httpx
 import orjson
 import pytest
 
+from browser import Page
 from evalpush.local_platform import MAX_BODY_BYTES, LocalPlatform
 
 START_SECONDS = 15.0
@@ -381,7 +382,9 @@ class TestInProcess:
         http, env_id = api
         body = {"name": "n", "environments": [{"id": env_id}]}
         viewer_url = http.post("/evaluations/", json=body).json()["viewer_url"]
-        assert httpx.get(viewer_url).json()["name"] == "n"
+        page = httpx.get(viewer_url)  # no key: a browser opens it
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert Page(page.text).find("h1")[0].content == "n RUNNING"
 
     def test_stop_twice_is_harmless(self) -> None:
         platform = LocalPlatform().start()

@@ -13,8 +13,8 @@ Endpoints (under `/api/v1`; errors answer `{"detail": "..."}`):
 | `POST /evaluations/` (create body) | `{"evaluation_id", "viewer_url", "status": "RUNNING"}`; 422 without name or a known environment id |
 | `POST /evaluations/{id}/samples` `{"samples": [...]}` | `{"accepted", "sample_count"}`; each sample needs a `sample_id`; 409 once closed; 413 over 25 MiB; 422 malformed |
 | `POST /evaluations/{id}/finalize` `{"metrics"?}` | `{"evaluation_id", "status": "COMPLETED", "viewer_url"}`; 409 when already finalized or closed |
-| `GET /evaluations/{id}` | the evaluation: `id`, `evaluation_id`, `name`, `status`, `environment_ids`, `environment_name`, the create body's other keys (`model_name`, `dataset`, `framework`, `tags`, `team_id`...), `metadata`, `metrics`, `error_message`, `sample_count` (duplicates included), `created_at`, `updated_at`, `viewer_url` |
-| `GET /evaluations/{id}/samples?page=1&limit=100` | `{"samples": [...], "page", "limit", "total", "total_pages"}`, 1-based pages, arrival order |
+| `GET /evaluations/{id}` | the evaluation: `id`, `evaluation_id`, `name`, `status`, `environment_ids`, `environment_name`, `environment_names`, `is_hosted` (false), the create body's other keys (`model_name`, `dataset`, `framework`, `tags`, `team_id`...), `metadata`, `metrics`, `error_message`, `sample_count` and `total_samples` (duplicates included), `created_at`, `updated_at`, `viewer_url` |
+| `GET /evaluations/{id}/samples?page=1&limit=100` | `{"samples": [...], "page", "limit", "total", "total_pages", "has_more"}`, 1-based pages, arrival order |
 | `GET /evaluations/?environment_name=&skip=0&limit=50` | `{"evaluations": [evaluation, ...], "total", "skip", "limit"}`, creation order |
 | `PUT /evaluations/{id}` `{"status": "FAILED"/"CANCELLED", "error_message"?, "metadata"?, "metrics"?}` | the evaluation; 409 when already closed |
 
@@ -26,8 +26,18 @@ whitespace, key order, duplicate keys and number spelling (`1.50`) stay as sent.
 full decode would refuse is taken: a number beyond a float's range (`1e400`) in a sample, other
 than its `sample_id`, is stored as sent (`LocalPlatform.samples` cannot decode that sample).
 
-`GET /dashboard/evaluations/{id}` (no auth: a browser opens it) shows the evaluation as JSON, so
-the viewer URLs the platform hands out lead somewhere.
+The `prime` CLI reads these answers as it reads the platform's: `prime eval list` shows
+`environment_names[0]` and `is_hosted` (its Environment and Type columns), prime_evals' models
+declare `total_samples` and `has_more` (tests/test_prime_cli.py runs the real CLI against it).
+
+Viewer pages (HTML, see `_dashboard`). They ask for no key, as a browser sends none: whoever
+reaches the port reads every sample, so serve on loopback unless that is meant.
+
+| page | shows |
+| --- | --- |
+| `GET /dashboard/evaluations?page=1` | every evaluation, newest first, 50 a page: name, environment, model, status, sample count, mean reward of its stored samples, created |
+| `GET /dashboard/evaluations/{id}?page=1` | the page the viewer URLs lead to: name, model, environment, status, metrics, metadata, a histogram of every stored sample's reward, and the samples 100 a page, each with its completion as a transcript that opens on click (`#sample-N` opens sample N's) |
+| `GET /`, `/dashboard` | a redirect to the list |
 
 Control (same bearer auth), for tests and for trying the daemon against bad weather:
 

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from evalpush.local_platform._dashboard import add_routes as add_dashboard_routes
 from evalpush.local_platform._faults import REQUEST_KINDS, Fault, FaultPlan
 from evalpush.local_platform._store import Refusal, Store, decode_json
 from evalpush.log import get_logger
@@ -165,7 +166,7 @@ class PlatformServer:
         )
         route.add_get(f"{api}/evaluations/{{id}}/samples", self._api("read", self._list_samples))
         route.add_post(f"{api}/evaluations/{{id}}/finalize", self._api("finalize", self._finalize))
-        route.add_get("/dashboard/evaluations/{id}", self._answering(self._get))
+        add_dashboard_routes(route, self.store, self._in_db)
         route.add_post("/_control/faults", self._answering(self._control_inject))
         route.add_get("/_control/faults", self._answering(self._control_faults))
         route.add_delete("/_control/faults", self._answering(self._control_clear))
