@@ -96,7 +96,10 @@ class TestFromTransportError:
             ),
             # Nothing went out, and the same request fails the same way: no retry loop.
             (httpx.LocalProtocolError("Illegal header value b'Bearer x'"), errors.Unsendable),
-            (httpx.UnsupportedProtocol("Request URL has an unsupported protocol"), errors.Unsendable),
+            (
+                httpx.UnsupportedProtocol("Request URL has an unsupported protocol"),
+                errors.Unsendable,
+            ),
         ],
     )
     def test_each_transport_error_maps_to_exactly_its_class(
