@@ -49,7 +49,7 @@ class Fault:
     - `bad_id`: do the work, then answer a create (or resolve) with the id `value` instead of the
       real one, and a `javascript:` viewer URL.
     - `repeat_page`: a listing answers its first page whatever page or skip was asked, without
-      the paging fields that would echo the ask.
+      any paging field (no page, skip or total).
     - `endless_pages`: a listing answers a full page of made-up items, with no total and no
       end, whatever is asked.
     Each of the others applies to the next `count` requests of kind `on` (or of any kind); a

@@ -315,13 +315,11 @@ class PlatformServer:
             if fault.fault == "repeat_page":
                 if evaluation_id is not None:
                     first = await self._in_db(self.store.list_samples, evaluation_id, 1, limit)
-                    first.pop("page")
-                    return first
+                    return {"samples": first["samples"]}
                 first = await self._in_db(
                     self.store.list_evaluations, request.query.get("environment_name"), 0, limit
                 )
-                first.pop("skip")
-                return {**first, "evaluations": [self._viewer(e) for e in first["evaluations"]]}
+                return {"evaluations": [self._viewer(e) for e in first["evaluations"]]}
             start = _query_int(request, "skip", 0, 0, 1 << 31) + 1000 * _query_int(
                 request, "page", 1, 1, 1 << 31
             )
