@@ -356,6 +356,20 @@ class TestListingsEnd:
         ids = list(platform_client.iter_sample_ids(evaluation, page_size=3))
         assert ids == ["1", "2", "3", "1", "2", "3"]
 
+    def test_a_server_capping_the_page_size_is_still_read_page_after_page(
+        self, tmp_path: Path
+    ) -> None:
+        stored = [{"sample_id": str(i)} for i in range(5)]
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            page = int(request.url.params["page"])  # the server's own limit: 2 a page
+            return httpx.Response(
+                200, json={"samples": stored[2 * page - 2 : 2 * page], "page": page}
+            )
+
+        with mock_client(tmp_path, answer) as client:
+            assert list(client.iter_sample_ids("e1", page_size=500)) == [str(i) for i in range(5)]
+
     def test_a_page_answering_another_page_than_asked_is_malformed(self, tmp_path: Path) -> None:
         def answer(request: httpx.Request) -> httpx.Response:
             return httpx.Response(200, json={"samples": [{"sample_id": "a"}], "page": 1})

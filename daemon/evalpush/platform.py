@@ -689,10 +689,9 @@ class PlatformClient:
         """
         what = f"list samples of {evaluation_id}"
         path = f"/evaluations/{_segment(evaluation_id, what)}/samples"
-        listing, limit = _Listing(what, max_items), page_size
+        listing, limit, page = _Listing(what, max_items), page_size, 1
         while True:
             listing.asking()
-            page = listing.seen // limit + 1
             try:
                 data = self._get_json(
                     path, what=what, params={"page": page, "limit": limit}, cap=MAX_PAGE_BYTES
@@ -701,6 +700,7 @@ class PlatformClient:
                 if limit == 1:
                     raise
                 limit = _smaller_page(limit, listing.seen)
+                page = listing.seen // limit + 1
                 continue
             items = _page_items(data, ("samples", "data", "items"))
             if items is None:
@@ -715,6 +715,7 @@ class PlatformClient:
             yield from ids
             if not items or _is_last_page(data, page=page, seen=listing.seen):
                 return
+            page += 1  # by number, not by what came back: a server may cap `limit` lower
 
     def iter_evaluations(
         self, environment_name: str, page_size: int = EVALUATIONS_PAGE_SIZE
