@@ -14,7 +14,7 @@ Fixtures for tests that talk to the platform:
   evaluation: status, metadata, sample_count, distinct_sample_ids, duplicates, finalize_count;
   `runs`: evaluations per metadata.run_id; `requests`: requests per kind) and
   `local_platform.samples(evaluation_id)`.
-- `make_platform_client(**platform_settings, api_key=None, environ=None)`: a `PlatformClient`
+- `make_platform_client(**platform_settings, api_key=None, environ=None, stop=None)`: a `PlatformClient`
   for `local_platform` (its key, its URL, an empty temporary home so no real
   `~/.prime/config.json` leaks in, 2 s connect / 5 s read timeouts unless given). `environ`
   replaces the environment it reads credentials from; mutate that dict and the next
@@ -88,14 +88,18 @@ def make_platform_client(
     home.mkdir()
 
     def make(
-        *, api_key: str | None = None, environ: dict[str, str] | None = None, **settings: Any
+        *,
+        api_key: str | None = None,
+        environ: dict[str, str] | None = None,
+        stop: threading.Event | None = None,
+        **settings: Any,
     ) -> PlatformClient:
         settings.setdefault("api_base_url", local_platform.base_url)
         settings.setdefault("connect_timeout_seconds", 2.0)
         settings.setdefault("read_timeout_seconds", 5.0)
         if environ is None:
             environ = {"PRIME_API_KEY": api_key or local_platform.api_key or "any-key"}
-        client = PlatformClient(PlatformConfig(**settings), environ=environ, home=home)
+        client = PlatformClient(PlatformConfig(**settings), environ=environ, home=home, stop=stop)
         clients.append(client)
         return client
 

@@ -8,7 +8,7 @@ from email.utils import format_datetime
 import httpx
 import pytest
 
-from evalpush import errors
+from evalpush import errors, log
 from evalpush.errors import from_status, from_transport_error, parse_retry_after
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -59,6 +59,25 @@ class TestFromStatus:
         assert "x" * 200 in str(error) and "x" * 201 not in str(error)
 
 
+class TestSecretsInMessages:
+    KEY = "sk-errors-echo-7f3a9c2e41b8d6"
+
+    @pytest.fixture(autouse=True)
+    def registered(self) -> None:
+        log.register_secret(self.KEY)
+
+    def test_a_body_that_echoes_the_key_is_scrubbed_from_the_error(self) -> None:
+        body = f'{{"detail": "bad token {self.KEY}", "auth": "Bearer {self.KEY}"}}'
+        message = str(from_status(422, what="push samples", body=body))
+        assert self.KEY not in message and self.KEY[:8] not in message
+        assert log.REDACTED in message
+
+    def test_a_transport_error_quoting_the_header_is_scrubbed(self) -> None:
+        exc = httpx.LocalProtocolError(f"Illegal header value b'Bearer {self.KEY}\\n'")
+        message = str(from_transport_error(exc, what="probe"))
+        assert self.KEY not in message and self.KEY[-10:] not in message
+
+
 class TestFromTransportError:
     @pytest.mark.parametrize(
         ("exc", "cls"),
@@ -75,7 +94,12 @@ class TestFromTransportError:
                 httpx.RemoteProtocolError("Server disconnected without sending a response."),
                 errors.Ambiguous,
             ),
-            (httpx.LocalProtocolError("bad request line"), errors.Ambiguous),
+            # Nothing went out, and the same request fails the same way: no retry loop.
+            (httpx.LocalProtocolError("Illegal header value b'Bearer x'"), errors.Unsendable),
+            (
+                httpx.UnsupportedProtocol("Request URL has an unsupported protocol"),
+                errors.Unsendable,
+            ),
         ],
     )
     def test_each_transport_error_maps_to_exactly_its_class(
@@ -84,6 +108,10 @@ class TestFromTransportError:
         error = from_transport_error(exc, what="push samples to e1")
         assert type(error) is cls
         assert str(error).startswith("push samples to e1: ")
+
+    def test_an_unsendable_request_is_a_refusal_so_it_is_never_retried(self) -> None:
+        error = from_transport_error(httpx.LocalProtocolError("bad"), what="x")
+        assert isinstance(error, errors.Refused) and not isinstance(error, errors.Transient)
 
     def test_a_transport_failure_has_no_status_so_the_gate_knows_nothing_answered(self) -> None:
         assert from_transport_error(httpx.ReadTimeout("t"), what="x").status is None

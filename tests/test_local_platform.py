@@ -341,6 +341,32 @@ class TestInProcess:
         assert statuses == [500, 500, 200]
         assert local_platform.summary()["requests"]["resolve"] == 3
 
+    def test_a_listing_fault_passes_other_reads_by_and_waits_for_a_listing(
+        self, local_platform: LocalPlatform
+    ) -> None:
+        headers = {"Authorization": f"Bearer {local_platform.api_key}"}
+        control = f"{local_platform.base_url}/_control/faults"
+
+        def pending() -> list[Any]:
+            return httpx.get(control, headers=headers).json()["pending"]
+
+        local_platform.inject("repeat_page", on="read", count=1)
+        with httpx.Client(base_url=f"{local_platform.base_url}/api/v1", headers=headers) as http:
+            env_id = http.post("/environmentshub/resolve", json={"name": "x"}).json()["data"]["id"]
+            created = http.post(
+                "/evaluations/", json={"name": "n", "environments": [{"id": env_id}]}
+            )
+            evaluation_id = created.json()["evaluation_id"]
+            assert http.get(f"/evaluations/{evaluation_id}").json()["id"] == evaluation_id
+            assert len(pending()) == 1, "a plain read did not take it"
+            page = http.get("/evaluations/", params={"environment_name": "x", "skip": 5}).json()
+        assert "skip" not in page and "total" not in page and len(page["evaluations"]) == 1
+        assert pending() == []
+
+    def test_the_fault_value_rides_on_a_queued_fault(self, served: Served) -> None:
+        queued = served.api("POST", "/_control/faults", {"fault": "bad_id", "value": "x/y"})
+        assert queued.status_code == 200 and queued.json()["injected"]["value"] == "x/y"
+
     def test_cleared_faults_no_longer_apply(self, local_platform: LocalPlatform) -> None:
         local_platform.inject("status", status=503, count=5)
         local_platform.clear_faults()

@@ -16,6 +16,7 @@ from evalpush import __version__
 from evalpush.config import Config, load_config
 from evalpush.errors import ConfigError, EvalpushError, RunError, UsageError
 from evalpush.ledger import Ledger, RunRecord, State, default_path
+from evalpush.log import scrubbed_output
 
 if TYPE_CHECKING:
     from evalpush.read import Line
@@ -264,6 +265,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
 }
 
 
+@scrubbed_output  # nothing the command prints can carry the API key
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:

@@ -12,6 +12,7 @@ The tree (what the daemon does about each class in brackets)::
     │   ├── Unreachable       no connection at all; the whole daemon waits on one probe
     │   └── Ambiguous         the platform may have done the work: reconcile with a read first
     ├── Refused               the platform refused this request; sending it again will not help
+    │   ├── Unsendable        the request cannot be built or sent as it is (a bad header or URL)
     │   ├── BatchRefused      413/422 on a samples batch: split it, then set samples aside
     │   ├── Gone              404: the evaluation was deleted; start a new one
     │   └── Conflict          409: the evaluation is already closed or finalized
@@ -21,7 +22,8 @@ The tree (what the daemon does about each class in brackets)::
     └── Interrupted           a stop was requested while waiting; not a failure
 
 `from_status` and `from_transport_error` map the platform's answers onto this tree exactly as
-PLATFORM_API.md's table says; nothing else in the code interprets a status code.
+PLATFORM_API.md's table says; nothing else in the code interprets a status code. Messages
+they build are scrubbed of secrets (`evalpush.log.scrub`): a server may echo the key back.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import math
 from datetime import UTC, datetime
 
 import httpx
+
+from evalpush.log import scrub
 
 __all__ = [
     "Ambiguous",
@@ -49,6 +53,7 @@ __all__ = [
     "RunError",
     "Transient",
     "Unreachable",
+    "Unsendable",
     "UsageError",
     "from_status",
     "from_transport_error",
@@ -117,6 +122,11 @@ class Refused(EvalpushError):
         super().__init__(message)
 
 
+class Unsendable(Refused):
+    """The request cannot be sent as built (an illegal header value or URL, a scheme httpx does
+    not speak): nothing was sent, and the same request will fail the same way."""
+
+
 class BatchRefused(Refused):
     """413 or 422 on a samples batch: this batch is refused, a smaller one may pass."""
 
@@ -176,7 +186,7 @@ def from_status(
     status: int, *, what: str, retry_after: str | None = None, body: str = ""
 ) -> EvalpushError:
     """The error a non-2xx answer stands for. `what` names the request for the message."""
-    detail = f"{what}: HTTP {status}" + (f": {body[:200]}" if body else "")
+    detail = scrub(f"{what}: HTTP {status}" + (f": {body[:200]}" if body else ""))
     wait = parse_retry_after(retry_after)
     if status in (401, 403):
         return AuthError(f"{detail} (check the API key and its access)")
@@ -193,15 +203,19 @@ def from_status(
     return Refused(detail, status=status)
 
 
-def from_transport_error(exc: httpx.TransportError, *, what: str) -> Transient:
+def from_transport_error(exc: httpx.TransportError, *, what: str) -> EvalpushError:
     """The error a failed exchange stands for: was the request possibly acted on?
 
     A connection that never opened is `Unreachable`; one that broke or timed out after the
-    request went out is `Ambiguous`, since the platform may have done the work.
+    request went out is `Ambiguous`, since the platform may have done the work. A request httpx
+    could not put on the wire (`LocalProtocolError`: an illegal header value; `UnsupportedProtocol`)
+    is `Unsendable`: retrying sends the same bytes, so it fails at once.
     """
-    detail = f"{what}: {type(exc).__name__}: {exc}".rstrip(": ")
+    detail = scrub(f"{what}: {type(exc).__name__}: {exc}".rstrip(": "))
     if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
         return Unreachable(detail)
     if isinstance(exc, httpx.PoolTimeout):
         return Transient(detail)
+    if isinstance(exc, (httpx.LocalProtocolError, httpx.UnsupportedProtocol)):
+        return Unsendable(detail)
     return Ambiguous(detail)

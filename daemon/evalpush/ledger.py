@@ -317,7 +317,7 @@ class Ledger:
             db.executemany(
                 "INSERT OR REPLACE INTO set_aside (run, line, offset, size, kind, reason) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                [(record.id, i.line, i.offset, i.size, i.kind, i.reason) for i in items],
+                [(record.id, i.line, i.offset, i.size, i.kind, scrub(i.reason)) for i in items],
             )
 
     def set_aside(self, record: RunRecord) -> list[SetAsideRecord]:

@@ -1,38 +1,102 @@
 """Logging: structlog, JSON lines for journald, console lines on a TTY, secrets redacted.
 
-Every event goes through `redact`, which replaces any registered secret (the API key) and any
-`Authorization` value wherever it appears, so a key can't leak through an exception message.
+What it promises: `scrub` is THE one scrubber of secrets, and it runs wherever text leaves the
+process: every log event (`redact`, a structlog processor), every text column the ledger stores,
+and everything the `evalpush` command prints (`scrubbed_output`). It replaces each registered
+secret (the API key) raw, JSON-escaped, repr-escaped and percent-encoded, and any run of at
+least `MIN_SECRET_CHARS` consecutive characters of any of those forms (a key cut short by a
+truncated error body, or split by an escaped newline), plus any `Bearer` token.
+
+"In part" means a run of at least `MIN_SECRET_CHARS` characters that also occurs in the key: a
+random key shares no such run with ordinary text, so nothing else is blanked. A key that itself
+holds an ordinary word of that length blanks that word too; secrecy wins over readability.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import logging
 import re
 import sys
-from collections.abc import MutableMapping
-from typing import Any
+import threading
+import urllib.parse
+from collections.abc import Callable, MutableMapping
+from typing import Any, ParamSpec, TextIO, TypeVar
 
+import msgspec
 import structlog
 
-_secrets: set[str] = set()
-_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 8
-"""Shorter values are not scrubbed: they would blank out ordinary words (no real key is this short)."""
+"""Shorter values are not scrubbed, and shorter runs of a secret are not "part" of it: they
+would blank out ordinary words (no real key is this short)."""
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
+_lock = threading.Lock()
+_secrets: set[str] = set()
+_parts: re.Pattern[str] | None = None
+"""Matches where any run of MIN_SECRET_CHARS characters of a secret's forms starts (lookahead,
+so overlapping runs are all found); None while no secret is registered."""
+
+
+def _forms(secret: str) -> set[str]:
+    """The ways a secret can be spelled in text that leaves the process."""
+    return {
+        secret,
+        msgspec.json.encode(secret).decode()[1:-1],  # inside a JSON string
+        repr(secret)[1:-1],  # inside a Python repr, e.g. of bytes or an exception's args
+        urllib.parse.quote(secret, safe=""),  # inside a URL
+    }
 
 
 def register_secret(value: str | None) -> None:
-    """Never print `value` again, in any log event."""
-    if value and len(value) >= MIN_SECRET_CHARS:
+    """Never let `value`, or a part of it, leave the process again."""
+    global _parts
+    if not value or len(value) < MIN_SECRET_CHARS:
+        return
+    with _lock:
+        if value in _secrets:
+            return
         _secrets.add(value)
+        runs = {
+            form[i : i + MIN_SECRET_CHARS]
+            for secret in _secrets
+            for form in _forms(secret)
+            for i in range(len(form) - MIN_SECRET_CHARS + 1)
+        }
+        alternatives = "|".join(re.escape(run) for run in sorted(runs))
+        _parts = re.compile(f"(?=(?:{alternatives}))")
 
 
 def scrub(text: str) -> str:
-    """`text` with every registered secret and bearer token replaced."""
-    for secret in _secrets:
-        if secret in text:
-            text = text.replace(secret, REDACTED)
+    """`text` with every secret, escaped or in part, and every bearer token replaced."""
+    parts = _parts
+    if parts is not None:
+        text = _blank(text, parts)
     return _BEARER.sub(rf"\1{REDACTED}", text)
+
+
+def _blank(text: str, parts: re.Pattern[str]) -> str:
+    """Replace each stretch of text covered by runs of a secret with one REDACTED."""
+    spans: list[list[int]] = []
+    for match in parts.finditer(text):
+        start, end = match.start(), match.start() + MIN_SECRET_CHARS
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = max(spans[-1][1], end)
+        else:
+            spans.append([start, end])
+    if not spans:
+        return text
+    pieces, kept = [], 0
+    for start, end in spans:
+        pieces += (text[kept:start], REDACTED)
+        kept = end
+    pieces.append(text[kept:])
+    return "".join(pieces)
 
 
 def _scrub_value(value: Any) -> Any:
@@ -40,6 +104,8 @@ def _scrub_value(value: Any) -> Any:
         return scrub(value)
     if isinstance(value, BaseException):
         return scrub(f"{type(value).__name__}: {value}")
+    if isinstance(value, (bytes, bytearray)):
+        return scrub(repr(bytes(value)))
     if isinstance(value, dict):
         return {k: _scrub_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -55,6 +121,61 @@ def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> Mutab
         else:
             event[key] = _scrub_value(value)
     return event
+
+
+class _ScrubbingStream(io.TextIOBase):
+    """A text stream that scrubs what is written to it, then hands it on.
+
+    Everything else (`buffer` for binary output, `isatty`, `fileno`, `encoding`) is the wrapped
+    stream's: binary output (`convert`'s samples) is data, not messages, and is not scrubbed.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(scrub(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._stream.encoding
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return self._stream.errors
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def scrubbed_output(fn: Callable[P, R]) -> Callable[P, R]:
+    """Decorator: while `fn` runs, everything printed to stdout and stderr is scrubbed."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _ScrubbingStream(saved[0]), _ScrubbingStream(saved[1])
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            sys.stdout, sys.stderr = saved
+
+    return wrapper
 
 
 def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:

@@ -5,10 +5,22 @@ What it promises:
   (`platform.api_key_file`, or systemd's `$CREDENTIALS_DIRECTORY/prime-api-key`). The key is
   registered with `evalpush.log` so no log line can carry it, and `Credentials` never shows it.
 - Plain `http://` is refused unless the host is loopback or `platform.allow_insecure_http` is set.
+- A key that is not printable ASCII (a space, a newline, a control character inside it) is
+  refused when it is loaded (`AuthError` naming where it came from, never quoting it).
 - Every endpoint method makes exactly ONE attempt and raises the class `evalpush.errors` gives
   the outcome; retrying is `evalpush.retry`'s job. A 2xx whose body cannot be read is
   `Ambiguous` for the steps that must not be replayed (create, push samples, finalize) and
   `Transient` for the rest.
+- Answers are data, never trusted: every body is read as a stream under a byte cap (an error
+  body's first `ERROR_BODY_BYTES`; a JSON answer `MAX_ANSWER_BYTES`; a listing page
+  `MAX_PAGE_BYTES`, the page shrunk when one does not fit), and a body past its cap is a
+  malformed answer. Ids from the platform must look like ids (`is_platform_id`), every path
+  segment is quoted anyway, and only http(s) viewer URLs are kept. A listing ends on its own
+  hints, and is a malformed answer (`Transient`) when a page repeats the previous one, when it
+  holds more items than the caller's bound, or past `MAX_PAGES`.
+- Every request ends by `platform.request_deadline_seconds`, and within a fraction of a second
+  of the stop event being set (`evalpush.transport`); a request cut off by a stop raises
+  `Interrupted` (its outcome unknown: the upload protocol reconciles it on the next start).
 - One `PlatformClient` is safe to share between threads: httpx's connection pool is, and the
   credentials are swapped as one immutable object.
 """
@@ -16,8 +28,11 @@ What it promises:
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
+import re
 import threading
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +43,16 @@ import msgspec
 
 from evalpush import __version__, errors
 from evalpush.config import PlatformConfig
-from evalpush.log import register_secret
+from evalpush.log import register_secret, scrub
+from evalpush.transport import StoppableTransport, request_deadline
 
 __all__ = [
     "Credentials",
     "PlatformClient",
     "is_finalized",
+    "is_platform_id",
     "load_credentials",
+    "most_samples_stored",
 ]
 
 DEFAULT_API_BASE = "https://api.primeintellect.ai"
@@ -48,6 +66,22 @@ _FINALIZED_STATUSES = frozenset(
     {"COMPLETED", "COMPLETE", "FINALIZED", "DONE", "FINISHED", "SUCCEEDED"}
 )
 _ERROR_BODY_CHARS = 300
+
+MIB = 1024 * 1024
+ERROR_BODY_BYTES = 4096
+"""Of an error answer's body only this much is read (the message quotes its start)."""
+MAX_ANSWER_BYTES = 1 * MIB
+"""A JSON answer (an id, an evaluation, an acknowledgement) is small; past this it is malformed."""
+MAX_PAGE_BYTES = 32 * MIB
+"""A listing page carries whole samples (each up to the platform's 25 MiB body limit) or whole
+evaluations: a page past this is asked again with fewer items, down to one; one item past it
+is malformed. Bounds the memory of a reconciling read, one page at a time."""
+MAX_PAGES = 20_000
+"""No listing reads more pages than this (10 million samples at the default page size)."""
+MAX_EVALUATIONS_LISTED = 100_000
+"""An environment listing holding more evaluations than this is read as never ending."""
+_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_URL_CHARS = 2048
 
 
 @dataclass(frozen=True)
@@ -130,6 +164,25 @@ def _find_key(
     )
 
 
+def _check_key(key: str, source: str) -> None:
+    """Refuse a key no HTTP header can carry, saying where it came from and never what it is."""
+    for position, char in enumerate(key, start=1):
+        if not "!" <= char <= "~":
+            kind = (
+                "a space"
+                if char == " "
+                else (
+                    "a control character (newline, tab...)"
+                    if char.isspace() or ord(char) < 32
+                    else "a character that is not ASCII"
+                )
+            )
+            raise errors.AuthError(
+                f"the API key from {source} holds {kind} at character {position}: an API key is "
+                "printable ASCII without spaces; fix the key"
+            )
+
+
 def _first(candidates: list[tuple[str, Any]]) -> tuple[str, str] | None:
     """The first (source, value) whose value is set."""
     for source, value in candidates:
@@ -178,6 +231,7 @@ def load_credentials(
     prime_config, prime_note = _read_prime_config(Path.home() if home is None else home)
     key, key_source = _find_key(config, environ, prime_config, prime_note)
     register_secret(key)
+    _check_key(key, key_source)
     source, raw_base = _first(
         [
             ("$PRIME_API_BASE_URL", environ.get("PRIME_API_BASE_URL")),
@@ -219,6 +273,19 @@ def is_finalized(evaluation: Mapping[str, Any]) -> bool:
     return isinstance(status, str) and status.strip().upper() in _FINALIZED_STATUSES
 
 
+def most_samples_stored(samples_in_run: int) -> int:
+    """The most sample ids a run's evaluation can hold: every sample twice (a duplicate
+    pushed by someone else) plus a page. A listing past this is one that never ends."""
+    return 2 * samples_in_run + SAMPLES_PAGE_SIZE
+
+
+def is_platform_id(value: str) -> bool:
+    """Whether `value` looks like an id the platform hands out: UUID-like, letters, digits, `_`
+    and `-`, at most 128 characters, and nothing of the API key in it. Anything else (a `/`,
+    `..`, `?`, whitespace, a control character) is not put into a URL."""
+    return _ID.fullmatch(value) is not None and scrub(value) == value
+
+
 def _first_id(data: Any, keys: tuple[str, ...]) -> str | None:
     """The id under the first of `keys` present, at the top level or under `data`."""
     for holder in (data, data.get("data") if isinstance(data, dict) else None):
@@ -230,10 +297,31 @@ def _first_id(data: Any, keys: tuple[str, ...]) -> str | None:
     return None
 
 
+def _safe_url(value: Any) -> str | None:
+    """`value` if it is an http(s) URL fit to print and store, else None."""
+    text = _text(value)
+    if text is None or len(text) > _URL_CHARS or not text.isprintable() or " " in text:
+        return None
+    try:
+        url = httpx.URL(text)
+    except httpx.InvalidURL:
+        return None
+    if url.scheme not in ("http", "https") or not url.host or scrub(text) != text:
+        return None
+    return text
+
+
 def _viewer_url_in(data: Any) -> str | None:
     if isinstance(data, dict):
-        return _text(data.get("viewer_url")) or _viewer_url_in(data.get("data"))
+        return _safe_url(data.get("viewer_url")) or _viewer_url_in(data.get("data"))
     return None
+
+
+def _segment(value: str, what: str) -> str:
+    """`value` as one quoted path segment; a value that is not an id is never sent."""
+    if not is_platform_id(value):
+        raise errors.Unsendable(f"{what}: {value[:40]!r} is not a platform id; not sent")
+    return urllib.parse.quote(value, safe="")
 
 
 def _page_items(data: Any, keys: tuple[str, ...]) -> list[Any] | None:
@@ -287,6 +375,88 @@ class _SentOnce(httpx.SyncByteStream):
         yield body
 
 
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A 2xx answer, its body read whole under its cap."""
+
+    status: int
+    body: bytes | bytearray
+
+
+class _TooLarge(errors.Transient):
+    """A read's answer ran past its byte cap (a listing shrinks its page and asks again)."""
+
+
+def _read_capped(response: httpx.Response, cap: int) -> bytearray | None:
+    """The body, read as a stream; None as soon as it runs past `cap` bytes."""
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > cap:
+        return None
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > cap:
+            return None
+    return body
+
+
+def _read_start(response: httpx.Response) -> str:
+    """The start of an error answer's body, as text; the rest is never read."""
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) >= ERROR_BODY_BYTES:
+            break
+    return body[:ERROR_BODY_BYTES].decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
+
+
+def _smaller_page(limit: int, seen: int) -> int:
+    """A smaller page size after a page ran past its cap: a proper divisor of `limit` that
+    also divides `seen`, so the next page starts exactly where the last one ended."""
+    smaller = 1
+    for factor in range(2, int(limit**0.5) + 1):
+        if limit % factor == 0:
+            smaller = limit // factor
+            break
+    return math.gcd(seen, smaller)
+
+
+class _Listing:
+    """The guards every paged listing runs under: page count, item bound, repeated pages."""
+
+    def __init__(self, what: str, max_items: int | None) -> None:
+        self.what = what
+        self.max_items = max_items
+        self.pages = 0
+        self.seen = 0
+        self._previous: list[Any] | None = None
+
+    def asking(self) -> None:
+        self.pages += 1
+        if self.pages > MAX_PAGES:
+            raise errors.Transient(
+                f"{self.what}: more than {MAX_PAGES} pages; the listing never ends"
+            )
+
+    def took(self, keys: list[Any], *, asked: int, echoed: int | None, where: str) -> None:
+        """Count a page's items (`keys` identify them), or raise: the answer is malformed."""
+        if echoed is not None and echoed != asked:
+            raise errors.Transient(
+                f"{self.what}: asked for {where}={asked}, the platform answered {where}={echoed}"
+            )
+        if keys and keys == self._previous and echoed is None:
+            raise errors.Transient(
+                f"{self.what}: the page at {where}={asked} repeats the previous one; "
+                "the platform ignores the paging"
+            )
+        self._previous = keys
+        self.seen += len(keys)
+        if self.max_items is not None and self.seen > self.max_items:
+            raise errors.Transient(
+                f"{self.what}: more than {self.max_items} items listed, more than it can hold"
+            )
+
+
 class PlatformClient:
     """One attempt per call to each endpoint of PLATFORM_API.md, errors already classified."""
 
@@ -297,14 +467,19 @@ class PlatformClient:
         environ: Mapping[str, str] | None = None,
         home: Path | None = None,
         transport: httpx.BaseTransport | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
+        """`stop`: once set, a request in flight is cut off within `transport.SLICE_SECONDS`
+        and raises `Interrupted` (the service's stop event; by default one never set).
+        `transport` replaces the stoppable one (tests feed canned answers through it)."""
         self._config = config
         self._environ = os.environ if environ is None else environ
         self._home = home
+        self._stop = threading.Event() if stop is None else stop
         self._credentials = load_credentials(config, self._environ, home)
         self._reload_lock = threading.Lock()
         self._http = httpx.Client(
-            transport=transport,
+            transport=transport or StoppableTransport(self._stop),
             headers={"User-Agent": USER_AGENT},
             timeout=httpx.Timeout(
                 connect=config.connect_timeout_seconds,
@@ -313,7 +488,7 @@ class PlatformClient:
                 pool=config.connect_timeout_seconds,
             ),
             follow_redirects=False,
-            verify=True,
+            trust_env=False,  # the transport reads the proxy variables; certificates as httpx does
         )
 
     @property
@@ -340,7 +515,8 @@ class PlatformClient:
         self.close()
 
     def viewer_url(self, evaluation_id: str) -> str:
-        return f"{self._credentials.frontend_url}/dashboard/evaluations/{evaluation_id}"
+        segment = _segment(evaluation_id, "viewer URL")
+        return f"{self._credentials.frontend_url}/dashboard/evaluations/{segment}"
 
     # -- the exchange: one attempt, classified --------------------------------------------
 
@@ -350,41 +526,64 @@ class PlatformClient:
         path: str,
         *,
         what: str,
+        replayable: bool,
         body: bytes | None = None,
         params: Mapping[str, Any] | None = None,
-    ) -> httpx.Response:
+        cap: int = MAX_ANSWER_BYTES,
+    ) -> _Answer:
+        """One request; its 2xx answer read under `cap` bytes, or the error it stands for."""
+        if self._stop.is_set():
+            raise errors.Interrupted(f"{what}: stop requested; not sent")
         credentials = self._credentials  # one snapshot, even if another thread reloads
         headers = {"Authorization": f"Bearer {credentials.api_key}"}
-        request = self._http.build_request(
-            method, f"{credentials.api_base}{API_PREFIX}{path}", params=params, headers=headers
-        )
+        try:
+            request = self._http.build_request(
+                method, f"{credentials.api_base}{API_PREFIX}{path}", params=params, headers=headers
+            )
+        except httpx.InvalidURL as exc:
+            raise errors.Unsendable(scrub(f"{what}: cannot build the request: {exc}")) from None
         if body is not None:
             request.headers["Content-Type"] = "application/json"
             request.headers["Content-Length"] = str(len(body))
             request.stream = _SentOnce(body)
-        try:
-            response = self._http.send(request)
-        except httpx.TransportError as exc:
-            raise errors.from_transport_error(exc, what=what) from exc
-        if response.is_success:
-            return response
-        raise errors.from_status(
-            response.status_code,
-            what=what,
-            retry_after=response.headers.get("Retry-After"),
-            body=response.text[:_ERROR_BODY_CHARS],
-        )
+        with request_deadline(self._config.request_deadline_seconds):
+            try:
+                response = self._http.send(request, stream=True)
+                try:
+                    if not response.is_success:
+                        raise errors.from_status(
+                            response.status_code,
+                            what=what,
+                            retry_after=response.headers.get("Retry-After"),
+                            body=_read_start(response),
+                        )
+                    content = _read_capped(response, cap)
+                finally:
+                    response.close()
+            except httpx.TransportError as exc:
+                if self._stop.is_set():
+                    raise errors.Interrupted(
+                        f"{what}: stop requested; the request was cut off, its outcome unknown"
+                    ) from exc
+                raise errors.from_transport_error(exc, what=what) from exc
+        if content is None:
+            cls = _TooLarge if replayable else errors.Ambiguous
+            raise cls(
+                f"{what}: HTTP {response.status_code} with a body over {cap} bytes",
+                status=response.status_code,
+            )
+        return _Answer(response.status_code, content)
 
     @staticmethod
-    def _decode(response: httpx.Response, *, what: str, replayable: bool) -> Any:
+    def _decode(answer: _Answer, *, what: str, replayable: bool) -> Any:
         try:
-            return msgspec.json.decode(response.content)
+            return msgspec.json.decode(answer.body)
         except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deeply
-            raise PlatformClient._unexpected(response, what=what, replayable=replayable) from None
+            raise PlatformClient._unexpected(answer, what=what, replayable=replayable) from None
 
     @staticmethod
     def _unexpected(
-        response: httpx.Response,
+        answer: _Answer,
         *,
         what: str,
         replayable: bool,
@@ -392,16 +591,21 @@ class PlatformClient:
     ) -> errors.Transient:
         """A 2xx we cannot read: the work may be done, so a non-replayable step is ambiguous."""
         cls = errors.Transient if replayable else errors.Ambiguous
-        snippet = response.content[:120].decode("utf-8", "replace")
+        snippet = bytes(answer.body[:120]).decode("utf-8", "replace")
         return cls(
-            f"{what}: HTTP {response.status_code} with {why}: {snippet!r}",
-            status=response.status_code,
+            scrub(f"{what}: HTTP {answer.status} with {why}: {snippet!r}"), status=answer.status
         )
 
-    def _get_json(self, path: str, *, what: str, params: Mapping[str, Any] | None = None) -> Any:
-        return self._decode(
-            self._send("GET", path, what=what, params=params), what=what, replayable=True
-        )
+    def _get_json(
+        self,
+        path: str,
+        *,
+        what: str,
+        params: Mapping[str, Any] | None = None,
+        cap: int = MAX_ANSWER_BYTES,
+    ) -> Any:
+        answer = self._send("GET", path, what=what, params=params, replayable=True, cap=cap)
+        return self._decode(answer, what=what, replayable=True)
 
     # -- the endpoints ----------------------------------------------------------------------
 
@@ -413,95 +617,144 @@ class PlatformClient:
         """The environment's id, created on the platform if new (get-or-create: replayable)."""
         what = f"resolve environment {name!r}"
         body = msgspec.json.encode(self._with_team({"name": name}))
-        response = self._send("POST", "/environmentshub/resolve", what=what, body=body)
-        env_id = _first_id(self._decode(response, what=what, replayable=True), ("id",))
+        answer = self._send(
+            "POST", "/environmentshub/resolve", what=what, body=body, replayable=True
+        )
+        env_id = _first_id(self._decode(answer, what=what, replayable=True), ("id",))
         if env_id is None:
-            raise self._unexpected(response, what=what, replayable=True, why="no environment id")
+            raise self._unexpected(answer, what=what, replayable=True, why="no environment id")
+        if not is_platform_id(env_id):
+            raise self._unexpected(answer, what=what, replayable=True, why="a malformed id")
         return env_id
 
     def create_evaluation(self, body: dict[str, Any]) -> tuple[str, str | None]:
-        """Create an evaluation; its id and viewer URL (if the platform gave one). NOT replayable."""
+        """Create an evaluation; its id and viewer URL (if the platform gave a usable one).
+        NOT replayable: an answer without a well-formed id is `Ambiguous` (it may exist)."""
         what = "create evaluation"
-        response = self._send(
-            "POST", "/evaluations/", what=what, body=msgspec.json.encode(self._with_team(body))
+        answer = self._send(
+            "POST",
+            "/evaluations/",
+            what=what,
+            body=msgspec.json.encode(self._with_team(body)),
+            replayable=False,
         )
-        data = self._decode(response, what=what, replayable=False)
+        data = self._decode(answer, what=what, replayable=False)
         evaluation_id = _first_id(data, ("evaluation_id", "id"))
         if evaluation_id is None:
-            raise self._unexpected(response, what=what, replayable=False, why="no evaluation id")
+            raise self._unexpected(answer, what=what, replayable=False, why="no evaluation id")
+        if not is_platform_id(evaluation_id):
+            raise self._unexpected(answer, what=what, replayable=False, why="a malformed id")
         return evaluation_id, _viewer_url_in(data)
 
     def push_samples(self, evaluation_id: str, body: bytes) -> None:
         """Append one encoded `{"samples": [...]}` batch. NOT replayable."""
         what = f"push samples to {evaluation_id}"
-        response = self._send("POST", f"/evaluations/{evaluation_id}/samples", what=what, body=body)
-        if response.content.strip():
-            self._decode(response, what=what, replayable=False)
+        path = f"/evaluations/{_segment(evaluation_id, what)}/samples"
+        answer = self._send("POST", path, what=what, body=body, replayable=False)
+        if answer.body.strip():
+            self._decode(answer, what=what, replayable=False)
 
     def finalize(self, evaluation_id: str, metrics: dict[str, Any]) -> str | None:
         """Finalize with the run's metrics; the viewer URL if given. NOT replayable."""
         what = f"finalize {evaluation_id}"
         body = msgspec.json.encode({"metrics": metrics})
-        response = self._send(
-            "POST", f"/evaluations/{evaluation_id}/finalize", what=what, body=body
-        )
-        if not response.content.strip():
+        path = f"/evaluations/{_segment(evaluation_id, what)}/finalize"
+        answer = self._send("POST", path, what=what, body=body, replayable=False)
+        if not answer.body.strip():
             return None
-        return _viewer_url_in(self._decode(response, what=what, replayable=False))
+        return _viewer_url_in(self._decode(answer, what=what, replayable=False))
 
     def get_evaluation(self, evaluation_id: str) -> dict[str, Any]:
         what = f"read evaluation {evaluation_id}"
-        response = self._send("GET", f"/evaluations/{evaluation_id}", what=what)
-        data = self._decode(response, what=what, replayable=True)
+        path = f"/evaluations/{_segment(evaluation_id, what)}"
+        answer = self._send("GET", path, what=what, replayable=True)
+        data = self._decode(answer, what=what, replayable=True)
         if isinstance(data, dict) and isinstance(data.get("data"), dict) and "status" not in data:
             data = data["data"]
         if not isinstance(data, dict):
-            raise self._unexpected(response, what=what, replayable=True, why="no evaluation object")
+            raise self._unexpected(answer, what=what, replayable=True, why="no evaluation object")
         return data
 
     def iter_sample_ids(
-        self, evaluation_id: str, page_size: int = SAMPLES_PAGE_SIZE
+        self,
+        evaluation_id: str,
+        page_size: int = SAMPLES_PAGE_SIZE,
+        *,
+        max_items: int | None = None,
     ) -> Iterator[str]:
-        """Every stored sample id (as a string, duplicates included), page by page."""
+        """Every stored sample id (as a string, duplicates included), page by page.
+
+        `max_items`: more ids than this is a malformed listing (`Transient`), as are a page that
+        repeats the previous one and more than `MAX_PAGES` pages.
+        """
         what = f"list samples of {evaluation_id}"
-        page, seen = 1, 0
+        path = f"/evaluations/{_segment(evaluation_id, what)}/samples"
+        listing, limit, page = _Listing(what, max_items), page_size, 1
         while True:
-            data = self._get_json(
-                f"/evaluations/{evaluation_id}/samples",
-                what=what,
-                params={"page": page, "limit": page_size},
-            )
+            listing.asking()
+            try:
+                data = self._get_json(
+                    path, what=what, params={"page": page, "limit": limit}, cap=MAX_PAGE_BYTES
+                )
+            except _TooLarge:
+                if limit == 1:
+                    raise
+                limit = _smaller_page(limit, listing.seen)
+                page = listing.seen // limit + 1
+                continue
             items = _page_items(data, ("samples", "data", "items"))
             if items is None:
                 raise errors.Transient(f"{what}: page {page} holds no list of samples")
+            ids = []
             for item in items:
                 sample_id = _text(item.get("sample_id")) if isinstance(item, dict) else None
                 if sample_id is None:
                     raise errors.Transient(f"{what}: page {page} has a sample without sample_id")
-                yield sample_id
-            seen += len(items)
-            if not items or _is_last_page(data, page=page, seen=seen):
+                ids.append(sample_id)
+            listing.took(ids, asked=page, echoed=_int(data, "page"), where="page")
+            yield from ids
+            if not items or _is_last_page(data, page=page, seen=listing.seen):
                 return
-            page += 1
+            page += 1  # by number, not by what came back: a server may cap `limit` lower
 
     def iter_evaluations(
         self, environment_name: str, page_size: int = EVALUATIONS_PAGE_SIZE
     ) -> Iterator[dict[str, Any]]:
-        """Every evaluation of an environment (each with its `metadata`), skip/limit paged."""
+        """Every evaluation of an environment (each with its `metadata`), skip/limit paged.
+
+        Each has a well-formed id under `evaluation_id` (wherever the platform put it) and a
+        `viewer_url` only if it is http(s); an item without a well-formed id makes the page
+        malformed (`Transient`), like a repeated page, more than `MAX_EVALUATIONS_LISTED`
+        evaluations, or more than `MAX_PAGES` pages.
+        """
         what = f"list evaluations of {environment_name!r}"
-        skip = 0
+        listing, limit = _Listing(what, MAX_EVALUATIONS_LISTED), page_size
         while True:
-            params = {"environment_name": environment_name, "skip": skip, "limit": page_size}
-            data = self._get_json("/evaluations/", what=what, params=params)
+            listing.asking()
+            skip = listing.seen
+            params = {"environment_name": environment_name, "skip": skip, "limit": limit}
+            try:
+                data = self._get_json("/evaluations/", what=what, params=params, cap=MAX_PAGE_BYTES)
+            except _TooLarge:
+                if limit == 1:
+                    raise
+                limit = _smaller_page(limit, 0)
+                continue
             items = _page_items(data, ("evaluations", "data", "items"))
             if items is None or not all(isinstance(item, dict) for item in items):
                 raise errors.Transient(
                     f"{what}: the page at skip={skip} holds no list of evaluations"
                 )
-            yield from items
+            evaluations = [_checked_evaluation(item, what) for item in items]
+            listing.took(
+                [_first_id(e, ("evaluation_id", "id")) for e in evaluations],
+                asked=skip,
+                echoed=_int(data, "skip"),
+                where="skip",
+            )
+            yield from evaluations
             # Advance by what came back, not by what was asked: the server may cap `limit`.
-            skip += len(items)
-            if not items or _is_last_page(data, page=None, seen=skip):
+            if not items or _is_last_page(data, page=None, seen=listing.seen):
                 return
 
     def close_out(
@@ -522,10 +775,25 @@ class PlatformClient:
             if value is not None:
                 body[key] = value
         what = f"close out {evaluation_id} as {status}"
-        self._send(
-            "PUT", f"/evaluations/{evaluation_id}", what=what, body=msgspec.json.encode(body)
-        )
+        path = f"/evaluations/{_segment(evaluation_id, what)}"
+        self._send("PUT", path, what=what, body=msgspec.json.encode(body), replayable=True)
 
     def probe(self) -> None:
         """A cheap authenticated read: returns if the platform answers and accepts the key."""
-        self._send("GET", "/evaluations/", what="probe the platform", params={"limit": 1})
+        self._send(
+            "GET", "/evaluations/", what="probe the platform", params={"limit": 1}, replayable=True
+        )
+
+
+def _checked_evaluation(item: dict[str, Any], what: str) -> dict[str, Any]:
+    """A listed evaluation with a well-formed id, and its viewer URL only if it is http(s)."""
+    evaluation_id = _first_id(item, ("evaluation_id", "id"))
+    if evaluation_id is None or not is_platform_id(evaluation_id):
+        raise errors.Transient(f"{what}: an evaluation without a well-formed id")
+    checked = {**item, "evaluation_id": evaluation_id}  # what the caller reads first
+    url = _safe_url(item.get("viewer_url"))
+    if url is None:
+        checked.pop("viewer_url", None)
+    else:
+        checked["viewer_url"] = url
+    return checked

@@ -3,8 +3,9 @@
 `Service` opens the ledger, builds the one platform client, the shared connectivity gate and
 retry policy, and the uploader; `push` uploads a set of run directories with up to
 `upload.max_concurrent_runs` at once. SIGTERM/SIGINT set `stop`: waiting retries end with
-`Interrupted`, the request in flight finishes (bounded by the client's timeouts), the ledger
-keeps the progress, and the next start resumes there.
+`Interrupted`, the request in flight is cut off within a fraction of a second (its outcome is
+then unknown: the ledger's intent makes the next start reconcile it), the ledger keeps the
+progress, and the next start resumes there.
 """
 
 from __future__ import annotations
@@ -73,7 +74,9 @@ class Service:
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
         self.ledger = Ledger(default_path(config.state_dir))
         try:
-            self.client = PlatformClient(config.platform, environ=environ, home=home)
+            self.client = PlatformClient(
+                config.platform, environ=environ, home=home, stop=self.stop
+            )
         except BaseException:
             self.ledger.close()
             raise

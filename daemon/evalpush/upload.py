@@ -43,7 +43,7 @@ from evalpush.errors import (
 )
 from evalpush.ledger import Ledger, RunRecord, SetAsideRecord, State, Step
 from evalpush.log import get_logger
-from evalpush.platform import PlatformClient, is_finalized
+from evalpush.platform import PlatformClient, is_finalized, most_samples_stored
 from evalpush.read import Change, FileChangedError, FileIdentity, compare, identity, read_lines
 from evalpush.retry import Retrier
 from evalpush.runs import Run, RunKind, require_env_name
@@ -386,7 +386,11 @@ class Uploader:
     def _stored_ids(self, record: RunRecord) -> collections.Counter[str]:
         evaluation_id = record.evaluation_id
         return self.retrier.call(
-            lambda: collections.Counter(self.client.iter_sample_ids(evaluation_id)),
+            lambda: collections.Counter(
+                self.client.iter_sample_ids(
+                    evaluation_id, max_items=most_samples_stored(record.samples_seen or 0)
+                )
+            ),
             replayable=True,
             what="list samples",
             run=record.run_id,

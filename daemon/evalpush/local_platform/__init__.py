@@ -43,13 +43,33 @@ Control (same bearer auth), for tests and for trying the daemon against bad weat
 
 | request | effect |
 | --- | --- |
-| `POST /_control/faults` `{"fault", "on"?, "count"?, "status"?, "retry_after"?, "seconds"?, "do_work"?}` | queue a fault (see `Fault`); `refuse` acts at once |
+| `POST /_control/faults` `{"fault", "on"?, "count"?, "status"?, "retry_after"?, "seconds"?, "do_work"?, "value"?}` | queue a fault (see `Fault` and the table below); `refuse` acts at once |
 | `GET /_control/faults` / `DELETE /_control/faults` | list / drop the pending faults |
 | `GET /_control/summary` | `{"evaluations": {id: {"name", "environment", "status", "metadata", "metrics", "sample_count", "distinct_sample_ids", "duplicates", "finalize_count"}}, "runs": {run_id: evaluations}, "requests": {kind: count}}`; `finalize_count` counts finalize requests received, refused ones included |
 | `GET /_control/evaluations/{id}/samples` | `{"samples": [...]}`: every stored sample, duplicates included |
 
 Request kinds (for `on` and `requests`): resolve, create, samples, finalize, read (any GET
 under /api/v1), close (the PUT).
+
+Faults (each hits the next `count` requests of kind `on`; `refuse` is not tied to a request):
+
+| fault | what the client sees | the work |
+| --- | --- | --- |
+| `status` | HTTP `status` (with `Retry-After: retry_after` if given) | done only with `do_work` |
+| `reset` | the connection aborted, no answer | done |
+| `stall` | no answer for `seconds` (a server that accepts and never answers), then the answer | done |
+| `malformed` | 200 with an HTML body | done |
+| `refuse` | connections refused for `seconds`, open ones closed | - |
+| `endless` | a chunked body of JSON whitespace that never ends, 1 MiB after 1 MiB: 200 with `do_work`, else HTTP `status` | done only with `do_work` |
+| `trickle` | the answer, one byte every `seconds` seconds | done |
+| `unread` | nothing: the request body is never read (a big upload blocks), then after `seconds` the connection is dropped | not done |
+| `echo_key` | HTTP `status` whose body quotes the Authorization header, raw and escaped | not done |
+| `bad_id` | a create (or resolve) answer whose id is `value` (default `../../../environmentshub/resolve?x=`) and whose viewer URL is `javascript:` | done |
+| `repeat_page` | a listing's first page, whatever page or skip was asked, with no paging field (`page`, `skip`, `total`...) | - |
+| `endless_pages` | a listing page full of made-up items, no total, no end | - |
+
+`repeat_page` and `endless_pages` hit listings only (`GET .../samples`, `GET /evaluations/`);
+other reads pass them by.
 """
 
 from __future__ import annotations
@@ -167,6 +187,7 @@ class LocalPlatform:
         retry_after: str | None = None,
         seconds: float = 30.0,
         do_work: bool = False,
+        value: str | None = None,
     ) -> None:
         """Queue a fault (see `Fault`); `refuse` takes effect before this returns."""
         spec = Fault(
@@ -177,6 +198,7 @@ class LocalPlatform:
             retry_after=retry_after,
             seconds=seconds,
             do_work=do_work,
+            **({} if value is None else {"value": value}),
         )
         server = self._running_server()
         assert self._loop is not None

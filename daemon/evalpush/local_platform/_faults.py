@@ -9,7 +9,22 @@ from typing import Any
 REQUEST_KINDS = ("resolve", "create", "samples", "finalize", "read", "close")
 """What a request does: `read` is every GET under /api/v1, `close` the PUT that closes out."""
 
-FAULTS = ("status", "reset", "stall", "malformed", "refuse")
+FAULTS = (
+    "status",
+    "reset",
+    "stall",
+    "malformed",
+    "refuse",
+    "endless",
+    "trickle",
+    "unread",
+    "echo_key",
+    "bad_id",
+    "repeat_page",
+    "endless_pages",
+)
+LISTING_FAULTS = frozenset({"repeat_page", "endless_pages"})
+"""Faults that only listings (`GET .../samples`, `GET /evaluations/`) take; other reads pass."""
 
 
 @dataclass(frozen=True)
@@ -23,7 +38,22 @@ class Fault:
     - `malformed`: do the work, then answer 200 with a body that is not JSON.
     - `refuse`: close the listening socket (and open connections) for `seconds`, then reopen it
       on the same port. Not tied to a request: `on` and `count` do not apply.
-    Each of the others applies to the next `count` requests of kind `on` (or of any kind).
+    - `endless`: a chunked body that never ends (1 MiB after 1 MiB of JSON whitespace) until the
+      client goes away: with `do_work`, a 200 after doing the work; without, a `status` answer
+      (an error body that never ends) and the work is not done.
+    - `trickle`: do the work, then send the answer one byte every `seconds` seconds.
+    - `unread`: read nothing of the request (its body stays unread, so a big upload blocks) and
+      answer nothing for `seconds`, then drop the connection. The work is not done.
+    - `echo_key`: answer `status` with a body quoting the request's Authorization header, as
+      sent and JSON-escaped. The work is not done.
+    - `bad_id`: do the work, then answer a create (or resolve) with the id `value` instead of the
+      real one, and a `javascript:` viewer URL.
+    - `repeat_page`: a listing answers its first page whatever page or skip was asked, without
+      any paging field (no page, skip or total).
+    - `endless_pages`: a listing answers a full page of made-up items, with no total and no
+      end, whatever is asked.
+    Each of the others applies to the next `count` requests of kind `on` (or of any kind); a
+    listing fault only to listings.
     """
 
     fault: str
@@ -33,6 +63,7 @@ class Fault:
     retry_after: str | None = None
     seconds: float = 30.0
     do_work: bool = False
+    value: str = "../../../environmentshub/resolve?x="
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -73,11 +104,13 @@ class FaultPlan:
         with self._lock:
             self._pending.clear()
 
-    def take(self, kind: str) -> Fault | None:
+    def take(self, kind: str, *, listing: bool = False) -> Fault | None:
         """The first pending fault for a request of `kind`, counted as used once."""
         with self._lock:
             for entry in self._pending:
                 fault = entry[0]
+                if fault.fault in LISTING_FAULTS and not listing:
+                    continue
                 if fault.on in ("any", kind):
                     entry[1] -= 1
                     if entry[1] == 0:

@@ -25,6 +25,8 @@ MAX_PAGE_LIMIT = 1000
 SHUTDOWN_SECONDS = 2.0
 DROP_SECONDS = 1.0
 MALFORMED_BODY = b"<html><body>502 Bad Gateway (not JSON)</body></html>"
+ENDLESS_CHUNK = b" " * (1024 * 1024)
+BAD_VIEWER_URL = "javascript:alert(document.cookie)"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -158,13 +160,16 @@ class PlatformServer:
         route.add_post(f"{api}/environmentshub/resolve", self._api("resolve", self._resolve))
         for path in (f"{api}/evaluations/", f"{api}/evaluations"):
             route.add_post(path, self._api("create", self._create))
-            route.add_get(path, self._api("read", self._list_evaluations))
+            route.add_get(path, self._api("read", self._list_evaluations, listing=True))
         route.add_get(f"{api}/evaluations/{{id}}", self._api("read", self._get))
         route.add_put(f"{api}/evaluations/{{id}}", self._api("close", self._close_out))
         route.add_post(
             f"{api}/evaluations/{{id}}/samples", self._api("samples", self._push_samples)
         )
-        route.add_get(f"{api}/evaluations/{{id}}/samples", self._api("read", self._list_samples))
+        route.add_get(
+            f"{api}/evaluations/{{id}}/samples",
+            self._api("read", self._list_samples, listing=True),
+        )
         route.add_post(f"{api}/evaluations/{{id}}/finalize", self._api("finalize", self._finalize))
         add_dashboard_routes(route, self.store, self._in_db)
         route.add_post("/_control/faults", self._answering(self._control_inject))
@@ -194,13 +199,15 @@ class PlatformServer:
 
         return handler
 
-    def _api(self, kind: str, work: Callable[[web.Request], Awaitable[Any]]) -> Handler:
+    def _api(
+        self, kind: str, work: Callable[[web.Request], Awaitable[Any]], *, listing: bool = False
+    ) -> Handler:
         """An API handler: counted by kind, and subject to the faults pending for that kind."""
         answer = self._answering(work)
 
         async def handler(request: web.Request) -> web.StreamResponse:
             self.request_counts[kind] += 1
-            fault = self.faults.take(kind)
+            fault = self.faults.take(kind, listing=listing)
             return (
                 await answer(request)
                 if fault is None
@@ -214,6 +221,14 @@ class PlatformServer:
     ) -> web.StreamResponse:
         if fault.fault == "status" and not fault.do_work:
             return self._fault_status(fault)
+        if fault.fault == "echo_key":
+            return self._echo_key(fault, request)
+        if fault.fault == "unread":
+            return await self._unread(fault, request)
+        if fault.fault == "endless" and not fault.do_work:
+            return await self._endless(request, fault.status)
+        if fault.fault in ("repeat_page", "endless_pages"):
+            return await self._answering(self._hostile_page(fault))(request)
         response = await answer(request)
         if fault.fault == "status":
             return self._fault_status(fault)
@@ -222,12 +237,99 @@ class PlatformServer:
                 request.transport.abort()  # the work is done; the client never hears of it
             return response
         if fault.fault == "stall":
-            try:
-                await asyncio.wait_for(self._closing.wait(), timeout=fault.seconds)
-            except TimeoutError:
-                pass
+            await self._hold(fault.seconds)
             return response
+        if fault.fault == "endless":
+            return await self._endless(request, 200)
+        if fault.fault == "trickle":
+            return await self._trickle(fault, request, response)
+        if fault.fault == "bad_id":
+            return self._bad_id(fault, response)
         return web.Response(status=200, body=MALFORMED_BODY, content_type="text/html")
+
+    async def _hold(self, seconds: float) -> None:
+        """Wait `seconds`, or until the server stops."""
+        try:
+            await asyncio.wait_for(self._closing.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+    async def _endless(self, request: web.Request, status: int) -> web.StreamResponse:
+        response = web.StreamResponse(status=status, headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        try:
+            while not self._closing.is_set():
+                await response.write(ENDLESS_CHUNK)
+        except (ConnectionError, RuntimeError):
+            pass  # the client went away (aiohttp says so either way)
+        return response
+
+    async def _trickle(
+        self, fault: Fault, request: web.Request, answer: web.StreamResponse
+    ) -> web.StreamResponse:
+        body = answer.body if isinstance(answer, web.Response) else b""
+        assert isinstance(body, bytes)
+        response = web.StreamResponse(
+            status=answer.status,
+            headers={"Content-Type": "application/json", "Content-Length": str(len(body))},
+        )
+        await response.prepare(request)
+        try:
+            for i in range(len(body)):
+                await response.write(body[i : i + 1])
+                await self._hold(fault.seconds)
+                if self._closing.is_set():
+                    break
+        except (ConnectionError, RuntimeError):
+            pass
+        return response
+
+    async def _unread(self, fault: Fault, request: web.Request) -> web.StreamResponse:
+        await self._hold(fault.seconds)
+        if request.transport is not None:
+            request.transport.abort()
+        return web.Response(status=503)
+
+    @staticmethod
+    def _echo_key(fault: Fault, request: web.Request) -> web.Response:
+        sent = request.headers.get("Authorization", "")
+        detail = f"refused: you sent Authorization: {sent!r} ({sent})"
+        return _json({"detail": detail, "headers": {"authorization": sent}}, fault.status)
+
+    @staticmethod
+    def _bad_id(fault: Fault, response: web.StreamResponse) -> web.StreamResponse:
+        if not isinstance(response, web.Response) or response.status >= 300:
+            return response
+        assert isinstance(response.body, bytes)
+        data = msgspec.json.decode(response.body)
+        if "evaluation_id" in data:  # a create answer
+            data.update(evaluation_id=fault.value, viewer_url=BAD_VIEWER_URL)
+        elif isinstance(data.get("data"), dict):  # a resolve answer
+            data["data"]["id"] = fault.value
+        return _json(data, response.status)
+
+    def _hostile_page(self, fault: Fault) -> Callable[[web.Request], Awaitable[Any]]:
+        async def page(request: web.Request) -> Any:
+            limit = _query_int(request, "limit", 50, 1, MAX_PAGE_LIMIT)
+            evaluation_id = request.match_info.get("id")
+            if fault.fault == "repeat_page":
+                if evaluation_id is not None:
+                    first = await self._in_db(self.store.list_samples, evaluation_id, 1, limit)
+                    return {"samples": first["samples"]}
+                first = await self._in_db(
+                    self.store.list_evaluations, request.query.get("environment_name"), 0, limit
+                )
+                return {"evaluations": [self._viewer(e) for e in first["evaluations"]]}
+            start = _query_int(request, "skip", 0, 0, 1 << 31) + 1000 * _query_int(
+                request, "page", 1, 1, 1 << 31
+            )
+            made_up = [f"phantom_{start + i}" for i in range(limit)]
+            if evaluation_id is not None:
+                return {"samples": [{"sample_id": i} for i in made_up]}
+            return {"evaluations": [{"id": i, "metadata": {}} for i in made_up]}
+
+        return page
 
     @staticmethod
     def _fault_status(fault: Fault) -> web.Response:

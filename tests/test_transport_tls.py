@@ -1,0 +1,178 @@
+"""The stoppable transport over TLS: a real handshake with a certificate made by `openssl`, a
+small TLS server on loopback, and a stop that ends a wait whether it is in the handshake or in
+a body that trickles."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from evalpush import errors
+from evalpush.config import PlatformConfig
+from evalpush.platform import PlatformClient
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
+
+STOP_AFTER_SECONDS = 0.5
+SERVER_JOIN_SECONDS = 5.0
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost and 127.0.0.1, and its key."""
+    where = tmp_path_factory.mktemp("tls")
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost"]
+        + ["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+Behaviour = Callable[[socket.socket, ssl.SSLContext, threading.Event], None]
+
+
+class TlsServer:
+    """One connection at a time on loopback, handled by `behaviour` until `done` is set."""
+
+    def __init__(self, context: ssl.SSLContext, behaviour: Behaviour) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)
+        self._context = context
+        self._behaviour = behaviour
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="tls-test-server")
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"https://localhost:{self._listener.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while not self.done.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                self._behaviour(conn, self._context, self.done)
+
+    def close(self) -> None:
+        self.done.set()
+        self._thread.join(SERVER_JOIN_SECONDS)
+        self._listener.close()
+
+
+def read_request(tls: ssl.SSLSocket) -> None:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = tls.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+
+
+def answer(body: bytes, *, trickle: bool = False) -> Behaviour:
+    def behave(conn: socket.socket, context: ssl.SSLContext, done: threading.Event) -> None:
+        conn.settimeout(5)
+        with context.wrap_socket(conn, server_side=True) as tls:
+            read_request(tls)
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            tls.sendall(head)
+            if not trickle:
+                tls.sendall(body)
+                return
+            for i in range(len(body)):
+                if done.wait(1.0):
+                    return
+                tls.sendall(body[i : i + 1])
+
+    return behave
+
+
+def never_handshake(conn: socket.socket, context: ssl.SSLContext, done: threading.Event) -> None:
+    done.wait(30)  # accepts the TCP connection, says nothing
+
+
+@pytest.fixture
+def serve(certificate: tuple[Path, Path]) -> Iterator[Callable[[Behaviour], TlsServer]]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certificate)
+    servers: list[TlsServer] = []
+
+    def start(behaviour: Behaviour) -> TlsServer:
+        servers.append(TlsServer(context, behaviour))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def make_client(
+    certificate: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., PlatformClient]]:
+    monkeypatch.setenv("SSL_CERT_FILE", str(certificate[0]))  # trust the test certificate
+    clients: list[PlatformClient] = []
+
+    def make(server: TlsServer, stop: threading.Event | None = None) -> PlatformClient:
+        config = PlatformConfig(api_base_url=server.base_url, read_timeout_seconds=60)
+        clients.append(
+            PlatformClient(
+                config, environ={"PRIME_API_KEY": "k-tls-1234"}, home=tmp_path, stop=stop
+            )
+        )
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def test_an_exchange_over_tls_reads_a_large_answer_whole(
+    serve: Callable[[Behaviour], TlsServer], make_client: Callable[..., PlatformClient]
+) -> None:
+    # Larger than one TLS record many times over: bytes wait in the SSL object between reads.
+    evaluation = {"id": "e1", "status": "RUNNING", "metadata": {"pad": "x" * 500_000}}
+    client = make_client(serve(answer(orjson.dumps(evaluation))))
+    assert client.get_evaluation("e1") == evaluation
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "cut_in"),
+    [
+        (answer(b'{"id": "e1", "status": "RUNNING"}', trickle=True), httpx.ReadError),
+        (never_handshake, httpx.ConnectError),
+    ],
+    ids=["trickling body", "no handshake"],
+)
+def test_a_stop_ends_a_tls_wait_and_raises_interrupted(
+    behaviour: Behaviour,
+    cut_in: type[Exception],
+    serve: Callable[[Behaviour], TlsServer],
+    make_client: Callable[..., PlatformClient],
+) -> None:
+    stop = threading.Event()
+    client = make_client(serve(behaviour), stop)
+    timer = threading.Timer(STOP_AFTER_SECONDS, stop.set)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(errors.Interrupted) as caught:
+        client.get_evaluation("e1")
+    assert isinstance(caught.value.__cause__, cut_in), caught.value.__cause__
+    assert time.monotonic() - started < STOP_AFTER_SECONDS + 2.0
+    timer.join()
