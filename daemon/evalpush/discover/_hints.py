@@ -8,7 +8,30 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol
 
-from watchdog.events import DirCreatedEvent, DirDeletedEvent, DirMovedEvent, FileSystemEvent
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileSystemEvent,
+)
+
+# The events that can change what discover or readiness sees (the watcher asks watchdog for
+# these only). Not opens, or closes without a write: the daemon's own reads of traces.jsonl
+# would come back as events. Not attribute changes.
+FILE_EVENTS = (
+    FileCreatedEvent,
+    FileModifiedEvent,
+    FileClosedEvent,
+    FileDeletedEvent,
+    FileMovedEvent,
+)
+DIRECTORY_EVENTS = (DirCreatedEvent, DirDeletedEvent, DirMovedEvent)
+EVENTS = [*FILE_EVENTS, *DIRECTORY_EVENTS]
 
 
 class HintKind(enum.StrEnum):
@@ -73,6 +96,8 @@ def hints_for(event: FileSystemEvent, names: frozenset[str]) -> list[Hint]:
         if isinstance(event, DirMovedEvent):
             hints = [Hint(HintKind.RUN, src)]
             return hints + [Hint(HintKind.SUBTREE, dest)] if dest else hints
+        return []
+    if not isinstance(event, FILE_EVENTS):
         return []
     return [
         Hint(HintKind.RUN, os.path.dirname(path))

@@ -13,13 +13,6 @@ from typing import Any
 
 from watchdog.events import (
     DirCreatedEvent,
-    DirDeletedEvent,
-    DirMovedEvent,
-    FileClosedEvent,
-    FileCreatedEvent,
-    FileDeletedEvent,
-    FileModifiedEvent,
-    FileMovedEvent,
     FileSystemEvent,
     FileSystemEventHandler,
 )
@@ -28,25 +21,12 @@ from watchdog.observers.polling import PollingObserverVFS
 
 from evalpush.config import RunsConfig, WatchConfig
 from evalpush.discover import _inotify
-from evalpush.discover._hints import Hint, HintKind, HintSink, hints_for
+from evalpush.discover._hints import EVENTS, Hint, HintKind, HintSink, hints_for
 from evalpush.discover._inotify import describe_inotify_error, probe_inotify
 from evalpush.discover._scan import inside, printable, resolve
 from evalpush.errors import ConfigError
 from evalpush.log import get_logger
 from evalpush.runs import CONFIG_FILE, LEGACY_TRACES_FILE, TRACES_FILE
-
-# The events that can change what discover or readiness sees. Not opens, reads or closes without
-# a write (the daemon's own reads of traces.jsonl would come back as events), nor attributes.
-EVENTS = [
-    FileCreatedEvent,
-    FileModifiedEvent,
-    FileClosedEvent,
-    FileDeletedEvent,
-    FileMovedEvent,
-    DirCreatedEvent,
-    DirDeletedEvent,
-    DirMovedEvent,
-]
 
 
 class ObserverKind(enum.StrEnum):
@@ -322,7 +302,9 @@ class Watcher:
             for hint in hints:
                 self._hints.put(hint)
         except Exception:
-            self._log.exception("could not hand a filesystem event on as a hint", event=repr(event))
+            self._log.exception(
+                "could not hand a filesystem event on as a hint", fs_event=repr(event)
+            )
 
     def _root_hints(self, event: FileSystemEvent, parent_watch: bool) -> list[Hint]:
         if not event.is_directory:
