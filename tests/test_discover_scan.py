@@ -209,7 +209,21 @@ class TestRoots:
             found = Scanner([tmp_path / "outputs"]).scan()
 
         assert found == {}
-        assert [e["event"] for e in logs] == ["watch root does not exist yet; waiting for it"]
+        assert [e["event"] for e in logs] == ["watch root is not a directory; waiting for one"]
+
+
+def test_a_root_the_daemon_may_not_enter_is_said_to_be_so_not_missing(open_dir):
+    locked = open_dir / "home"
+    make_run(locked / "alice" / "outputs" / "run")
+
+    def scan() -> list[str]:
+        with capture_logs() as logs:
+            Scanner([locked / "alice" / "outputs"]).scan()
+        return [e["event"] for e in logs]
+
+    events = without_read_access(locked, scan)
+
+    assert events == ["watch root cannot be reached (permission denied); waiting for access"]
 
 
 @pytest.fixture

@@ -84,6 +84,21 @@ class _Listing:
         )
 
 
+def _root_problem(real: str) -> str | None:
+    """Why a root cannot be scanned now (a log line), or None when it can."""
+    try:
+        st = os.stat(real)
+    except (FileNotFoundError, NotADirectoryError):
+        return "watch root does not exist yet; waiting for it"
+    except PermissionError:
+        return "watch root cannot be reached (permission denied); waiting for access"
+    except OSError as exc:
+        return f"watch root cannot be reached ({exc.strerror or exc}); waiting for it"
+    if not stat.S_ISDIR(st.st_mode):
+        return "watch root is not a directory; waiting for one"
+    return None
+
+
 def look_at(directory: str, marker: str = "") -> RunDir | None:
     """`directory` as a run directory now (no containment check); None if it is not one or gone."""
     try:
@@ -182,14 +197,16 @@ class Scanner:
         return path if any(inside(path, resolve(root)) for root in self.roots) else None
 
     def _root_present(self, root: Path, real: str) -> bool:
-        present = os.path.isdir(real)
-        if not present and root not in self._missing:
+        problem = _root_problem(real)
+        if problem is None:
+            if root in self._missing:
+                self._missing.discard(root)
+                self._log.info("watch root appeared", root=printable(root))
+            return True
+        if root not in self._missing:
             self._missing.add(root)
-            self._log.warning("watch root does not exist yet; waiting for it", root=printable(root))
-        elif present and root in self._missing:
-            self._missing.discard(root)
-            self._log.info("watch root appeared", root=printable(root))
-        return present
+            self._log.warning(problem, root=printable(root))
+        return False
 
     def _unreadable_dir(self, directory: str, exc: OSError) -> None:
         if directory not in self._unreadable:
