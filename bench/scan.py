@@ -8,8 +8,9 @@ measures, each in this process with the page cache warm (the daemon's steady sta
 
 1. `Scanner.scan()`: wall and CPU seconds of a full rescan, best and median of 5.
 2. `Watcher` with inotify: wall and CPU of `start()` (watches the whole tree), the inotify
-   watches it holds (from /proc/self/fdinfo), and the process's CPU over `--idle-seconds` of
-   idling with one full rescan in the middle, as the daemon would do every 60 s; then `stop()`.
+   watches it holds (from /proc/self/fdinfo), the process's CPU over `--idle-seconds` of
+   idling, then over as long again with one full rescan in the middle (the daemon's idle:
+   one rescan every 60 s); then `stop()`.
 3. The polling observer: CPU of one watchdog snapshot of the tree (what each poll costs), and
    the process's CPU over `--idle-seconds` with `poll_seconds` at its default.
 
@@ -108,8 +109,12 @@ def bench_inotify(root: Path, runs: int, idle_seconds: float) -> None:
             f"{watches:,} inotify watches; {threading.active_count() - 1} threads"
         )
         if idle_seconds:
-            scanner = Scanner([root])
-            used = idle(idle_seconds, scanner.scan)
+            alone = idle(idle_seconds)
+            print(
+                f"idle inotify observer alone over {idle_seconds:.0f} s: "
+                f"CPU {alone:.3f} s = {100 * alone / idle_seconds:.2f}% of a core"
+            )
+            used = idle(idle_seconds, Scanner([root]).scan)
             print(
                 f"idle with inotify over {idle_seconds:.0f} s, one full rescan included: "
                 f"CPU {used:.3f} s = {100 * used / idle_seconds:.2f}% of a core"

@@ -155,6 +155,11 @@ class TestScan:
         assert os.fsencode(next(iter(found))).endswith(b"/caf\xe9--\xff\xfe/run\xff")
         assert printable(next(iter(found))).endswith("/caf\\xe9--\\xff\\xfe/run\\xff")
 
+    def test_names_with_newlines_spaces_and_dashes_are_just_names(self, tmp_path):
+        run = make_run(tmp_path / "-rf --all" / "line\nbreak" / " spaced run ")
+
+        assert paths(Scanner([tmp_path]).scan()) == [str(run)]
+
     def test_the_marker_counts_only_when_configured_and_a_regular_file(self, tmp_path):
         marked = make_run(tmp_path / "marked")
         (marked / ".done").write_text("")

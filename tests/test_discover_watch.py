@@ -272,6 +272,27 @@ class TestLifecycle:
         assert watcher.watching == {}
         watcher.stop()  # harmless
 
+    def test_a_root_symlink_pointed_elsewhere_moves_the_watch_at_the_next_sync(self, tmp_path):
+        (tmp_path / "disk-a").mkdir()
+        (tmp_path / "disk-b").mkdir()
+        (tmp_path / "outputs").symlink_to(tmp_path / "disk-a")
+        watcher = Watcher([tmp_path / "outputs"], HintQueue(), kind=ObserverKind.INOTIFY)
+        watcher.start()
+        try:
+            before = watcher.watching
+            (tmp_path / "outputs").unlink()
+            (tmp_path / "outputs").symlink_to(tmp_path / "disk-b")
+            newly = watcher.sync()
+            after = watcher.watching
+        finally:
+            watcher.stop()
+
+        assert before == {str(tmp_path / "disk-a"): ObserverKind.INOTIFY}
+        assert (newly, after) == (
+            [str(tmp_path / "disk-b")],
+            {str(tmp_path / "disk-b"): ObserverKind.INOTIFY},
+        )
+
     def test_the_watcher_is_built_from_the_watch_and_runs_sections(self, tmp_path):
         watch = WatchConfig(roots=[tmp_path], observer="polling", poll_seconds=7)
         watcher = Watcher.from_config(watch, RunsConfig(marker=".ok"), HintQueue())
