@@ -12,7 +12,8 @@ measures, each in this process with the page cache warm (the daemon's steady sta
    idling, then over as long again with one full rescan in the middle (the daemon's idle:
    one rescan every 60 s); then `stop()`.
 3. The polling observer: CPU of one watchdog snapshot of the tree (what each poll costs), and
-   the process's CPU over `--idle-seconds` with `poll_seconds` at its default.
+   the process's CPU while idling through about `--idle-seconds` worth of polls at the default
+   `watch.poll_seconds` (a whole number of polls, at least one).
 
 CPU is user + system time of this process (`resource.getrusage`), all threads included.
 """
@@ -131,13 +132,17 @@ def bench_polling(root: Path, runs: int, idle_seconds: float) -> None:
     )
     if not idle_seconds:
         return
-    watcher = Watcher([root], HintQueue(), kind=ObserverKind.POLLING)
+    poll_seconds = WatchConfig().poll_seconds
+    polls = max(1, round(idle_seconds / poll_seconds))
+    window = (polls + 0.5) * poll_seconds  # the first poll comes poll_seconds after start()
+    watcher = Watcher([root], HintQueue(), kind=ObserverKind.POLLING, poll_seconds=poll_seconds)
     watcher.start()
     try:
-        used = idle(idle_seconds)
+        used = idle(window)
         print(
-            f"idle with polling every {WatchConfig().poll_seconds:.0f} s over {idle_seconds:.0f} s: "
-            f"CPU {used:.3f} s = {100 * used / idle_seconds:.2f}% of a core"
+            f"idle with polling every {poll_seconds:.0f} s, {polls} poll(s) in {window:.0f} s: "
+            f"CPU {used:.3f} s, {used / polls:.3f} s per poll = "
+            f"{100 * used / polls / poll_seconds:.2f}% of a core in steady state"
         )
     finally:
         watcher.stop()
