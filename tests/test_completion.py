@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from evalpush.config import RunsConfig
-from evalpush.read import Line, read_lines
+from evalpush.read import Line, identity, read_lines
 from evalpush.runs import (
     LineCounter,
     ReadinessRules,
@@ -383,6 +383,42 @@ class TestLineCounter:
     def test_only_a_regular_file_is_read_and_anything_else_raises_oserror(self, tmp_path, make):
         with pytest.raises(OSError):
             LineCounter(make(tmp_path)).update()
+
+
+class TestResume:
+    def test_a_resumed_counter_reads_only_past_the_point_it_resumes_from(self, tmp_path):
+        path = write(tmp_path / "traces.jsonl", b"a\nb\n")
+        file = identity(path)
+        overwrite_in_place(path, 0, b"xxxx")  # were these bytes read, no line would be found
+        append(path, b"c\nd")
+
+        count = LineCounter.resume(path, file, offset=4, lines=2).update()
+
+        assert (count.replaced, count.lines, count.offset) == (False, 3, 6)
+
+    def test_a_file_replaced_since_the_resume_point_is_counted_from_zero(self, tmp_path):
+        path = write(tmp_path / "traces.jsonl", b"a\nb\n")
+        file = identity(path)
+        replace_atomically(path, b"new\n")
+
+        count = LineCounter.resume(path, file, offset=4, lines=2).update()
+
+        assert (count.replaced, count.lines, count.offset) == (True, 1, 4)
+
+    def test_the_first_look_after_a_resume_is_not_growth_seen(self, tmp_path):
+        # Growth while the daemon was down happened at an unknown time: the mtime tells it.
+        path = write(tmp_path / "traces.jsonl", b"a\n")
+        file = identity(path)
+        append(path, b"b\n")
+        clock = FakeClock()
+        counter = LineCounter.resume(path, file, offset=2, lines=1, clock=clock)
+
+        first = counter.update()
+        append(path, b"c\n")
+        clock.now += 5
+        second = counter.update()
+
+        assert (first.grown_at, second.grown_at) == (None, NOW + 5)
 
 
 def _symlink(tmp: Path, target: Path) -> Path:

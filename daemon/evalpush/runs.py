@@ -296,6 +296,9 @@ class LineCounter:
     counted until its `\\n` arrives. Another inode at the path, or a file smaller than last time,
     restarts the count from 0 (and calls `sink.restart()` first). Raises `OSError` when the file
     is gone or not a regular file. No I/O until `update()`; one counter per file, one thread.
+
+    A new counter's first `update()` reads the whole file; `resume()` starts from a point known
+    from before (the ledger's), so a restarted daemon does not re-read what it already counted.
     """
 
     def __init__(
@@ -313,7 +316,19 @@ class LineCounter:
         self._lines = 0
         self._offset = 0  # just past the last complete line counted
         self._scanned = 0  # bytes already looked at (>= offset: a half-written line's bytes)
+        self._looked = False  # an update() ran: from then on, a change of size is growth seen
         self._grown_at: float | None = None
+
+    @classmethod
+    def resume(
+        cls, path: Path, file: FileIdentity, offset: int, lines: int, **options: Any
+    ) -> LineCounter:
+        """A counter that knows `lines` complete lines end at `offset` in `file` (as it was then)."""
+        counter = cls(path, **options)
+        counter._identity, counter._size = (file.device, file.inode), file.size
+        counter._offset = counter._scanned = offset
+        counter._lines = lines
+        return counter
 
     def update(self, sink: LineSink | None = None) -> LineCount:
         fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -321,16 +336,7 @@ class LineCounter:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise FileNotFoundError(f"{self.path}: not a regular file")
-            replaced = self._identity is not None and (
-                (st.st_dev, st.st_ino) != self._identity or st.st_size < self._size
-            )
-            if replaced:
-                self._lines = self._offset = self._scanned = 0
-                if sink is not None:
-                    sink.restart()
-            if self._identity is not None and (replaced or st.st_size != self._size):
-                self._grown_at = self._clock()
-            self._identity, self._size = (st.st_dev, st.st_ino), st.st_size
+            replaced = self._notice(st, sink)
             if sink is None:
                 self._count(fd, st.st_size)
             else:
@@ -339,6 +345,20 @@ class LineCounter:
             os.close(fd)
         mtime = st.st_mtime_ns / 1e9
         return LineCount(self._lines, self._offset, st.st_size, mtime, self._grown_at, replaced)
+
+    def _notice(self, st: os.stat_result, sink: LineSink | None) -> bool:
+        """Take in the file's stat: restart on a replacement, time growth; whether it was replaced."""
+        replaced = self._identity is not None and (
+            (st.st_dev, st.st_ino) != self._identity or st.st_size < self._size
+        )
+        if replaced:
+            self._lines = self._offset = self._scanned = 0
+            if sink is not None:
+                sink.restart()
+        if self._looked and (replaced or st.st_size != self._size):
+            self._grown_at = self._clock()
+        self._identity, self._size, self._looked = (st.st_dev, st.st_ino), st.st_size, True
+        return replaced
 
     def _count(self, fd: int, size: int) -> None:
         position = self._scanned
