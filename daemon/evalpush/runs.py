@@ -271,9 +271,7 @@ class LineCount:
     offset: int  # just past the last complete line
     size: int  # the file's size when looked at (bytes past `offset` are a half-written line)
     mtime: float  # its modification time, epoch seconds
-    grown_at: (
-        float | None
-    )  # when the counter saw it grow (its clock); None: not since the first look
+    grown_at: float | None  # when it was seen growing (the counter's clock); None: not yet
     replaced: bool  # replaced or shrunk since the last look: the count restarted from 0
 
 
