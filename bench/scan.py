@@ -11,9 +11,10 @@ measures, each in this process with the page cache warm (the daemon's steady sta
    watches it holds (from /proc/self/fdinfo), the process's CPU over `--idle-seconds` of
    idling, then over as long again with one full rescan in the middle (the daemon's idle:
    one rescan every 60 s); then `stop()`.
-3. The polling observer: CPU of one watchdog snapshot of the tree (what each poll costs), and
-   the process's CPU while idling through about `--idle-seconds` worth of polls at the default
-   `watch.poll_seconds` (a whole number of polls, at least one).
+3. Polling: CPU of one poll by watchdog's PollingObserver (a snapshot of every entry and a
+   diff; for comparison, evalpush does not use it) and by evalpush's own poller (the scan's
+   walk); then the process's CPU while idling through about `--idle-seconds` worth of polls at
+   the default `watch.poll_seconds` (a whole number of polls, at least one).
 
 CPU is user + system time of this process (`resource.getrusage`), all threads included.
 """
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from watchdog.utils.dirsnapshot import DirectorySnapshot
+from watchdog.utils.dirsnapshot import DirectorySnapshot, DirectorySnapshotDiff
 
 from evalpush.config import WatchConfig
 from evalpush.discover import (
@@ -42,6 +43,7 @@ from evalpush.discover import (
     Watcher,
     inotify_watches_in_use,
 )
+from evalpush.discover._poll import ScanPoller
 
 CACHE = Path(__file__).resolve().parent / ".cache" / "scan"
 RUNS_PER_PARENT = 100
@@ -125,10 +127,20 @@ def bench_inotify(root: Path, runs: int, idle_seconds: float) -> None:
 
 
 def bench_polling(root: Path, runs: int, idle_seconds: float) -> None:
-    wall, cpu, snapshot = measure(lambda: DirectorySnapshot(str(root), stat=os.lstat))
+    first = DirectorySnapshot(str(root), stat=os.lstat)
+    wall, cpu, _ = measure(
+        lambda: DirectorySnapshotDiff(first, DirectorySnapshot(str(root), stat=os.lstat))
+    )
     print(
-        f"polling: one snapshot of {runs:,} run dirs ({len(snapshot.paths):,} entries): "
-        f"wall {wall:.3f} s, CPU {cpu:.3f} s"
+        f"watchdog's PollingObserver, one poll of {runs:,} run dirs ({len(first.paths):,} "
+        f"entries: snapshot + diff): wall {wall:.3f} s, CPU {cpu:.3f} s"
+    )
+    poller = ScanPoller(HintQueue(), poll_seconds=3600)
+    poller.watch(str(root))
+    samples = [measure(poller.poll)[:2] for _ in range(3)]
+    print(
+        f"evalpush's poller, one poll of {runs:,} run dirs: wall best "
+        f"{min(w for w, _ in samples):.3f} s, CPU best {min(c for _, c in samples):.3f} s"
     )
     if not idle_seconds:
         return

@@ -24,7 +24,7 @@ class TestDefaults:
             "roots": [Path("./outputs")],
             "rescan_seconds": 60,
             "observer": "auto",
-            "poll_seconds": 60,
+            "poll_seconds": 30,
         }
         assert config.runs.model_dump() == {
             "settle_seconds": 300,

@@ -27,6 +27,7 @@ from evalpush.discover import (
     Watcher,
     inotify_watches_in_use,
 )
+from evalpush.discover._poll import ScanPoller
 from evalpush.errors import ConfigError
 from inotify_limited import limited_namespaces_available, run_limited
 
@@ -349,6 +350,81 @@ class TestLifecycle:
         assert watching == {str(nfs): ObserverKind.POLLING, str(local): ObserverKind.INOTIFY}
 
 
+class TestScanPoller:
+    """One `poll()` at a time, called directly: exactly which hints each change gives."""
+
+    @pytest.fixture
+    def poller(self, tmp_path) -> Iterator[tuple[ScanPoller, HintQueue]]:
+        hints = HintQueue()
+        made = ScanPoller(hints, poll_seconds=3600, marker=".done")
+        yield made, hints
+        made.stop()
+
+    def drained(self, hints: HintQueue) -> set[Hint]:
+        found = set()
+        while (hint := hints.get(0)) is not None:
+            found.add(hint)
+        return found
+
+    def test_each_changed_run_gives_one_run_hint_and_an_unchanged_one_none(self, tmp_path, poller):
+        poll, hints = poller
+        root = tmp_path / "root"
+        grows, replaced, marked, vanishes, quiet = (
+            make_run(root / name, data=b"1\n")
+            for name in ("grows", "replaced", "marked", "vanishes", "quiet")
+        )
+        poll.watch(str(root))
+
+        with (grows / "traces.jsonl").open("ab") as f:
+            f.write(b"2\n")
+        (replaced / "traces.jsonl.tmp").write_bytes(b"1\n")
+        os.replace(replaced / "traces.jsonl.tmp", replaced / "traces.jsonl")
+        (marked / ".done").write_text("")
+        (vanishes / "traces.jsonl").unlink()
+        new = make_run(root / "deep" / "new")
+        poll.poll()
+
+        expected = {grows, replaced, marked, vanishes, new}
+        assert self.drained(hints) == {Hint(HintKind.RUN, str(d)) for d in expected}
+        poll.poll()
+        assert self.drained(hints) == set()
+        assert quiet.exists()
+
+    def test_a_polled_root_that_vanishes_and_an_awaited_one_that_appears_give_root_hints(
+        self, tmp_path, poller
+    ):
+        poll, hints = poller
+        (tmp_path / "here").mkdir()
+        poll.watch(str(tmp_path / "here"))
+        poll.await_root(str(tmp_path / "later"))
+
+        poll.poll()
+        nothing = self.drained(hints)
+        (tmp_path / "here").rmdir()
+        (tmp_path / "later").mkdir()
+        poll.poll()
+
+        assert nothing == set()
+        assert self.drained(hints) == {
+            Hint(HintKind.ROOT, str(tmp_path / "here")),
+            Hint(HintKind.ROOT, str(tmp_path / "later")),
+        }
+
+    def test_runs_behind_symlinks_are_never_polled(self, tmp_path, poller):
+        poll, hints = poller
+        outside = make_run(tmp_path / "outside" / "run")
+        (tmp_path / "root").mkdir()
+        (tmp_path / "root" / "link").symlink_to(tmp_path / "outside")
+        poll.watch(str(tmp_path / "root"))
+
+        with (outside / "traces.jsonl").open("ab") as f:
+            f.write(b"1\n")
+        make_run(tmp_path / "outside" / "another")
+        poll.poll()
+
+        assert self.drained(hints) == set()
+
+
 needs_namespaces = pytest.mark.skipif(
     not limited_namespaces_available(),
     reason="unshare --user cannot lower inotify limits on this machine",
@@ -420,10 +496,10 @@ def test_forcing_inotify_where_it_works_watches_with_inotify(tmp_path):
 
 def test_a_config_error_from_start_is_raised_before_any_thread_is_left(tmp_path, monkeypatch):
     # Where user namespaces are not allowed, the same refusal by a real observer factory.
-    def refuse(kind: ObserverKind, poll_seconds: float) -> None:
+    def refuse() -> None:
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr("evalpush.discover._watch._new_observer", refuse)
+    monkeypatch.setattr("evalpush.discover._watch._new_inotify_observer", refuse)
     before = set(threading.enumerate())
 
     with pytest.raises(ConfigError, match="watch.observer = 'inotify'"):

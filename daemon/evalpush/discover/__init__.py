@@ -20,13 +20,14 @@ hint once): `RUN` (a file a run's readiness depends on changed in this directory
 lost (inotify drops events on overflow and misses files created in a new directory before its
 watch exists; polling sees nothing between polls), which is why the rescan is the truth.
 
-`watch.observer`: `inotify` forces inotify (`ConfigError` from `start()` if it is unavailable;
-its watch limit reached later is logged once as an error); `polling` polls every
-`watch.poll_seconds` (changes made on another host of an NFS or CIFS share never reach this
-host's inotify); `auto` uses inotify except for roots on a network filesystem, and falls back
-to polling, saying so once with the limit and how to raise it, when inotify is unavailable or
-its watch limit is reached. watchdog skips a subdirectory it cannot watch without a word, so
-the watcher probes the limit after each `sync()`.
+`watch.observer`: `inotify` forces inotify through watchdog (`ConfigError` from `start()` if it
+is unavailable; its watch limit reached later is logged once as an error); `polling` walks the
+roots every `watch.poll_seconds` with the scan's own walk (changes made on another host of an
+NFS or CIFS share never reach this host's inotify; watchdog's PollingObserver would stat every
+file, about 4.5 times the CPU); `auto` uses inotify except for roots on a network filesystem,
+and falls back to polling, saying so once with the limit and how to raise it, when inotify is
+unavailable or its watch limit is reached. watchdog skips a subdirectory it cannot watch
+without a word, so the watcher probes the limit after each `sync()`.
 
 Paths are `str`: absolute, under each root's real path (symlinks in a root's own path
 resolved), as `evalpush push` names runs, so both name a run the same way (and 10,000 `Path`
@@ -34,8 +35,8 @@ objects would double a rescan's cost). Names that are not UTF-8 arrive surrogate
 are never encoded strictly; `printable()` makes them safe to log.
 
 Threads: `start()`, `sync()` and `stop()` are called from one thread, the caller's. The
-observers' threads (a dispatcher per observer, an emitter per watch, inotify's reader) are
-watchdog's daemon threads; `stop()` stops and joins every one of them.
+watcher's threads (watchdog's inotify observer: a dispatcher, an emitter per watch, inotify's
+reader; and one polling thread) are daemon threads; `stop()` stops and joins every one.
 """
 
 from evalpush.discover._hints import Hint, HintKind, HintQueue, HintSink, hints_for

@@ -17,12 +17,12 @@ from watchdog.events import (
     FileSystemEventHandler,
 )
 from watchdog.observers.api import BaseObserver, ObservedWatch
-from watchdog.observers.polling import PollingObserverVFS
 
 from evalpush.config import RunsConfig, WatchConfig
 from evalpush.discover import _inotify
 from evalpush.discover._hints import EVENTS, Hint, HintKind, HintSink, hints_for
 from evalpush.discover._inotify import describe_inotify_error, probe_inotify
+from evalpush.discover._poll import ScanPoller
 from evalpush.discover._scan import inside, printable, resolve
 from evalpush.errors import ConfigError
 from evalpush.log import get_logger
@@ -59,19 +59,20 @@ class _RootEvents(FileSystemEventHandler):
 class _Watched:
     identity: tuple[int, int]  # (device, inode) of the root directory when its watch began
     kind: ObserverKind  # INOTIFY or POLLING
-    watch: ObservedWatch
+    watch: ObservedWatch | None  # inotify's; None for a polled root
 
 
 class Watcher:
-    """watchdog observers over the roots, giving hints (see the module docstring).
+    """Hints from inotify (watchdog) or polling over the roots (see the package docstring).
 
     Roots are watched at their real paths (symlinks in a root's own path resolved), and hints
     carry real paths, as `Scanner` reports them. `start()` watches every root that exists and
-    the nearest existing parent of every root that does not. `sync()` (call it on a ROOT hint
-    and at every rescan) watches roots that appeared, re-watches a root that was replaced,
-    waits again for one that vanished, probes the inotify limit, and returns the roots it began
-    to watch: scan those, since what was created in them before their watch gave no event.
-    `stop()` joins every thread. No I/O and no thread before `start()`.
+    waits for every root that does not (inotify on its nearest existing parent, or the poller
+    looking for it). `sync()` (call it on a ROOT hint and at every rescan) watches roots that
+    appeared, re-watches a root that was replaced, waits again for one that vanished, probes
+    the inotify limit, and returns the roots it began to watch: scan those, since what was
+    created in them before their watch gave no event. `stop()` joins every thread. No I/O and
+    no thread before `start()`.
     """
 
     def __init__(
@@ -92,9 +93,10 @@ class Watcher:
         self._names = frozenset({CONFIG_FILE, TRACES_FILE, LEGACY_TRACES_FILE, marker} - {""})
         self._log = log if log is not None else get_logger(stage="discover")
         self._on_network_fs = on_network_filesystem or _inotify.on_network_filesystem
-        self._observers: dict[ObserverKind, BaseObserver] = {}
+        self._inotify: BaseObserver | None = None
+        self._poller = ScanPoller(hints, poll_seconds=poll_seconds, marker=marker, log=self._log)
         self._watched: dict[str, _Watched] = {}  # real root path -> its watch
-        self._parents: dict[str, tuple[ObserverKind, ObservedWatch]] = {}  # of missing roots
+        self._parents: dict[str, ObservedWatch] = {}  # inotify watches on missing roots' parents
         # Read by watchdog's threads: immutable, swapped whole.
         self._watched_roots: frozenset[str] = frozenset()
         self._missing_roots: tuple[str, ...] = ()
@@ -129,13 +131,9 @@ class Watcher:
         return newly
 
     def stop(self) -> None:
-        """Stop every observer and join all its threads (emitters and inotify's reader too)."""
-        observers, self._observers = self._observers, {}
-        for observer in observers.values():
-            observer.stop()  # unschedules: stops and joins emitters and inotify's reader
-        for observer in observers.values():
-            if observer.is_alive():
-                observer.join()
+        """Stop inotify's observer and the poller, and join all their threads."""
+        self._stop_inotify()
+        self._poller.stop()
         self._watched.clear()
         self._parents.clear()
         self._missing_roots = ()
@@ -176,7 +174,7 @@ class Watcher:
             elif real not in self._watched:
                 missing.append(real)
         self._missing_roots = tuple(missing)
-        self._watch_parents_of_missing()
+        self._await_missing()
         self._published()
         self._check_inotify_limit()
         return newly
@@ -193,64 +191,80 @@ class Watcher:
 
     def _watch_root(self, real: str, identity: tuple[int, int]) -> bool:
         kind = self._kind_for(real)
-        watch = self._schedule(kind, _RunEvents(self), real, recursive=True)
-        if watch is None:
-            return False
+        watch = None
+        if kind is ObserverKind.POLLING:
+            self._poller.watch(real)
+        else:
+            watch = self._schedule(_RunEvents(self), real, recursive=True)
+            if watch is None:
+                return False
         self._watched[real] = _Watched(identity, kind, watch)
         self._log.info("watching root", root=printable(real), observer=str(kind))
         return True
 
     def _schedule(
-        self, kind: ObserverKind, handler: FileSystemEventHandler, path: str, *, recursive: bool
+        self, handler: FileSystemEventHandler, path: str, *, recursive: bool
     ) -> ObservedWatch | None:
-        """The new watch; None when `path` vanished first or inotify just failed (auto)."""
+        """A new inotify watch; None when `path` vanished first or inotify just failed (auto)."""
         try:
-            observer = self._observer(kind)
-            return observer.schedule(handler, path, recursive=recursive, event_filter=EVENTS)
+            if self._inotify is None:
+                self._inotify = _new_inotify_observer()
+                self._inotify.start()
+            return self._inotify.schedule(handler, path, recursive=recursive, event_filter=EVENTS)
         except (FileNotFoundError, NotADirectoryError):
             return None  # gone again since it was looked at
         except OSError as exc:
-            if kind is not ObserverKind.INOTIFY:
-                raise
             self._inotify_unavailable(exc)
             return None
 
-    def _observer(self, kind: ObserverKind) -> BaseObserver:
-        observer = self._observers.get(kind)
-        if observer is None:
-            observer = _new_observer(kind, self.poll_seconds)
-            observer.name = f"evalpush-watch-{kind}"
-            observer.start()
-            self._observers[kind] = observer
-        return observer
-
     def _unwatch(self, real: str) -> None:
         watched = self._watched.pop(real)
-        self._unschedule(watched.kind, watched.watch)
+        if watched.watch is None:
+            self._poller.unwatch(real)
+        else:
+            self._unschedule(watched.watch)
         self._log.info("stopped watching root (gone, replaced or moved)", root=printable(real))
 
-    def _unschedule(self, kind: ObserverKind, watch: ObservedWatch) -> None:
-        observer = self._observers.get(kind)
+    def _unschedule(self, watch: ObservedWatch) -> None:
+        observer = self._inotify
         if observer is not None and any(emitter.watch == watch for emitter in observer.emitters):
             observer.unschedule(watch)
 
     def _alive(self, watched: _Watched) -> bool:
-        # An emitter stops by itself when its root is deleted (watchdog's DELETE_SELF handling).
-        observer = self._observers.get(watched.kind)
+        # An inotify emitter stops by itself when its root is deleted (DELETE_SELF); a polled
+        # root that vanished is found by the identity check.
+        if watched.watch is None:
+            return True
+        observer = self._inotify
         return observer is not None and any(
             emitter.watch == watched.watch and emitter.is_alive() for emitter in observer.emitters
         )
 
-    def _watch_parents_of_missing(self) -> None:
-        wanted = {_nearest_existing_parent(real) for real in self._missing_roots} - {None}
+    def _await_missing(self) -> None:
+        """Watch for each missing root to appear: inotify on its nearest existing parent, or
+        the poller looking for it."""
+        polled = {r for r in self._missing_roots if self._kind_for(r) is ObserverKind.POLLING}
+        for real in polled:
+            self._poller.await_root(real)
+        for real in self._watched:
+            self._poller.forget(real)
+        wanted = {
+            _nearest_existing_parent(real) for real in self._missing_roots if real not in polled
+        } - {None}
         for parent in [p for p in self._parents if p not in wanted]:
-            self._unschedule(*self._parents.pop(parent))
+            self._unschedule(self._parents.pop(parent))
         for parent in wanted - self._parents.keys():
             assert parent is not None
-            kind = self._kind_for(parent)
-            watch = self._schedule(kind, _RootEvents(self), parent, recursive=False)
+            watch = self._schedule(_RootEvents(self), parent, recursive=False)
             if watch is not None:  # else the next sync or rescan finds the root
-                self._parents[parent] = (kind, watch)
+                self._parents[parent] = watch
+
+    def _stop_inotify(self) -> None:
+        observer, self._inotify = self._inotify, None
+        if observer is not None:
+            observer.stop()  # unschedules: stops and joins the emitters and inotify's reader
+            if observer.is_alive():
+                observer.join()
 
     # -- inotify limits -----------------------------------------------------------------------
 
@@ -264,14 +278,9 @@ class Watcher:
             reason=reason,
             poll_seconds=self.poll_seconds,
         )
-        inotify = self._observers.pop(ObserverKind.INOTIFY, None)
-        if inotify is not None:
-            inotify.stop()
-            inotify.join()
-        self._watched = {
-            r: w for r, w in self._watched.items() if w.kind is not ObserverKind.INOTIFY
-        }
-        self._parents = {p: w for p, w in self._parents.items() if w[0] is not ObserverKind.INOTIFY}
+        self._stop_inotify()
+        self._watched = {r: w for r, w in self._watched.items() if w.watch is None}
+        self._parents.clear()
 
     def _check_inotify_limit(self) -> None:
         # watchdog skips, without a word, a subdirectory whose watch the kernel refuses: when
@@ -322,15 +331,14 @@ class Watcher:
         return [Hint(HintKind.ROOT, path) for path in touched if path in self._watched_roots]
 
 
-def _new_observer(kind: ObserverKind, poll_seconds: float) -> BaseObserver:
-    if kind is ObserverKind.INOTIFY:
-        try:
-            from watchdog.observers.inotify import InotifyObserver
-        except Exception as exc:  # not Linux, or a libc without inotify
-            raise OSError(errno.ENOSYS, f"inotify is not available here ({exc})") from None
-        return InotifyObserver()
-    # lstat, not stat: a symlink to a directory outside the root is an entry, not a subtree.
-    return PollingObserverVFS(os.lstat, os.scandir, polling_interval=poll_seconds)
+def _new_inotify_observer() -> BaseObserver:
+    try:
+        from watchdog.observers.inotify import InotifyObserver
+    except Exception as exc:  # not Linux, or a libc without inotify
+        raise OSError(errno.ENOSYS, f"inotify is not available here ({exc})") from None
+    observer = InotifyObserver()
+    observer.name = "evalpush-watch-inotify"
+    return observer
 
 
 def _directory_identity(path: str) -> tuple[int, int] | None:
