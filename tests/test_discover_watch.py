@@ -146,6 +146,16 @@ class TestHints:
         assert sorted(known) == sorted(runs)
         assert sorted(d.scanner.scan()) == sorted(runs)  # and the rescan, the truth, agrees
 
+    def test_a_run_under_a_name_that_is_not_utf8_is_found_from_hints(self, tmp_path, watched, kind):
+        (tmp_path / "root").mkdir()
+        d = watched(kind)
+
+        run = make_run(tmp_path / "root" / os.fsdecode(b"caf\xe9--\xff") / "run")
+        known = d.until(lambda known: str(run) in known)
+
+        assert list(known) == [str(run)]
+        assert os.fsencode(next(iter(known))).endswith(b"/caf\xe9--\xff/run")
+
     def test_a_line_appended_to_a_trace_file_gives_a_run_hint_for_its_directory(
         self, tmp_path, watched, kind
     ):
