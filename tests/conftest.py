@@ -1,8 +1,9 @@
 """Shared fixtures: a real local platform on loopback, clients pointed at it, fast retries.
 
-Every test runs under `no_thread_outlives_its_test` (autouse): a test that leaves a non-daemon
-thread running fails, so whatever starts a thread must stop it. `--viewer-screenshot PNG` saves
-the viewer page's browser-test screenshot there (tests/test_dashboard.py).
+Every test runs under `no_thread_outlives_its_test` (autouse): a test that leaves a thread
+running fails, daemon threads (watchdog's) included, so whatever starts a thread must stop it.
+`--viewer-screenshot PNG` saves the viewer page's browser-test screenshot there
+(tests/test_dashboard.py).
 
 Fixtures for tests that talk to the platform:
 
@@ -58,17 +59,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.fixture(autouse=True)
 def no_thread_outlives_its_test() -> Iterator[None]:
-    """Fail a test that leaves a non-daemon thread alive (after a short grace to finish)."""
+    """Fail a test that leaves a thread alive (after a short grace to finish).
+
+    Daemon threads count too: watchdog's observer, emitter and inotify threads are all daemon
+    threads, and one left running keeps its inotify watches and reads for the rest of the session.
+    No thread is exempt: nothing in evalpush is meant to outlive the part that started it.
+    """
     before = set(threading.enumerate())
     yield
     deadline = time.monotonic() + THREAD_JOIN_GRACE_SECONDS
     leaked = []
     for thread in threading.enumerate():
-        if thread in before or thread.daemon:
+        if thread in before:
             continue
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
-            leaked.append(thread.name)
+            kind = "daemon " if thread.daemon else ""
+            leaked.append(
+                f"{thread.name} ({kind}{type(thread).__module__}.{type(thread).__name__})"
+            )
     if leaked:
         pytest.fail(f"threads outlived the test: {', '.join(leaked)}")
 

@@ -28,6 +28,7 @@ class TestDefaults:
             "roots": [Path("./outputs")],
             "rescan_seconds": 60,
             "observer": "auto",
+            "poll_seconds": 30,
         }
         assert config.runs.model_dump() == {
             "settle_seconds": 300,

@@ -103,6 +103,9 @@ class WatchConfig(_Section):
     roots: list[Path] = Field(default_factory=lambda: [Path("./outputs")])
     rescan_seconds: float = Field(60.0, gt=0)
     observer: Literal["auto", "inotify", "polling"] = "auto"
+    # A poll walks the roots as a rescan does (about 0.15 s of CPU per 10,000 runs): every
+    # 30 s, with the rescan every 60 s, an idle polled daemon stays under 1% of a core.
+    poll_seconds: float = Field(30.0, gt=0)
 
 
 class RunsConfig(_Section):

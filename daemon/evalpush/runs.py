@@ -7,22 +7,30 @@ is stable across restarts and does not collide across hosts.
 
 Eval runs are uploaded; debug runs (config has `script_path` or `command`) never are; replay
 runs (config has `num_rescores` and no `model`) only when `runs.upload_replays` is set.
+
+Completion: `readiness` decides, purely from a run's `RunFacts` and `now`, whether it is finished
+(the expected count of lines, the marker file, or no growth for `runs.settle_seconds`), and says
+why not in words `status` shows; `LineCounter` keeps the cheap facts current by reading only the
+bytes a trace file gained since it last looked.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import os
 import socket
 import stat
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from evalpush.config import read_toml
+from evalpush.config import ReadConfig, RunsConfig, read_toml
 from evalpush.errors import RunError
+from evalpush.read import CHUNK_BYTES, FileIdentity, Line, read_lines
 
 CONFIG_FILE = "config.toml"
 TRACES_FILE = "traces.jsonl"
@@ -155,3 +163,223 @@ def require_env_name(run: Run) -> str:
             "empty): nothing to upload to"
         )
     return run.env_name
+
+
+# Completion: when a run is finished (SPEC.md "Decide when a run is finished"). Everything below
+# is cheap to observe and decided by one pure function, so the daemon can re-decide on every
+# event and every rescan, and `status` can say why a run still waits.
+
+
+class ReadyRule(enum.StrEnum):
+    """Which rule found a run finished (the first that holds, in SPEC.md's order)."""
+
+    EXPECTED_COUNT = "expected count"
+    MARKER = "marker"
+    SETTLED = "settled"
+
+
+@dataclass(frozen=True, slots=True)
+class ReadinessRules:
+    """The configured rules: `runs.settle_seconds` and `runs.marker` ("" turns the marker off)."""
+
+    settle_seconds: float
+    marker: str = ""
+
+    @classmethod
+    def from_config(cls, runs: RunsConfig) -> ReadinessRules:
+        return cls(settle_seconds=runs.settle_seconds, marker=runs.marker)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What readiness looks at; every field is cheap to observe (see `LineCounter`).
+
+    Times are wall-clock epoch seconds (`time.time()`), the clock file mtimes are in.
+    """
+
+    lines: int  # complete (`\n`-terminated) trace lines
+    expected: int | None  # `Run.expected_traces`: None when config.toml has no num_tasks
+    marker_present: bool  # the marker file exists in the run directory
+    mtime: float  # the trace file's modification time
+    grown_at: float | None  # when the daemon last saw the file grow; None: not seen growing
+
+    @property
+    def last_growth(self) -> float:
+        # The later of the two: mtime alone would trust another host's clock (NFS), and the
+        # daemon's own observation alone would restart every settle period at each restart.
+        return self.mtime if self.grown_at is None else max(self.mtime, self.grown_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """A run's readiness: `ready` with the `rule` that fired, or waiting; `reason` is for people."""
+
+    ready: bool
+    rule: ReadyRule | None
+    reason: str
+    settles_at: float  # when the settle rule fires if the file does not grow again
+
+
+def readiness(facts: RunFacts, now: float, rules: ReadinessRules) -> Readiness:
+    """Is the run finished? The first rule that holds, in order: expected count, marker, settle.
+
+    Pure: the same facts and `now` give the same answer, so a caller can ask as often as it likes
+    and wake itself at `settles_at` instead of polling.
+    """
+    settles_at = facts.last_growth + rules.settle_seconds
+    count = (
+        f"{facts.lines} traces"
+        if facts.expected is None
+        else f"{facts.lines}/{facts.expected} traces"
+    )
+    if facts.expected is not None and facts.lines >= facts.expected:
+        return Readiness(True, ReadyRule.EXPECTED_COUNT, f"{count}: the expected count", settles_at)
+    if rules.marker and facts.marker_present:
+        return Readiness(
+            True, ReadyRule.MARKER, f"marker {rules.marker} present ({count})", settles_at
+        )
+    if now >= settles_at:
+        quiet = format_duration(now - facts.last_growth)
+        return Readiness(True, ReadyRule.SETTLED, f"no growth for {quiet} ({count})", settles_at)
+    waiting = [count]
+    if rules.marker:
+        waiting.append(f"no marker {rules.marker} yet")
+    waiting.append(f"settles in {format_duration(math.ceil(settles_at - now))}")
+    return Readiness(False, None, ", ".join(waiting), settles_at)
+
+
+def format_duration(seconds: float) -> str:
+    """A duration for people, two units at most: `42s`, `4m12s`, `1h02m`, `3d04h`."""
+    whole = max(0, int(seconds))
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+@dataclass(frozen=True, slots=True)
+class LineCount:
+    """A trace file as a `LineCounter` last saw it."""
+
+    lines: int  # complete lines
+    offset: int  # just past the last complete line
+    size: int  # the file's size when looked at (bytes past `offset` are a half-written line)
+    mtime: float  # its modification time, epoch seconds
+    grown_at: float | None  # when it was seen growing (the counter's clock); None: not yet
+    replaced: bool  # replaced or shrunk since the last look: the count restarted from 0
+
+
+class LineSink(Protocol):
+    """Where a `LineCounter` feeds the lines it reads, for running totals kept as lines arrive."""
+
+    def restart(self) -> None:
+        """The file was replaced or truncated: forget every line fed so far."""
+
+    def line(self, line: Line) -> None:
+        """The next complete line, in file order (`line.data` None: over `max_line_bytes`)."""
+
+
+class LineCounter:
+    """Counts the complete lines of a growing trace file, reading only bytes it has not seen.
+
+    Each `update()` opens the file (never through a symlink), and reads from where the last one
+    stopped: counting `\\n` bytes in 1 MiB chunks with no decoding, or, given a `LineSink`, handing
+    every new complete line to it (through `read.read_lines`). A half-written last line is not
+    counted until its `\\n` arrives. Another inode at the path, or a file smaller than last time,
+    restarts the count from 0 (and calls `sink.restart()` first). Raises `OSError` when the file
+    is gone or not a regular file. No I/O until `update()`; one counter per file, one thread.
+
+    A new counter's first `update()` reads the whole file; `resume()` starts from a point known
+    from before (the ledger's), so a restarted daemon does not re-read what it already counted.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_line_bytes: int = ReadConfig().max_line_bytes,
+    ) -> None:
+        self.path = path
+        self._clock = clock
+        self._max_line_bytes = max_line_bytes
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the file counted
+        self._size = 0  # its size at the last look
+        self._lines = 0
+        self._offset = 0  # just past the last complete line counted
+        self._scanned = 0  # bytes already looked at (>= offset: a half-written line's bytes)
+        self._looked = False  # an update() ran: from then on, a change of size is growth seen
+        self._grown_at: float | None = None
+
+    @classmethod
+    def resume(
+        cls, path: Path, file: FileIdentity, offset: int, lines: int, **options: Any
+    ) -> LineCounter:
+        """A counter that knows `lines` complete lines end at `offset` in `file` (as it was then)."""
+        counter = cls(path, **options)
+        counter._identity, counter._size = (file.device, file.inode), file.size
+        counter._offset = counter._scanned = offset
+        counter._lines = lines
+        return counter
+
+    def update(self, sink: LineSink | None = None) -> LineCount:
+        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise FileNotFoundError(f"{self.path}: not a regular file")
+            replaced = self._notice(st, sink)
+            if sink is None:
+                self._count(fd, st.st_size)
+            else:
+                self._feed(sink, FileIdentity(st.st_dev, st.st_ino, st.st_size))
+        finally:
+            os.close(fd)
+        mtime = st.st_mtime_ns / 1e9
+        return LineCount(self._lines, self._offset, st.st_size, mtime, self._grown_at, replaced)
+
+    def _notice(self, st: os.stat_result, sink: LineSink | None) -> bool:
+        """Take in the file's stat: restart on a replacement, time growth; whether it was replaced."""
+        replaced = self._identity is not None and (
+            (st.st_dev, st.st_ino) != self._identity or st.st_size < self._size
+        )
+        if replaced:
+            self._lines = self._offset = self._scanned = 0
+            if sink is not None:
+                sink.restart()
+        if self._looked and (replaced or st.st_size != self._size):
+            self._grown_at = self._clock()
+        self._identity, self._size, self._looked = (st.st_dev, st.st_ino), st.st_size, True
+        return replaced
+
+    def _count(self, fd: int, size: int) -> None:
+        position = self._scanned
+        while position < size:
+            chunk = os.pread(fd, min(CHUNK_BYTES, size - position), position)
+            if not chunk:
+                break
+            newlines = chunk.count(b"\n")
+            if newlines:
+                self._lines += newlines
+                self._offset = position + chunk.rindex(b"\n") + 1
+            position += len(chunk)
+        self._scanned = position
+
+    def _feed(self, sink: LineSink, file: FileIdentity) -> None:
+        for line in read_lines(
+            self.path,
+            offset=self._offset,
+            number=self._lines,
+            end=file.size,
+            max_line_bytes=self._max_line_bytes,
+            expect=file,
+        ):
+            sink.line(line)
+            self._lines, self._offset = line.number, line.end
+        self._scanned = max(self._scanned, self._offset)

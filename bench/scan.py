@@ -1,0 +1,179 @@
+"""Discover's cost on a tree of 10,000 run directories (SPEC.md "Idle": under 1% of a core).
+
+    .venv/bin/python bench/scan.py [--runs 10000] [--idle-seconds 60] [--skip-idle]
+
+Builds (once, in bench/.cache/scan/) the default layout `root/<taskset>--<model>--<harness>/<uuid>/`
+with `config.toml`, a small `traces.jsonl` and `eval.log` in each run, 100 runs per parent, then
+measures, each in this process with the page cache warm (the daemon's steady state):
+
+1. `Scanner.scan()`: wall and CPU seconds of a full rescan, best and median of 5.
+2. `Watcher` with inotify: wall and CPU of `start()` (watches the whole tree), the inotify
+   watches it holds (from /proc/self/fdinfo), the process's CPU over `--idle-seconds` of
+   idling, then over as long again with one full rescan in the middle (the daemon's idle:
+   one rescan every 60 s); then `stop()`.
+3. Polling: CPU of one poll by watchdog's PollingObserver (a snapshot of every entry and a
+   diff; for comparison, evalpush does not use it) and by evalpush's own poller (the scan's
+   walk); then the process's CPU while idling through about `--idle-seconds` worth of polls at
+   the default `watch.poll_seconds` (a whole number of polls, at least one).
+
+CPU is user + system time of this process (`resource.getrusage`), all threads included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from watchdog.utils.dirsnapshot import DirectorySnapshot, DirectorySnapshotDiff
+
+from evalpush.config import WatchConfig
+from evalpush.discover import (
+    HintQueue,
+    ObserverKind,
+    Scanner,
+    Watcher,
+    inotify_watches_in_use,
+)
+from evalpush.discover._poll import ScanPoller
+
+CACHE = Path(__file__).resolve().parent / ".cache" / "scan"
+RUNS_PER_PARENT = 100
+CONFIG = 'model = "org/model"\nnum_tasks = 1\nnum_rollouts = 1\n[taskset]\nid = "gsm8k"\n'
+TRACE_LINE = b'{"id": "r0", "task": {"idx": 0}, "nodes": []}\n'
+
+
+def build_tree(runs: int) -> Path:
+    root = CACHE / f"runs-{runs}"
+    done = root / ".complete"
+    if done.exists():
+        return root
+    for i in range(runs):
+        parent = root / f"task{i // RUNS_PER_PARENT}--org--model--harness"
+        run = parent / str(uuid.UUID(int=i))
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "config.toml").write_text(CONFIG)
+        (run / "traces.jsonl").write_bytes(TRACE_LINE)
+        (run / "eval.log").write_text("done\n")
+    done.write_text("")
+    return root
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    wall, cpu = time.perf_counter(), cpu_seconds()
+    result = fn()
+    return time.perf_counter() - wall, cpu_seconds() - cpu, result
+
+
+def bench_scan(root: Path, runs: int) -> None:
+    scanner = Scanner([root])
+    samples = []
+    for _ in range(5):
+        wall, cpu, found = measure(scanner.scan)
+        assert len(found) == runs, f"scan found {len(found)} runs, expected {runs}"
+        samples.append((wall, cpu))
+    walls, cpus = [w for w, _ in samples], [c for _, c in samples]
+    print(
+        f"scan of {runs:,} run dirs: wall best {min(walls):.3f} s median {statistics.median(walls):.3f} s; "
+        f"CPU best {min(cpus):.3f} s median {statistics.median(cpus):.3f} s"
+    )
+
+
+def idle(seconds: float, mid: Callable[[], Any] | None = None) -> float:
+    """Process CPU seconds over `seconds` of sleeping, calling `mid` once halfway."""
+    start = cpu_seconds()
+    time.sleep(seconds / 2)
+    if mid is not None:
+        mid()
+    time.sleep(seconds / 2)
+    return cpu_seconds() - start
+
+
+def bench_inotify(root: Path, runs: int, idle_seconds: float) -> None:
+    watcher = Watcher([root], HintQueue(), kind=ObserverKind.INOTIFY)
+    wall, cpu, _ = measure(watcher.start)
+    try:
+        watches = inotify_watches_in_use()
+        print(
+            f"inotify watcher start on {runs:,} run dirs: wall {wall:.3f} s, CPU {cpu:.3f} s; "
+            f"{watches:,} inotify watches; {threading.active_count() - 1} threads"
+        )
+        if idle_seconds:
+            alone = idle(idle_seconds)
+            print(
+                f"idle inotify observer alone over {idle_seconds:.0f} s: "
+                f"CPU {alone:.3f} s = {100 * alone / idle_seconds:.2f}% of a core"
+            )
+            used = idle(idle_seconds, Scanner([root]).scan)
+            print(
+                f"idle with inotify over {idle_seconds:.0f} s, one full rescan included: "
+                f"CPU {used:.3f} s = {100 * used / idle_seconds:.2f}% of a core"
+            )
+    finally:
+        watcher.stop()
+
+
+def bench_polling(root: Path, runs: int, idle_seconds: float) -> None:
+    first = DirectorySnapshot(str(root), stat=os.lstat)
+    wall, cpu, _ = measure(
+        lambda: DirectorySnapshotDiff(first, DirectorySnapshot(str(root), stat=os.lstat))
+    )
+    print(
+        f"watchdog's PollingObserver, one poll of {runs:,} run dirs ({len(first.paths):,} "
+        f"entries: snapshot + diff): wall {wall:.3f} s, CPU {cpu:.3f} s"
+    )
+    poller = ScanPoller(HintQueue(), poll_seconds=3600)
+    poller.watch(str(root))
+    samples = [measure(poller.poll)[:2] for _ in range(3)]
+    print(
+        f"evalpush's poller, one poll of {runs:,} run dirs: wall best "
+        f"{min(w for w, _ in samples):.3f} s, CPU best {min(c for _, c in samples):.3f} s"
+    )
+    if not idle_seconds:
+        return
+    poll_seconds = WatchConfig().poll_seconds
+    polls = max(1, round(idle_seconds / poll_seconds))
+    window = (polls + 0.5) * poll_seconds  # the first poll comes poll_seconds after start()
+    watcher = Watcher([root], HintQueue(), kind=ObserverKind.POLLING, poll_seconds=poll_seconds)
+    watcher.start()
+    try:
+        used = idle(window)
+        print(
+            f"idle with polling every {poll_seconds:.0f} s, {polls} poll(s) in {window:.0f} s: "
+            f"CPU {used:.3f} s, {used / polls:.3f} s per poll = "
+            f"{100 * used / polls / poll_seconds:.2f}% of a core in steady state"
+        )
+    finally:
+        watcher.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--idle-seconds", type=float, default=60.0)
+    parser.add_argument("--skip-idle", action="store_true", help="no idle measurements")
+    args = parser.parse_args()
+    idle_seconds = 0.0 if args.skip_idle else args.idle_seconds
+    wall, _cpu, root = measure(lambda: build_tree(args.runs))
+    print(f"tree: {root} ({wall:.1f} s to make or find)")
+    bench_scan(root, args.runs)
+    bench_inotify(root, args.runs, idle_seconds)
+    bench_polling(root, args.runs, idle_seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The discover stage: which run directories exist under the watched roots, and hints of change.
+
+Two parts. Neither reads a trace line; both only tell the caller where to look.
+
+`Scanner` is the truth. `scan()` walks every root and returns each run directory (`config.toml`
+plus `traces.jsonl`, or the legacy `results.jsonl`, both regular files) with its cheap facts
+(`RunDir`): the trace file's device, inode, size and mtime, and whether the marker file exists.
+It does one `scandir` per directory and one `lstat` per run, never follows a symlink, never
+descends into a run directory, and opens no file (10,000 runs: about 0.15 s of CPU,
+`bench/scan.py`), so the daemon can afford it every `watch.rescan_seconds` and compare the facts
+with what it knew. A root that does not exist yet is reported once and picked up when it
+appears. `look()` and `scan_subtree()` answer a hint by looking at one directory or one subtree,
+after checking that the path lies inside a root with no symlink on the way.
+
+`Watcher` gives hints for low latency. It runs watchdog observers over the roots (recursive)
+and turns each event into a `Hint` put into a `HintSink` (a `HintQueue` holds each distinct
+hint once): `RUN` (a file a run's readiness depends on changed in this directory: look at it),
+`SUBTREE` (a directory appeared: scan it), `ROOT` (a root appeared, vanished or moved: call
+`sync()`, then scan what it returns). Nothing else happens in watchdog's threads. Hints can be
+lost (inotify drops events on overflow and misses files created in a new directory before its
+watch exists; polling sees nothing between polls), which is why the rescan is the truth.
+
+`watch.observer`: `inotify` forces inotify through watchdog (`ConfigError` from `start()` if it
+is unavailable; its watch limit reached later is logged once as an error); `polling` walks the
+roots every `watch.poll_seconds` with the scan's own walk (changes made on another host of an
+NFS or CIFS share never reach this host's inotify; watchdog's PollingObserver would stat every
+file, about 4.5 times the CPU); `auto` uses inotify except for roots on a network filesystem,
+and falls back to polling, saying so once with the limit and how to raise it, when inotify is
+unavailable or its watch limit is reached. watchdog skips a subdirectory it cannot watch
+without a word, so the watcher probes the limit after each `sync()`.
+
+Paths are `str`: absolute, under each root's real path (symlinks in a root's own path
+resolved), as `evalpush push` names runs, so both name a run the same way (and 10,000 `Path`
+objects would double a rescan's cost). Names that are not UTF-8 arrive surrogate-escaped and
+are never encoded strictly; `printable()` makes them safe to log.
+
+Threads: `start()`, `sync()` and `stop()` are called from one thread, the caller's. The
+watcher's threads (watchdog's inotify observer: a dispatcher, an emitter per watch, inotify's
+reader; and one polling thread) are daemon threads; `stop()` stops and joins every one.
+"""
+
+from evalpush.discover._hints import Hint, HintKind, HintQueue, HintSink, hints_for
+from evalpush.discover._inotify import (
+    filesystem_type,
+    inotify_watches_in_use,
+    on_network_filesystem,
+    probe_inotify,
+)
+from evalpush.discover._scan import RunDir, Scanner, look_at, printable, walk
+from evalpush.discover._watch import ObserverKind, Watcher
+
+__all__ = [
+    "Hint",
+    "HintKind",
+    "HintQueue",
+    "HintSink",
+    "ObserverKind",
+    "RunDir",
+    "Scanner",
+    "Watcher",
+    "filesystem_type",
+    "hints_for",
+    "inotify_watches_in_use",
+    "look_at",
+    "on_network_filesystem",
+    "printable",
+    "probe_inotify",
+    "walk",
+]

@@ -1,0 +1,441 @@
+"""Discover's scan (the truth), its look at one hinted place, and the pure parts of hints."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+from watchdog.events import (
+    DirCreatedEvent,
+    DirDeletedEvent,
+    DirModifiedEvent,
+    DirMovedEvent,
+    FileClosedEvent,
+    FileClosedNoWriteEvent,
+    FileCreatedEvent,
+    FileDeletedEvent,
+    FileModifiedEvent,
+    FileMovedEvent,
+    FileOpenedEvent,
+)
+
+from as_nobody import without_read_access
+from evalpush.discover import (
+    Hint,
+    HintKind,
+    HintQueue,
+    Scanner,
+    filesystem_type,
+    hints_for,
+    printable,
+    walk,
+)
+from evalpush.runs import find_run_dirs, is_run_dir
+
+RUN_UUID = "6f1c9a52-0d3e-4b7a-9c1e-2f8d4a6b3c10"
+
+
+def make_run(directory: Path, traces: str = "traces.jsonl", data: bytes = b"") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.toml").write_text('[taskset]\nid = "gsm8k"\n')
+    (directory / traces).write_bytes(data)
+    return directory
+
+
+def paths(found: dict[str, object]) -> list[str]:
+    return sorted(found)
+
+
+class TestScan:
+    def test_runs_are_found_at_any_depth_with_their_trace_files_facts(self, tmp_path):
+        shallow = make_run(tmp_path / RUN_UUID, data=b"1\n")
+        deep = make_run(tmp_path / "a" / "b" / "c" / "run", data=b"1\n2\n")
+        (tmp_path / "a" / "not-a-run").mkdir()
+
+        found = Scanner([tmp_path]).scan()
+
+        assert paths(found) == sorted([str(deep), str(shallow)])
+        run = found[str(deep)]
+        st = os.lstat(deep / "traces.jsonl")
+        assert (run.traces_name, run.device, run.inode, run.size, run.mtime_ns) == (
+            "traces.jsonl",
+            st.st_dev,
+            st.st_ino,
+            4,
+            st.st_mtime_ns,
+        )
+        assert run.traces == deep / "traces.jsonl" and run.directory == deep
+
+    def test_the_legacy_results_file_counts_and_traces_jsonl_wins_when_both_exist(self, tmp_path):
+        legacy = make_run(tmp_path / "legacy", traces="results.jsonl")
+        both = make_run(make_run(tmp_path / "both", traces="results.jsonl"))
+
+        found = Scanner([tmp_path]).scan()
+
+        assert found[str(legacy)].traces_name == "results.jsonl"
+        assert found[str(both)].traces_name == "traces.jsonl"
+
+    @pytest.mark.parametrize(
+        "spoil",
+        [
+            lambda d: (d / "config.toml").unlink(),
+            lambda d: (d / "traces.jsonl").unlink(),
+            lambda d: _swap_for_symlink(d / "config.toml"),
+            lambda d: _swap_for_symlink(d / "traces.jsonl"),
+            lambda d: ((d / "traces.jsonl").unlink(), (d / "traces.jsonl").mkdir()),
+            lambda d: ((d / "traces.jsonl").unlink(), os.mkfifo(d / "traces.jsonl")),
+            lambda d: ((d / "config.toml").unlink(), (d / "config.toml").mkdir()),
+            lambda d: None,
+        ],
+        ids=[
+            "no config",
+            "no traces",
+            "config is a symlink",
+            "traces is a symlink",
+            "traces is a directory",
+            "traces is a fifo",
+            "config is a directory",
+            "a proper run",
+        ],
+    )
+    def test_a_run_directory_is_what_the_runs_stage_says_it_is(self, tmp_path, spoil):
+        run = make_run(tmp_path / "root" / "run")
+        spoil(run)
+
+        found = Scanner([tmp_path / "root"]).scan()
+
+        assert (str(run) in found) == is_run_dir(run)
+        assert paths(found) == [str(p) for p in find_run_dirs(tmp_path / "root")]
+
+    def test_a_run_directory_is_not_descended_into(self, tmp_path):
+        outer = make_run(tmp_path / "outer")
+        make_run(outer / "inner")
+
+        assert paths(Scanner([tmp_path]).scan()) == [str(outer)]
+
+    def test_a_root_that_is_itself_a_run_is_the_one_run(self, tmp_path):
+        root = make_run(tmp_path / RUN_UUID)
+
+        assert paths(Scanner([root]).scan()) == [str(root)]
+
+    def test_symlinks_to_directories_are_never_followed_in_or_out_of_the_root(self, tmp_path):
+        root = tmp_path / "root"
+        inside = make_run(root / "inside")
+        outside = make_run(tmp_path / "outside" / "run")
+        (root / "to-outside").symlink_to(tmp_path / "outside")
+        (root / "to-outside-run").symlink_to(outside)
+        (root / "to-inside-run").symlink_to(inside)
+        (root / "loop").symlink_to(root)
+
+        assert paths(Scanner([root]).scan()) == [str(inside)]
+
+    def test_a_root_given_through_a_symlink_reports_real_paths_as_push_does(self, tmp_path):
+        real = tmp_path / "disk" / "outputs"
+        run = make_run(real / "t--m--h" / RUN_UUID)
+        (tmp_path / "outputs").symlink_to(real)
+
+        found = Scanner([tmp_path / "outputs"]).scan()
+
+        assert paths(found) == [str(run)]
+        assert paths(found) == [str(p) for p in find_run_dirs((tmp_path / "outputs").resolve())]
+
+    def test_names_that_are_not_utf8_are_scanned_and_keep_their_bytes(self, tmp_path):
+        odd = os.fsdecode(b"caf\xe9--\xff\xfe")
+        run = make_run(tmp_path / odd / "run\udcff")
+
+        found = Scanner([tmp_path]).scan()
+
+        assert paths(found) == [str(run)]
+        assert os.fsencode(next(iter(found))).endswith(b"/caf\xe9--\xff\xfe/run\xff")
+        assert printable(next(iter(found))).endswith("/caf\\xe9--\\xff\\xfe/run\\xff")
+
+    def test_names_with_newlines_spaces_and_dashes_are_just_names(self, tmp_path):
+        run = make_run(tmp_path / "-rf --all" / "line\nbreak" / " spaced run ")
+
+        assert paths(Scanner([tmp_path]).scan()) == [str(run)]
+
+    def test_the_marker_counts_only_when_configured_and_a_regular_file(self, tmp_path):
+        marked = make_run(tmp_path / "marked")
+        (marked / ".done").write_text("")
+        linked = make_run(tmp_path / "linked")
+        (linked / ".done").symlink_to(marked / ".done")
+        plain = make_run(tmp_path / "plain")
+
+        with_marker = Scanner([tmp_path], marker=".done").scan()
+        without = Scanner([tmp_path]).scan()
+
+        assert [with_marker[str(d)].marker for d in (marked, linked, plain)] == [True, False, False]
+        assert not any(run.marker for run in without.values())
+
+    def test_many_roots_are_scanned_and_a_run_under_two_roots_is_reported_once(self, tmp_path):
+        one = make_run(tmp_path / "a" / "run")
+        two = make_run(tmp_path / "b" / "run")
+
+        found = Scanner([tmp_path / "a", tmp_path / "b", tmp_path]).scan()
+
+        assert paths(found) == sorted([str(one), str(two)])
+
+
+def _swap_for_symlink(path: Path) -> None:
+    target = path.with_name(path.name + ".real")
+    path.rename(target)
+    path.symlink_to(target)
+
+
+class TestRoots:
+    def test_a_missing_root_is_waited_for_said_once_and_picked_up_when_it_appears(self, tmp_path):
+        root = tmp_path / "later" / "outputs"
+        scanner = Scanner([root])
+
+        with capture_logs() as logs:
+            first, second = scanner.scan(), scanner.scan()
+            missing = scanner.missing_roots
+            run = make_run(root / "run")
+            third, fourth = scanner.scan(), scanner.scan()
+
+        assert (first, second, missing) == ({}, {}, [root])
+        assert paths(third) == paths(fourth) == [str(run)]
+        assert scanner.missing_roots == []
+        assert [(e["event"], e["root"]) for e in logs] == [
+            ("watch root does not exist yet; waiting for it", str(root)),
+            ("watch root appeared", str(root)),
+        ]
+
+    def test_a_root_that_is_a_file_is_waited_for_like_a_missing_one(self, tmp_path):
+        (tmp_path / "outputs").write_text("not a directory")
+
+        with capture_logs() as logs:
+            found = Scanner([tmp_path / "outputs"]).scan()
+
+        assert found == {}
+        assert [e["event"] for e in logs] == ["watch root is not a directory; waiting for one"]
+
+
+def test_a_root_the_daemon_may_not_enter_is_said_to_be_so_not_missing(open_dir):
+    locked = open_dir / "home"
+    make_run(locked / "alice" / "outputs" / "run")
+
+    def scan() -> list[str]:
+        with capture_logs() as logs:
+            Scanner([locked / "alice" / "outputs"]).scan()
+        return [e["event"] for e in logs]
+
+    events = without_read_access(locked, scan)
+
+    assert events == ["watch root cannot be reached (permission denied); waiting for access"]
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory every user may enter (pytest's tmp_path is 0700 to root's tree)."""
+    path = Path(tempfile.mkdtemp(prefix="evalpush-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_an_unreadable_directory_is_reported_once_and_the_rest_is_scanned(open_dir):
+    readable = make_run(open_dir / "readable")
+    for part in (open_dir / "readable", readable):
+        part.chmod(0o755)
+    (readable / "config.toml").chmod(0o644)
+    locked = open_dir / "locked"
+    make_run(locked / "hidden-run")
+
+    def scan_twice() -> tuple[list[str], list[str]]:
+        scanner = Scanner([open_dir])
+        with capture_logs() as logs:
+            found = paths(scanner.scan())
+            scanner.scan()
+        return found, [f"{e['event']}: {e.get('directory')}" for e in logs]
+
+    found, events = without_read_access(locked, scan_twice)
+
+    assert found == [str(readable)]
+    assert events == [
+        f"cannot read a directory under a watch root; runs in it are not seen: {locked}"
+    ]
+
+
+class TestLook:
+    def test_look_gives_a_run_directorys_facts_now(self, tmp_path):
+        run = make_run(tmp_path / "run", data=b"1\n")
+        scanner = Scanner([tmp_path])
+
+        before = scanner.look(run)
+        with (run / "traces.jsonl").open("ab") as f:
+            f.write(b"2\n")
+        after = scanner.look(str(run))
+
+        assert before is not None and after is not None
+        assert (before.size, after.size, before.inode) == (2, 4, after.inode)
+
+    @pytest.mark.parametrize(
+        "where",
+        [
+            lambda tmp: tmp / "root" / "not-a-run",
+            lambda tmp: tmp / "root" / "gone",
+            lambda tmp: tmp / "elsewhere" / "run",
+            lambda tmp: tmp / "root" / "link" / "run",
+            lambda tmp: tmp / "root" / "inside" / ".." / ".." / "elsewhere" / "run",
+        ],
+        ids=["not a run", "gone", "outside every root", "through a symlink", "dot-dot out"],
+    )
+    def test_look_and_scan_subtree_answer_nothing_outside_a_root_or_for_a_non_run(
+        self, tmp_path, where
+    ):
+        root = tmp_path / "root"
+        (root / "not-a-run").mkdir(parents=True)
+        make_run(root / "inside" / "run")
+        make_run(tmp_path / "elsewhere" / "run")
+        (root / "link").symlink_to(tmp_path / "elsewhere")
+        scanner = Scanner([root])
+
+        assert scanner.look(where(tmp_path)) is None
+        assert scanner.scan_subtree(where(tmp_path)) == {}
+
+    def test_scan_subtree_finds_the_runs_of_a_new_directory_tree(self, tmp_path):
+        runs = [make_run(tmp_path / "new" / "x" / f"run{i}") for i in range(3)]
+        make_run(tmp_path / "other" / "run")
+
+        found = Scanner([tmp_path]).scan_subtree(tmp_path / "new")
+
+        assert paths(found) == sorted(str(r) for r in runs)
+
+    def test_walking_a_directory_that_is_gone_yields_nothing(self, tmp_path):
+        errors: list[str] = []
+
+        found = list(walk(str(tmp_path / "gone"), on_error=lambda d, e: errors.append(d)))
+
+        assert (found, errors) == ([], [])
+
+
+def event_names(hints: list[Hint]) -> list[tuple[str, str]]:
+    return [(hint.kind.value, hint.path) for hint in hints]
+
+
+NAMES = frozenset({"config.toml", "traces.jsonl", "results.jsonl", ".done"})
+
+
+class TestHintsFor:
+    @pytest.mark.parametrize(
+        "event, expected",
+        [
+            (FileModifiedEvent("/r/run/traces.jsonl"), [("run", "/r/run")]),
+            (FileCreatedEvent("/r/run/config.toml"), [("run", "/r/run")]),
+            (FileClosedEvent("/r/run/results.jsonl"), [("run", "/r/run")]),
+            (FileDeletedEvent("/r/run/traces.jsonl"), [("run", "/r/run")]),
+            (FileCreatedEvent("/r/run/.done"), [("run", "/r/run")]),
+            (
+                FileMovedEvent("/r/run/traces.jsonl.tmp", "/r/run/traces.jsonl"),
+                [("run", "/r/run")],
+            ),
+            (
+                FileMovedEvent("/r/a/traces.jsonl", "/r/b/traces.jsonl"),
+                [("run", "/r/a"), ("run", "/r/b")],
+            ),
+            (DirCreatedEvent("/r/new"), [("subtree", "/r/new")]),
+            (DirDeletedEvent("/r/run"), [("run", "/r/run")]),
+            (DirMovedEvent("/r/old", "/r/new"), [("run", "/r/old"), ("subtree", "/r/new")]),
+            (FileModifiedEvent("/r/run/eval.log"), []),
+            (FileCreatedEvent("/r/run/notes.txt"), []),
+            (DirModifiedEvent("/r/run"), []),
+            (FileOpenedEvent("/r/run/traces.jsonl"), []),
+            (FileClosedNoWriteEvent("/r/run/traces.jsonl"), []),
+        ],
+        ids=lambda value: type(value).__name__ if not isinstance(value, list) else "",
+    )
+    def test_an_event_becomes_the_hints_that_say_where_to_look(self, event, expected):
+        assert event_names(hints_for(event, NAMES)) == expected
+
+    def test_the_marker_is_watched_only_when_configured(self):
+        names = frozenset({"config.toml", "traces.jsonl", "results.jsonl"})
+
+        assert hints_for(FileCreatedEvent("/r/run/.done"), names) == []
+
+    def test_a_path_that_is_not_utf8_arrives_as_the_same_surrogate_escaped_str(self):
+        raw = b"/r/\xff/traces.jsonl"
+
+        [hint] = hints_for(FileModifiedEvent(raw), NAMES)
+
+        assert os.fsencode(hint.path) == b"/r/\xff"
+
+
+class TestHintQueue:
+    def test_hints_come_out_in_order_and_one_already_waiting_is_not_queued_again(self):
+        queue = HintQueue()
+        a, b = Hint(HintKind.RUN, "/r/a"), Hint(HintKind.SUBTREE, "/r/b")
+        for hint in (a, b, a, a, b):
+            queue.put(hint)
+
+        assert (len(queue), queue.get(0), queue.get(0), queue.get(0)) == (2, a, b, None)
+
+    def test_a_hint_taken_out_can_be_queued_again(self):
+        queue = HintQueue()
+        hint = Hint(HintKind.RUN, "/r/a")
+        queue.put(hint)
+        queue.get(0)
+        queue.put(hint)
+
+        assert queue.get(0) == hint
+
+    def test_get_waits_for_a_hint_from_another_thread(self):
+        queue = HintQueue()
+        hint = Hint(HintKind.RUN, "/r/a")
+        timer = threading.Timer(0.05, queue.put, args=(hint,))
+        timer.start()
+        try:
+            assert queue.get(timeout=5) == hint
+        finally:
+            timer.join()
+
+    def test_many_producers_lose_no_distinct_hint(self):
+        queue = HintQueue()
+        per_thread = 500
+
+        def produce(i: int) -> None:
+            for n in range(per_thread):
+                queue.put(Hint(HintKind.RUN, f"/r/{n % 50}"))  # shared paths
+                queue.put(Hint(HintKind.RUN, f"/t{i}/{n}"))  # this thread's own
+
+        threads = [threading.Thread(target=produce, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        drained = set()
+        while (hint := queue.get(0)) is not None:
+            drained.add(hint.path)
+
+        assert len(drained) == 50 + 4 * per_thread
+
+
+MOUNTINFO = """\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+40 22 0:35 / /data rw,relatime shared:20 - ext4 /dev/vdb rw
+41 40 0:36 / /data/shared rw,relatime shared:21 - nfs4 server:/export rw,vers=4.2
+42 40 0:37 / /data/with\\040space rw,relatime shared:22 - cifs //host/share rw
+43 22 0:38 / /data/shared/local rw shared:23 - tmpfs tmpfs rw
+"""
+
+
+@pytest.mark.parametrize(
+    "path, fstype",
+    [
+        ("/home/alice/outputs", "ext4"),
+        ("/data/outputs", "ext4"),
+        ("/data/shared", "nfs4"),
+        ("/data/shared/outputs/run", "nfs4"),
+        ("/data/sharedness", "ext4"),
+        ("/data/with space/outputs", "cifs"),
+        ("/data/shared/local/x", "tmpfs"),
+    ],
+)
+def test_the_filesystem_of_a_path_is_its_longest_mount_point(path, fstype):
+    assert filesystem_type(path, MOUNTINFO) == fstype

@@ -1,0 +1,518 @@
+"""Discover's watcher on real directories: events become hints, roots come and go, limits bite.
+
+Each test drives hints the way the daemon will: a RUN hint is answered with `Scanner.look`, a
+SUBTREE hint with `Scanner.scan_subtree`, a ROOT hint with `Watcher.sync()` and a scan of the
+roots it newly watches. Waits are bounded (`HINT_WAIT_SECONDS`), never asserted as timings.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from evalpush.config import RunsConfig, WatchConfig
+from evalpush.discover import (
+    Hint,
+    HintKind,
+    HintQueue,
+    ObserverKind,
+    RunDir,
+    Scanner,
+    Watcher,
+    inotify_watches_in_use,
+)
+from evalpush.discover._poll import ScanPoller
+from evalpush.errors import ConfigError
+from inotify_limited import limited_namespaces_available, run_limited
+
+HINT_WAIT_SECONDS = 10.0
+QUIET_SECONDS = 0.3  # how long "no hint came" is watched for (six polls)
+POLL_SECONDS = 0.05
+
+KINDS = [
+    pytest.param(ObserverKind.INOTIFY, id="inotify"),
+    pytest.param(ObserverKind.POLLING, id="polling"),
+]
+
+
+def make_run(directory: Path, data: bytes = b"") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.toml").write_text('[taskset]\nid = "gsm8k"\n')
+    (directory / "traces.jsonl").write_bytes(data)
+    return directory
+
+
+class Daemonish:
+    """A root's watcher, scanner and hint queue, with the daemon's way of answering hints."""
+
+    def __init__(self, root: Path, kind: ObserverKind, *, marker: str = "") -> None:
+        self.root = root
+        self.hints = HintQueue()
+        self.seen: list[Hint] = []
+        self.watcher = Watcher(
+            [root], self.hints, kind=kind, poll_seconds=POLL_SECONDS, marker=marker
+        )
+        self.scanner = Scanner([root], marker=marker)
+
+    def answer(self, hint: Hint) -> dict[str, RunDir | None]:
+        """What the daemon learns from one hint: run dirs seen now (None: no longer a run)."""
+        if hint.kind is HintKind.RUN:
+            return {hint.path: self.scanner.look(hint.path)}
+        if hint.kind is HintKind.SUBTREE:
+            return dict(self.scanner.scan_subtree(hint.path))
+        learned: dict[str, RunDir | None] = {}
+        for root in self.watcher.sync():
+            learned.update(self.scanner.scan_subtree(root))
+        return learned
+
+    def until(self, done: Callable[[dict[str, RunDir]], bool]) -> dict[str, RunDir]:
+        """Answer hints until `done(runs known)` or HINT_WAIT_SECONDS; the runs known then."""
+        known: dict[str, RunDir] = {}
+        deadline = time.monotonic() + HINT_WAIT_SECONDS
+        while not done(known) and time.monotonic() < deadline:
+            hint = self.hints.get(timeout=0.05)
+            if hint is None:
+                continue
+            self.seen.append(hint)
+            for path, run in self.answer(hint).items():
+                if run is None:
+                    known.pop(path, None)
+                else:
+                    known[path] = run
+        return known
+
+    def quiet(self) -> list[Hint]:
+        """Every hint that arrives within QUIET_SECONDS."""
+        deadline, hints = time.monotonic() + QUIET_SECONDS, []
+        while (left := deadline - time.monotonic()) > 0:
+            hint = self.hints.get(timeout=left)
+            if hint is not None:
+                hints.append(hint)
+        return hints
+
+    def settle(self) -> None:
+        """Drain whatever the setup caused (a poll needs one interval to notice anything)."""
+        time.sleep(3 * POLL_SECONDS)
+        self.quiet()
+
+
+@pytest.fixture
+def watched(tmp_path: Path) -> Iterator[Callable[..., Daemonish]]:
+    started: list[Daemonish] = []
+
+    def start(kind: ObserverKind, root: Path | None = None, **kwargs: object) -> Daemonish:
+        d = Daemonish(root or tmp_path / "root", kind, **kwargs)  # type: ignore[arg-type]
+        d.watcher.start()
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.watcher.stop()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+class TestHints:
+    def test_a_run_created_deep_under_the_root_after_start_is_found_from_hints(
+        self, tmp_path, watched, kind
+    ):
+        (tmp_path / "root").mkdir()
+        d = watched(kind)
+
+        run = make_run(tmp_path / "root" / "gsm8k--m--h" / "nested" / "deeper" / "run")
+        known = d.until(lambda known: str(run) in known)
+
+        assert list(known) == [str(run)]
+
+    def test_trees_made_in_one_go_are_found_from_hints(self, tmp_path, watched, kind):
+        # `mkdir -p` then files at once: inotify sees the top directory before it can watch the
+        # ones below; the SUBTREE hint's scan (after the watches exist) covers the gap.
+        (tmp_path / "root").mkdir()
+        d = watched(kind)
+
+        runs = []
+        for i in range(5):
+            deep = tmp_path / "root" / f"t{i}" / "a" / "b" / "c"
+            os.makedirs(deep)
+            runs.append(str(make_run(deep / "run")))
+        known = d.until(lambda known: set(runs) <= set(known))
+
+        assert sorted(known) == sorted(runs)
+        assert sorted(d.scanner.scan()) == sorted(runs)  # and the rescan, the truth, agrees
+
+    def test_a_run_under_a_name_that_is_not_utf8_is_found_from_hints(self, tmp_path, watched, kind):
+        (tmp_path / "root").mkdir()
+        d = watched(kind)
+
+        run = make_run(tmp_path / "root" / os.fsdecode(b"caf\xe9--\xff") / "run")
+        known = d.until(lambda known: str(run) in known)
+
+        assert list(known) == [str(run)]
+        assert os.fsencode(next(iter(known))).endswith(b"/caf\xe9--\xff/run")
+
+    def test_a_line_appended_to_a_trace_file_gives_a_run_hint_for_its_directory(
+        self, tmp_path, watched, kind
+    ):
+        run = make_run(tmp_path / "root" / "run")
+        d = watched(kind)
+        d.settle()
+
+        with (run / "traces.jsonl").open("ab") as f:
+            f.write(b'{"id": "1"}\n')
+        known = d.until(lambda known: str(run) in known and known[str(run)].size > 0)
+
+        assert known[str(run)].size == 12
+        assert Hint(HintKind.RUN, str(run)) in d.seen
+
+    def test_the_marker_appearing_gives_a_run_hint(self, tmp_path, watched, kind):
+        run = make_run(tmp_path / "root" / "run")
+        d = watched(kind, marker=".done")
+        d.settle()
+
+        (run / ".done").write_text("")
+        known = d.until(lambda known: str(run) in known and known[str(run)].marker)
+
+        assert known[str(run)].marker
+
+    def test_a_run_deleted_is_learned_as_gone(self, tmp_path, watched, kind):
+        run = make_run(tmp_path / "root" / "run")
+        d = watched(kind)
+        d.settle()
+
+        (run / "traces.jsonl").unlink()
+        d.until(lambda _known: Hint(HintKind.RUN, str(run)) in d.seen)
+
+        assert Hint(HintKind.RUN, str(run)) in d.seen
+        assert d.scanner.look(str(run)) is None
+
+    def test_a_symlink_out_of_the_root_gives_no_hint_about_what_it_points_to(
+        self, tmp_path, watched, kind
+    ):
+        outside = make_run(tmp_path / "outside" / "run")
+        root = tmp_path / "root"
+        root.mkdir()
+        (root / "link").symlink_to(tmp_path / "outside")
+        (root / "run-link").symlink_to(outside)
+        d = watched(kind)
+        d.settle()
+
+        with (outside / "traces.jsonl").open("ab") as f:
+            f.write(b"1\n")
+        make_run(tmp_path / "outside" / "new-run")
+        hints = d.quiet()
+
+        assert hints == []
+        assert d.scanner.look(root / "link" / "run") is None
+        assert d.scanner.scan() == {}
+
+    def test_a_changed_eval_log_and_the_daemons_own_reads_give_no_hint(
+        self, tmp_path, watched, kind
+    ):
+        run = make_run(tmp_path / "root" / "run", data=b"1\n2\n")
+        d = watched(kind)
+        d.settle()
+
+        for _ in range(20):
+            (run / "traces.jsonl").read_bytes()
+        (run / "eval.log").write_text("working\n")
+
+        assert d.quiet() == []
+
+    def test_a_root_created_after_start_is_waited_for_then_watched(self, tmp_path, watched, kind):
+        root = tmp_path / "later" / "outputs"
+        d = watched(kind, root)
+        assert (d.watcher.watching, d.watcher.waiting_for) == ({}, [str(root)])
+
+        run = make_run(root / "t--m--h" / "run")  # the root and a run in it, in one go
+        known = d.until(lambda known: str(run) in known)
+
+        assert list(known) == [str(run)]
+        assert d.watcher.watching == {str(root): kind}
+        assert d.watcher.waiting_for == []
+
+    def test_a_root_deleted_then_made_again_is_watched_again(self, tmp_path, watched, kind):
+        root = tmp_path / "root"
+        make_run(root / "first")
+        d = watched(kind)
+
+        for path in sorted(root.rglob("*"), reverse=True):
+            path.rmdir() if path.is_dir() else path.unlink()
+        root.rmdir()
+        d.until(lambda _known: d.watcher.waiting_for == [str(root)])
+        assert d.watcher.watching == {}
+
+        run = make_run(root / "second")
+        known = d.until(lambda known: str(run) in known)
+
+        assert list(known) == [str(run)]
+        assert d.watcher.watching == {str(root): kind}
+
+
+class TestLifecycle:
+    @pytest.mark.parametrize("kind", KINDS)
+    def test_stop_joins_every_thread_and_releases_every_inotify_watch(self, tmp_path, kind):
+        for i in range(20):
+            make_run(tmp_path / "root" / f"d{i}" / "run")
+        before = set(threading.enumerate())
+        watches_before = inotify_watches_in_use()
+        watcher = Watcher([tmp_path / "root", tmp_path / "missing"], HintQueue(), kind=kind)
+
+        watcher.start()
+        running = set(threading.enumerate()) - before
+        watching = inotify_watches_in_use() - watches_before
+        watcher.stop()
+
+        assert running and all(thread.daemon for thread in running)
+        assert all(not thread.is_alive() for thread in running)
+        assert inotify_watches_in_use() == watches_before
+        # inotify: the root, its 20 + 20 directories, and the missing root's parent
+        assert watching == (42 if kind is ObserverKind.INOTIFY else 0)
+
+    def test_nothing_is_watched_and_no_thread_starts_before_start(self, tmp_path):
+        before = set(threading.enumerate())
+
+        watcher = Watcher([tmp_path], HintQueue())
+
+        assert set(threading.enumerate()) == before
+        assert watcher.watching == {}
+        watcher.stop()  # harmless
+
+    def test_a_root_symlink_pointed_elsewhere_moves_the_watch_at_the_next_sync(self, tmp_path):
+        (tmp_path / "disk-a").mkdir()
+        (tmp_path / "disk-b").mkdir()
+        (tmp_path / "outputs").symlink_to(tmp_path / "disk-a")
+        watcher = Watcher([tmp_path / "outputs"], HintQueue(), kind=ObserverKind.INOTIFY)
+        watcher.start()
+        try:
+            before = watcher.watching
+            (tmp_path / "outputs").unlink()
+            (tmp_path / "outputs").symlink_to(tmp_path / "disk-b")
+            newly = watcher.sync()
+            after = watcher.watching
+        finally:
+            watcher.stop()
+
+        assert before == {str(tmp_path / "disk-a"): ObserverKind.INOTIFY}
+        assert (newly, after) == (
+            [str(tmp_path / "disk-b")],
+            {str(tmp_path / "disk-b"): ObserverKind.INOTIFY},
+        )
+
+    def test_the_watcher_is_built_from_the_watch_and_runs_sections(self, tmp_path):
+        watch = WatchConfig(roots=[tmp_path], observer="polling", poll_seconds=7)
+        watcher = Watcher.from_config(watch, RunsConfig(marker=".ok"), HintQueue())
+
+        assert (watcher.roots, watcher.kind, watcher.poll_seconds) == (
+            [tmp_path],
+            ObserverKind.POLLING,
+            7,
+        )
+
+    def test_a_hint_sink_that_fails_is_logged_and_later_hints_still_arrive(self, tmp_path, watched):
+        class FlakySink:
+            def __init__(self) -> None:
+                self.queue, self.failed = HintQueue(), False
+
+            def put(self, hint: Hint) -> None:
+                if not self.failed:
+                    self.failed = True
+                    raise RuntimeError("sink is full")
+                self.queue.put(hint)
+
+        (tmp_path / "root").mkdir()
+        sink = FlakySink()
+        watcher = Watcher([tmp_path / "root"], sink, kind=ObserverKind.INOTIFY)
+        with capture_logs() as logs:
+            watcher.start()
+            try:
+                first = make_run(tmp_path / "root" / "first")
+                second = make_run(tmp_path / "root" / "second")
+                deadline, paths = time.monotonic() + HINT_WAIT_SECONDS, set()
+                while str(second) not in paths and time.monotonic() < deadline:
+                    hint = sink.queue.get(timeout=0.05)
+                    paths |= {hint.path} if hint else set()
+            finally:
+                watcher.stop()
+
+        assert str(second) in paths and sink.failed
+        assert "could not hand a filesystem event on as a hint" in [e["event"] for e in logs]
+        assert first.exists()
+
+    def test_auto_watches_a_root_on_a_network_filesystem_by_polling(self, tmp_path):
+        nfs, local = tmp_path / "nfs", tmp_path / "local"
+        nfs.mkdir()
+        local.mkdir()
+        watcher = Watcher(
+            [nfs, local], HintQueue(), on_network_filesystem=lambda path: path == str(nfs)
+        )
+        watcher.start()
+        try:
+            watching = watcher.watching
+        finally:
+            watcher.stop()
+
+        assert watching == {str(nfs): ObserverKind.POLLING, str(local): ObserverKind.INOTIFY}
+
+
+class TestScanPoller:
+    """One `poll()` at a time, called directly: exactly which hints each change gives."""
+
+    @pytest.fixture
+    def poller(self, tmp_path) -> Iterator[tuple[ScanPoller, HintQueue]]:
+        hints = HintQueue()
+        made = ScanPoller(hints, poll_seconds=3600, marker=".done")
+        yield made, hints
+        made.stop()
+
+    def drained(self, hints: HintQueue) -> set[Hint]:
+        found = set()
+        while (hint := hints.get(0)) is not None:
+            found.add(hint)
+        return found
+
+    def test_each_changed_run_gives_one_run_hint_and_an_unchanged_one_none(self, tmp_path, poller):
+        poll, hints = poller
+        root = tmp_path / "root"
+        grows, replaced, marked, vanishes, quiet = (
+            make_run(root / name, data=b"1\n")
+            for name in ("grows", "replaced", "marked", "vanishes", "quiet")
+        )
+        poll.watch(str(root))
+
+        with (grows / "traces.jsonl").open("ab") as f:
+            f.write(b"2\n")
+        (replaced / "traces.jsonl.tmp").write_bytes(b"1\n")
+        os.replace(replaced / "traces.jsonl.tmp", replaced / "traces.jsonl")
+        (marked / ".done").write_text("")
+        (vanishes / "traces.jsonl").unlink()
+        new = make_run(root / "deep" / "new")
+        poll.poll()
+
+        expected = {grows, replaced, marked, vanishes, new}
+        assert self.drained(hints) == {Hint(HintKind.RUN, str(d)) for d in expected}
+        poll.poll()
+        assert self.drained(hints) == set()
+        assert quiet.exists()
+
+    def test_a_polled_root_that_vanishes_and_an_awaited_one_that_appears_give_root_hints(
+        self, tmp_path, poller
+    ):
+        poll, hints = poller
+        (tmp_path / "here").mkdir()
+        poll.watch(str(tmp_path / "here"))
+        poll.await_root(str(tmp_path / "later"))
+
+        poll.poll()
+        nothing = self.drained(hints)
+        (tmp_path / "here").rmdir()
+        (tmp_path / "later").mkdir()
+        poll.poll()
+
+        assert nothing == set()
+        assert self.drained(hints) == {
+            Hint(HintKind.ROOT, str(tmp_path / "here")),
+            Hint(HintKind.ROOT, str(tmp_path / "later")),
+        }
+
+    def test_runs_behind_symlinks_are_never_polled(self, tmp_path, poller):
+        poll, hints = poller
+        outside = make_run(tmp_path / "outside" / "run")
+        (tmp_path / "root").mkdir()
+        (tmp_path / "root" / "link").symlink_to(tmp_path / "outside")
+        poll.watch(str(tmp_path / "root"))
+
+        with (outside / "traces.jsonl").open("ab") as f:
+            f.write(b"1\n")
+        make_run(tmp_path / "outside" / "another")
+        poll.poll()
+
+        assert self.drained(hints) == set()
+
+
+needs_namespaces = pytest.mark.skipif(
+    not limited_namespaces_available(),
+    reason="unshare --user cannot lower inotify limits on this machine",
+)
+
+
+def make_tree(root: Path, directories: int) -> None:
+    for i in range(directories):
+        (root / f"d{i}" / "sub").mkdir(parents=True)
+
+
+@needs_namespaces
+class TestInotifyLimits:
+    def test_auto_falls_back_to_polling_at_the_watch_limit_and_says_how_to_raise_it(self, tmp_path):
+        make_tree(tmp_path / "root", 100)  # 201 directories against a limit of 50 watches
+
+        result = run_limited(tmp_path / "root", kind="auto", max_watches=50)
+
+        assert result["watching"] == {str(tmp_path / "root"): "polling"}
+        [warning] = [e for e in result["events"] if e["log_level"] == "warning"]
+        assert warning["event"] == "inotify cannot be used; watching by polling instead"
+        assert "fs.inotify.max_user_watches = 50" in warning["reason"]
+        assert "sysctl -w fs.inotify.max_user_watches=" in warning["reason"]
+        assert result["found"] == [str(tmp_path / "root" / "late" / "run")]
+        assert result["threads"] == []
+
+    def test_auto_falls_back_to_polling_when_no_inotify_instance_can_be_made(self, tmp_path):
+        make_tree(tmp_path / "root", 2)
+
+        result = run_limited(tmp_path / "root", kind="auto", max_instances=0)
+
+        assert result["watching"] == {str(tmp_path / "root"): "polling"}
+        [warning] = [e for e in result["events"] if e["log_level"] == "warning"]
+        assert "fs.inotify.max_user_instances = 0" in warning["reason"]
+        assert result["found"] == [str(tmp_path / "root" / "late" / "run")]
+
+    def test_forced_inotify_that_cannot_start_is_a_config_error_and_leaves_no_thread(
+        self, tmp_path
+    ):
+        make_tree(tmp_path / "root", 2)
+
+        result = run_limited(tmp_path / "root", kind="inotify", max_instances=0)
+
+        assert result["error"].startswith("watch.observer = 'inotify', but inotify cannot be used")
+        assert "fs.inotify.max_user_instances = 0" in result["error"]
+        assert result["threads"] == []
+
+    def test_forced_inotify_at_the_watch_limit_keeps_inotify_and_says_so_once(self, tmp_path):
+        make_tree(tmp_path / "root", 100)
+
+        result = run_limited(tmp_path / "root", kind="inotify", max_watches=50)
+
+        assert result["watching"] == {str(tmp_path / "root"): "inotify"}
+        errors = [e for e in result["events"] if e["log_level"] == "error"]
+        assert [e["event"] for e in errors] == [
+            "inotify limit reached: some directories may not be watched; every rescan still finds their runs"
+        ]
+        assert "fs.inotify.max_user_watches = 50" in errors[0]["reason"]
+
+
+def test_forcing_inotify_where_it_works_watches_with_inotify(tmp_path):
+    watcher = Watcher([tmp_path], HintQueue(), kind="inotify")
+    watcher.start()
+    try:
+        assert watcher.watching == {str(tmp_path): ObserverKind.INOTIFY}
+    finally:
+        watcher.stop()
+
+
+def test_a_config_error_from_start_is_raised_before_any_thread_is_left(tmp_path, monkeypatch):
+    # Where user namespaces are not allowed, the same refusal by a real observer factory.
+    def refuse() -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr("evalpush.discover._watch._new_inotify_observer", refuse)
+    before = set(threading.enumerate())
+
+    with pytest.raises(ConfigError, match="watch.observer = 'inotify'"):
+        Watcher([tmp_path], HintQueue(), kind="inotify").start()
+
+    assert set(threading.enumerate()) == before

@@ -1,0 +1,97 @@
+"""systemd/evalpush.service: systemd accepts it, rates its exposure at most 2.0, and it keeps
+what the daemon relies on (notify socket, network, state directory, the credential's name)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from evalpush.platform import SYSTEMD_CREDENTIAL_NAME
+
+UNIT = Path(__file__).resolve().parents[1] / "systemd" / "evalpush.service"
+MAX_EXPOSURE = 2.0
+ANALYZE_TIMEOUT_SECONDS = 120
+EXPOSURE = re.compile(r"Overall exposure level for \S+: (\d+(?:\.\d+)?)")
+
+needs_analyze = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None,
+    reason="systemd-analyze is not installed (Debian: apt-get install systemd; .ci/run does)",
+)
+
+
+def directives(text: str) -> dict[str, list[str]]:
+    """`Section.Key` -> every value given to it, in order (a key may repeat)."""
+    found: dict[str, list[str]] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        key, _, value = line.partition("=")
+        found.setdefault(f"{section}.{key.strip()}", []).append(value.strip())
+    return found
+
+
+def analyze(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["systemd-analyze", *args],
+        capture_output=True,
+        text=True,
+        timeout=ANALYZE_TIMEOUT_SECONDS,
+    )
+
+
+@needs_analyze
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
+    # verify checks that ExecStart's program exists: point a copy at this venv's evalpush.
+    evalpush = Path(sys.executable).parent / "evalpush"
+    assert evalpush.exists(), f"{evalpush} missing: install the package (pip install -e .)"
+    unit = UNIT.read_text()
+    copy = tmp_path / UNIT.name
+    copy.write_text(unit.replace("ExecStart=/opt/evalpush/bin/evalpush", f"ExecStart={evalpush}"))
+    assert copy.read_text() != unit
+
+    result = analyze("verify", str(copy))
+
+    assert (result.returncode, result.stderr, result.stdout) == (0, "", "")
+
+
+@needs_analyze
+def test_systemd_analyze_security_rates_the_exposure_at_most_2_0():
+    result = analyze("security", "--offline=true", str(UNIT))
+
+    match = EXPOSURE.search(result.stdout)
+    assert match, f"no exposure level in:\n{result.stdout}\n{result.stderr}"
+    assert float(match.group(1)) <= MAX_EXPOSURE, result.stdout
+
+
+def test_the_unit_keeps_what_the_daemon_relies_on():
+    unit = directives(UNIT.read_text())
+    service = {key.removeprefix("Service."): values for key, values in unit.items()}
+
+    assert service["Type"] == ["notify"]
+    [exec_start] = service["ExecStart"]
+    assert exec_start.split() == [
+        "/opt/evalpush/bin/evalpush",
+        "--config",
+        "/etc/evalpush/config.toml",
+        "run",
+    ]
+    assert service["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert service["Restart"] == ["on-failure"]
+    assert service["StateDirectory"] == ["evalpush"]
+    assert service["DynamicUser"] == ["yes"]
+    assert service["LoadCredential"] == [f"{SYSTEMD_CREDENTIAL_NAME}:/etc/evalpush/prime-api-key"]
+    assert service["WatchdogSec"] and service["TimeoutStopSec"]
+    # the notify socket and the platform stay reachable, whatever else is taken away
+    assert set(service["RestrictAddressFamilies"][0].split()) == {"AF_UNIX", "AF_INET", "AF_INET6"}
+    assert "PrivateNetwork" not in service and "IPAddressDeny" not in service
+    assert service["ProtectSystem"] == ["strict"]
