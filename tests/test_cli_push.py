@@ -248,7 +248,7 @@ class TestRetryAndForget:
         run = write_run(tmp_path / "outputs")
         evalpush("push", str(tmp_path / "outputs"))
 
-        done = evalpush("forget", str(run))
+        done = evalpush("forget", str(run), "--yes")
 
         assert done.returncode == 0
         assert status_json(evalpush) == []
