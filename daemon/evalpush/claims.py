@@ -173,6 +173,12 @@ class Heartbeat:
             self._owners.discard(owner)
             self._changed.notify_all()
 
+    def stop(self) -> None:
+        """Renew nothing more; the thread ends."""
+        with self._changed:
+            self._owners.clear()
+            self._changed.notify_all()
+
     def _run(self) -> None:
         while True:
             with self._changed:
@@ -242,6 +248,11 @@ class Claims:
             if owner is not None:
                 self._heartbeat.remove(owner)
                 self._forget(owner)
+
+    def close(self) -> None:
+        """Stop renewing. Claims still held stay in the ledger as a killed process leaves them
+        (its leases run out); every way out of an upload has released its claim before."""
+        self._heartbeat.stop()
 
     def alive(self, holder: Holder) -> bool:
         """Whether `holder` may still be working on its run (then its claim is not taken)."""

@@ -98,6 +98,8 @@ class Service:
         )
 
     def close(self) -> None:
+        assert self.uploader.claims is not None
+        self.uploader.claims.close()
         self.client.close()
         self.ledger.close()
 
@@ -181,21 +183,32 @@ class Service:
             )
         except (AuthError, ClaimLost) as exc:
             return PushResult(directory, self._row(directory), 0, str(exc))
+        return self._result(directory, before, record, waited_for)
+
+    def _result(
+        self,
+        directory: Path,
+        before: RunRecord | None,
+        record: RunRecord,
+        waited_for: int | None,
+    ) -> PushResult:
+        """What the upload of `directory` came to (`before`: its row before it)."""
         set_aside = len(self.ledger.set_aside(record))
         error = record.last_error if record.state == State.FAILED else None
         if record.state == State.HELD:
             error = record.reason
+        # The outcome is the other process's unless this one went on to upload (a new attempt).
+        theirs = (
+            waited_for is not None and before is not None and record.attempts == before.attempts
+        )
         already = (
-            before is not None
+            not theirs
+            and before is not None
             and before.state == State.FINALIZED
             and (before.evaluation_id, before.finalized_at)
             == (record.evaluation_id, record.finalized_at)
         )
         copy_of = record.path if record.path_raw != paths.raw(directory) else None
-        # The outcome is the other process's unless this one went on to upload (a new attempt).
-        theirs = (
-            waited_for is not None and before is not None and record.attempts == before.attempts
-        )
         uploaded_by = waited_for if theirs else None
         return PushResult(
             directory, record, set_aside, error, already, uploaded_by=uploaded_by, copy_of=copy_of
