@@ -495,3 +495,20 @@ class TestAfterALedgerError:
         assert row["state"] == "ready"
         assert row["reason"].startswith("interrupted")
         assert row["holder"] is None
+
+
+def test_a_run_that_fails_under_a_name_that_is_not_utf8_is_reported_escaped(
+    evalpush, platform, tmp_path
+):
+    outputs = tmp_path / "outputs"
+    write_run(outputs)
+    broken = write_run(outputs / os.fsdecode(b"env-\xff"), run_id=OTHER_RUN_ID)
+    (broken / "config.toml").write_text('model = "org/model"\n')  # no environment name
+
+    done = evalpush("push", str(outputs))
+
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    [failed] = [line for line in done.stdout.splitlines() if line.startswith("failed")]
+    assert "env-\\xff" in failed and "no environment name" in failed
+    assert platform.summary()["runs"] == {RUN_ID: 1}

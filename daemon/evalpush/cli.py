@@ -261,7 +261,17 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
 }
 
 
+def _print_any_file_name() -> None:
+    """A file name that is not UTF-8 reaches text as lone surrogates: print them escaped rather
+    than fail on them (what evalpush prints on purpose is escaped already, `evalpush.paths`)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _print_any_file_name()
     args = build_parser().parse_args(argv)
     try:
         config = _load(args)

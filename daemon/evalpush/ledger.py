@@ -38,12 +38,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from evalpush import paths
+from evalpush import paths, schema
 from evalpush.claims import Holder
 from evalpush.errors import Busy, ClaimLost, LedgerError
 from evalpush.log import scrub
 
 LEDGER_FILE = "state.db"
+SCHEMA_VERSION = schema.SCHEMA_VERSION
 
 
 class State:
@@ -68,147 +69,6 @@ class Step:
     PUSH = "push"
     FINALIZE = "finalize"
     DONE = "done"
-
-
-_V1 = [
-    """
-    CREATE TABLE runs (
-        id INTEGER PRIMARY KEY,
-        path TEXT NOT NULL UNIQUE,
-        run_id TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        state TEXT NOT NULL,
-        reason TEXT NOT NULL DEFAULT '',
-        step TEXT NOT NULL DEFAULT 'scan',
-        file_device INTEGER,
-        file_inode INTEGER,
-        file_size INTEGER,
-        upload_end INTEGER,
-        env_id TEXT,
-        evaluation_id TEXT,
-        viewer_url TEXT,
-        pending TEXT,
-        acked_offset INTEGER NOT NULL DEFAULT 0,
-        acked_line INTEGER NOT NULL DEFAULT 0,
-        samples_sent INTEGER NOT NULL DEFAULT 0,
-        samples_seen INTEGER NOT NULL DEFAULT 0,
-        bytes_sent INTEGER NOT NULL DEFAULT 0,
-        totals BLOB,
-        release_hold INTEGER NOT NULL DEFAULT 0,
-        attempts INTEGER NOT NULL DEFAULT 0,
-        last_error TEXT,
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL,
-        finalized_at REAL
-    )""",
-    "CREATE INDEX runs_run_id ON runs (run_id)",
-    """
-    CREATE TABLE set_aside (
-        run INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-        line INTEGER NOT NULL,
-        offset INTEGER NOT NULL,
-        size INTEGER NOT NULL,
-        kind TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        PRIMARY KEY (run, offset)
-    )""",
-    """
-    CREATE TABLE history (
-        run INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-        evaluation_id TEXT NOT NULL,
-        viewer_url TEXT,
-        outcome TEXT NOT NULL,
-        at REAL NOT NULL,
-        PRIMARY KEY (run, evaluation_id)
-    )""",
-]
-
-_V1_COLUMNS = (
-    "id, run_id, path, kind, state, reason, step, file_device, file_inode, file_size, "
-    "upload_end, env_id, evaluation_id, viewer_url, pending, acked_offset, acked_line, "
-    "samples_sent, samples_seen, bytes_sent, totals, release_hold, attempts, last_error, "
-    "created_at, updated_at, finalized_at"
-)
-
-# Schema 1 keyed runs by path, so a run seen at two paths has two rows (and two evaluations).
-# Version 2 keeps one row per run id, the one updated last; the others' evaluations become its
-# history (`duplicate`) and their set-aside records go.
-_V2 = [
-    """
-    CREATE TABLE runs_v2 (
-        id INTEGER PRIMARY KEY,
-        run_id TEXT NOT NULL UNIQUE,
-        path TEXT NOT NULL,
-        path_raw BLOB NOT NULL,
-        kind TEXT NOT NULL,
-        state TEXT NOT NULL,
-        reason TEXT NOT NULL DEFAULT '',
-        step TEXT NOT NULL DEFAULT 'scan',
-        file_device INTEGER,
-        file_inode INTEGER,
-        file_size INTEGER,
-        file_mtime_ns INTEGER,
-        file_ctime_ns INTEGER,
-        file_digest BLOB,
-        upload_end INTEGER,
-        env_id TEXT,
-        evaluation_id TEXT,
-        viewer_url TEXT,
-        pending TEXT,
-        acked_offset INTEGER NOT NULL DEFAULT 0,
-        acked_line INTEGER NOT NULL DEFAULT 0,
-        samples_sent INTEGER NOT NULL DEFAULT 0,
-        samples_seen INTEGER NOT NULL DEFAULT 0,
-        bytes_sent INTEGER NOT NULL DEFAULT 0,
-        totals BLOB,
-        release_hold INTEGER NOT NULL DEFAULT 0,
-        attempts INTEGER NOT NULL DEFAULT 0,
-        last_error TEXT,
-        looked_up INTEGER NOT NULL DEFAULT 0,
-        claim_owner TEXT,
-        claim_host TEXT,
-        claim_boot TEXT,
-        claim_pid INTEGER,
-        claim_start INTEGER,
-        claim_since REAL,
-        claim_expires REAL,
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL,
-        finalized_at REAL
-    )""",
-    f"""
-    INSERT INTO runs_v2 ({_V1_COLUMNS}, path_raw, looked_up)
-    SELECT {_V1_COLUMNS}, CAST(path AS BLOB), 1 FROM runs AS r
-    WHERE NOT EXISTS (
-        SELECT 1 FROM runs AS later WHERE later.run_id = r.run_id
-        AND (later.updated_at > r.updated_at OR (later.updated_at = r.updated_at AND later.id > r.id))
-    )""",
-    """
-    INSERT OR IGNORE INTO history (run, evaluation_id, viewer_url, outcome, at)
-    SELECT kept.id, h.evaluation_id, h.viewer_url, h.outcome, h.at
-    FROM history AS h JOIN runs AS dup ON dup.id = h.run JOIN runs_v2 AS kept USING (run_id)
-    WHERE dup.id != kept.id""",
-    """
-    INSERT OR IGNORE INTO history (run, evaluation_id, viewer_url, outcome, at)
-    SELECT kept.id, dup.evaluation_id, dup.viewer_url, 'duplicate', dup.updated_at
-    FROM runs AS dup JOIN runs_v2 AS kept USING (run_id)
-    WHERE dup.id != kept.id AND dup.evaluation_id IS NOT NULL""",
-    "DELETE FROM history WHERE run NOT IN (SELECT id FROM runs_v2)",
-    "DELETE FROM set_aside WHERE run NOT IN (SELECT id FROM runs_v2)",
-    "DROP TABLE runs",
-    "ALTER TABLE runs_v2 RENAME TO runs",
-    "CREATE INDEX runs_path_raw ON runs (path_raw)",
-    """
-    CREATE TABLE forgotten (
-        run_id TEXT NOT NULL,
-        evaluation_id TEXT NOT NULL,
-        at REAL NOT NULL,
-        PRIMARY KEY (run_id, evaluation_id)
-    )""",
-]
-
-_MIGRATIONS: list[list[str]] = [_V1, _V2]
-SCHEMA_VERSION = len(_MIGRATIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +139,9 @@ _COLUMNS = [f.name for f in fields(RunRecord)]
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM runs"
 _MESSAGE_COLUMNS = {"reason", "last_error"}
 _CLAIM_COLUMNS = {c for c in _COLUMNS if c.startswith("claim_")}
-_KEY_COLUMNS = {"id", "run_id", "path", "path_raw", "created_at"}
+_WRITABLE_COLUMNS = set(_COLUMNS) - _CLAIM_COLUMNS - {"id", "run_id", "path_raw", "created_at"}
+"""What `update` may write: not the run's identity, not its claim (`claim`/`release` do);
+`path` writes `path_raw` with it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,7 +245,7 @@ class Ledger:
             else:
                 db.execute("PRAGMA journal_mode=WAL")
                 db.execute("PRAGMA synchronous=FULL")
-                self._migrate(db)
+                schema.migrate(db, self.path)
             db.execute(
                 "PRAGMA foreign_keys=ON"
             )  # after migrating: a table rebuild must not cascade
@@ -441,42 +303,14 @@ class Ledger:
             path=self.path
         )
 
-    def _version(self, db: sqlite3.Connection) -> int:
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise LedgerError(
-                f"{self.path}: schema version {version} is newer than this evalpush knows "
-                f"({SCHEMA_VERSION}): upgrade evalpush, or use the one that wrote it"
-            )
-        return version
-
     def _check_version(self, db: sqlite3.Connection) -> None:
-        version = self._version(db)
-        if version != SCHEMA_VERSION:
+        version = schema.version(db, self.path)
+        if version != schema.SCHEMA_VERSION:
             raise _OldSchema(
                 f"{self.path}: the ledger is at schema version {version}, this evalpush reads "
-                f"{SCHEMA_VERSION}; any command that may write it (`evalpush push`) upgrades it"
+                f"{schema.SCHEMA_VERSION}; any command that may write it (`evalpush push`) "
+                "upgrades it"
             )
-
-    def _migrate(self, db: sqlite3.Connection) -> None:
-        """Bring the schema to `SCHEMA_VERSION` in one write transaction that reads the version
-        first, so processes opening the file together each see it either before or after."""
-        if self._version(db) == SCHEMA_VERSION:  # versions only rise: no lock needed to see it
-            return
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            version = self._version(db)
-            for number, statements in enumerate(_MIGRATIONS[version:], start=version + 1):
-                for statement in statements:
-                    db.execute(statement)
-                db.execute(f"PRAGMA user_version = {number}")
-            if db.execute("PRAGMA foreign_key_check").fetchall():
-                raise sqlite3.IntegrityError("the migration left rows without their run")
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
 
     def close(self) -> None:
         with self._lock:
@@ -672,8 +506,8 @@ class Ledger:
     def update(self, record: RunRecord, **changes: Any) -> RunRecord:
         """Write `changes` to the run's row in one transaction, fenced by `record`'s claim;
         returns the new row."""
-        unknown = set(changes) - set(_COLUMNS) | (set(changes) & (_CLAIM_COLUMNS | _KEY_COLUMNS))
-        if unknown - {"path", "path_raw"}:
+        unknown = changes.keys() - _WRITABLE_COLUMNS
+        if unknown:
             raise ValueError(f"unknown ledger columns: {sorted(unknown)}")
         if "path" in changes:  # a moved run: both forms of its new path
             changes["path_raw"] = paths.raw(changes["path"])

@@ -127,6 +127,11 @@ def status_table(rows: list[dict[str, Any]]) -> str:
 
 
 def push_line(result: PushResult) -> str:
+    """One line per run directory: what `push` did with it."""
+    return paths.printable(_push_line(result))
+
+
+def _push_line(result: PushResult) -> str:
     record = result.record
     path = paths.display(result.path)
     if result.busy is not None:
