@@ -345,7 +345,7 @@ def another_host() -> Process:
 
 def on_this_host(pid: int, start: int, boot: str | None = None) -> Process:
     here = Process.current()
-    return Process(here.host, here.boot if boot is None else boot, pid, start)
+    return Process(here.host, here.boot if boot is None else boot, pid, start, here.pidns)
 
 
 class TestTakingAClaim:
@@ -406,6 +406,23 @@ class TestTakingAClaim:
             mine.release(record)
         finally:
             sleeper.wait()
+
+    def test_a_live_owner_in_another_pid_namespace_is_judged_by_its_lease(self, ledger):
+        here = Process.current()
+        clock = Clock()
+        # A process in a container on this host: its pid (here: one that runs nothing) means
+        # nothing to this process, so only its lease can say it is gone.
+        contained = Process(here.host, here.boot, 999_999_999, 1, "pid:[1]")
+        taken_by(ledger, contained, clock, lease_seconds=60.0)
+        with pytest.raises(Busy):
+            take(Claims(ledger, clock=clock))
+
+        clock.now += 61.0
+        mine = Claims(ledger, clock=clock)
+        record, gone = take(mine)
+
+        assert gone is not None and gone.pidns == "pid:[1]"
+        mine.release(record)
 
     @pytest.mark.parametrize("what", ["recycled pid", "reboot"])
     def test_an_owner_whose_pid_now_names_another_process_is_gone(self, ledger, what):

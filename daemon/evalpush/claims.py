@@ -6,12 +6,13 @@ and every write an upload makes is conditional on still holding it (the ledger's
 docs/ARCHITECTURE.md tells the protocol and why it is safe; this module holds its two policies:
 
 - **Who owns a claim** (`Process`): the host name, the boot id, the pid and the process's start
-  time (clock ticks after boot, from `/proc/<pid>/stat`). A pid alone is recycled; the start time
-  tells a recycled pid apart, and the boot id a reboot. Each claim adds a nonce to that, so two
-  claims of one process are never confused.
-- **Whether an owner is gone** (`holder_alive`): on this host, when no process runs under its pid
-  with its start time (a zombie counts as gone), or the host rebooted since; on another host,
-  which cannot be looked at, when its lease expired.
+  time (clock ticks after boot, from `/proc/<pid>/stat`), and its pid namespace. A pid alone is
+  recycled; the start time tells a recycled pid apart, and the boot id a reboot. Each claim adds
+  a nonce to that, so two claims of one process are never confused.
+- **Whether an owner is gone** (`holder_alive`): after a reboot, always; on this host and in
+  this pid namespace, when no process runs under its pid with its start time (a zombie counts as
+  gone); elsewhere (another host, or a container whose pids this process cannot see), which
+  cannot be looked at, when its lease expired.
 
 A `Heartbeat` thread renews the lease of every claim this process holds, a few times per lease,
 whatever the upload threads are doing (a platform outage waited out included). It runs only while
@@ -60,11 +61,21 @@ class Process:
     boot: str
     pid: int
     start: int  # clock ticks after boot; 0 where /proc is not there
+    pidns: str = ""  # the pid namespace, e.g. "pid:[4026531836]"; empty where /proc is not there
 
     @classmethod
     def current(cls) -> Process:
         pid = os.getpid()
-        return cls(socket.gethostname(), boot_id(), pid, process_start(pid) or 0)
+        return cls(socket.gethostname(), boot_id(), pid, process_start(pid) or 0, pid_namespace())
+
+    def same_process(self, holder: Holder) -> bool:
+        return (self.host, self.boot, self.pid, self.start, self.pidns) == (
+            holder.host,
+            holder.boot,
+            holder.pid,
+            holder.start,
+            holder.pidns,
+        )
 
     def new_owner(self) -> str:
         """A fresh claim owner: this process, plus a nonce for this one claim."""
@@ -80,6 +91,7 @@ class Holder:
     boot: str
     pid: int
     start: int
+    pidns: str
     since: float
     expires: float
 
@@ -92,6 +104,14 @@ def boot_id() -> str:
     """This boot's id (changes at every reboot); empty where the kernel does not say."""
     try:
         return (PROC / "sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace (a container has its own); empty where /proc is not there."""
+    try:
+        return os.readlink(PROC / "self/ns/pid")
     except OSError:
         return ""
 
@@ -111,10 +131,10 @@ def process_start(pid: int) -> int | None:
 
 def holder_alive(holder: Holder, here: Process, now: float) -> bool:
     """Whether the process holding a claim may still be working on the run."""
-    if holder.host != here.host:
-        return holder.expires > now
-    if holder.boot != here.boot:
-        return False
+    if holder.host == here.host and holder.boot != here.boot:
+        return False  # this host rebooted since
+    if holder.host != here.host or holder.pidns != here.pidns:
+        return holder.expires > now  # its pid means nothing here: only the lease tells
     if holder.start == 0:  # recorded without /proc: the pid is all there is to go by
         return _pid_exists(holder.pid)
     return process_start(holder.pid) == holder.start
@@ -256,16 +276,10 @@ class Claims:
 
     def alive(self, holder: Holder) -> bool:
         """Whether `holder` may still be working on its run (then its claim is not taken)."""
-        mine = self.process
-        if (holder.host, holder.boot, holder.pid, holder.start) == (
-            mine.host,
-            mine.boot,
-            mine.pid,
-            mine.start,
-        ):
+        if self.process.same_process(holder):
             with _held_lock:
                 return holder.owner in _held
-        return holder_alive(holder, mine, self._clock())
+        return holder_alive(holder, self.process, self._clock())
 
     @staticmethod
     def _forget(owner: str) -> None:

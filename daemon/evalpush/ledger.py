@@ -109,6 +109,7 @@ class RunRecord:
     claim_boot: str | None
     claim_pid: int | None
     claim_start: int | None
+    claim_pidns: str | None
     claim_since: float | None
     claim_expires: float | None
     created_at: float
@@ -126,6 +127,7 @@ class RunRecord:
             self.claim_boot or "",
             self.claim_pid or 0,
             self.claim_start or 0,
+            self.claim_pidns or "",
             self.claim_since or 0.0,
             self.claim_expires or 0.0,
         )
@@ -450,13 +452,14 @@ class Ledger:
                     )
             db.execute(
                 "UPDATE runs SET claim_owner = ?, claim_host = ?, claim_boot = ?, claim_pid = ?, "
-                "claim_start = ?, claim_since = ?, claim_expires = ? WHERE id = ?",
+                "claim_start = ?, claim_pidns = ?, claim_since = ?, claim_expires = ? WHERE id = ?",
                 (
                     owner,
                     process.host,
                     process.boot,
                     process.pid,
                     process.start,
+                    process.pidns,
                     now,
                     expires,
                     row_id,

@@ -23,8 +23,10 @@ MIB = 1024 * 1024
 Alive = Callable[[Holder], bool]
 
 
-def _alive_now(holder: Holder) -> bool:
-    return holder_alive(holder, Process.current(), time.time())
+def _alive_now() -> Alive:
+    """Whether a holder is alive, as this process can tell now."""
+    here, now = Process.current(), time.time()
+    return lambda holder: holder_alive(holder, here, now)
 
 
 def _holder(record: RunRecord, alive: Alive) -> dict[str, Any] | None:
@@ -67,8 +69,9 @@ _HISTORY_REASONS = {
 }
 
 
-def status_rows(ledger: Ledger, alive: Alive = _alive_now) -> list[dict[str, Any]]:
+def status_rows(ledger: Ledger, alive: Alive | None = None) -> list[dict[str, Any]]:
     """One row per run, then one per earlier evaluation of a run (state `superseded`)."""
+    alive = alive or _alive_now()
     counts = ledger.set_aside_counts()
     rows = []
     for record in ledger.all():

@@ -120,6 +120,7 @@ _V2 = [
         claim_boot TEXT,
         claim_pid INTEGER,
         claim_start INTEGER,
+        claim_pidns TEXT,
         claim_since REAL,
         claim_expires REAL,
         created_at REAL NOT NULL,
