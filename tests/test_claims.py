@@ -166,36 +166,39 @@ import sys, time
 from pathlib import Path
 from evalpush.ledger import Ledger
 time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
-Ledger(Path(sys.argv[1])).close()
+for state in sorted(Path(sys.argv[1]).iterdir()):
+    Ledger(state / "state.db").close()
 """
 OPENERS = 8
-OPEN_TRIALS = 3
+LEDGERS = 30  # each opener opens these in the same order: 30 races of 8 per test
 OPENERS_START_SECONDS = 1.5  # time for every opener to start and import before they all open
 
 
 class TestOpeningTogether:
     @pytest.mark.parametrize("kind", ["fresh", "schema-1"])
-    def test_processes_opening_a_ledger_together_all_succeed(self, kind: str, tmp_path: Path):
-        for trial in range(OPEN_TRIALS):
-            state = tmp_path / f"trial-{trial}" / "state"
+    def test_processes_opening_ledgers_together_all_succeed(self, kind: str, tmp_path: Path):
+        states = [tmp_path / "ledgers" / f"{n:02d}" for n in range(LEDGERS)]
+        for state in states:
+            state.mkdir(parents=True)
             if kind == "schema-1":
                 ledger_v1.build(state, tmp_path / "runs")
-            start_at = time.time() + OPENERS_START_SECONDS
-            openers = [
-                subprocess.Popen(
-                    [sys.executable, "-c", OPEN_AT, str(state / "state.db"), str(start_at)],
-                    stderr=subprocess.PIPE,
-                )
-                for _ in range(OPENERS)
-            ]
-            failures = [
-                err.decode()
-                for opener in openers
-                for _, err in [opener.communicate(timeout=PUSH_TIMEOUT_SECONDS)]
-                if opener.returncode != 0
-            ]
+        start_at = time.time() + OPENERS_START_SECONDS
+        openers = [
+            subprocess.Popen(
+                [sys.executable, "-c", OPEN_AT, str(tmp_path / "ledgers"), str(start_at)],
+                stderr=subprocess.PIPE,
+            )
+            for _ in range(OPENERS)
+        ]
+        failures = [
+            err.decode()
+            for opener in openers
+            for _, err in [opener.communicate(timeout=PUSH_TIMEOUT_SECONDS)]
+            if opener.returncode != 0
+        ]
 
-            assert failures == []
+        assert not failures, "\n".join(failures)
+        for state in states:
             with Ledger(state / "state.db") as ledger:
                 assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
                 assert len(ledger.all()) == (ledger_v1.RUNS if kind == "schema-1" else 0)

@@ -44,6 +44,7 @@ from evalpush.errors import Busy, ClaimLost, LedgerError
 from evalpush.log import scrub
 
 LEDGER_FILE = "state.db"
+WAL_RETRY_SECONDS = 0.01
 SCHEMA_VERSION = schema.SCHEMA_VERSION
 
 
@@ -245,7 +246,7 @@ class Ledger:
                 db = self._readable(db, path)
                 self._check_version(db)
             else:
-                db.execute("PRAGMA journal_mode=WAL")
+                self._write_ahead_log(db)
                 db.execute("PRAGMA synchronous=FULL")
                 schema.migrate(db, self.path)
             db.execute(
@@ -258,6 +259,23 @@ class Ledger:
             db.close()
             raise
         return db
+
+    def _write_ahead_log(self, db: sqlite3.Connection) -> None:
+        """Switch the file to WAL. Processes opening a new file together race to write its first
+        page: SQLite answers a loser at once with SQLITE_BUSY (deadlock avoidance: its busy
+        timeout does not apply) or leaves the mode as it was, so the switch is tried again
+        until it is done or the busy timeout is spent."""
+        deadline = time.monotonic() + self._busy_timeout_seconds
+        while True:
+            try:
+                if db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
+                    return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+            if time.monotonic() > deadline:
+                raise sqlite3.OperationalError("cannot switch to WAL: database is locked")
+            time.sleep(WAL_RETRY_SECONDS)
 
     def _readable(self, db: sqlite3.Connection, path: Path) -> sqlite3.Connection:
         """A read-only connection that can read. A WAL ledger no process has open has no `-shm`
