@@ -186,8 +186,9 @@ class TestLocked:
             other = sqlite3.connect(path, isolation_level=None)
             other.execute("BEGIN EXCLUSIVE")
             try:
-                with pytest.raises(LedgerError, match=f"{path}.*locked"):
+                with pytest.raises(LedgerError, match=f"{path}.*locked") as locked:
                     ledger.update(record, acked_offset=5)
+                assert "another process held its write lock" in str(locked.value)
             finally:
                 other.execute("ROLLBACK")
                 other.close()

@@ -361,7 +361,17 @@ class Ledger:
             except sqlite3.Error as exc:
                 with contextlib.suppress(sqlite3.Error):
                     self._db.execute("ROLLBACK")
-                raise LedgerError(f"{self.path}: cannot write the ledger: {exc}") from None
+                raise LedgerError(
+                    f"{self.path}: cannot write the ledger: {exc}" + self._why_busy(exc)
+                ) from None
+
+    def _why_busy(self, exc: sqlite3.Error) -> str:
+        if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
+            return ""
+        return (
+            f" (another process held its write lock for over {self._busy_timeout_seconds:g} s: "
+            "an evalpush stopped mid-write, by Ctrl-Z or SIGSTOP, holds it until it continues)"
+        )
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
