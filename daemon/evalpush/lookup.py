@@ -86,9 +86,7 @@ class EvaluationIndex:
         """The run's newest evaluation not in `exclude`: from a listing made now (`fresh`), or
         from this process's listing of the environment."""
         if fresh:
-            return _newest(
-                (e for e in self._list(env_name, run_id) if _run_id(e) == run_id), exclude
-            )
+            return _newest(self._list(env_name, run_id).get(run_id, ()), exclude)
         return _newest(self._indexed(env_name, run_id).get(run_id, ()), exclude)
 
     def _indexed(self, env_name: str, run_id: str) -> dict[str, list[dict[str, Any]]]:
@@ -98,16 +96,23 @@ class EvaluationIndex:
             with self._guard:
                 index = self._by_env.get(env_name)
             if index is None:
-                index = defaultdict(list)
-                for evaluation in self._list(env_name, run_id):
-                    key = _run_id(evaluation)
-                    if key is not None:
-                        index[key].append(_slim(evaluation))
+                index = self._list(env_name, run_id, every_run=True)
                 with self._guard:
                     self._by_env[env_name] = index
             return index
 
-    def _list(self, env_name: str, run_id: str) -> list[dict[str, Any]]:
-        return self._retry(
-            lambda: list(self._client.iter_evaluations(env_name)), "list evaluations", run_id
-        )
+    def _list(
+        self, env_name: str, run_id: str, *, every_run: bool = False
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The environment's evaluations by run id, listed now: those of `run_id` (or of
+        `every_run`), keeping only what adopting one reads."""
+
+        def listing() -> dict[str, list[dict[str, Any]]]:
+            index: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            for evaluation in self._client.iter_evaluations(env_name):
+                key = _run_id(evaluation)
+                if key is not None and (every_run or key == run_id):
+                    index[key].append(_slim(evaluation))
+            return index
+
+        return self._retry(listing, "list evaluations", run_id)

@@ -27,6 +27,7 @@ The ledger moves only on the platform's acknowledgement.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import signal
 import threading
@@ -260,25 +261,13 @@ class Uploader:
 
     def _note_identity(self, record: RunRecord, run: Run, now: FileIdentity) -> RunRecord:
         """Record where the same bytes are now (a move, a touch), so the next look is a stat;
-        a row from before fingerprints gets its digest here, once."""
-        known = FileIdentity(
-            record.file_device or 0,
-            record.file_inode or 0,
-            record.file_size or 0,
-            record.file_mtime_ns or 0,
-            record.file_ctime_ns or 0,
-        )
-        moved = (now.device, now.inode, now.mtime_ns, now.ctime_ns) != (
-            known.device,
-            known.inode,
-            known.mtime_ns,
-            known.ctime_ns,
-        )
-        if not moved and record.file_digest is not None:
+        a row from before fingerprints gets its digest here, once. The size stays the scanned
+        one: a file that grew since must still look grown."""
+        known = _fingerprint(record)
+        assert known is not None
+        if dataclasses.replace(now, size=known.identity.size) == known.identity and known.digest:
             return record
-        assert record.upload_end is not None
-        digest = record.file_digest or digest_of(run.traces_path, record.upload_end, expect=now)
-        # The size stays the scanned one: a file that grew since must still look grown.
+        digest = known.digest or digest_of(run.traces_path, known.end, expect=now)
         return self.ledger.update(
             record,
             file_device=now.device,
