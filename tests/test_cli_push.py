@@ -11,11 +11,13 @@ import os
 import pty
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
 import pytest
 
+import disks
 from evalpush.local_platform import LocalPlatform
 
 RUN_ID = "5b0c7f3e-1d2a-4c3b-9e8f-7a6b5c4d3e2f"
@@ -248,7 +250,7 @@ class TestRetryAndForget:
         run = write_run(tmp_path / "outputs")
         evalpush("push", str(tmp_path / "outputs"))
 
-        done = evalpush("forget", str(run))
+        done = evalpush("forget", str(run), "--yes")
 
         assert done.returncode == 0
         assert status_json(evalpush) == []
@@ -315,3 +317,198 @@ class TestProgress:
         assert process.returncode == 0
         assert b"\r[" in screen and b"/400 samples" in screen and b" MB" in screen
         assert b"400/400 samples" in out
+
+
+# ---------------------------------------------------------------- names that are not UTF-8
+
+OTHER_RUN_ID = "9d8c7b6a-5f4e-4d3c-8b2a-1f0e9d8c7b6a"
+
+
+class TestNamesThatAreNotUtf8:
+    def test_runs_under_directory_names_that_are_not_utf8_upload_beside_the_others(
+        self, evalpush, platform, tmp_path
+    ):
+        outputs = tmp_path / "outputs"
+        write_run(outputs)
+        odd_parent = outputs / os.fsdecode(b"env-\xff-model")
+        write_run(odd_parent, run_id=OTHER_RUN_ID)
+        not_a_uuid = odd_parent / "gsm8k--org--model--default" / os.fsdecode(b"run-\xfe")
+        not_a_uuid.mkdir(parents=True)
+        for name in ("config.toml", "traces.jsonl"):
+            (not_a_uuid / name).write_bytes(
+                (outputs / "gsm8k--org--model--default" / RUN_ID / name).read_bytes()
+            )
+
+        done = evalpush("push", str(outputs))
+
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr
+        assert "env-\\xff-model" in done.stdout and "run-\\xfe" in done.stdout
+        evaluations = platform.summary()["evaluations"].values()
+        assert len(evaluations) == 3
+        assert {e["status"] for e in evaluations} == {"COMPLETED"}
+        rows = status_json(evalpush)
+        assert sorted(row["state"] for row in rows) == ["finalized"] * 3
+        assert any("env-\\xff-model" in row["path"] for row in rows)
+        assert "env-\\xff-model" in evalpush("status").stdout
+
+
+# ---------------------------------------------------------------- naming a run on the command line
+
+
+class TestRunKeys:
+    def test_an_empty_run_key_is_refused_and_forgets_nothing(self, evalpush, tmp_path):
+        write_run(tmp_path / "outputs")
+        evalpush("push", str(tmp_path / "outputs"))
+
+        done = evalpush("forget", "", "--yes")
+
+        assert done.returncode == 2
+        assert "empty run key" in done.stderr
+        assert len(status_json(evalpush)) == 1
+
+    def test_a_prefix_is_literal_so_wildcards_match_nothing(self, evalpush, tmp_path):
+        write_run(tmp_path / "outputs")  # run id 5b0c7f3e-...
+        evalpush("push", str(tmp_path / "outputs"))
+
+        for key in ("5b_c", "5b0%", "%"):
+            done = evalpush("forget", key, "--yes")
+            assert done.returncode == 2, key
+            assert f"no run {key!r}" in done.stderr
+        assert len(status_json(evalpush)) == 1
+
+    def test_an_ambiguous_prefix_lists_its_candidates(self, evalpush, tmp_path):
+        twin = "5b0c7f3e-0000-4000-8000-000000000000"
+        write_run(tmp_path / "outputs")
+        write_run(tmp_path / "outputs", run_id=twin)
+        evalpush("push", str(tmp_path / "outputs"))
+
+        done = evalpush("retry", "5b0c")
+
+        assert done.returncode == 2
+        assert "could be any of 2 runs" in done.stderr
+        assert RUN_ID in done.stderr and twin in done.stderr
+
+
+class TestForgettingAnUploadedRun:
+    def test_forget_of_a_finalized_run_says_what_it_costs_and_refuses_without_a_tty(
+        self, evalpush, tmp_path
+    ):
+        write_run(tmp_path / "outputs")
+        evalpush("push", str(tmp_path / "outputs"))
+
+        done = evalpush("forget", RUN_ID)
+
+        assert done.returncode == 1
+        assert "SECOND evaluation" in done.stderr and "--yes" in done.stderr
+        assert len(status_json(evalpush)) == 1
+
+    @pytest.mark.parametrize(("answer", "forgotten"), [(b"y\n", True), (b"\n", False)])
+    def test_forget_on_a_terminal_asks_first(self, platform, tmp_path, answer, forgotten):
+        write_run(tmp_path / "outputs")
+        env = cli_env(platform, tmp_path)
+        subprocess.run(
+            [sys.executable, "-m", "evalpush", "push", str(tmp_path / "outputs")],
+            env=env,
+            capture_output=True,
+            timeout=60,
+        )
+        primary, secondary = pty.openpty()
+        os.write(primary, answer)
+        done = subprocess.run(
+            [sys.executable, "-m", "evalpush", "forget", RUN_ID],
+            env=env,
+            stdin=secondary,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        os.close(secondary)
+        os.close(primary)
+
+        assert done.returncode == (0 if forgotten else 1)
+        assert "Forget it? [y/N]" in done.stdout
+        listed = subprocess.run(
+            [sys.executable, "-m", "evalpush", "status", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert len(json.loads(listed.stdout)) == (0 if forgotten else 1)
+
+    def test_push_after_forget_creates_a_second_evaluation_as_it_said(
+        self, evalpush, platform, tmp_path
+    ):
+        write_run(tmp_path / "outputs")
+        evalpush("push", str(tmp_path / "outputs"))
+        assert evalpush("forget", RUN_ID, "--yes").returncode == 0
+
+        done = evalpush("push", str(tmp_path / "outputs"))
+
+        assert done.returncode == 0
+        assert platform.summary()["runs"][RUN_ID] == 2
+
+
+# ---------------------------------------------------------------- after a ledger error
+
+
+class TestAfterALedgerError:
+    def test_a_run_stopped_by_a_full_ledger_disk_shows_as_interrupted_not_uploading(
+        self, platform, tmp_path
+    ):
+        lines = [trace_line(i, i) for i in range(600)]
+        write_run(tmp_path / "outputs", lines=lines)
+        with disks.tiny_disk(tmp_path / "disk") as disk:
+            env = cli_env(
+                platform,
+                tmp_path,
+                EVALPUSH_STATE_DIR=str(disk / "state"),
+                EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="5",
+                EVALPUSH_LOG__LEVEL="warning",
+            )
+            push = subprocess.Popen(
+                [sys.executable, "-m", "evalpush", "push", str(tmp_path / "outputs")],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            deadline = time.monotonic() + 30
+            while platform.summary()["requests"].get("samples", 0) < 2:
+                assert push.poll() is None and time.monotonic() < deadline
+                time.sleep(0.01)
+            disks.fill(disk)
+            _, err = push.communicate(timeout=60)
+            disks.free(disk)
+
+            listed = subprocess.run(
+                [sys.executable, "-m", "evalpush", "status", "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+
+        assert push.returncode == 1
+        assert b"database or disk is full" in err
+        (row,) = json.loads(listed.stdout)
+        assert row["state"] == "ready"
+        assert row["reason"].startswith("interrupted")
+        assert row["holder"] is None
+
+
+def test_a_run_that_fails_under_a_name_that_is_not_utf8_is_reported_escaped(
+    evalpush, platform, tmp_path
+):
+    outputs = tmp_path / "outputs"
+    write_run(outputs)
+    broken = write_run(outputs / os.fsdecode(b"env-\xff"), run_id=OTHER_RUN_ID)
+    (broken / "config.toml").write_text('model = "org/model"\n')  # no environment name
+
+    done = evalpush("push", str(outputs))
+
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    [failed] = [line for line in done.stdout.splitlines() if line.startswith("failed")]
+    assert "env-\\xff" in failed and "no environment name" in failed
+    assert platform.summary()["runs"] == {RUN_ID: 1}

@@ -7,143 +7,51 @@ run, every sample exactly once, and the metrics the producer's own push would se
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import orjson
 import pytest
 
-from evalpush.config import Config
-from evalpush.convert import scan, summary
 from evalpush.local_platform import LocalPlatform
-from evalpush.read import read_lines
-from evalpush.runs import load_run
 from evalpush.upload import CRASH_ENV
+from pushing import (
+    PUSH_TIMEOUT_SECONDS,
+    assert_exactly_once,
+    generated_run,
+    outputs,
+    push_environ,
+    push_until_done,
+    start_push,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-PUSH_TIMEOUT_SECONDS = 60
 MAX_ATTEMPTS = 40
-
-
-def _gen_traces():
-    spec = importlib.util.spec_from_file_location("gen_traces", ROOT / "bench" / "gen_traces.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def source_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """Two generated runs (about 600 KB and 250 KB: dozens of 20-sample batches)."""
-    gen = _gen_traces()
     out = tmp_path_factory.mktemp("source-runs")
-    return [gen.generate(out, 600_000, seed=1), gen.generate(out, 250_000, seed=2)]
+    return [generated_run(out, 600_000, seed=1), generated_run(out, 250_000, seed=2)]
 
 
 @pytest.fixture(scope="module")
 def big_source_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run of about 3 MB (some 800 traces): seconds of upload in 5-sample batches."""
-    return _gen_traces().generate(tmp_path_factory.mktemp("big-run"), 3_000_000, seed=3)
-
-
-def _outputs(tmp_path: Path, sources: list[Path]) -> Path:
-    root = tmp_path / "outputs"
-    for run in sources:
-        target = root / "env--model--harness" / run.name
-        target.mkdir(parents=True)
-        for name in ("config.toml", "traces.jsonl"):
-            (target / name).write_bytes((run / name).read_bytes())
-    return root
+    return generated_run(tmp_path_factory.mktemp("big-run"), 3_000_000, seed=3)
 
 
 @pytest.fixture
 def runs(source_runs: list[Path], tmp_path: Path) -> Path:
-    return _outputs(tmp_path, source_runs)
+    return outputs(tmp_path, source_runs)
 
 
 @pytest.fixture
 def platform() -> LocalPlatform:
     with LocalPlatform() as local:
         yield local
-
-
-def _environ(platform: LocalPlatform, tmp_path: Path, **extra: str) -> dict[str, str]:
-    environ = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("PRIME_", "EVALPUSH_"))
-    }
-    environ.update(
-        PRIME_API_KEY=platform.api_key,
-        PRIME_API_BASE_URL=platform.base_url,
-        HOME=str(tmp_path / "home"),
-        EVALPUSH_STATE_DIR=str(tmp_path / "state"),
-        EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="20",
-        EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="5",
-        EVALPUSH_LOG__LEVEL="warning",
-    )
-    environ.update(extra)
-    return environ
-
-
-def _push(root: Path, environ: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "evalpush", "push", str(root)],
-        env=environ,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-
-
-def _push_until_done(root: Path, environ: dict[str, str]) -> None:
-    for _ in range(3):
-        process = _push(root, environ)
-        out, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
-        if process.returncode == 0:
-            return
-    pytest.fail(f"push did not finish: exit {process.returncode}\n{out.decode()}\n{err.decode()}")
-
-
-def _expected(run_dir: Path) -> tuple[list[str], dict]:
-    """The sample ids in file order and the create summary the producer's push would send."""
-    run = load_run(run_dir)
-    limit = Config().read.max_line_bytes
-    found = scan(read_lines(run.traces_path, max_line_bytes=limit), max_line_bytes=limit)
-    ids = [
-        orjson.loads(line.data)["id"]
-        for line in read_lines(run.traces_path, max_line_bytes=limit)
-        if line.data
-    ]
-    return ids, summary(run, found.totals)
-
-
-def assert_exactly_once(platform: LocalPlatform, root: Path) -> None:
-    state = platform.summary()
-    run_dirs = sorted(p for p in root.glob("*/*") if p.is_dir())
-    assert len(state["evaluations"]) == len(run_dirs)
-    for run_dir in run_dirs:
-        ids, expected = _expected(run_dir)
-        assert state["runs"][expected["run_id"]] == 1, "one evaluation per run"
-        evaluation_id, evaluation = next(
-            (k, e)
-            for k, e in state["evaluations"].items()
-            if e["metadata"]["run_id"] == expected["run_id"]
-        )
-        assert evaluation["status"] == "COMPLETED"
-        assert evaluation["finalize_count"] == 1
-        assert evaluation["duplicates"] == 0
-        assert evaluation["sample_count"] == len(ids)
-        stored = [s["sample_id"] for s in platform.samples(evaluation_id)]
-        assert sorted(stored) == sorted(ids), "every sample exactly once"
-        assert evaluation["metadata"] == expected["metadata"]
-        assert evaluation["metrics"] == expected["metrics"]
-        assert evaluation["name"] == expected["name"]
 
 
 CRASH_POINTS = [
@@ -161,19 +69,19 @@ class TestKilledAtEveryStepBoundary:
     def test_a_push_killed_at_a_step_boundary_resumes_exactly_once(
         self, point: str, runs: Path, platform: LocalPlatform, tmp_path: Path
     ) -> None:
-        crashing = _push(runs, _environ(platform, tmp_path, **{CRASH_ENV: point}))
+        crashing = start_push(runs, push_environ(platform, tmp_path, **{CRASH_ENV: point}))
         crashing.communicate(timeout=PUSH_TIMEOUT_SECONDS)
         assert crashing.returncode == -signal.SIGKILL, "the hook killed the push at the point"
-        _push_until_done(runs, _environ(platform, tmp_path))
+        push_until_done(runs, push_environ(platform, tmp_path))
         assert_exactly_once(platform, runs)
 
     def test_a_push_that_dies_at_every_point_in_turn_still_ends_exactly_once(
         self, runs: Path, platform: LocalPlatform, tmp_path: Path
     ) -> None:
         for point in CRASH_POINTS:
-            process = _push(runs, _environ(platform, tmp_path, **{CRASH_ENV: point}))
+            process = start_push(runs, push_environ(platform, tmp_path, **{CRASH_ENV: point}))
             process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
-        _push_until_done(runs, _environ(platform, tmp_path))
+        push_until_done(runs, push_environ(platform, tmp_path))
         assert_exactly_once(platform, runs)
 
 
@@ -185,15 +93,15 @@ class TestKilledAtRandomInstants:
         platform: LocalPlatform,
         tmp_path: Path,
     ) -> None:
-        runs = _outputs(tmp_path, [big_source_run, *source_runs])
+        runs = outputs(tmp_path, [big_source_run, *source_runs])
         rng = random.Random(int(os.environ.get("EVALPUSH_TEST_SEED", "1234")))
         # Five samples a batch: hundreds of batches. Each push is killed once the platform has
         # seen a random number of further batch requests, plus a random fraction of a batch.
-        environ = _environ(platform, tmp_path, EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="5")
+        environ = push_environ(platform, tmp_path, EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="5")
         kills = 0
         for _ in range(MAX_ATTEMPTS):
             target = platform.summary()["requests"]["samples"] + rng.randint(1, 60)
-            process = _push(runs, environ)
+            process = start_push(runs, environ)
             while process.poll() is None and platform.summary()["requests"]["samples"] < target:
                 time.sleep(0.005)
             time.sleep(rng.uniform(0, 0.01))
@@ -216,8 +124,8 @@ class TestStoppedWithSigterm:
     ) -> None:
         # A platform outage keeps the push retrying, so the signal lands mid-upload.
         platform.inject("status", on="samples", status=503, count=10_000)
-        environ = _environ(platform, tmp_path)
-        process = _push(runs, environ)
+        environ = push_environ(platform, tmp_path)
+        process = start_push(runs, environ)
         deadline = time.monotonic() + PUSH_TIMEOUT_SECONDS
         while platform.summary()["requests"]["samples"] < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -226,5 +134,5 @@ class TestStoppedWithSigterm:
         assert process.returncode == 1
         assert b"interrupted" in out
         platform.clear_faults()
-        _push_until_done(runs, environ)
+        push_until_done(runs, environ)
         assert_exactly_once(platform, runs)

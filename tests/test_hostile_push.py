@@ -22,6 +22,7 @@ import pytest
 
 from evalpush.local_platform import LocalPlatform
 from evalpush.log import REDACTED
+from evalpush.upload import CRASH_ENV
 from test_cli_push import cli_env, trace_line, write_run
 
 EXIT_BOUND_SECONDS = 5.0
@@ -154,8 +155,12 @@ class TestListingsThatNeverEnd:
         start_push: StartPush,
     ) -> None:
         environ = push_env(platform, tmp_path)
-        # The first batch is stored and its answer lost: the push must list what is stored.
-        platform.inject("reset", on="samples")
+        # A push dies with its first batch stored and not acknowledged: the next push must list
+        # what the evaluation holds before sending anything (the environment's listing, which
+        # legitimately runs longer, is behind it: the run is known to the ledger by then).
+        crashed = start_push(runs, {**environ, CRASH_ENV: "batch-sent:1"})
+        crashed.communicate(timeout=START_SECONDS)
+        assert crashed.returncode == -signal.SIGKILL
         platform.inject(fault, on="read", count=1_000_000)
         process = start_push(runs, environ)
         wait_until(lambda: requests(platform, "read") > 0, "the reconciling read")

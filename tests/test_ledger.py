@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
+import shutil
 import sqlite3
 import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
+import ledger_v1
+from as_nobody import as_nobody
+from evalpush import cli, report
 from evalpush.errors import LedgerError
 from evalpush.ledger import SCHEMA_VERSION, Ledger, SetAsideRecord, State, Step
 from evalpush.log import register_secret
@@ -176,8 +186,9 @@ class TestLocked:
             other = sqlite3.connect(path, isolation_level=None)
             other.execute("BEGIN EXCLUSIVE")
             try:
-                with pytest.raises(LedgerError, match=f"{path}.*locked"):
+                with pytest.raises(LedgerError, match=f"{path}.*locked") as locked:
                     ledger.update(record, acked_offset=5)
+                assert "another process held its write lock" in str(locked.value)
             finally:
                 other.execute("ROLLBACK")
                 other.close()
@@ -193,3 +204,234 @@ def test_a_secret_quoted_in_an_error_never_reaches_the_ledger(ledger: Ledger):
     stored = sqlite3.connect(ledger.path).execute("SELECT last_error, reason FROM runs").fetchone()
     assert secret not in repr(stored)
     assert stored[0] == "HTTP 400: bad key [redacted]"
+
+
+# ---------------------------------------------------------------- schema 1 -> 2
+
+
+def v1_rows(path: Path) -> dict[int, dict]:
+    db = sqlite3.connect(path)
+    db.row_factory = sqlite3.Row
+    rows = {row["id"]: dict(row) for row in db.execute("SELECT * FROM runs")}
+    db.close()
+    return rows
+
+
+class TestSchemaUpgrade:
+    def test_a_schema_1_ledger_is_upgraded_in_place_keeping_every_run(self, tmp_path: Path):
+        root = tmp_path / "runs"
+        path = ledger_v1.build(tmp_path / "state", root)
+        before = v1_rows(path)
+        assert len(before) == ledger_v1.ROWS
+
+        with Ledger(path) as ledger:
+            version = ledger._db.execute("PRAGMA user_version").fetchone()[0]
+            records = {record.run_id: record for record in ledger.all()}
+            histories = {r.run_id: ledger.history(r) for r in records.values()}
+            set_aside = {r.run_id: ledger.set_aside(r) for r in records.values()}
+
+        assert version == SCHEMA_VERSION
+        assert len(records) == ledger_v1.RUNS
+        for record in records.values():
+            old = before[record.id]
+            same = {name: old[name] for name in old}
+            assert {name: getattr(record, name) for name in old} == same
+            assert (record.path_raw, record.looked_up, record.holder) == (
+                record.path.encode(),
+                1,
+                None,
+            )
+            assert (record.file_mtime_ns, record.file_digest) == (None, None)
+        ids = ledger_v1.RUN_IDS
+        assert [h.outcome for h in histories[ids["superseded"]]] == ["superseded"]
+        assert [s.kind for s in set_aside[ids["finalized"]]] == ["bad_line"]
+        assert [s.kind for s in set_aside[ids["held"]]] == ["bad_line"]
+        moved = records[ids["moved"]]
+        [older] = [
+            r for r in before.values() if r["run_id"] == ids["moved"] and r["id"] != moved.id
+        ]
+        assert "old-place" in older["path"] and "old-place" not in moved.path
+        assert [(h.evaluation_id, h.outcome) for h in histories[ids["moved"]]] == [
+            (older["evaluation_id"], "duplicate")
+        ]
+        interrupted = records[ids["interrupted"]]
+        assert (interrupted.state, interrupted.step) == (State.UPLOADING, Step.PUSH)
+        assert interrupted.acked_offset > 0 and interrupted.evaluation_id is not None
+
+    def test_opening_an_upgraded_ledger_again_changes_nothing(self, tmp_path: Path):
+        path = ledger_v1.build(tmp_path / "state", tmp_path / "runs")
+        with Ledger(path) as ledger:
+            first = ledger.all()
+        with Ledger(path) as ledger:
+            assert ledger.all() == first
+
+
+# ---------------------------------------------------------------- what state.db may be
+
+
+def another_apps_database(path: Path) -> Path:
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE their_data (x)")
+    db.execute("INSERT INTO their_data VALUES (42)")
+    db.commit()
+    db.close()
+    return path
+
+
+def tables(path: Path) -> list[str]:
+    db = sqlite3.connect(path)
+    names = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    db.close()
+    return names
+
+
+class TestWhatTheLedgerFileMayBe:
+    def test_a_state_db_that_is_a_symlink_is_refused_and_its_target_left_alone(self, tmp_path):
+        target = another_apps_database(tmp_path / "their.db")
+        (tmp_path / "state").mkdir()
+        link = tmp_path / "state" / "state.db"
+        link.symlink_to(target)
+
+        with pytest.raises(LedgerError, match="not a regular file"):
+            Ledger(link)
+        with pytest.raises(LedgerError, match="not a regular file"):
+            Ledger(link, read_only=True)
+
+        assert tables(target) == ["their_data"]
+
+    def test_a_dangling_symlink_is_refused_without_creating_its_target(self, tmp_path):
+        (tmp_path / "state").mkdir()
+        link = tmp_path / "state" / "state.db"
+        link.symlink_to(tmp_path / "nowhere.db")
+
+        with pytest.raises(LedgerError, match="not a regular file"):
+            Ledger(link)
+
+        assert not (tmp_path / "nowhere.db").exists()
+
+    @pytest.mark.parametrize("kind", ["directory", "fifo"])
+    def test_a_state_db_that_is_not_a_regular_file_is_refused(self, tmp_path, kind):
+        path = tmp_path / "state.db"
+        if kind == "directory":
+            path.mkdir()
+        else:
+            os.mkfifo(path)
+
+        with pytest.raises(LedgerError, match="not a regular file"):
+            Ledger(path)
+
+    def test_status_refuses_a_symlinked_ledger_and_leaves_its_target_alone(self, tmp_path):
+        target = another_apps_database(tmp_path / "their.db")
+        state = tmp_path / "state"
+        state.mkdir()
+        (state / "state.db").symlink_to(target)
+
+        done = subprocess.run(
+            [sys.executable, "-m", "evalpush", "--state-dir", str(state), "status"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+        assert done.returncode == 1
+        assert "not a regular file" in done.stderr
+        assert tables(target) == ["their_data"]
+
+    def test_an_unusable_ledger_names_the_lighter_fixes_before_what_moving_it_aside_costs(
+        self, tmp_path
+    ):
+        path = tmp_path / "state.db"
+        path.write_bytes(b"this is not a database" * 100)
+
+        with pytest.raises(LedgerError) as failure:
+            Ledger(path)
+
+        message = str(failure.value)
+        lighter, aside = message.index("lighter fixes first"), message.index("last resort")
+        assert lighter < aside
+        assert ".recover" in message
+        assert "uploaded again, a second evaluation" in message[aside:]
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory every user may enter (pytest's tmp_path is 0700 to root's tree)."""
+    path = Path(tempfile.mkdtemp(prefix="evalpush-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+# What `status` imports when it runs, imported before the fork: a child that became `nobody`
+# may not read this interpreter's library to import it then.
+PRELOADED_FOR_STATUS = (msgspec.json, report.status_rows)
+
+
+def status_as_reader(state: Path) -> tuple[int, str, str]:
+    """`evalpush status --json` in a process that may read the ledger but not write it."""
+
+    def status() -> tuple[int, str, str]:
+        out, err = io.TextIOWrapper(io.BytesIO()), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(["--state-dir", str(state), "status", "--json"])
+        out.flush()
+        return code, out.buffer.getvalue().decode(), err.getvalue()
+
+    return as_nobody(status)
+
+
+class TestReadOnly:
+    @pytest.fixture
+    def readable_only(self, shared_dir: Path) -> Iterator[Path]:
+        """A ledger with one run that others may read but not write (nor its directory)."""
+        state = shared_dir / "state"
+        with Ledger(state / "state.db") as ledger:
+            a_run(ledger, run_id="0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9")
+        (state / "state.db").chmod(0o644)
+        state.chmod(0o755 if os.geteuid() == 0 else 0o555)
+        yield state
+        state.chmod(0o700)
+
+    def test_status_reads_a_ledger_it_may_not_write(self, readable_only: Path):
+        code, out, err = status_as_reader(readable_only)
+
+        assert (code, err) == (0, "")
+        assert [row["run_id"] for row in json.loads(out)] == [
+            "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9"
+        ]
+
+    def test_status_reads_a_ledger_it_may_not_write_while_a_writer_has_it_open(
+        self, readable_only: Path
+    ):
+        with Ledger(readable_only / "state.db") as writer:
+            a_run(writer, path="/runs/b", run_id="9a9a9a9a-0000-4000-8000-000000000000")
+            for journal in readable_only.glob("state.db-*"):
+                journal.chmod(0o644)
+
+            code, out, err = status_as_reader(readable_only)
+
+        assert (code, err) == (0, "")
+        assert len(json.loads(out)) == 2, "the reader sees what the writer committed"
+
+
+# ---------------------------------------------------------------- naming a run
+
+
+class TestMatching:
+    def test_an_empty_key_names_no_run_even_when_there_is_only_one(self, ledger: Ledger):
+        a_run(ledger)
+
+        assert ledger.match("") == []
+        assert ledger.get("") is None
+
+    @pytest.mark.parametrize("key", ["c_9", "c%", "C09"])
+    def test_a_prefix_is_matched_literally(self, ledger: Ledger, key: str):
+        a_run(ledger, run_id="c0912345-aaaa-4bbb-8ccc-000000000000")
+
+        assert ledger.match(key) == []
+
+    def test_an_ambiguous_prefix_matches_every_candidate(self, ledger: Ledger):
+        one = a_run(ledger, path="/runs/a", run_id="abc-1")
+        two = a_run(ledger, path="/runs/b", run_id="abc-2")
+
+        assert ledger.match("abc") == [one, two]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import tempfile
@@ -15,7 +16,18 @@ import pytest
 
 from as_nobody import without_read_access
 from evalpush import read
-from evalpush.read import Change, FileChangedError, Line, compare, identity, read_lines
+from evalpush.read import (
+    Change,
+    FileChangedError,
+    Fingerprint,
+    Line,
+    RangeDigest,
+    compare,
+    digest_of,
+    identity,
+    read_lines,
+    verify,
+)
 
 MIB = 1024 * 1024
 
@@ -103,6 +115,17 @@ class TestLines:
         assert [line.data for line in read_all(path, end=7)] == [b"aa", b"bb"]
         assert [line.data for line in read_all(path, end=6)] == [b"aa", b"bb"]
         assert [line.data for line in read_all(path, end=5)] == [b"aa"]
+
+    def test_a_utf8_byte_order_mark_opening_the_file_is_skipped_but_counted(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"\xef\xbb\xbf" + b"a\nbb\n")
+
+        assert read_all(path) == [Line(b"a", 3, 5, 1), Line(b"bb", 5, 8, 2)]
+        assert read_all(path, offset=5, number=1) == [Line(b"bb", 5, 8, 2)]
+
+    def test_a_byte_order_mark_after_the_start_is_data(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"a\n\xef\xbb\xbfb\n")
+
+        assert read_all(path)[1] == Line(b"\xef\xbb\xbfb", 2, 7, 2)
 
     def test_lines_longer_than_a_read_chunk_are_joined(self, tmp_path, monkeypatch):
         monkeypatch.setattr(read, "CHUNK_BYTES", 4)
@@ -267,3 +290,60 @@ class TestCompare:
         path.symlink_to(write(tmp_path / "elsewhere.jsonl", b"a\n"))
 
         assert compare(path, known) is Change.GONE
+
+
+def fingerprint(path: Path) -> Fingerprint:
+    digest = RangeDigest()
+    lines = read_all(path, digest=digest)
+    return Fingerprint(identity(path), lines[-1].end, digest.digest())
+
+
+class TestFingerprint:
+    def test_the_digest_covers_the_complete_lines_only(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"one\ntwo\nthr")
+
+        known = fingerprint(path)
+
+        assert known.end == 8
+        assert known.digest == digest_of(path, 8) == hashlib.sha256(b"one\ntwo\n").digest()
+
+    def test_an_untouched_file_is_the_same_without_a_read(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"a\nb\n")
+
+        assert verify(path, fingerprint(path)) == (Change.SAME, identity(path))
+
+    def test_a_file_rewritten_in_place_at_the_same_size_is_replaced(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"a\nb\n")
+        known = fingerprint(path)
+        with path.open("r+b") as f:
+            f.write(b"c\nd\n")
+
+        assert verify(path, known)[0] is Change.REPLACED
+
+    def test_a_touched_file_or_a_copy_with_the_same_bytes_is_the_same(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"a\nb\n")
+        known = fingerprint(path)
+        os.utime(path, ns=(1, 1))
+        assert verify(path, known)[0] is Change.SAME
+        write(tmp_path / "t.tmp", b"a\nb\n")
+        os.replace(tmp_path / "t.tmp", path)
+
+        change, now = verify(path, known)
+
+        assert change is Change.SAME and now.inode != known.identity.inode
+
+    def test_a_file_with_more_lines_after_the_same_bytes_has_grown(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"a\nb\n")
+        known = fingerprint(path)
+        append(path, b"c\n")
+
+        assert verify(path, known)[0] is Change.GROWN
+
+    def test_a_file_rewritten_in_place_and_larger_is_replaced_not_grown(self, tmp_path):
+        path = write(tmp_path / "t.jsonl", b"a\nb\n")
+        known = fingerprint(path)
+        with path.open("r+b") as f:
+            f.truncate(0)
+            f.write(b"x\ny\nz\n")
+
+        assert verify(path, known)[0] is Change.REPLACED

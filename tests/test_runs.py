@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import socket
 import uuid
 from pathlib import Path
@@ -63,6 +65,16 @@ class TestRunId:
         monkeypatch.setattr(socket, "gethostname", lambda: "box-b")
 
         assert load_run(directory).run_id != on_a
+
+    def test_a_name_that_is_not_utf8_gets_the_id_of_its_bytes(self, tmp_path):
+        directory = make_run(tmp_path / os.fsdecode(b"run-\xff"))
+
+        run_id = load_run(directory).run_id
+
+        key = b"evalpush:%s:%s" % (socket.gethostname().encode(), os.fsencode(directory))
+        digest = hashlib.sha1(uuid.NAMESPACE_URL.bytes + key).digest()
+        assert run_id == str(uuid.UUID(bytes=digest[:16], version=5))
+        assert run_id != load_run(make_run(tmp_path / os.fsdecode(b"run-\xfe"))).run_id
 
 
 class TestRunKind:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
+import shutil
+import sqlite3
 import threading
 import time
 import uuid
@@ -24,9 +25,11 @@ import httpx
 import orjson
 import pytest
 
+import disks
+from evalpush.claims import Claims
 from evalpush.config import Config, PlatformConfig
 from evalpush.convert import RunTotals, SetAside, convert_lines, summary
-from evalpush.errors import Interrupted, LedgerError
+from evalpush.errors import ClaimLost, Interrupted, LedgerError
 from evalpush.ledger import Ledger, RunRecord, State, Step, default_path
 from evalpush.local_platform import LocalPlatform
 from evalpush.platform import PlatformClient
@@ -1128,39 +1131,15 @@ class TestConcurrency:
 # ---------------------------------------------------------------- the ledger's disk fills up
 
 
-TINY_DISK_BYTES = 1024 * 1024
-
-
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 1 MiB filesystem (tmpfs) to fill up; skipped where mounting is not allowed."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={TINY_DISK_BYTES}", "tmpfs", str(disk)],
-        capture_output=True,
-    )
-    if mounted.returncode != 0:
-        pytest.skip("mounting a tmpfs needs root: " + mounted.stderr.decode().strip())
-    try:
+    with disks.tiny_disk(tmp_path / "disk") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
-def fill_the_disk(disk: Path) -> None:
-    """Take every free byte of `disk` (a real ENOSPC, as SQLite meets it on a full disk)."""
-    with open(disk / "filler", "ab") as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-                f.flush()
-        except OSError:
-            pass
-
-
-def free_the_disk(disk: Path) -> None:
-    (disk / "filler").unlink()
+fill_the_disk = disks.fill
+free_the_disk = disks.free
 
 
 def many_tasks(count: int) -> list[bytes]:
@@ -1250,3 +1229,322 @@ class TestStop:
         record = upload(uploader, run_dir)
 
         assert_uploaded_once(local_platform, run_dir, record)
+
+
+# ---------------------------------------------------------------- claims, in one process
+
+
+def take_over(ledger: Ledger, run_dir: Path) -> None:
+    """What another process taking the run over writes (its owner in the claim)."""
+    db = sqlite3.connect(ledger.path, isolation_level=None)
+    db.execute(
+        "UPDATE runs SET claim_owner = 'another-host/b/1/1/x', claim_host = 'another-host', "
+        "claim_pid = 1 WHERE run_id = ?",
+        (derive_run_id(run_dir),),
+    )
+    db.close()
+
+
+def outage_then_stop(platform: LocalPlatform, stop: threading.Event) -> Callable[[], None]:
+    def act() -> None:
+        platform.inject("refuse", seconds=1.0)
+        threading.Timer(0.2, stop.set).start()
+
+    return act
+
+
+class TestClaimsInOneProcess:
+    @pytest.mark.parametrize("way_out", ["done", "failed", "held", "interrupted", "error"])
+    def test_the_claim_is_released_on_every_way_out_of_an_upload(
+        self, local_platform, make_uploader, ledger, stop_event, runs_root, way_out
+    ):
+        lines = [trace_lines(1)[0], b"{not json", *trace_lines(8, start=1)]
+        config = config_toml(env_name=None) if way_out == "failed" else None
+        run_dir = write_run(runs_root, lines, config=config)
+        uploader = make_uploader(
+            convert={"on_bad_line": "hold" if way_out == "held" else "skip"},
+            upload={"max_batch_samples": 2},
+        )
+
+        def boom() -> None:
+            raise RuntimeError("boom")
+
+        if way_out == "interrupted":
+            uploader.progress = after_batch(1, outage_then_stop(local_platform, stop_event))
+        if way_out == "error":
+            uploader.progress = after_batch(1, boom)
+        expected_exit = {"interrupted": Interrupted, "error": RuntimeError}.get(way_out)
+
+        if expected_exit is None:
+            record = upload(uploader, run_dir)
+            assert record.holder is None
+        else:
+            with pytest.raises(expected_exit):
+                upload(uploader, run_dir)
+
+        row = ledger.get(str(run_dir))
+        assert row.holder is None
+        assert (
+            row.state
+            == {
+                "done": State.FINALIZED,
+                "failed": State.FAILED,
+                "held": State.HELD,
+                "interrupted": State.READY,
+                "error": State.UPLOADING,
+            }[way_out]
+        )
+
+    def test_an_upload_whose_claim_is_taken_over_stops_before_its_next_request(
+        self, local_platform, make_uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(10))
+        uploader = make_uploader(upload={"max_batch_samples": 2})
+        uploader.progress = after_batch(1, lambda: take_over(ledger, run_dir))
+
+        with pytest.raises(ClaimLost):
+            upload(uploader, run_dir)
+
+        assert local_platform.summary()["requests"]["samples"] == 1
+        row = ledger.get(str(run_dir))
+        assert row.claim_host == "another-host", "not released: it is not this upload's"
+        assert (row.samples_sent, row.pending) == (2, None), "nothing written after it was lost"
+
+    def test_the_lease_is_renewed_while_an_upload_waits_out_an_outage(
+        self, local_platform, make_uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(12))
+        uploader = make_uploader(upload={"max_batch_samples": 4})
+        uploader.claims = Claims(ledger, lease_seconds=0.4)
+        lapses: list[float] = []
+        watching = threading.Event()
+
+        def watch() -> None:
+            db = sqlite3.connect(ledger.path)
+            while watching.is_set():
+                row = db.execute("SELECT claim_expires FROM runs").fetchone()
+                if row[0] is not None and row[0] <= time.time():
+                    lapses.append(row[0])
+                time.sleep(0.05)
+            db.close()
+
+        watcher = threading.Thread(target=watch)
+
+        def outage() -> None:
+            local_platform.inject("refuse", seconds=1.5)
+            watching.set()
+            watcher.start()
+
+        uploader.progress = after_batch(1, outage)
+        try:
+            record = upload(uploader, run_dir)
+        finally:
+            watching.clear()
+            watcher.join()
+
+        assert lapses == [], "the lease ran out while the upload was waiting"
+        assert_uploaded_once(local_platform, run_dir, record)
+
+
+# ---------------------------------------------------------------- a trace file rewritten in place
+
+
+def rewrite_in_place(run_dir: Path, lines: list[bytes]) -> None:
+    """Truncate traces.jsonl and write `lines` into the same file (same inode)."""
+    with (run_dir / "traces.jsonl").open("r+b") as traces:
+        traces.truncate(0)
+        traces.write(b"".join(line + b"\n" for line in lines))
+
+
+def same_size_other_traces(lines: list[bytes]) -> list[bytes]:
+    """Other traces (other ids, other rewards) of exactly the same byte length each."""
+    other = []
+    for line in lines:
+        trace = orjson.loads(line)
+        trace["id"] = f"{uuid.uuid4()}-{trace['id'].rsplit('-', 1)[1]}"
+        other.append(orjson.dumps(trace))
+    assert [len(a) for a in other] == [len(b) for b in lines]
+    return other
+
+
+class TestRewrittenInPlace:
+    @pytest.mark.parametrize("size", ["larger", "same size"])
+    def test_a_file_rewritten_in_place_after_an_interrupted_upload_is_uploaded_anew(
+        self, local_platform, uploader, ledger, stop_event, runs_root, size
+    ):
+        lines = trace_lines(12)
+        run_dir = write_run(runs_root, lines)
+        uploader.progress = after_batch(1, outage_then_stop(local_platform, stop_event))
+        with pytest.raises(Interrupted):
+            upload(uploader, run_dir)
+        inode = (run_dir / "traces.jsonl").stat().st_ino
+        new = trace_lines(16, start=100) if size == "larger" else same_size_other_traces(lines)
+        rewrite_in_place(run_dir, new)
+        assert (run_dir / "traces.jsonl").stat().st_ino == inode
+        stop_event.clear()
+        uploader.progress = lambda record: None
+
+        record = upload(uploader, run_dir)
+
+        [history] = ledger.history(record)
+        assert history.outcome == "cancelled"
+        evaluations = evaluations_of(local_platform, run_dir)
+        assert evaluations[history.evaluation_id]["status"] == "CANCELLED"
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+        assert record.samples_sent == record.samples_seen == len(new)
+
+    def test_a_file_rewritten_in_place_at_the_same_size_mid_upload_is_uploaded_anew(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        lines = trace_lines(12)
+        run_dir = write_run(runs_root, lines)
+        new = same_size_other_traces(lines)
+        uploader.progress = after_batch(1, lambda: rewrite_in_place(run_dir, new))
+
+        record = upload(uploader, run_dir)
+
+        [history] = ledger.history(record)
+        assert history.outcome == "cancelled"
+        assert local_platform.summary()["evaluations"][history.evaluation_id]["status"] == (
+            "CANCELLED"
+        )
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+
+    def test_a_finalized_run_rewritten_in_place_at_the_same_size_gets_a_new_evaluation(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        lines = trace_lines(6)
+        run_dir = write_run(runs_root, lines)
+        first = upload(uploader, run_dir)
+        old = expected(run_dir)
+        rewrite_in_place(run_dir, same_size_other_traces(lines))
+
+        record = upload(uploader, run_dir)
+
+        assert record.evaluation_id != first.evaluation_id
+        assert [h.outcome for h in ledger.history(record)] == ["superseded"]
+        assert_complete(local_platform, first.evaluation_id, old)
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+
+    @pytest.mark.parametrize("how", ["touched", "copied over by another inode"])
+    def test_a_finalized_run_whose_file_keeps_its_bytes_is_not_uploaded_again(
+        self, local_platform, uploader, ledger, runs_root, how
+    ):
+        run_dir = write_run(runs_root, trace_lines(6))
+        first = upload(uploader, run_dir)
+        traces = run_dir / "traces.jsonl"
+        if how == "touched":
+            later = traces.stat().st_mtime_ns + 5_000_000_000
+            os.utime(traces, ns=(later, later))
+        else:  # what a move to another filesystem does
+            copy = run_dir / "traces.copy"
+            copy.write_bytes(traces.read_bytes())
+            os.rename(copy, traces)
+        requests = local_platform.summary()["requests"]
+
+        record = upload(uploader, run_dir)
+
+        assert local_platform.summary()["requests"] == requests
+        assert (record.state, record.evaluation_id) == (State.FINALIZED, first.evaluation_id)
+        assert record.file_inode == traces.stat().st_ino, "the new identity is remembered"
+
+
+# ---------------------------------------------------------------- run identity
+
+
+class TestRunIdentity:
+    def test_a_finalized_run_moved_elsewhere_is_the_same_run_and_nothing_is_sent(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root / "before", trace_lines(6))
+        first = upload(uploader, run_dir)
+        moved = runs_root / "after" / run_dir.name
+        moved.parent.mkdir()
+        run_dir.rename(moved)
+        requests = local_platform.summary()["requests"]
+
+        record = upload(uploader, moved)
+
+        assert local_platform.summary()["requests"] == requests
+        assert (record.state, record.evaluation_id) == (State.FINALIZED, first.evaluation_id)
+        assert record.path == str(moved)
+        assert [r.path for r in ledger.all()] == [str(moved)]
+
+    def test_a_copy_of_a_finalized_run_is_the_same_run_and_nothing_is_sent(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root / "original", trace_lines(6))
+        first = upload(uploader, run_dir)
+        copy = runs_root / "copy" / run_dir.name
+        shutil.copytree(run_dir, copy)
+        requests = local_platform.summary()["requests"]
+
+        record = upload(uploader, copy)
+
+        assert local_platform.summary()["requests"] == requests
+        assert (record.state, record.evaluation_id) == (State.FINALIZED, first.evaluation_id)
+        assert [r.path for r in ledger.all()] == [str(run_dir)]
+
+    @pytest.mark.parametrize("finalized", [True, False], ids=["finalized", "open"])
+    def test_a_run_the_ledger_never_saw_adopts_its_evaluation_on_the_platform(
+        self, local_platform, uploader, platform_client, runs_root, finalized
+    ):
+        run_dir = write_run(runs_root, trace_lines(8))  # push = false: it did not push itself
+        evaluation_id = push_inline(platform_client, run_dir, samples=5, finalize=finalized)
+        before = local_platform.summary()["requests"]
+
+        record = upload(uploader, run_dir)
+
+        after = local_platform.summary()["requests"]
+        assert after["create"] == before["create"]
+        assert record.evaluation_id == evaluation_id
+        assert list(evaluations_of(local_platform, run_dir)) == [evaluation_id]
+        if not finalized:
+            assert_uploaded_once(local_platform, run_dir, record)
+
+    def test_new_runs_list_their_environment_once_per_process_not_once_each(
+        self, local_platform, make_service, runs_root
+    ):
+        run_dirs = [write_run(runs_root, trace_lines(3)) for _ in range(6)]
+
+        results = make_service(upload={"max_concurrent_runs": 3}).push([runs_root])
+
+        assert all(result.ok for result in results)
+        for result in results:
+            assert_uploaded_once(local_platform, result.path, result.record)
+        assert local_platform.summary()["requests"]["read"] == 1, "one listing for 6 runs"
+        assert len(run_dirs) == 6
+
+    def test_a_forgotten_run_pushed_again_gets_a_second_evaluation_not_the_forgotten_one(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(4))
+        first = upload(uploader, run_dir)
+        ledger.forget(ledger.get(str(run_dir)))
+
+        record = upload(uploader, run_dir)
+
+        assert record.evaluation_id != first.evaluation_id
+        assert set(evaluations_of(local_platform, run_dir)) == {
+            first.evaluation_id,
+            record.evaluation_id,
+        }
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+
+
+# ---------------------------------------------------------------- a byte-order mark
+
+
+class TestByteOrderMark:
+    def test_a_trace_file_opening_with_a_utf8_bom_uploads_every_line(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(5))
+        traces = run_dir / "traces.jsonl"
+        traces.write_bytes(b"\xef\xbb\xbf" + traces.read_bytes())
+
+        record = upload(uploader, run_dir)
+
+        assert ledger.set_aside(record) == []
+        assert_uploaded_once(local_platform, run_dir, record)
+        assert record.upload_end == traces.stat().st_size, "the range counts the BOM"

@@ -7,14 +7,17 @@ configuration error.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from evalpush import __version__
+from evalpush.claims import Process, holder_alive
 from evalpush.config import Config, load_config
-from evalpush.errors import ConfigError, EvalpushError, RunError, UsageError
+from evalpush.errors import Busy, ConfigError, EvalpushError, RunError, UsageError
 from evalpush.ledger import Ledger, RunRecord, State, default_path
 from evalpush.log import scrubbed_output
 
@@ -39,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("push", help="upload the given run dirs (or roots holding them) now")
     p.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
+    p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="do not wait for runs another process is uploading: report them and exit 1",
+    )
 
     p = sub.add_parser("status", help="every run the ledger knows, and how far it got")
     p.add_argument("--json", action="store_true", help="a JSON list instead of a table")
@@ -48,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("forget", help="drop a run from the ledger (it will be seen as new)")
     p.add_argument("run", metavar="RUN", help="run id (or a unique prefix) or path")
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help="forget a run that has an evaluation (the next push creates a second one)",
+    )
 
     sub.add_parser("check", help="validate config and credentials, reach the platform, report")
 
@@ -141,7 +154,7 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
     progress = PushProgress(sys.stderr)
     service = Service(config, progress=progress.update, wait_on_auth=False)
     with service, service.stop_on_signals():
-        results = service.push([d.resolve() for d in args.dirs])
+        results = service.push([d.resolve() for d in args.dirs], wait=not args.no_wait)
     progress.finish()
     if not results:
         print(
@@ -158,10 +171,10 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
     from evalpush.report import status_rows, status_table
 
     path = default_path(config.state_dir)
-    if not path.exists():
+    if not os.path.lexists(path):
         rows = []
     else:
-        with Ledger(path) as ledger:
+        with Ledger.for_reading(path) as ledger:
             rows = status_rows(ledger)
     if args.json:
         import msgspec
@@ -196,24 +209,59 @@ def cmd_retry(args: argparse.Namespace, config: Config) -> int:
 def cmd_forget(args: argparse.Namespace, config: Config) -> int:
     with Ledger(default_path(config.state_dir)) as ledger:
         record = _find(ledger, args.run)
+        if record.evaluation_id is not None and not args.yes and not _confirm_forget(record):
+            return EXIT_PARTIAL
         ledger.forget(record)
     print(f"forgot {record.run_id} ({record.path})")
     return EXIT_OK
 
 
+def _confirm_forget(record: RunRecord) -> bool:
+    """Say what forgetting a run with an evaluation costs; ask on a terminal, refuse without."""
+    what = "finalized" if record.state == State.FINALIZED else "open"
+    print(
+        f"evalpush forget: run {record.run_id} has a {what} evaluation on the platform "
+        f"({record.viewer_url or record.evaluation_id}). After forgetting it, the next push "
+        "uploads the run again as a SECOND evaluation"
+        + ("" if what == "finalized" else ", and this one stays open")
+        + ".",
+        file=sys.stderr,
+    )
+    if not sys.stdin.isatty():
+        print("evalpush forget: pass --yes to forget it anyway", file=sys.stderr)
+        return False
+    answer = input("Forget it? [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
 def _find(ledger: Ledger, key: str) -> RunRecord:
+    """The one run `key` names (a path, a run id or a prefix of one), else a `UsageError`
+    saying why: no key, no such run, or which runs an ambiguous prefix could mean."""
+    if not key:
+        raise UsageError("an empty run key names no run: give a run id, a prefix or a path")
     path = Path(key)
-    record = ledger.get(str(path.resolve())) if path.exists() else None
-    record = record or ledger.get(key)
-    if record is None:
+    found = ledger.match(str(path.resolve())) if path.exists() else []
+    found = found or ledger.match(key)
+    if not found:
         raise UsageError(f"no run {key!r} in the ledger (see `evalpush status`)")
+    if len(found) > 1:
+        candidates = "\n".join(f"  {r.run_id}  {r.path}" for r in found)
+        raise UsageError(f"{key!r} could be any of {len(found)} runs:\n{candidates}")
+    record = found[0]
+    holder = record.holder
+    if holder is not None and holder_alive(holder, Process.current(), time.time()):
+        raise Busy(
+            f"run {record.run_id} is being uploaded by {holder.describe()}: try again once it is "
+            "done",
+            pid=holder.pid,
+            host=holder.host,
+            since=holder.since,
+        )
     return record
 
 
 def cmd_check(args: argparse.Namespace, config: Config) -> int:
     """Each thing the daemon needs, one line each; exit 0 only if all of them are fine."""
-    import os
-    import time
 
     from evalpush.platform import PlatformClient
 
@@ -265,8 +313,18 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
 }
 
 
+def _print_any_file_name() -> None:
+    """A file name that is not UTF-8 reaches text as lone surrogates: print them escaped rather
+    than fail on them (what evalpush prints on purpose is escaped already, `evalpush.paths`)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
 @scrubbed_output  # nothing the command prints can carry the API key
 def main(argv: Sequence[str] | None = None) -> int:
+    _print_any_file_name()
     args = build_parser().parse_args(argv)
     try:
         config = _load(args)

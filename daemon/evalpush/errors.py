@@ -19,6 +19,8 @@ The tree (what the daemon does about each class in brackets)::
     ├── NeedsPerson           nothing changes until an operator acts [pause, say so once]
     │   ├── AuthError         401/403 or no API key
     │   └── LedgerError       the state database cannot be written (full disk, corrupt, locked)
+    ├── Busy                  another live process holds the run's claim [leave the run alone]
+    ├── ClaimLost             the run's claim was taken over: this upload stops, writing nothing
     └── Interrupted           a stop was requested while waiting; not a failure
 
 `from_status` and `from_transport_error` map the platform's answers onto this tree exactly as
@@ -42,6 +44,8 @@ __all__ = [
     "BadInput",
     "BadRecord",
     "BatchRefused",
+    "Busy",
+    "ClaimLost",
     "ConfigError",
     "Conflict",
     "EvalpushError",
@@ -149,6 +153,21 @@ class AuthError(NeedsPerson):
 
 class LedgerError(NeedsPerson):
     """The ledger cannot be read or written (full disk, corrupt or locked database)."""
+
+
+class Busy(EvalpushError):
+    """Another live process holds the run's claim: this one leaves the run alone."""
+
+    def __init__(self, message: str, *, pid: int, host: str, since: float):
+        self.pid = pid
+        self.host = host
+        self.since = since
+        super().__init__(message)
+
+
+class ClaimLost(EvalpushError):
+    """The run's claim is no longer this process's (another took it over, presumed this one
+    dead): the upload stops without another write; the new owner reconciles with the platform."""
 
 
 class Interrupted(EvalpushError):

@@ -1,34 +1,51 @@
 """The ledger: durable per-run progress in one SQLite file, advanced only on acknowledgement.
 
-One row per run directory (`runs`), the records set aside from it (`set_aside`), and the
-evaluations it had before its current one (`history`: superseded, deleted, cancelled). The
-upload stage writes an intent (`pending`) before every non-replayable request and clears it
-with the acknowledgement, in one transaction each, so after `kill -9` at any instant the row
-says exactly what may have reached the platform.
+One row per run, keyed by its run id, with the path it was last seen at (`runs`); the records
+set aside from it (`set_aside`); the evaluations it had before its current one (`history`:
+superseded, deleted, cancelled); and the evaluations of runs a person forgot (`forgotten`), which
+a later upload of the same run must not adopt. The upload stage writes an intent (`pending`)
+before every non-replayable request and clears it with the acknowledgement, in one transaction
+each, so after `kill -9` at any instant the row says exactly what may have reached the platform.
+
+Several processes share one ledger. A process works on a run only while it holds the run's
+claim (columns `claim_*`, see `evalpush.claims`): `claim` takes it in one `BEGIN IMMEDIATE`
+transaction, and every write to a run is fenced: it applies only while the claim is still the
+one the writer read (`RunRecord.claim_owner`; none for a run nobody holds), else `ClaimLost`.
+
+Schema creation and every migration run inside one write transaction that reads the schema
+version first, so any number of processes may open a new or an old ledger at once.
 
 Durability: WAL journal with `synchronous=FULL` (a committed step survives power loss, not just
-a crashed process); the file is created with mode 0600 in a 0700 directory. Every SQLite failure
-(full disk, locked or corrupt file) surfaces as `LedgerError` naming the file: the upload stops
-rather than carry on with progress it cannot record.
+a crashed process); the file is created with mode 0600 in a 0700 directory, and a `state.db`
+that is a symlink or not a regular file is refused. Every SQLite failure (full disk, locked or
+corrupt file) surfaces as `LedgerError` naming the file: the upload stops rather than carry on
+with progress it cannot record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import os
 import sqlite3
+import stat
 import threading
 import time
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from evalpush.errors import LedgerError
+from evalpush import paths, schema
+from evalpush.claims import Holder
+from evalpush.errors import Busy, ClaimLost, LedgerError
 from evalpush.log import scrub
 
 LEDGER_FILE = "state.db"
-SCHEMA_VERSION = 1
+WAL_RETRY_SECONDS = 0.01
+SCHEMA_VERSION = schema.SCHEMA_VERSION
 
 
 class State:
@@ -55,67 +72,14 @@ class Step:
     DONE = "done"
 
 
-_MIGRATIONS: list[str] = [
-    # version 1
-    """
-    CREATE TABLE runs (
-        id INTEGER PRIMARY KEY,
-        path TEXT NOT NULL UNIQUE,
-        run_id TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        state TEXT NOT NULL,
-        reason TEXT NOT NULL DEFAULT '',
-        step TEXT NOT NULL DEFAULT 'scan',
-        file_device INTEGER,
-        file_inode INTEGER,
-        file_size INTEGER,
-        upload_end INTEGER,
-        env_id TEXT,
-        evaluation_id TEXT,
-        viewer_url TEXT,
-        pending TEXT,
-        acked_offset INTEGER NOT NULL DEFAULT 0,
-        acked_line INTEGER NOT NULL DEFAULT 0,
-        samples_sent INTEGER NOT NULL DEFAULT 0,
-        samples_seen INTEGER NOT NULL DEFAULT 0,
-        bytes_sent INTEGER NOT NULL DEFAULT 0,
-        totals BLOB,
-        release_hold INTEGER NOT NULL DEFAULT 0,
-        attempts INTEGER NOT NULL DEFAULT 0,
-        last_error TEXT,
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL,
-        finalized_at REAL
-    );
-    CREATE INDEX runs_run_id ON runs (run_id);
-    CREATE TABLE set_aside (
-        run INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-        line INTEGER NOT NULL,
-        offset INTEGER NOT NULL,
-        size INTEGER NOT NULL,
-        kind TEXT NOT NULL,
-        reason TEXT NOT NULL,
-        PRIMARY KEY (run, offset)
-    );
-    CREATE TABLE history (
-        run INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
-        evaluation_id TEXT NOT NULL,
-        viewer_url TEXT,
-        outcome TEXT NOT NULL,
-        at REAL NOT NULL,
-        PRIMARY KEY (run, evaluation_id)
-    );
-    """,
-]
-
-
 @dataclass(frozen=True, slots=True)
 class RunRecord:
     """One row of `runs`."""
 
     id: int
-    path: str
     run_id: str
+    path: str  # for people: bytes that are not UTF-8 shown as \xNN (see `evalpush.paths`)
+    path_raw: bytes  # the path's bytes: what finds the directory
     kind: str
     state: str
     reason: str
@@ -123,6 +87,9 @@ class RunRecord:
     file_device: int | None
     file_inode: int | None
     file_size: int | None
+    file_mtime_ns: int | None
+    file_ctime_ns: int | None
+    file_digest: bytes | None  # SHA-256 of the trace file's bytes [0, upload_end)
     upload_end: int | None
     env_id: str | None
     evaluation_id: str | None
@@ -137,13 +104,47 @@ class RunRecord:
     release_hold: int
     attempts: int
     last_error: str | None
+    looked_up: int  # 1 once the platform was searched for this run id (or the ledger knew it)
+    claim_owner: str | None
+    claim_host: str | None
+    claim_boot: str | None
+    claim_pid: int | None
+    claim_start: int | None
+    claim_pidns: str | None
+    claim_since: float | None
+    claim_expires: float | None
     created_at: float
     updated_at: float
     finalized_at: float | None
 
+    @property
+    def holder(self) -> Holder | None:
+        """Who holds the run's claim (alive or not), if anyone."""
+        if self.claim_owner is None:
+            return None
+        return Holder(
+            self.claim_owner,
+            self.claim_host or "",
+            self.claim_boot or "",
+            self.claim_pid or 0,
+            self.claim_start or 0,
+            self.claim_pidns or "",
+            self.claim_since or 0.0,
+            self.claim_expires or 0.0,
+        )
+
+    @property
+    def directory(self) -> Path:
+        return paths.from_raw(self.path_raw)
+
 
 _COLUMNS = [f.name for f in fields(RunRecord)]
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM runs"
 _MESSAGE_COLUMNS = {"reason", "last_error"}
+_CLAIM_COLUMNS = {c for c in _COLUMNS if c.startswith("claim_")}
+_WRITABLE_COLUMNS = set(_COLUMNS) - _CLAIM_COLUMNS - {"id", "run_id", "path_raw", "created_at"}
+"""What `update` may write: not the run's identity, not its claim (`claim`/`release` do);
+`path` writes `path_raw` with it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,21 +160,51 @@ class SetAsideRecord:
 class HistoryRecord:
     evaluation_id: str
     viewer_url: str | None
-    outcome: str  # "superseded", "deleted" or "cancelled"
+    outcome: str  # "superseded", "deleted", "closed", "cancelled" or "duplicate"
     at: float
+
+
+class _OldSchema(LedgerError):
+    """The ledger is from an older evalpush: opening it to write upgrades it."""
 
 
 def default_path(state_dir: Path) -> Path:
     return state_dir / LEDGER_FILE
 
 
+def _stored_text(text: str) -> str:
+    """Text as it may be stored: secrets scrubbed (errors can quote what a server echoed
+    back) and lone surrogates (non-UTF-8 file names) escaped, which SQLite cannot encode."""
+    return paths.printable(scrub(text))
+
+
+UNUSABLE_ADVICE = (
+    "try the lighter fixes first: free disk space; fix the file's owner and mode; stop another "
+    "evalpush holding it; for a damaged file, `sqlite3 {path} .recover | sqlite3 {path}.new` and "
+    "put state.db.new in its place. Moving the ledger aside is the last resort and costs this: "
+    "every run starts over as unknown (looked up on the platform by its run id and adopted "
+    "when found, but held and failed decisions, set-aside records and the history are lost), "
+    "and any run the platform cannot find by run id is uploaded again, a second evaluation"
+)
+
+
 class Ledger:
     """The state database. Thread-safe: one connection, one lock, one short transaction a call."""
 
-    def __init__(self, path: Path, *, clock: Any = time.time, busy_timeout_seconds: float = 10.0):
+    def __init__(
+        self,
+        path: Path,
+        *,
+        clock: Any = time.time,
+        busy_timeout_seconds: float = 10.0,
+        read_only: bool = False,
+    ):
         """`busy_timeout_seconds`: how long a write waits for another process holding the file
-        (a second `evalpush` on the same state dir) before it is a `LedgerError`."""
+        (a second `evalpush` on the same state dir) before it is a `LedgerError`. `read_only`
+        opens an existing ledger for reading only (no migration: its schema must be current),
+        which a user without write access may do."""
         self.path = path
+        self.read_only = read_only
         self._clock = clock
         self._busy_timeout_seconds = busy_timeout_seconds
         self._lock = threading.RLock()
@@ -181,39 +212,125 @@ class Ledger:
 
     # ------------------------------------------------------------ opening
 
+    @classmethod
+    def for_reading(cls, path: Path) -> Ledger:
+        """Open to read: read-only, which a user without write access may do, unless the ledger
+        is from an older evalpush: then it is upgraded first, which needs write access."""
+        try:
+            return cls(path, read_only=True)
+        except _OldSchema:
+            return cls(path)
+
+    def _connect(self, path: Path, *, immutable: bool = False) -> sqlite3.Connection:
+        if self.read_only:
+            mode = "immutable=1" if immutable else "mode=ro"
+            target: str | Path = f"file:{urllib.parse.quote(os.fsencode(path))}?{mode}"
+        else:
+            target = path
+        return sqlite3.connect(
+            target,
+            uri=self.read_only,
+            check_same_thread=False,
+            isolation_level=None,
+            timeout=self._busy_timeout_seconds,
+        )
+
     def _open(self, path: Path) -> sqlite3.Connection:
         try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            os.close(fd)
-            db = sqlite3.connect(
-                path,
-                check_same_thread=False,
-                isolation_level=None,
-                timeout=self._busy_timeout_seconds,
-            )
-        except OSError as exc:
+            self._check_file(path)
+            db = self._connect(path)
+        except (OSError, sqlite3.Error) as exc:
             raise LedgerError(f"{path}: cannot open the ledger: {exc}") from None
         try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA foreign_keys=ON")
-            self._migrate(db)
+            if self.read_only:
+                db = self._readable(db, path)
+                self._check_version(db)
+            else:
+                self._write_ahead_log(db)
+                db.execute("PRAGMA synchronous=FULL")
+                schema.migrate(db, self.path)
+            db.execute(
+                "PRAGMA foreign_keys=ON"
+            )  # after migrating: a table rebuild must not cascade
         except sqlite3.Error as exc:
             db.close()
-            raise LedgerError(
-                f"{path}: the ledger is unusable ({exc}); move it aside to start over"
-            ) from None
+            raise LedgerError(self._unusable(exc)) from None
+        except LedgerError:
+            db.close()
+            raise
         return db
 
-    def _migrate(self, db: sqlite3.Connection) -> None:
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version > len(_MIGRATIONS):
-            raise sqlite3.DatabaseError(
-                f"schema version {version} is newer than this evalpush knows ({len(_MIGRATIONS)})"
+    def _write_ahead_log(self, db: sqlite3.Connection) -> None:
+        """Switch the file to WAL. Processes opening a new file together race to write its first
+        page: SQLite answers a loser at once with SQLITE_BUSY (deadlock avoidance: its busy
+        timeout does not apply) or leaves the mode as it was, so the switch is tried again
+        until it is done or the busy timeout is spent."""
+        deadline = time.monotonic() + self._busy_timeout_seconds
+        while True:
+            try:
+                if db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
+                    return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+            if time.monotonic() > deadline:
+                raise sqlite3.OperationalError("cannot switch to WAL: database is locked")
+            time.sleep(WAL_RETRY_SECONDS)
+
+    def _readable(self, db: sqlite3.Connection, path: Path) -> sqlite3.Connection:
+        """A read-only connection that can read. A WAL ledger no process has open has no `-shm`
+        index file, and one who may not create it (no write access to the directory) cannot
+        read it that way; with no `-wal` file either, every committed write is in the file
+        itself, so it is read as immutable (a writer starting that very instant could make the
+        read fail, never show a wrong row)."""
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.OperationalError:
+            if os.path.lexists(f"{path}-wal"):
+                raise
+            db.close()
+            return self._connect(path, immutable=True)
+
+    def _check_file(self, path: Path) -> None:
+        """Refuse a ledger that is a symlink or not a regular file (without creating a symlink's
+        target); create a missing one, private, unless opening read-only."""
+        if not self.read_only:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        flags |= os.O_RDONLY if self.read_only else os.O_RDWR | os.O_CREAT
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise LedgerError(self._not_a_file(path)) from None
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise LedgerError(self._not_a_file(path))
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _not_a_file(path: Path) -> str:
+        return (
+            f"{path}: not a regular file (a symlink, directory or device): refusing to use it as "
+            "the ledger; point --state-dir at a directory of its own"
+        )
+
+    def _unusable(self, exc: sqlite3.Error) -> str:
+        return f"{self.path}: the ledger is unusable ({exc}); " + UNUSABLE_ADVICE.format(
+            path=self.path
+        )
+
+    def _check_version(self, db: sqlite3.Connection) -> None:
+        version = schema.version(db, self.path)
+        if version != schema.SCHEMA_VERSION:
+            raise _OldSchema(
+                f"{self.path}: the ledger is at schema version {version}, this evalpush reads "
+                f"{schema.SCHEMA_VERSION}; any command that may write it (`evalpush push`) "
+                "upgrades it"
             )
-        for number, script in enumerate(_MIGRATIONS[version:], start=version + 1):
-            db.executescript(f"BEGIN IMMEDIATE; {script}; PRAGMA user_version={number}; COMMIT;")
 
     def close(self) -> None:
         with self._lock:
@@ -227,6 +344,8 @@ class Ledger:
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        if self.read_only:
+            raise LedgerError(f"{self.path}: opened read-only")
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
@@ -242,7 +361,17 @@ class Ledger:
             except sqlite3.Error as exc:
                 with contextlib.suppress(sqlite3.Error):
                     self._db.execute("ROLLBACK")
-                raise LedgerError(f"{self.path}: cannot write the ledger: {exc}") from None
+                raise LedgerError(
+                    f"{self.path}: cannot write the ledger: {exc}" + self._why_busy(exc)
+                ) from None
+
+    def _why_busy(self, exc: sqlite3.Error) -> str:
+        if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
+            return ""
+        return (
+            f" (another process held its write lock for over {self._busy_timeout_seconds:g} s: "
+            "an evalpush stopped mid-write, by Ctrl-Z or SIGSTOP, holds it until it continues)"
+        )
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -251,62 +380,227 @@ class Ledger:
             except sqlite3.Error as exc:
                 raise LedgerError(f"{self.path}: cannot read the ledger: {exc}") from None
 
-    # ------------------------------------------------------------ runs
+    def _records(self, where: str, args: tuple[Any, ...] = ()) -> list[RunRecord]:
+        return [RunRecord(*row) for row in self._query(f"{_SELECT} {where}", args)]
+
+    # ------------------------------------------------------------ finding runs
 
     def get(self, run_key: int | str) -> RunRecord | None:
-        """A run by row id, path, or run id (full or a unique prefix)."""
-        cols = ", ".join(_COLUMNS)
-        if isinstance(run_key, int):
-            rows = self._query(f"SELECT {cols} FROM runs WHERE id = ?", (run_key,))
-        else:
-            rows = self._query(f"SELECT {cols} FROM runs WHERE path = ?", (run_key,))
-            if not rows:
-                rows = self._query(
-                    f"SELECT {cols} FROM runs WHERE run_id = ? OR run_id LIKE ? ORDER BY id",
-                    (run_key, run_key.replace("%", "") + "%"),
-                )
-                exact = [r for r in rows if r[2] == run_key]
-                rows = exact or (rows if len(rows) == 1 else [])
-        return RunRecord(*rows[0]) if rows else None
+        """A run by row id, path, or run id (full or a unique prefix); None if none or several."""
+        found = (
+            self.match(run_key)
+            if isinstance(run_key, str)
+            else self._records("WHERE id = ?", (run_key,))
+        )
+        return found[0] if len(found) == 1 else None
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        """The run with this exact run id."""
+        found = self._records("WHERE run_id = ?", (run_id,))
+        return found[0] if found else None
+
+    def match(self, key: str) -> list[RunRecord]:
+        """The runs `key` names: the one at that path, the one with that run id, else every run
+        whose id starts with `key` (literally: no wildcards). An empty key names none."""
+        if not key:
+            return []
+        found = self._records("WHERE path_raw = ?", (paths.raw(key),))
+        found = found or self._records("WHERE run_id = ?", (key,))
+        return found or self._records(
+            "WHERE substr(run_id, 1, ?) = ? ORDER BY run_id", (len(key), key)
+        )
 
     def all(self) -> list[RunRecord]:
-        cols = ", ".join(_COLUMNS)
-        return [RunRecord(*row) for row in self._query(f"SELECT {cols} FROM runs ORDER BY id")]
+        return self._records("ORDER BY id")
 
-    def add(self, *, path: str, run_id: str, kind: str, state: str, reason: str = "") -> RunRecord:
+    def add(
+        self, *, path: Path | str, run_id: str, kind: str, state: str, reason: str = ""
+    ) -> RunRecord:
+        """A new run nobody holds (`claim` adds one held by its caller)."""
         now = self._clock()
         with self._transaction() as db:
-            db.execute(
-                "INSERT INTO runs (path, run_id, kind, state, reason, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (path, run_id, kind, state, reason, now, now),
-            )
-        record = self.get(path)
+            row_id = self._insert(db, path=path, run_id=run_id, kind=kind, state=state, now=now)
+            if reason:
+                db.execute(
+                    "UPDATE runs SET reason = ? WHERE id = ?", (_stored_text(reason), row_id)
+                )
+        record = self.get(row_id)
         assert record is not None
         return record
 
+    @staticmethod
+    def _insert(
+        db: sqlite3.Connection, *, path: Path | str, run_id: str, kind: str, state: str, now: float
+    ) -> int:
+        cursor = db.execute(
+            "INSERT INTO runs (run_id, path, path_raw, kind, state, created_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (run_id, paths.display(path), paths.raw(path), kind, state, now, now),
+        )
+        assert cursor.lastrowid is not None
+        return cursor.lastrowid
+
+    # ------------------------------------------------------------ claims
+
+    def claim(
+        self,
+        *,
+        run_id: str,
+        path: Path | str,
+        kind: str,
+        owner: str,
+        process: Any,
+        expires: float,
+        alive: Callable[[Holder], bool],
+    ) -> tuple[RunRecord, Holder | None]:
+        """Take the run's claim for `owner` (of `process`, a `claims.Process`), adding the run if
+        the ledger does not know it; returns the run and the dead holder it was taken over from.
+
+        One `BEGIN IMMEDIATE` transaction: read the claim, judge its holder with `alive`, write
+        ours. `Busy` if a live process holds it. (In PostgreSQL: `SELECT ... FOR UPDATE SKIP
+        LOCKED` on the row, then the same judgement.)
+        """
+        now = self._clock()
+        with self._transaction() as db:
+            row = db.execute(f"{_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
+            if row is None:
+                row_id = self._insert(
+                    db, path=path, run_id=run_id, kind=kind, state=State.READY, now=now
+                )
+                previous = None
+            else:
+                record = RunRecord(*row)
+                row_id, previous = record.id, record.holder
+                if previous is not None and alive(previous):
+                    raise Busy(
+                        f"run {run_id} is being uploaded by {previous.describe(process)}",
+                        pid=previous.pid,
+                        host=previous.host,
+                        since=previous.since,
+                    )
+            db.execute(
+                "UPDATE runs SET claim_owner = ?, claim_host = ?, claim_boot = ?, claim_pid = ?, "
+                "claim_start = ?, claim_pidns = ?, claim_since = ?, claim_expires = ? WHERE id = ?",
+                (
+                    owner,
+                    process.host,
+                    process.boot,
+                    process.pid,
+                    process.start,
+                    process.pidns,
+                    now,
+                    expires,
+                    row_id,
+                ),
+            )
+            claimed = RunRecord(*db.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone())
+        return claimed, previous
+
+    def release(self, record: RunRecord) -> RunRecord:
+        """Give up the claim `record` holds; returns the run as nobody's. Releasing a claim that
+        is no longer held (taken over) changes nothing."""
+        cleared = dict.fromkeys(sorted(_CLAIM_COLUMNS))
+        with self._transaction() as db:
+            db.execute(
+                f"UPDATE runs SET {', '.join(f'{c} = NULL' for c in cleared)} "
+                "WHERE id = ? AND claim_owner = ?",
+                (record.id, record.claim_owner),
+            )
+        return dataclasses.replace(record, **cleared)
+
+    def renew(self, owners: list[str], expires: float) -> set[str]:
+        """Push the leases of `owners`' claims to `expires`; returns those still held."""
+        marks = ", ".join("?" * len(owners))
+        with self._transaction() as db:
+            db.execute(
+                f"UPDATE runs SET claim_expires = ? WHERE claim_owner IN ({marks})",
+                (expires, *owners),
+            )
+            rows = db.execute(
+                f"SELECT claim_owner FROM runs WHERE claim_owner IN ({marks})", owners
+            ).fetchall()
+        return {owner for (owner,) in rows}
+
+    def _fence(self, db: sqlite3.Connection, record: RunRecord) -> None:
+        """Inside a write: the run must still be held as `record` says, else nothing is written."""
+        row = db.execute("SELECT claim_owner FROM runs WHERE id = ?", (record.id,)).fetchone()
+        if row is None:
+            raise LedgerError(f"{self.path}: run {record.run_id} vanished from the ledger")
+        if row[0] != record.claim_owner:
+            raise ClaimLost(
+                f"run {record.run_id}: its claim was taken over by another process; "
+                "this upload stops and leaves the run to it"
+            )
+
+    # ------------------------------------------------------------ writing runs
+
     def update(self, record: RunRecord, **changes: Any) -> RunRecord:
-        """Write `changes` to the run's row in one transaction; returns the new row."""
-        unknown = set(changes) - set(_COLUMNS)
+        """Write `changes` to the run's row in one transaction, fenced by `record`'s claim;
+        returns the new row."""
+        unknown = changes.keys() - _WRITABLE_COLUMNS
         if unknown:
             raise ValueError(f"unknown ledger columns: {sorted(unknown)}")
+        if "path" in changes:  # a moved run: both forms of its new path
+            changes["path_raw"] = paths.raw(changes["path"])
+            changes["path"] = paths.display(changes["path"])
         for name in _MESSAGE_COLUMNS & changes.keys():
-            if changes[name] is not None:  # errors can quote what a server echoed back
-                changes[name] = scrub(changes[name])
+            if changes[name] is not None:
+                changes[name] = _stored_text(changes[name])
         changes["updated_at"] = self._clock()
         assignments = ", ".join(f"{name} = ?" for name in changes)
         with self._transaction() as db:
-            db.execute(
-                f"UPDATE runs SET {assignments} WHERE id = ?", (*changes.values(), record.id)
+            cursor = db.execute(
+                f"UPDATE runs SET {assignments} WHERE id = ? AND claim_owner IS ?",
+                (*changes.values(), record.id, record.claim_owner),
             )
-        updated = self.get(record.id)
-        if updated is None:
-            raise LedgerError(f"{self.path}: run {record.run_id} vanished from the ledger")
-        return updated
+            if cursor.rowcount == 0:
+                self._fence(db, record)
+        return dataclasses.replace(record, **changes)
 
     def forget(self, record: RunRecord) -> None:
+        """Drop the run; its evaluations are remembered as forgotten, so that a later upload of
+        the same run creates a new evaluation instead of adopting one of them."""
+        now = self._clock()
         with self._transaction() as db:
+            self._fence(db, record)
+            db.execute(
+                "INSERT OR IGNORE INTO forgotten (run_id, evaluation_id, at) "
+                "SELECT run_id, evaluation_id, ? FROM runs "
+                "WHERE id = ? AND evaluation_id IS NOT NULL "
+                "UNION SELECT ?, evaluation_id, ? FROM history WHERE run = ?",
+                (now, record.id, record.run_id, now, record.id),
+            )
             db.execute("DELETE FROM runs WHERE id = ?", (record.id,))
+
+    def restart(
+        self, record: RunRecord, *, outcome: str, state: str = State.READY, same_file: bool = False
+    ) -> RunRecord:
+        """Start the run's upload over: its current evaluation (if any) goes to `history` with
+        `outcome`, its progress and set-aside records are cleared, in one transaction. A hold
+        release (`evalpush retry`) is kept only for the `same_file`: it was for the bad lines a
+        person saw."""
+        now = self._clock()
+        with self._transaction() as db:
+            self._fence(db, record)
+            if record.evaluation_id is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO history (run, evaluation_id, viewer_url, outcome, at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (record.id, record.evaluation_id, record.viewer_url, outcome, now),
+                )
+            db.execute("DELETE FROM set_aside WHERE run = ?", (record.id,))
+            db.execute(
+                "UPDATE runs SET state = ?, reason = '', step = ?, file_device = NULL, "
+                "file_inode = NULL, file_size = NULL, file_mtime_ns = NULL, "
+                "file_ctime_ns = NULL, file_digest = NULL, upload_end = NULL, "
+                "evaluation_id = NULL, viewer_url = NULL, pending = NULL, acked_offset = 0, "
+                "acked_line = 0, samples_sent = 0, samples_seen = 0, bytes_sent = 0, "
+                "totals = NULL, finalized_at = NULL, release_hold = ?, updated_at = ? "
+                "WHERE id = ?",
+                (state, Step.SCAN, record.release_hold if same_file else 0, now, record.id),
+            )
+            row = db.execute(f"{_SELECT} WHERE id = ?", (record.id,)).fetchone()
+        return RunRecord(*row)
 
     # ------------------------------------------------------------ set-aside records and history
 
@@ -314,10 +608,14 @@ class Ledger:
         if not items:
             return
         with self._transaction() as db:
+            self._fence(db, record)
             db.executemany(
                 "INSERT OR REPLACE INTO set_aside (run, line, offset, size, kind, reason) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                [(record.id, i.line, i.offset, i.size, i.kind, scrub(i.reason)) for i in items],
+                [
+                    (record.id, i.line, i.offset, i.size, i.kind, _stored_text(i.reason))
+                    for i in items
+                ],
             )
 
     def set_aside(self, record: RunRecord) -> list[SetAsideRecord]:
@@ -337,31 +635,12 @@ class Ledger:
         )
         return [HistoryRecord(*row) for row in rows]
 
-    def restart(
-        self, record: RunRecord, *, outcome: str, state: str = State.READY, same_file: bool = False
-    ) -> RunRecord:
-        """Start the run's upload over: its current evaluation (if any) goes to `history` with
-        `outcome`, its progress and set-aside records are cleared, in one transaction. A hold
-        release (`evalpush retry`) is kept only for the `same_file`: it was for the bad lines a
-        person saw."""
-        now = self._clock()
-        with self._transaction() as db:
-            if record.evaluation_id is not None:
-                db.execute(
-                    "INSERT OR REPLACE INTO history (run, evaluation_id, viewer_url, outcome, at) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (record.id, record.evaluation_id, record.viewer_url, outcome, now),
-                )
-            db.execute("DELETE FROM set_aside WHERE run = ?", (record.id,))
-            db.execute(
-                "UPDATE runs SET state = ?, reason = '', step = ?, file_device = NULL, "
-                "file_inode = NULL, file_size = NULL, upload_end = NULL, evaluation_id = NULL, "
-                "viewer_url = NULL, pending = NULL, acked_offset = 0, acked_line = 0, "
-                "samples_sent = 0, samples_seen = 0, bytes_sent = 0, totals = NULL, "
-                "finalized_at = NULL, release_hold = ?, updated_at = ? "
-                "WHERE id = ?",
-                (state, Step.SCAN, record.release_hold if same_file else 0, now, record.id),
-            )
-        restarted = self.get(record.id)
-        assert restarted is not None
-        return restarted
+    def earlier_evaluations(self, record: RunRecord) -> set[str]:
+        """Evaluations of this run id that must not be adopted: its history, and those of an
+        earlier ledger row of the same run that a person forgot."""
+        rows = self._query(
+            "SELECT evaluation_id FROM history WHERE run = ? "
+            "UNION SELECT evaluation_id FROM forgotten WHERE run_id = ?",
+            (record.id, record.run_id),
+        )
+        return {evaluation_id for (evaluation_id,) in rows}

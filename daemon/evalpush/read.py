@@ -7,12 +7,18 @@ Promises:
 - memory stays bounded by `max_line_bytes` plus one read chunk, whatever the file's size: a
   line longer than `max_line_bytes` is skipped over without being held, and yielded with
   `data=None` so the caller can set it aside;
-- symlinks are never followed, and only regular files are read.
+- symlinks are never followed, and only regular files are read;
+- a UTF-8 byte-order mark opening the file is skipped: line 1 starts after it (its byte range
+  still counts it, so offsets are file offsets);
+- a file's fingerprint (`Fingerprint`: its identity when scanned and a SHA-256 of the bytes of
+  its complete lines) tells whether the bytes already scanned are still there (`verify`):
+  a file rewritten in place is a replaced file, a file moved or touched is the same one.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import os
 import stat
 from collections.abc import Iterator
@@ -21,21 +27,35 @@ from pathlib import Path
 from typing import NamedTuple
 
 CHUNK_BYTES = 1 << 20
+BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True, slots=True)
 class FileIdentity:
-    """Which file a path names (device, inode) and how big it was when looked at."""
+    """Which file a path names (device, inode), how big it was and when it was last written
+    (mtime) or changed in any way (ctime), when looked at."""
 
     device: int
     inode: int
     size: int
+    mtime_ns: int = 0
+    ctime_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Fingerprint:
+    """What is kept of a trace file's bytes `[0, end)`: the file's identity when they were read,
+    and their SHA-256 (None for a ledger row from before fingerprints: identity only)."""
+
+    identity: FileIdentity
+    end: int
+    digest: bytes | None
 
 
 class Change(enum.Enum):
     SAME = "same"
     GROWN = "grown"
-    REPLACED = "replaced"  # another inode, or the same one shrunk (truncated)
+    REPLACED = "replaced"  # another file, or the bytes read before are no longer there
     GONE = "gone"
 
 
@@ -60,11 +80,11 @@ def identity(path: Path) -> FileIdentity:
     st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode):
         raise FileNotFoundError(f"{path}: not a regular file")
-    return FileIdentity(st.st_dev, st.st_ino, st.st_size)
+    return FileIdentity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def compare(path: Path, known: FileIdentity) -> Change:
-    """How the file at `path` relates to the one seen before as `known`."""
+    """How the file at `path` relates to the one seen before as `known`, by identity alone."""
     try:
         now = identity(path)
     except OSError:
@@ -72,6 +92,66 @@ def compare(path: Path, known: FileIdentity) -> Change:
     if (now.device, now.inode) != (known.device, known.inode) or now.size < known.size:
         return Change.REPLACED
     return Change.GROWN if now.size > known.size else Change.SAME
+
+
+def verify(path: Path, known: Fingerprint) -> tuple[Change, FileIdentity | None]:
+    """How the file at `path` relates to the bytes fingerprinted as `known`, and its identity now.
+
+    An unchanged identity (inode, size, mtime, ctime) is the same file, without a read. Else the
+    bytes decide: when `[0, known.end)` hashes the same, the file was moved, copied or touched
+    (SAME) or appended to (GROWN); when not, or when they are gone, it is REPLACED, even if the
+    inode is the same (a file rewritten in place).
+    """
+    try:
+        now = identity(path)
+    except OSError:
+        return Change.GONE, None
+    if now == known.identity:
+        return Change.SAME, now
+    if known.digest is None:  # a fingerprint without a hash: identity is all there is
+        return compare(path, known.identity), now
+    if now.size < known.end or digest_of(path, known.end, expect=now) != known.digest:
+        return Change.REPLACED, now
+    return (Change.GROWN if now.size > known.identity.size else Change.SAME), now
+
+
+def digest_of(path: Path, end: int, *, expect: FileIdentity | None = None) -> bytes:
+    """SHA-256 of bytes `[0, end)` of the file (`FileChangedError` if it is not `expect`)."""
+    digest = RangeDigest()
+    fd = _open(path)
+    try:
+        _check_same(fd, path, expect, end)
+        offset = 0
+        while offset < end:
+            chunk = os.pread(fd, min(CHUNK_BYTES, end - offset), offset)
+            if not chunk:
+                raise FileChangedError(f"{path}: shorter than {end} bytes")
+            digest.update(chunk, complete=len(chunk))
+            offset += len(chunk)
+    finally:
+        os.close(fd)
+    return digest.digest()
+
+
+class RangeDigest:
+    """SHA-256 of the bytes of the complete lines read so far: `update` takes every byte read and
+    where the last complete line in it ends; `digest` covers the bytes up to there."""
+
+    def __init__(self) -> None:
+        self._running = hashlib.sha256()
+        self._complete = self._running.copy()
+
+    def update(self, chunk: bytes | memoryview, *, complete: int) -> None:
+        """Add `chunk`, of which the first `complete` bytes end on a line's end (0: none do)."""
+        view = memoryview(chunk)  # slices without copies
+        if complete:
+            self._running.update(view[:complete])
+            self._complete = self._running.copy()
+        if complete < len(view):
+            self._running.update(view[complete:])
+
+    def digest(self) -> bytes:
+        return self._complete.digest()
 
 
 def read_lines(
@@ -82,21 +162,32 @@ def read_lines(
     end: int | None = None,
     max_line_bytes: int,
     expect: FileIdentity | None = None,
+    digest: RangeDigest | None = None,
 ) -> Iterator[Line]:
     """Yield the complete lines of `path` from byte `offset` up to byte `end` (or EOF).
 
     `number` is the count of lines before `offset`. With `expect`, the file must still be that
     file (same device and inode), else `FileChangedError` is raised before anything is read.
+    With `digest`, every byte read from `offset` on is hashed into it (a byte-order mark too).
     """
     fd = _open(path)
     try:
-        if expect is not None:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != (expect.device, expect.inode) or st.st_size < offset:
-                raise FileChangedError(f"{path}: the file was replaced or truncated")
-        yield from _lines(fd, offset, number, end, max_line_bytes)
+        _check_same(fd, path, expect, offset)
+        if offset == 0 and os.pread(fd, len(BOM), 0) == BOM:
+            offset = len(BOM)
+            if digest is not None:
+                digest.update(BOM, complete=len(BOM))
+        yield from _lines(fd, offset, number, end, max_line_bytes, digest)
     finally:
         os.close(fd)
+
+
+def _check_same(fd: int, path: Path, expect: FileIdentity | None, size_at_least: int) -> None:
+    if expect is None:
+        return
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (expect.device, expect.inode) or st.st_size < size_at_least:
+        raise FileChangedError(f"{path}: the file was replaced or truncated")
 
 
 class FileChangedError(OSError):
@@ -104,7 +195,12 @@ class FileChangedError(OSError):
 
 
 def _lines(
-    fd: int, offset: int, number: int, end: int | None, max_line_bytes: int
+    fd: int,
+    offset: int,
+    number: int,
+    end: int | None,
+    max_line_bytes: int,
+    digest: RangeDigest | None,
 ) -> Iterator[Line]:
     line_start = offset  # where the line being assembled began
     read_at = offset  # the next byte to read
@@ -117,6 +213,8 @@ def _lines(
         if not chunk:
             return
         read_at += len(chunk)
+        if digest is not None:
+            digest.update(chunk, complete=chunk.rfind(b"\n") + 1)
         pieces = chunk.split(b"\n")
         tail = pieces.pop()
         for piece in pieces:

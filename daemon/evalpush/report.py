@@ -1,25 +1,52 @@
-"""What people read: the `status` table and JSON rows, and `push`'s progress and result lines."""
+"""What people read: the `status` table and JSON rows, and `push`'s progress and result lines.
+
+A run's `holder` is the live process holding its claim (pid, host, since), or none. A run left
+`uploading` that no live process holds (its uploader was killed, or stopped on a ledger error)
+shows as `ready`, interrupted: the next push resumes it.
+"""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
+from evalpush import paths
+from evalpush.claims import Holder, Process, holder_alive
 from evalpush.ledger import Ledger, RunRecord, State
 from evalpush.service import PushResult
 
 MIB = 1024 * 1024
 
+Alive = Callable[[Holder], bool]
 
-def _row(record: RunRecord, set_aside: int) -> dict[str, Any]:
-    reason = record.reason
-    if record.state == State.UPLOADING and not reason:
+
+def _alive_now() -> Alive:
+    """Whether a holder is alive, as this process can tell now."""
+    here, now = Process.current(), time.time()
+    return lambda holder: holder_alive(holder, here, now)
+
+
+def _holder(record: RunRecord, alive: Alive) -> dict[str, Any] | None:
+    holder = record.holder
+    if holder is None or not alive(holder):
+        return None
+    return {"pid": holder.pid, "host": holder.host, "since": holder.since}
+
+
+def _row(record: RunRecord, set_aside: int, holder: dict[str, Any] | None) -> dict[str, Any]:
+    state, reason = record.state, record.reason
+    if state == State.UPLOADING and holder is None:
+        state = State.READY
+        reason = f"interrupted at step {record.step} (no process is uploading it); push resumes it"
+    elif state == State.UPLOADING and not reason:
         reason = f"at step {record.step}"
     return {
         "run_id": record.run_id,
         "path": record.path,
-        "state": record.state,
+        "state": state,
         "reason": reason,
         "samples_sent": record.samples_sent,
         "samples_seen": record.samples_seen,
@@ -29,6 +56,7 @@ def _row(record: RunRecord, set_aside: int) -> dict[str, Any]:
         "last_error": record.last_error,
         "attempts": record.attempts,
         "updated_at": record.updated_at,
+        "holder": holder,
     }
 
 
@@ -37,19 +65,22 @@ _HISTORY_REASONS = {
     "cancelled": "closed out: the trace file was replaced or deleted mid-upload",
     "deleted": "deleted on the platform mid-upload; uploaded again",
     "closed": "closed on the platform mid-upload; uploaded again",
+    "duplicate": "a second evaluation of this run (an older evalpush saw it at another path)",
 }
 
 
-def status_rows(ledger: Ledger) -> list[dict[str, Any]]:
+def status_rows(ledger: Ledger, alive: Alive | None = None) -> list[dict[str, Any]]:
     """One row per run, then one per earlier evaluation of a run (state `superseded`)."""
+    alive = alive or _alive_now()
     counts = ledger.set_aside_counts()
     rows = []
     for record in ledger.all():
-        rows.append(_row(record, counts.get(record.id, 0)))
+        holder = _holder(record, alive)
+        rows.append(_row(record, counts.get(record.id, 0), holder))
         for earlier in ledger.history(record):
             rows.append(
                 {
-                    **_row(record, 0),
+                    **_row(record, 0, None),
                     "state": State.SUPERSEDED,
                     "reason": _HISTORY_REASONS.get(earlier.outcome, earlier.outcome),
                     "samples_sent": None,
@@ -63,10 +94,19 @@ def status_rows(ledger: Ledger) -> list[dict[str, Any]]:
     return rows
 
 
+def holder_text(holder: dict[str, Any] | None) -> str:
+    """`pid 123 since 14:02:07` (`on HOST` added for another host), or empty."""
+    if holder is None:
+        return ""
+    where = "" if holder["host"] == socket.gethostname() else f" on {holder['host']}"
+    since = time.strftime("%H:%M:%S", time.localtime(holder["since"]))
+    return f"pid {holder['pid']}{where} since {since}"
+
+
 def status_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no runs in the ledger yet"
-    header = ("RUN", "STATE", "SENT/SEEN", "ASIDE", "EVALUATION", "DETAIL")
+    header = ("RUN", "STATE", "SENT/SEEN", "ASIDE", "HOLDER", "EVALUATION", "DETAIL")
     table = [header]
     for row in rows:
         sent = "" if row["samples_sent"] is None else f"{row['samples_sent']}/{row['samples_seen']}"
@@ -77,6 +117,7 @@ def status_table(rows: list[dict[str, Any]]) -> str:
                 row["state"],
                 sent,
                 str(row["set_aside"] or ""),
+                holder_text(row["holder"]),
                 row["url"] or row["evaluation_id"] or "",
                 f"{detail}  {row['path']}".strip(),
             )
@@ -89,18 +130,34 @@ def status_table(rows: list[dict[str, Any]]) -> str:
 
 
 def push_line(result: PushResult) -> str:
+    """One line per run directory: what `push` did with it."""
+    return paths.printable(_push_line(result))
+
+
+def _push_line(result: PushResult) -> str:
     record = result.record
+    path = paths.display(result.path)
+    if result.busy is not None:
+        return f"busy       {path}: being uploaded by pid {result.busy.pid}" + (
+            "" if result.busy.host == socket.gethostname() else f" on {result.busy.host}"
+        )
     if record is None:
-        return f"failed     {result.path}: {result.error}"
+        return f"failed     {path}: {result.error}"
     where = f"{record.samples_sent}/{record.samples_seen} samples"
     if result.set_aside:
         where += f", {result.set_aside} set aside (see `evalpush status`)"
+    if result.uploaded_by is not None:
+        where += f", uploaded by pid {result.uploaded_by}"
+    if result.copy_of is not None:
+        where += f"; a copy of the run at {result.copy_of}, not uploaded on its own"
     if record.state == State.FINALIZED:
         done = "already finalized, nothing sent" if result.already else where
-        return f"finalized  {result.path}: {done} -> {record.viewer_url}"
+        if result.already and result.copy_of is not None:
+            done += f" (a copy of the run at {result.copy_of})"
+        return f"finalized  {path}: {done} -> {record.viewer_url}"
     if record.state == State.SKIPPED:
-        return f"skipped    {result.path}: {record.reason}"
-    return f"{record.state:<10} {result.path}: {result.error or record.reason} ({where})"
+        return f"skipped    {path}: {record.reason}"
+    return f"{record.state:<10} {path}: {result.error or record.reason} ({where})"
 
 
 class PushProgress:

@@ -3,7 +3,8 @@
 A run directory holds `config.toml` and `traces.jsonl` (or the legacy `results.jsonl`), both
 regular files. Its run id is the directory's leaf name when that is a UUID (the default
 layout); otherwise it is `uuid5(NAMESPACE_URL, "evalpush:<hostname>:<absolute path>")`, which
-is stable across restarts and does not collide across hosts.
+is stable across restarts and does not collide across hosts (the path taken as the bytes the
+kernel knows it by, so a name that is not UTF-8 has an id too).
 
 Eval runs are uploaded; debug runs (config has `script_path` or `command`) never are; replay
 runs (config has `num_rescores` and no `model`) only when `runs.upload_replays` is set.
@@ -17,6 +18,7 @@ bytes a trace file gained since it last looked.
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 import os
 import socket
@@ -106,8 +108,14 @@ def derive_run_id(directory: Path) -> str:
     try:
         return str(uuid.UUID(directory.name))
     except ValueError:
-        key = f"evalpush:{socket.gethostname()}:{directory.absolute()}"
-        return str(uuid.uuid5(uuid.NAMESPACE_URL, key))
+        key = b"evalpush:%s:%s" % (socket.gethostname().encode(), os.fsencode(directory.absolute()))
+        return str(_uuid5(uuid.NAMESPACE_URL, key))
+
+
+def _uuid5(namespace: uuid.UUID, name: bytes) -> uuid.UUID:
+    """`uuid.uuid5` of a name given as bytes (for a UTF-8 name, the same id as `uuid5(str)`)."""
+    digest = hashlib.sha1(namespace.bytes + name, usedforsecurity=False).digest()
+    return uuid.UUID(bytes=digest[:16], version=5)
 
 
 def _kind(config: dict[str, Any]) -> RunKind:

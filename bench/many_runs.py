@@ -1,0 +1,120 @@
+"""Many small runs: `evalpush push` of N one-trace runs to the local platform (SPEC: 10,000
+one-trace runs pushed at 300 runs per second or more).
+
+The runs (UUID leaves, `push = false`, one environment, one small trace each) are written once
+into bench/.cache/many/<N>/. Each repeat pushes them all with one `evalpush push ROOT` and a
+fresh state dir, against `evalpush local-platform` started as its own process with a `--db` in
+a temp dir (bench/push.py's `Platform`, a fresh one per repeat), and checks that the platform
+then holds N COMPLETED evaluations with one sample each. Prints wall s, runs/s, CPU s and peak
+RSS (bench/convert.py's `measure`), best of --repeat. Per run this is mostly ledger
+transactions (claim, progress, release; each a `synchronous=FULL` commit) and five small
+requests, so it is what the per-run costs of the exactly-once protocol add up to.
+
+    python bench/many_runs.py [--runs 1000] [--repeat 3] [--at REV]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import push  # noqa: E402 - the sibling bench module: one platform runner and one measure
+from convert import PEAK_HOOK, Measure, measure  # noqa: E402
+
+ENVIRONMENT = "bench-many-runs"
+NAMESPACE = uuid.UUID("6d2a4c1e-8b3f-4e5a-9c7d-1f0e2b3a4c5d")
+
+
+def trace_line(n: int) -> bytes:
+    trace = {
+        "id": f"many-{n}",
+        "task": {"idx": 0, "prompt": "2+2?", "answer": "4"},
+        "nodes": [
+            {"message": {"role": "user", "content": "2+2?"}},
+            {"parent": 0, "message": {"role": "assistant", "content": "4"}, "sampled": True},
+        ],
+        "rewards": {"correct": 1.0},
+        "is_completed": True,
+    }
+    return json.dumps(trace).encode() + b"\n"
+
+
+def the_runs(count: int, cache: Path) -> Path:
+    """`count` one-trace runs under cache/many/<count>/ (written once, then reused)."""
+    root = cache / "many" / str(count)
+    done = root / ".complete"
+    if done.exists():
+        return root
+    config = (
+        f'model = "org/model"\nnum_rollouts = 1\npush = false\n[taskset]\nid = "{ENVIRONMENT}"\n'
+    )
+    for n in range(count):
+        run = root / "env--model--harness" / str(uuid.uuid5(NAMESPACE, str(n)))
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "config.toml").write_text(config)
+        (run / "traces.jsonl").write_bytes(trace_line(n))
+    done.write_text("")
+    return root
+
+
+def check(platform: push.Platform, count: int) -> None:
+    evaluations = platform.get("/_control/summary")["evaluations"].values()
+    wrong = [e for e in evaluations if e["status"] != "COMPLETED" or e["sample_count"] != 1]
+    if len(evaluations) != count or wrong:
+        raise SystemExit(f"{len(evaluations)} evaluations for {count} runs, {len(wrong)} wrong")
+
+
+def push_all(root: Path, count: int, hook_dir: Path) -> Measure:
+    with tempfile.TemporaryDirectory(prefix="bench-many-", dir=push.BENCH / ".cache") as tmp:
+        work = Path(tmp)
+        platform = push.Platform(work)
+        try:
+            env = {
+                "PRIME_API_KEY": push.PLATFORM_KEY,
+                "PRIME_API_BASE_URL": platform.base,
+                "EVALPUSH_STATE_DIR": str(work / "state"),
+                "EVALPUSH_LOG__LEVEL": "warning",
+            }
+            with push.child_environ(env):
+                m = measure([sys.executable, "-m", "evalpush", "push", str(root)], hook_dir)
+            check(platform, count)
+        finally:
+            platform.stop()
+    return m
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cache", type=Path, default=push.BENCH / ".cache")
+    parser.add_argument("--at", default=None, help="run the daemon as committed at REV")
+    args = parser.parse_args()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    root = the_runs(args.runs, args.cache)
+    with tempfile.TemporaryDirectory(prefix="bench-hook-") as hook:
+        (Path(hook) / "sitecustomize.py").write_text(PEAK_HOOK)
+        if args.at:
+            push.SOURCE["PYTHONPATH"] = push.checkout(args.at, Path(hook))
+        runs = [push_all(root, args.runs, Path(hook)) for _ in range(args.repeat)]
+    best = min(runs, key=lambda m: m.wall_seconds)
+    print(
+        f"{args.runs} one-trace runs, best of {args.repeat} (walls: "
+        + ", ".join(f"{m.wall_seconds:.2f}" for m in runs)
+        + ")"
+    )
+    print(
+        f"wall {best.wall_seconds:.2f} s, {args.runs / best.wall_seconds:.0f} runs/s, "
+        f"CPU {best.cpu_seconds:.2f} s ({best.cpu_seconds / args.runs * 1000:.2f} ms/run), "
+        f"peak RSS {best.peak_rss_bytes / push.MIB:.1f} MiB"
+    )
+
+
+if __name__ == "__main__":
+    main()

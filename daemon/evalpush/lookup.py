@@ -1,0 +1,118 @@
+"""Finding a run's evaluation on the platform by its run id (`metadata.run_id`).
+
+Before the upload creates an evaluation it looks for one the run already has: after a crash or
+an ambiguous create (an intent is recorded), when the eval may have pushed itself (`push = true`
+in its config), and for a run id the ledger never saw (the ledger was moved aside, or the run
+was uploaded from elsewhere). The platform can only list an environment's evaluations, which is
+O(evaluations) a run; for many new runs (10,000 one-trace runs at 300 runs/s) that would be
+O(N^2). So:
+
+- a **fresh** lookup lists the environment now; it is needed when an evaluation may have been
+  created after this process started: an intent is recorded (this ledger may have sent the
+  create) or the eval pushes itself;
+- otherwise the environment is listed **once per process** and indexed by run id. That is enough
+  for a run the ledger never saw: within this ledger, a create is only ever sent after its
+  intent is recorded under the run's claim, so an evaluation created since the listing would
+  have left an intent, and the run would take the fresh path.
+
+Evaluations the run had before (its history, or forgotten) are never adopted; of the others,
+the newest is.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+
+class Lister(Protocol):
+    def iter_evaluations(self, environment_name: str) -> Iterator[dict[str, Any]]: ...
+
+
+Retry = Callable[[Callable[[], Any], str, str], Any]
+"""`retry(fn, what, run)`: `fn()` under the retry policy, as a replayable call."""
+
+
+def _run_id(evaluation: dict[str, Any]) -> str | None:
+    metadata = evaluation.get("metadata")
+    run_id = metadata.get("run_id") if isinstance(metadata, dict) else None
+    return run_id if isinstance(run_id, str) else None
+
+
+_KEPT_KEYS = (
+    "evaluation_id",
+    "id",
+    "viewer_url",
+    "status",
+    "finalized",
+    "is_finalized",
+    "sample_count",
+)
+"""What adopting an evaluation reads of it: all the index keeps of each (there may be 10,000)."""
+
+
+def _slim(evaluation: dict[str, Any]) -> dict[str, Any]:
+    return {key: evaluation[key] for key in _KEPT_KEYS if key in evaluation}
+
+
+def evaluation_id(evaluation: dict[str, Any]) -> str:
+    return str(evaluation.get("evaluation_id") or evaluation.get("id"))
+
+
+def _newest(candidates: Iterable[dict[str, Any]], exclude: set[str]) -> dict[str, Any] | None:
+    """The last one listed (the platform lists in creation order) that is not excluded."""
+    found = None
+    for evaluation in candidates:
+        if evaluation_id(evaluation) not in exclude:
+            found = evaluation
+    return found
+
+
+class EvaluationIndex:
+    """The evaluations of each environment by run id, listed once per process (thread-safe)."""
+
+    def __init__(self, client: Lister, retry: Retry):
+        self._client = client
+        self._retry = retry
+        self._guard = threading.Lock()
+        self._env_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._by_env: dict[str, dict[str, list[dict[str, Any]]]] = {}
+
+    def find(
+        self, env_name: str, run_id: str, *, exclude: set[str], fresh: bool
+    ) -> dict[str, Any] | None:
+        """The run's newest evaluation not in `exclude`: from a listing made now (`fresh`), or
+        from this process's listing of the environment."""
+        if fresh:
+            return _newest(self._list(env_name, run_id).get(run_id, ()), exclude)
+        return _newest(self._indexed(env_name, run_id).get(run_id, ()), exclude)
+
+    def _indexed(self, env_name: str, run_id: str) -> dict[str, list[dict[str, Any]]]:
+        with self._guard:
+            env_lock = self._env_locks[env_name]
+        with env_lock:  # one listing per environment, whoever asks first; the others wait for it
+            with self._guard:
+                index = self._by_env.get(env_name)
+            if index is None:
+                index = self._list(env_name, run_id, every_run=True)
+                with self._guard:
+                    self._by_env[env_name] = index
+            return index
+
+    def _list(
+        self, env_name: str, run_id: str, *, every_run: bool = False
+    ) -> dict[str, list[dict[str, Any]]]:
+        """The environment's evaluations by run id, listed now: those of `run_id` (or of
+        `every_run`), keeping only what adopting one reads."""
+
+        def listing() -> dict[str, list[dict[str, Any]]]:
+            index: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            for evaluation in self._client.iter_evaluations(env_name):
+                key = _run_id(evaluation)
+                if key is not None and (every_run or key == run_id):
+                    index[key].append(_slim(evaluation))
+            return index
+
+        return self._retry(listing, "list evaluations", run_id)

@@ -1,0 +1,193 @@
+"""The ledger's tables, version by version, and how a file is brought to the current version.
+
+The version is SQLite's `user_version`. `migrate` runs every step a file lacks inside ONE write
+transaction (`BEGIN IMMEDIATE`) that reads the version first, so any number of processes may
+open a new or an old ledger at once: each sees the file wholly before a migration or wholly
+after it, never half-built (creating a new file is migrating from version 0).
+
+- Version 1: runs keyed by path.
+- Version 2: runs keyed by run id, with the path they were last seen at (as text for people and
+  as the raw bytes), the trace file's fingerprint (mtime, ctime, SHA-256 of the bytes scanned),
+  whether the platform was searched for the run id, and the run's claim; `forgotten`
+  evaluations. A run that schema 1 saw at two paths had two rows: the one updated last is kept,
+  and the other's evaluation goes to its history as `duplicate`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from evalpush.errors import LedgerError
+
+_V1 = [
+    """
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY,
+        path TEXT NOT NULL UNIQUE,
+        run_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        step TEXT NOT NULL DEFAULT 'scan',
+        file_device INTEGER,
+        file_inode INTEGER,
+        file_size INTEGER,
+        upload_end INTEGER,
+        env_id TEXT,
+        evaluation_id TEXT,
+        viewer_url TEXT,
+        pending TEXT,
+        acked_offset INTEGER NOT NULL DEFAULT 0,
+        acked_line INTEGER NOT NULL DEFAULT 0,
+        samples_sent INTEGER NOT NULL DEFAULT 0,
+        samples_seen INTEGER NOT NULL DEFAULT 0,
+        bytes_sent INTEGER NOT NULL DEFAULT 0,
+        totals BLOB,
+        release_hold INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        finalized_at REAL
+    )""",
+    "CREATE INDEX runs_run_id ON runs (run_id)",
+    """
+    CREATE TABLE set_aside (
+        run INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        line INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        PRIMARY KEY (run, offset)
+    )""",
+    """
+    CREATE TABLE history (
+        run INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        evaluation_id TEXT NOT NULL,
+        viewer_url TEXT,
+        outcome TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (run, evaluation_id)
+    )""",
+]
+
+_V1_COLUMNS = (
+    "id, run_id, path, kind, state, reason, step, file_device, file_inode, file_size, "
+    "upload_end, env_id, evaluation_id, viewer_url, pending, acked_offset, acked_line, "
+    "samples_sent, samples_seen, bytes_sent, totals, release_hold, attempts, last_error, "
+    "created_at, updated_at, finalized_at"
+)
+
+# Schema 1 keyed runs by path, so a run seen at two paths has two rows (and two evaluations).
+# Version 2 keeps one row per run id, the one updated last; the others' evaluations become its
+# history (`duplicate`) and their set-aside records go.
+_V2 = [
+    """
+    CREATE TABLE runs_v2 (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL UNIQUE,
+        path TEXT NOT NULL,
+        path_raw BLOB NOT NULL,
+        kind TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        step TEXT NOT NULL DEFAULT 'scan',
+        file_device INTEGER,
+        file_inode INTEGER,
+        file_size INTEGER,
+        file_mtime_ns INTEGER,
+        file_ctime_ns INTEGER,
+        file_digest BLOB,
+        upload_end INTEGER,
+        env_id TEXT,
+        evaluation_id TEXT,
+        viewer_url TEXT,
+        pending TEXT,
+        acked_offset INTEGER NOT NULL DEFAULT 0,
+        acked_line INTEGER NOT NULL DEFAULT 0,
+        samples_sent INTEGER NOT NULL DEFAULT 0,
+        samples_seen INTEGER NOT NULL DEFAULT 0,
+        bytes_sent INTEGER NOT NULL DEFAULT 0,
+        totals BLOB,
+        release_hold INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        looked_up INTEGER NOT NULL DEFAULT 0,
+        claim_owner TEXT,
+        claim_host TEXT,
+        claim_boot TEXT,
+        claim_pid INTEGER,
+        claim_start INTEGER,
+        claim_pidns TEXT,
+        claim_since REAL,
+        claim_expires REAL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        finalized_at REAL
+    )""",
+    f"""
+    INSERT INTO runs_v2 ({_V1_COLUMNS}, path_raw, looked_up)
+    SELECT {_V1_COLUMNS}, CAST(path AS BLOB), 1 FROM runs AS r
+    WHERE NOT EXISTS (
+        SELECT 1 FROM runs AS later WHERE later.run_id = r.run_id
+        AND (later.updated_at > r.updated_at OR (later.updated_at = r.updated_at AND later.id > r.id))
+    )""",
+    """
+    INSERT OR IGNORE INTO history (run, evaluation_id, viewer_url, outcome, at)
+    SELECT kept.id, h.evaluation_id, h.viewer_url, h.outcome, h.at
+    FROM history AS h JOIN runs AS dup ON dup.id = h.run JOIN runs_v2 AS kept USING (run_id)
+    WHERE dup.id != kept.id""",
+    """
+    INSERT OR IGNORE INTO history (run, evaluation_id, viewer_url, outcome, at)
+    SELECT kept.id, dup.evaluation_id, dup.viewer_url, 'duplicate', dup.updated_at
+    FROM runs AS dup JOIN runs_v2 AS kept USING (run_id)
+    WHERE dup.id != kept.id AND dup.evaluation_id IS NOT NULL""",
+    "DELETE FROM history WHERE run NOT IN (SELECT id FROM runs_v2)",
+    "DELETE FROM set_aside WHERE run NOT IN (SELECT id FROM runs_v2)",
+    "DROP TABLE runs",
+    "ALTER TABLE runs_v2 RENAME TO runs",
+    "CREATE INDEX runs_path_raw ON runs (path_raw)",
+    """
+    CREATE TABLE forgotten (
+        run_id TEXT NOT NULL,
+        evaluation_id TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (run_id, evaluation_id)
+    )""",
+]
+
+_MIGRATIONS: list[list[str]] = [_V1, _V2]
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+def version(db: sqlite3.Connection, path: Path) -> int:
+    """The file's schema version; `LedgerError` if a newer evalpush wrote it."""
+    found = db.execute("PRAGMA user_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        raise LedgerError(
+            f"{path}: schema version {found} is newer than this evalpush knows "
+            f"({SCHEMA_VERSION}): upgrade evalpush, or use the one that wrote it"
+        )
+    return found
+
+
+def migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the file to `SCHEMA_VERSION` in one write transaction that reads the version first.
+    Foreign keys must be off on `db` (a table rebuilt must not cascade to its references)."""
+    if version(db, path) == SCHEMA_VERSION:  # versions only rise: no lock needed to see this
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for statements in _MIGRATIONS[version(db, path) :]:
+            for statement in statements:
+                db.execute(statement)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        if db.execute("PRAGMA foreign_key_check").fetchall():
+            raise sqlite3.IntegrityError("the migration left rows without their run")
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise

@@ -1,0 +1,132 @@
+"""Test helpers for `evalpush push` as real subprocesses against a local platform.
+
+- `generated_run(out, size_bytes, seed)`: a realistic run directory from bench/gen_traces.py.
+- `outputs(tmp_path, sources, group=...)`: copies of run directories under `tmp_path/outputs/<group>/`.
+- `push_environ(platform, tmp_path, **extra)`: this environment less any PRIME_/EVALPUSH_
+  variable, pointed at `platform`, with a state dir and home under `tmp_path`, 20-sample
+  batches, a 5 s read timeout and warning-level logs.
+- `start_push(roots, environ, *flags)`: `python -m evalpush push ROOTS... FLAGS...`, started.
+- `push_until_done(root, environ)`: pushes until one exits 0 (at most 3).
+- `assert_exactly_once(platform, root)`: every run directory under `root/*/*` has exactly one
+  evaluation on the platform, COMPLETED, finalized once, holding each of its samples once, with
+  the name, metadata and metrics the producer's own push would send.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from evalpush.config import Config
+from evalpush.convert import scan, summary
+from evalpush.local_platform import LocalPlatform
+from evalpush.read import read_lines
+from evalpush.runs import load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+PUSH_TIMEOUT_SECONDS = 60
+
+
+def _gen_traces() -> Any:
+    spec = importlib.util.spec_from_file_location("gen_traces", ROOT / "bench" / "gen_traces.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def generated_run(out: Path, size_bytes: int, seed: int) -> Path:
+    return _gen_traces().generate(out, size_bytes, seed=seed)
+
+
+def outputs(tmp_path: Path, sources: list[Path], *, group: str = "env--model--harness") -> Path:
+    root = tmp_path / "outputs"
+    for run in sources:
+        target = root / group / run.name
+        target.mkdir(parents=True)
+        for name in ("config.toml", "traces.jsonl"):
+            (target / name).write_bytes((run / name).read_bytes())
+    return root
+
+
+def push_environ(platform: LocalPlatform, tmp_path: Path, **extra: str) -> dict[str, str]:
+    environ = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PRIME_", "EVALPUSH_"))
+    }
+    environ.update(
+        PRIME_API_KEY=platform.api_key or "any-key",
+        PRIME_API_BASE_URL=platform.base_url,
+        HOME=str(tmp_path / "home"),
+        EVALPUSH_STATE_DIR=str(tmp_path / "state"),
+        EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="20",
+        EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="5",
+        EVALPUSH_LOG__LEVEL="warning",
+    )
+    environ.update(extra)
+    return environ
+
+
+def start_push(
+    roots: Path | list[Path], environ: dict[str, str], *flags: str
+) -> subprocess.Popen[bytes]:
+    roots = roots if isinstance(roots, list) else [roots]
+    return subprocess.Popen(
+        [sys.executable, "-m", "evalpush", "push", *map(str, roots), *flags],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def push_until_done(root: Path, environ: dict[str, str]) -> None:
+    for _ in range(3):
+        process = start_push(root, environ)
+        out, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        if process.returncode == 0:
+            return
+    pytest.fail(f"push did not finish: exit {process.returncode}\n{out.decode()}\n{err.decode()}")
+
+
+def expected(run_dir: Path) -> tuple[list[str], dict]:
+    """The sample ids in file order and the create summary the producer's push would send."""
+    run = load_run(run_dir)
+    limit = Config().read.max_line_bytes
+    found = scan(read_lines(run.traces_path, max_line_bytes=limit), max_line_bytes=limit)
+    ids = [
+        orjson.loads(line.data)["id"]
+        for line in read_lines(run.traces_path, max_line_bytes=limit)
+        if line.data
+    ]
+    return ids, summary(run, found.totals)
+
+
+def assert_exactly_once(platform: LocalPlatform, root: Path) -> None:
+    state = platform.summary()
+    run_dirs = sorted(p for p in root.glob("*/*") if p.is_dir())
+    assert len(state["evaluations"]) == len(run_dirs)
+    for run_dir in run_dirs:
+        ids, expected_summary = expected(run_dir)
+        assert state["runs"][expected_summary["run_id"]] == 1, "one evaluation per run"
+        evaluation_id, evaluation = next(
+            (k, e)
+            for k, e in state["evaluations"].items()
+            if e["metadata"]["run_id"] == expected_summary["run_id"]
+        )
+        assert evaluation["status"] == "COMPLETED"
+        assert evaluation["finalize_count"] == 1
+        assert evaluation["duplicates"] == 0
+        assert evaluation["sample_count"] == len(ids)
+        stored = [s["sample_id"] for s in platform.samples(evaluation_id)]
+        assert sorted(stored) == sorted(ids), "every sample exactly once"
+        assert evaluation["metadata"] == expected_summary["metadata"]
+        assert evaluation["metrics"] == expected_summary["metrics"]
+        assert evaluation["name"] == expected_summary["name"]

@@ -1,0 +1,508 @@
+"""Claims: exactly once across processes sharing one state directory.
+
+The first classes drive real `evalpush push` processes against a local platform with faults on,
+started together, SIGKILLed at random moments and started again; the platform must end with one
+evaluation per run, every sample once, finalized once. The last classes check the claim itself
+on a real ledger file: who may take it, when a holder counts as gone, fencing, the lease.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import ledger_v1
+from evalpush.claims import Claims, Process, process_start
+from evalpush.errors import Busy, ClaimLost
+from evalpush.ledger import SCHEMA_VERSION, Ledger, RunRecord, SetAsideRecord, State
+from evalpush.local_platform import LocalPlatform
+from evalpush.upload import CRASH_ENV
+from pushing import (
+    PUSH_TIMEOUT_SECONDS,
+    assert_exactly_once,
+    generated_run,
+    outputs,
+    push_environ,
+    start_push,
+)
+
+KILL_ROUNDS = 4
+FINAL_ROUNDS = 3
+SEED = int(os.environ.get("EVALPUSH_TEST_SEED", "1234"))
+POLL_SECONDS = 0.02
+HOLD_SECONDS = 4.0  # how long a stalled samples request keeps a push holding its run
+WAIT_BOUND_SECONDS = 20.0
+
+
+@pytest.fixture(scope="module")
+def source_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Three generated runs (about 400, 250 and 150 KB: dozens of 5-sample batches)."""
+    out = tmp_path_factory.mktemp("claim-runs")
+    return [
+        generated_run(out, size, seed=seed)
+        for size, seed in ((400_000, 11), (250_000, 12), (150_000, 13))
+    ]
+
+
+@pytest.fixture
+def platform() -> LocalPlatform:
+    with LocalPlatform() as local:
+        yield local
+
+
+def samples_requests(platform: LocalPlatform) -> int:
+    return platform.summary()["requests"].get("samples", 0)
+
+
+def inject_faults(platform: LocalPlatform) -> None:
+    """A few of everything an upload must get through: 503s, resets after the work, a 502 on
+    create after the work."""
+    platform.inject("status", on="samples", status=503, count=3)
+    platform.inject("reset", on="samples", count=2)
+    platform.inject("status", on="create", status=502, do_work=True, count=1)
+
+
+def kill_some_at_random(
+    processes: list[subprocess.Popen[bytes]], platform: LocalPlatform, rng: random.Random
+) -> int:
+    """Once the platform saw a random number of further batches, SIGKILL each process still
+    running with a 3 in 4 chance, a random instant apart; the rest run to their end. Returns
+    how many were killed."""
+    target = samples_requests(platform) + rng.randint(1, 20)
+    deadline = time.monotonic() + PUSH_TIMEOUT_SECONDS
+    while (
+        any(p.poll() is None for p in processes)
+        and samples_requests(platform) < target
+        and time.monotonic() < deadline
+    ):
+        time.sleep(POLL_SECONDS)
+    killed = 0
+    for process in processes:
+        time.sleep(rng.uniform(0, 0.05))
+        if process.poll() is None and rng.random() < 0.75:
+            process.kill()
+            killed += 1
+    for process in processes:
+        process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+    return killed
+
+
+def run_together_until_done(root: Path | list[Path], environ: dict[str, str], count: int) -> None:
+    for _ in range(FINAL_ROUNDS):
+        processes = [start_push(root, environ) for _ in range(count)]
+        outcomes = [(p, *p.communicate(timeout=PUSH_TIMEOUT_SECONDS)) for p in processes]
+        if all(p.returncode == 0 for p, _, _ in outcomes):
+            return
+    report = "\n".join(
+        f"exit {p.returncode}\n{out.decode()}{err.decode()}" for p, out, err in outcomes
+    )
+    pytest.fail(f"pushes did not finish:\n{report}")
+
+
+class TestPushesTogether:
+    @pytest.mark.parametrize("count", [2, 3])
+    def test_pushes_of_the_same_runs_killed_at_random_and_restarted_upload_each_run_once(
+        self, count: int, source_runs: list[Path], platform: LocalPlatform, tmp_path: Path
+    ) -> None:
+        root = outputs(tmp_path, source_runs)
+        environ = push_environ(platform, tmp_path, EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="5")
+        rng = random.Random(SEED + count)
+        killed = 0
+        for _ in range(KILL_ROUNDS):
+            inject_faults(platform)
+            processes = [start_push(root, environ) for _ in range(count)]
+            killed += kill_some_at_random(processes, platform, rng)
+        inject_faults(platform)
+        run_together_until_done(root, environ, count)
+
+        assert killed > 0, "some pushes were killed mid-way"
+        assert_exactly_once(platform, root)
+
+    def test_pushes_over_overlapping_trees_share_the_runs_they_both_hold(
+        self, source_runs: list[Path], platform: LocalPlatform, tmp_path: Path
+    ) -> None:
+        first = outputs(tmp_path, source_runs[:1], group="only-first")
+        outputs(tmp_path, source_runs[1:], group="both")
+        outputs(tmp_path, [generated_run(tmp_path / "more", 100_000, seed=14)], group="only-second")
+        environ = push_environ(platform, tmp_path, EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="5")
+        inject_faults(platform)
+
+        one = start_push([first / "only-first", first / "both"], environ)
+        two = start_push([first / "both", first / "only-second"], environ)
+        out_one, _ = one.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        out_two, _ = two.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+
+        assert (one.returncode, two.returncode) == (0, 0), out_one + out_two
+        assert_exactly_once(platform, first)
+        # Shared, not repeated: the runs in both trees were each created and finalized once,
+        # and each is reported by the push that did not upload it as the other's work.
+        summary = platform.summary()
+        assert summary["requests"]["create"] == 4  # the 502 after the work: found, not resent
+        for run in source_runs[1:]:
+            lines = [
+                line
+                for line in (out_one + out_two).decode().splitlines()
+                if f"both/{run.name}" in line
+            ]
+            assert len(lines) == 2 and all(line.startswith("finalized") for line in lines)
+            assert any(
+                "already finalized, nothing sent" in line or "uploaded by pid" in line
+                for line in lines
+            ), lines
+
+
+OPEN_AT = """
+import sys, time
+from pathlib import Path
+from evalpush.ledger import Ledger
+time.sleep(max(0.0, float(sys.argv[2]) - time.time()))
+for state in sorted(Path(sys.argv[1]).iterdir()):
+    Ledger(state / "state.db").close()
+"""
+OPENERS = 8
+LEDGERS = 30  # each opener opens these in the same order: 30 races of 8 per test
+OPENERS_START_SECONDS = 1.5  # time for every opener to start and import before they all open
+
+
+class TestOpeningTogether:
+    @pytest.mark.parametrize("kind", ["fresh", "schema-1"])
+    def test_processes_opening_ledgers_together_all_succeed(self, kind: str, tmp_path: Path):
+        states = [tmp_path / "ledgers" / f"{n:02d}" for n in range(LEDGERS)]
+        for state in states:
+            state.mkdir(parents=True)
+            if kind == "schema-1":
+                ledger_v1.build(state, tmp_path / "runs")
+        start_at = time.time() + OPENERS_START_SECONDS
+        openers = [
+            subprocess.Popen(
+                [sys.executable, "-c", OPEN_AT, str(tmp_path / "ledgers"), str(start_at)],
+                stderr=subprocess.PIPE,
+            )
+            for _ in range(OPENERS)
+        ]
+        failures = [
+            err.decode()
+            for opener in openers
+            for _, err in [opener.communicate(timeout=PUSH_TIMEOUT_SECONDS)]
+            if opener.returncode != 0
+        ]
+
+        assert not failures, "\n".join(failures)
+        for state in states:
+            with Ledger(state / "state.db") as ledger:
+                assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+                assert len(ledger.all()) == (ledger_v1.RUNS if kind == "schema-1" else 0)
+
+
+def read_rows(state: Path) -> list[RunRecord]:
+    with Ledger.for_reading(state / "state.db") as ledger:
+        return ledger.all()
+
+
+def wait_for_holder(state: Path, pid: int) -> RunRecord:
+    """The run `pid` holds, once it holds one (bounded)."""
+    deadline = time.monotonic() + WAIT_BOUND_SECONDS
+    while time.monotonic() < deadline:
+        if (state / "state.db").exists():
+            held = [r for r in read_rows(state) if r.claim_pid == pid]
+            if held:
+                return held[0]
+        time.sleep(POLL_SECONDS)
+    pytest.fail(f"pid {pid} never held a run")
+
+
+def evalpush(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "evalpush", *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=PUSH_TIMEOUT_SECONDS,
+    )
+
+
+class TestBesideARunningPush:
+    @pytest.fixture
+    def holding(self, source_runs, platform, tmp_path):
+        """A push holding its one run while a stalled samples request keeps it busy."""
+        root = outputs(tmp_path, source_runs[2:])
+        environ = push_environ(platform, tmp_path)
+        platform.inject("stall", on="samples", seconds=HOLD_SECONDS)
+        process = start_push(root, environ)
+        held = wait_for_holder(tmp_path / "state", process.pid)
+        yield root, environ, process, held
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+
+    def test_push_no_wait_reports_the_holder_and_exits_1_touching_nothing(self, holding, platform):
+        root, environ, holder, held = holding
+
+        done = evalpush(environ, "push", "--no-wait", str(root))
+
+        assert done.returncode == 1
+        assert f"being uploaded by pid {holder.pid}" in done.stdout
+        out, _ = holder.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert holder.returncode == 0, out
+        assert_exactly_once(platform, root)
+
+    def test_push_waits_for_the_holder_and_reports_the_outcome_it_reached(self, holding, platform):
+        root, environ, holder, held = holding
+
+        done = evalpush(environ, "push", str(root))
+
+        assert holder.wait(timeout=PUSH_TIMEOUT_SECONDS) == 0
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "finalized" in done.stdout
+        assert f"uploaded by pid {holder.pid}" in done.stdout
+        assert_exactly_once(platform, root)
+        assert platform.summary()["requests"]["create"] == 1
+
+    def test_status_shows_who_holds_the_run_and_since_when(self, holding):
+        _root, environ, holder, held = holding
+
+        rows = json.loads(evalpush(environ, "status", "--json").stdout)
+        table = evalpush(environ, "status").stdout
+
+        (row,) = rows
+        assert row["holder"]["pid"] == holder.pid
+        assert row["holder"]["host"] == os.uname().nodename
+        assert abs(row["holder"]["since"] - held.claim_since) < 1e-6
+        assert row["state"] == State.UPLOADING
+        assert "HOLDER" in table and f"pid {holder.pid} since " in table
+
+
+class TestKilledHolder:
+    def test_a_claim_left_by_a_killed_push_is_taken_over_and_reconciled(
+        self, source_runs, platform, tmp_path
+    ):
+        root = outputs(tmp_path, source_runs[:1])
+        environ = push_environ(platform, tmp_path)
+        killed = start_push(root, {**environ, CRASH_ENV: "batch-sent:2"})
+        killed.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert killed.returncode == -signal.SIGKILL
+        (left,) = read_rows(tmp_path / "state")
+        assert (left.claim_pid, left.state) == (killed.pid, State.UPLOADING)
+        assert left.pending is not None, "the batch it sent is not acknowledged"
+        (row,) = json.loads(evalpush(environ, "status", "--json").stdout)
+        assert (row["state"], row["holder"]) == (State.READY, None)
+        assert "interrupted" in row["reason"]
+
+        again = start_push(root, environ)
+        out, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+
+        assert again.returncode == 0, out + err
+        assert b"took over the claim of a process that is gone" in err
+        assert str(killed.pid).encode() in err
+        assert_exactly_once(platform, root)
+        (after,) = read_rows(tmp_path / "state")
+        assert after.holder is None
+
+
+# ---------------------------------------------------------------- the claim on a real ledger
+
+
+RUN_ID = "7a0c4b1e-2d3f-4a5b-8c6d-9e0f1a2b3c4d"
+
+
+@pytest.fixture
+def ledger(tmp_path: Path):
+    with Ledger(tmp_path / "state" / "state.db") as opened:
+        yield opened
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def take(claims: Claims, run_id: str = RUN_ID) -> tuple[RunRecord, object]:
+    return claims.take(run_id=run_id, path=Path("/runs") / run_id, kind="eval")
+
+
+def taken_by(ledger: Ledger, process: Process, clock: Clock | None = None, **options) -> RunRecord:
+    """The run claimed as `process` would claim it; then nothing renews it (a process that
+    stopped, or one on a host whose heartbeat this test does not run)."""
+    claims = Claims(ledger, process=process, clock=clock or Clock(), **options)
+    record, _ = take(claims)
+    claims.close()
+    return record
+
+
+def another_host() -> Process:
+    return Process("another-host", "another-boot", 4242, 99)
+
+
+def on_this_host(pid: int, start: int, boot: str | None = None) -> Process:
+    here = Process.current()
+    return Process(here.host, here.boot if boot is None else boot, pid, start, here.pidns)
+
+
+class TestTakingAClaim:
+    def test_a_run_held_by_a_live_process_is_busy_for_every_other(self, ledger):
+        mine = Claims(ledger)
+        record, gone = take(mine)
+        try:
+            with pytest.raises(Busy, match=f"pid {os.getpid()}") as busy:
+                taken_by(ledger, another_host())
+            assert busy.value.pid == os.getpid() and gone is None
+        finally:
+            mine.release(record)
+
+    def test_a_claim_whose_lease_ran_out_on_another_host_is_taken_over(self, ledger):
+        clock = Clock()
+        theirs = taken_by(ledger, another_host(), clock, lease_seconds=60.0)
+        with pytest.raises(Busy):
+            take(Claims(ledger, clock=clock))
+
+        clock.now += 61.0
+        mine = Claims(ledger, clock=clock)
+        record, gone = take(mine)
+
+        assert gone is not None and gone.owner == theirs.claim_owner
+        assert record.claim_pid == os.getpid()
+        mine.release(record)
+
+    def test_a_claim_of_a_process_that_ended_on_this_host_is_taken_over(self, ledger):
+        sleeper = subprocess.Popen(["sleep", "30"])
+        start = process_start(sleeper.pid)
+        assert start is not None
+        taken_by(ledger, on_this_host(sleeper.pid, start))
+        with pytest.raises(Busy):
+            take(Claims(ledger))
+        sleeper.kill()
+        sleeper.wait()
+
+        mine = Claims(ledger)
+        record, gone = take(mine)
+
+        assert gone is not None and gone.pid == sleeper.pid
+        mine.release(record)
+
+    def test_a_killed_owner_not_yet_reaped_counts_as_gone(self, ledger):
+        sleeper = subprocess.Popen(["sleep", "30"])
+        start = process_start(sleeper.pid)
+        assert start is not None
+        taken_by(ledger, on_this_host(sleeper.pid, start))
+        sleeper.kill()
+        deadline = time.monotonic() + 5
+        while process_start(sleeper.pid) is not None and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)  # a zombie until waited for
+
+        mine = Claims(ledger)
+        try:
+            record, gone = take(mine)
+            assert gone is not None and gone.pid == sleeper.pid
+            mine.release(record)
+        finally:
+            sleeper.wait()
+
+    def test_a_live_owner_in_another_pid_namespace_is_judged_by_its_lease(self, ledger):
+        here = Process.current()
+        clock = Clock()
+        # A process in a container on this host: its pid (here: one that runs nothing) means
+        # nothing to this process, so only its lease can say it is gone.
+        contained = Process(here.host, here.boot, 999_999_999, 1, "pid:[1]")
+        taken_by(ledger, contained, clock, lease_seconds=60.0)
+        with pytest.raises(Busy):
+            take(Claims(ledger, clock=clock))
+
+        clock.now += 61.0
+        mine = Claims(ledger, clock=clock)
+        record, gone = take(mine)
+
+        assert gone is not None and gone.pidns == "pid:[1]"
+        mine.release(record)
+
+    @pytest.mark.parametrize("what", ["recycled pid", "reboot"])
+    def test_an_owner_whose_pid_now_names_another_process_is_gone(self, ledger, what):
+        here = Process.current()
+        if what == "recycled pid":  # this very pid, but a process started at another time
+            taken_by(ledger, on_this_host(here.pid, here.start + 1))
+        else:  # same pid and start time, before the last boot
+            taken_by(ledger, on_this_host(here.pid, here.start, boot="an-earlier-boot"))
+
+        mine = Claims(ledger)
+        record, gone = take(mine)
+
+        assert gone is not None
+        mine.release(record)
+
+    def test_a_released_claim_leaves_the_run_to_whoever_comes_next(self, ledger):
+        mine = Claims(ledger)
+        record, _ = take(mine)
+
+        nobodys = mine.release(record)
+        theirs = taken_by(ledger, another_host())
+
+        assert nobodys.holder is None
+        assert (theirs.claim_host, ledger.get_run(RUN_ID).claim_pid) == ("another-host", 4242)
+
+
+class TestFencing:
+    def test_every_write_of_a_holder_whose_claim_was_taken_over_is_refused(self, ledger):
+        clock = Clock()
+        theirs = taken_by(ledger, another_host(), clock, lease_seconds=1.0)
+        clock.now += 2.0
+        mine = Claims(ledger, clock=clock)
+        record, _ = take(mine)
+        before = ledger.get_run(RUN_ID)
+
+        with pytest.raises(ClaimLost):
+            ledger.update(theirs, acked_offset=99, state=State.FINALIZED)
+        with pytest.raises(ClaimLost):
+            ledger.add_set_aside(theirs, [SetAsideRecord(1, 0, 5, "bad_line", "x")])
+        with pytest.raises(ClaimLost):
+            ledger.restart(theirs, outcome="superseded")
+        with pytest.raises(ClaimLost):
+            ledger.forget(theirs)
+
+        assert ledger.get_run(RUN_ID) == before
+        assert ledger.set_aside(before) == []
+        assert ledger.update(record, acked_offset=7).acked_offset == 7
+        mine.release(record)
+
+    def test_a_write_to_a_run_nobody_held_is_refused_once_someone_claims_it(self, ledger):
+        unheld = ledger.add(path="/runs/x", run_id=RUN_ID, kind="eval", state=State.FAILED)
+        mine = Claims(ledger)
+        record, _ = take(mine)
+
+        with pytest.raises(ClaimLost):
+            ledger.update(unheld, state=State.READY)
+
+        mine.release(record)
+        assert ledger.get_run(RUN_ID).state == State.FAILED
+
+
+class TestLease:
+    def test_the_heartbeat_renews_the_lease_while_the_claim_is_held_and_stops_after(self, ledger):
+        mine = Claims(ledger, lease_seconds=0.3)
+        record, _ = take(mine)
+        db = sqlite3.connect(ledger.path)
+        try:
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                (expires,) = db.execute("SELECT claim_expires FROM runs").fetchone()
+                assert expires > time.time(), "the lease lapsed while held"
+                time.sleep(0.05)
+        finally:
+            db.close()
+            mine.release(record)
+
+        beats = [t for t in threading.enumerate() if t.name == "claim-heartbeat"]
+        for beat in beats:
+            beat.join(2.0)
+        assert not any(beat.is_alive() for beat in beats)
