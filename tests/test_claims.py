@@ -26,6 +26,7 @@ from evalpush.claims import Claims, Process, process_start
 from evalpush.errors import Busy, ClaimLost
 from evalpush.ledger import SCHEMA_VERSION, Ledger, RunRecord, SetAsideRecord, State
 from evalpush.local_platform import LocalPlatform
+from evalpush.states import Outcome
 from evalpush.upload import CRASH_ENV
 from pushing import (
     PUSH_TIMEOUT_SECONDS,
@@ -462,11 +463,11 @@ class TestFencing:
         before = ledger.get_run(RUN_ID)
 
         with pytest.raises(ClaimLost):
-            ledger.update(theirs, acked_offset=99, state=State.FINALIZED)
+            ledger.set_state(theirs, State.FINALIZED, acked_offset=99)
         with pytest.raises(ClaimLost):
             ledger.add_set_aside(theirs, [SetAsideRecord(1, 0, 5, "bad_line", "x")])
         with pytest.raises(ClaimLost):
-            ledger.restart(theirs, outcome="superseded")
+            ledger.restart(theirs, outcome=Outcome.SUPERSEDED, state=State.READY)
         with pytest.raises(ClaimLost):
             ledger.forget(theirs)
 
@@ -481,7 +482,7 @@ class TestFencing:
         record, _ = take(mine)
 
         with pytest.raises(ClaimLost):
-            ledger.update(unheld, state=State.READY)
+            ledger.set_state(unheld, State.READY)
 
         mine.release(record)
         assert ledger.get_run(RUN_ID).state == State.FAILED

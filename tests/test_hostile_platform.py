@@ -522,8 +522,9 @@ class TestWhatRetryingCannotFix:
     def test_a_key_that_is_not_printable_ascii_is_refused_when_loaded_without_quoting_it(
         self, tmp_path: Path, key: str, kind: str
     ) -> None:
-        with pytest.raises(errors.AuthError) as caught:
-            PlatformClient(PlatformConfig(), environ={"PRIME_API_KEY": key}, home=tmp_path)
+        client = PlatformClient(PlatformConfig(), environ={"PRIME_API_KEY": key}, home=tmp_path)
+        with client, pytest.raises(errors.AuthError) as caught:
+            client.probe()  # the key is read at first use
         message = str(caught.value)
         assert "$PRIME_API_KEY" in message and kind in message
         assert "Qm4Zt8" not in message and "Wx2Lk9" not in message
@@ -531,6 +532,7 @@ class TestWhatRetryingCannotFix:
     def test_a_key_file_with_a_newline_inside_names_the_file(self, tmp_path: Path) -> None:
         key_file = tmp_path / "key"
         key_file.write_text("sk-first-half\nsk-second-half\n")
-        with pytest.raises(errors.AuthError, match=str(key_file)) as caught:
-            PlatformClient(PlatformConfig(api_key_file=key_file), environ={}, home=tmp_path)
+        client = PlatformClient(PlatformConfig(api_key_file=key_file), environ={}, home=tmp_path)
+        with client, pytest.raises(errors.AuthError, match=str(key_file)) as caught:
+            client.probe()
         assert "half" not in str(caught.value)

@@ -24,6 +24,7 @@ from evalpush import cli, report
 from evalpush.errors import LedgerError
 from evalpush.ledger import SCHEMA_VERSION, Ledger, SetAsideRecord, State, Step
 from evalpush.log import register_secret
+from evalpush.states import Outcome
 
 
 @pytest.fixture
@@ -122,18 +123,18 @@ class TestRuns:
             ledger.update(a_run(ledger), no_such_column=1)
 
     def test_restart_moves_the_evaluation_to_history_and_clears_progress(self, ledger: Ledger):
-        record = ledger.update(
+        record = ledger.set_state(
             a_run(ledger),
+            State.FINALIZED,
             evaluation_id="eval-1",
             viewer_url="http://v/eval-1",
-            state=State.FINALIZED,
             step=Step.DONE,
             acked_offset=99,
             samples_sent=3,
         )
         ledger.add_set_aside(record, [SetAsideRecord(2, 10, 5, "bad_line", "invalid JSON")])
 
-        restarted = ledger.restart(record, outcome="superseded")
+        restarted = ledger.restart(record, outcome=Outcome.SUPERSEDED, state=State.READY)
 
         assert (restarted.state, restarted.step, restarted.evaluation_id) == ("ready", "scan", None)
         assert (restarted.acked_offset, restarted.samples_sent) == (0, 0)

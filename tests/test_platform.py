@@ -238,6 +238,7 @@ class TestCredentials:
     def test_reload_reports_whether_the_key_changed(self, tmp_path: Path) -> None:
         environ = {"PRIME_API_KEY": "first-key"}
         with PlatformClient(PlatformConfig(), environ=environ, home=tmp_path) as client:
+            assert client.credentials.api_key == "first-key"  # read at first use
             assert client.reload_credentials() is False
             environ["PRIME_API_KEY"] = "second-key"
             assert client.reload_credentials() is True

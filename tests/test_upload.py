@@ -26,19 +26,22 @@ import orjson
 import pytest
 
 import disks
+from evalpush.app import App
 from evalpush.claims import Claims
 from evalpush.config import Config, PlatformConfig
 from evalpush.convert import RunTotals, SetAside, convert_lines, summary
-from evalpush.errors import ClaimLost, Interrupted, LedgerError
+from evalpush.errors import Busy, ClaimLost, Interrupted, LedgerError
 from evalpush.ledger import Ledger, RunRecord, State, Step, default_path
 from evalpush.local_platform import LocalPlatform
 from evalpush.platform import PlatformClient
+from evalpush.push import push
 from evalpush.read import read_lines
 from evalpush.report import status_rows
 from evalpush.retry import Retrier
 from evalpush.runs import derive_run_id, load_run
-from evalpush.service import Service
+from evalpush.scheduler import Scheduler
 from evalpush.upload import Uploader
+from evalpush.upload.context import Context, no_progress
 
 MIB = 1024 * 1024
 PLATFORM_LIMIT_BYTES = 25 * MIB
@@ -245,7 +248,8 @@ def make_uploader(
     ) -> Uploader:
         config = Config.model_validate(sections)
         client = client or make_platform_client()
-        uploader = Uploader(config, ledger, client, make_retrier(client))
+        context = Context(config, ledger, client, make_retrier(client))
+        uploader = Uploader(context, Claims(ledger))
         if progress is not None:
             uploader.progress = progress
         return uploader
@@ -629,8 +633,8 @@ PRIME_VARIABLES = (
 @pytest.fixture
 def make_service(
     local_platform: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[..., Service]]:
-    """`make_service(progress=None, **config_sections)`: a Service on the local platform, with
+) -> Iterator[Callable[..., App]]:
+    """`make_service(progress=None, **config_sections)`: an App on the local platform, with
     its credentials from the environment and an empty HOME, its ledger in tmp_path."""
     for name in PRIME_VARIABLES:
         monkeypatch.delenv(name, raising=False)
@@ -639,19 +643,19 @@ def make_service(
     home = tmp_path / "service-home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-    services: list[Service] = []
+    apps: list[App] = []
 
-    def make(progress: Callable[[RunRecord], None] | None = None, **sections: Any) -> Service:
+    def make(progress: Callable[[RunRecord], None] | None = None, **sections: Any) -> App:
         config = Config.model_validate(
             {"state": {"dir": str(tmp_path / "service-state")}, **sections}
         )
-        service = Service(config, progress=progress)
-        services.append(service)
-        return service
+        app = App.from_config(config, progress=progress or no_progress)
+        apps.append(app)
+        return app
 
     yield make
-    for service in services:
-        service.close()
+    for app in apps:
+        app.close()
 
 
 class TestFileChanges:
@@ -754,7 +758,7 @@ class TestFileChanges:
                 doomed.rmdir()
 
         service = make_service(progress=progress, upload={"max_batch_samples": 4})
-        results = {result.path: result for result in service.push([runs_root])}
+        results = {result.path: result for result in push(service, [runs_root])}
 
         assert deleted.is_set()
         failed = results[doomed]
@@ -859,7 +863,7 @@ class TestBadInput:
         uploader = make_uploader(convert={"on_bad_line": "hold"})
         held = upload(uploader, run_dir)
         # what `evalpush retry` does
-        ledger.update(held, state=State.READY, release_hold=1, reason="queued", last_error=None)
+        ledger.set_state(held, State.READY, release_hold=1, reason="queued", last_error=None)
 
         record = upload(uploader, run_dir)
 
@@ -872,7 +876,7 @@ class TestBadInput:
         run_dir = write_run(runs_root, with_bad_lines(trace_lines(6)))
         uploader = make_uploader(convert={"on_bad_line": "hold"})
         held = upload(uploader, run_dir)
-        ledger.update(held, state=State.READY, release_hold=1, reason="queued", last_error=None)
+        ledger.set_state(held, State.READY, release_hold=1, reason="queued", last_error=None)
         first = upload(uploader, run_dir)
         assert first.state == State.FINALIZED
         with (run_dir / "traces.jsonl").open("ab") as traces:
@@ -890,7 +894,7 @@ class TestBadInput:
         run_dir = write_run(runs_root, with_bad_lines(trace_lines(10)))
         uploader = make_uploader(convert={"on_bad_line": "hold"}, upload={"max_batch_samples": 4})
         held = upload(uploader, run_dir)
-        ledger.update(held, state=State.READY, release_hold=1, reason="queued", last_error=None)
+        ledger.set_state(held, State.READY, release_hold=1, reason="queued", last_error=None)
         uploader.progress = after_batch(
             1, lambda: local_platform.inject("status", on="samples", status=404)
         )
@@ -941,7 +945,7 @@ class TestBadInput:
         broken = write_run(runs_root, trace_lines(3), config="model = [unclosed\n")
         good = [write_run(runs_root, trace_lines(4)) for _ in range(2)]
 
-        results = {result.path: result for result in make_service().push([runs_root])}
+        results = {result.path: result for result in push(make_service(), [runs_root])}
 
         assert results[broken].record.state == State.FAILED
         assert "not valid TOML" in results[broken].error
@@ -1080,7 +1084,7 @@ class TestConcurrency:
                     running -= 1
 
         service.uploader.upload = counted  # type: ignore[method-assign]
-        results = service.push([runs_root])
+        results = push(service, [runs_root])
 
         assert sorted(result.path for result in results) == sorted(run_dirs)
         assert all(result.ok for result in results), [r.error for r in results]
@@ -1089,24 +1093,52 @@ class TestConcurrency:
         assert len(threads) == 2
         assert most_running <= 2
 
-    def test_the_same_run_uploaded_from_several_threads_at_once_gets_one_evaluation(
+    def test_the_same_run_submitted_from_several_threads_at_once_gets_one_evaluation(
         self, local_platform, uploader, runs_root
     ):
         run_dir = write_run(runs_root, trace_lines(12))
         run = load_run(run_dir)
         records: list[RunRecord] = []
-        workers = [
-            threading.Thread(target=lambda: records.append(uploader.upload(run))) for _ in range(4)
-        ]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
+        with Scheduler(lambda _key: records.append(uploader.upload(run)), workers=4) as scheduler:
+            submitters = [
+                threading.Thread(target=scheduler.submit, args=(run_dir,)) for _ in range(4)
+            ]
+            for submitter in submitters:
+                submitter.start()
+            for submitter in submitters:
+                submitter.join()
+            assert scheduler.wait_idle(60)
 
-        assert len(records) == 4
+        # One job at a time per run: a submission while it ran runs it once more, finalized.
+        assert 1 <= len(records) <= 2
         assert {record.state for record in records} == {State.FINALIZED}
         assert_uploaded_once(local_platform, run_dir, records[-1])
         assert local_platform.summary()["requests"]["create"] == 1
+
+    def test_a_second_thread_of_this_process_keeps_off_a_run_the_first_holds(
+        self, local_platform, uploader, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(12))
+        run = load_run(run_dir)
+        outcomes: list[object] = []
+
+        def second_upload() -> None:
+            try:
+                outcomes.append(uploader.upload(run))
+            except Busy as busy:
+                outcomes.append(busy)
+
+        def in_another_thread() -> None:
+            other = threading.Thread(target=second_upload)
+            other.start()
+            other.join()
+
+        uploader.progress = after_batch(1, in_another_thread)
+        record = uploader.upload(run)
+
+        assert len(outcomes) == 1 and isinstance(outcomes[0], Busy), outcomes
+        assert record.state == State.FINALIZED
+        assert_uploaded_once(local_platform, run_dir, record)
 
     def test_runs_uploading_side_by_side_through_resets_each_arrive_once(
         self, local_platform, uploader, runs_root
@@ -1507,7 +1539,7 @@ class TestRunIdentity:
     ):
         run_dirs = [write_run(runs_root, trace_lines(3)) for _ in range(6)]
 
-        results = make_service(upload={"max_concurrent_runs": 3}).push([runs_root])
+        results = push(make_service(upload={"max_concurrent_runs": 3}), [runs_root])
 
         assert all(result.ok for result in results)
         for result in results:

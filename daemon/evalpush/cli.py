@@ -7,24 +7,33 @@ configuration error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
 
 from evalpush import __version__
 from evalpush.claims import Process, holder_alive
 from evalpush.config import Config, load_config
 from evalpush.errors import Busy, ConfigError, EvalpushError, RunError, UsageError
-from evalpush.ledger import Ledger, RunRecord, State, default_path
+from evalpush.ledger import Ledger, RunRecord, default_path
 from evalpush.log import scrubbed_output
+from evalpush.states import State
 
 if TYPE_CHECKING:
     from evalpush.read import Line
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
+
+GIL_SWITCH_SECONDS = 0.001
+"""While one thread converts the next batch, the thread sending the current one needs the GIL
+back after every socket and SQLite call; the default 5 ms hand-over made each batch's
+bookkeeping wait behind the converter (measured: the 72 MB push's push step 1.5 s -> 1.3 s)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,8 +152,9 @@ def _readable_lines(path: Path, max_line_bytes: int) -> Iterator[Line]:
 
 def cmd_push(args: argparse.Namespace, config: Config) -> int:
     from evalpush import log
+    from evalpush.app import App
+    from evalpush.push import push
     from evalpush.report import PushProgress, push_line
-    from evalpush.service import Service
 
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
@@ -152,9 +162,10 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
         return EXIT_USAGE
     log.configure(config.log.level, config.log.format, stream=sys.stderr)
     progress = PushProgress(sys.stderr)
-    service = Service(config, progress=progress.update, wait_on_auth=False)
-    with service, service.stop_on_signals():
-        results = service.push([d.resolve() for d in args.dirs], wait=not args.no_wait)
+    with App.from_config(config, progress=progress.update, wait_on_auth=False) as app:
+        app.client.credentials  # noqa: B018 - no key (or an unusable base URL): one error, up front
+        with _stop_on_signals(app.request_stop):
+            results = push(app, [d.resolve() for d in args.dirs], wait=not args.no_wait)
     progress.finish()
     if not results:
         print(
@@ -165,6 +176,22 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
     for result in results:
         print(push_line(result))
     return EXIT_OK if all(r.ok for r in results) else EXIT_PARTIAL
+
+
+@contextlib.contextmanager
+def _stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT request a clean stop while the block runs (the handler only records
+    it: the work sees the stop event and winds down)."""
+
+    def handler(_signum: int, _frame: FrameType | None) -> None:
+        request_stop()
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, before in previous.items():
+            signal.signal(signum, before)
 
 
 def cmd_status(args: argparse.Namespace, config: Config) -> int:
@@ -186,6 +213,8 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_retry(args: argparse.Namespace, config: Config) -> int:
+    from evalpush import transitions
+
     with Ledger(default_path(config.state_dir)) as ledger:
         record = _find(ledger, args.run)
         if record.state not in (State.FAILED, State.HELD):
@@ -195,13 +224,7 @@ def cmd_retry(args: argparse.Namespace, config: Config) -> int:
                 file=sys.stderr,
             )
             return EXIT_PARTIAL
-        ledger.update(
-            record,
-            state=State.READY,
-            release_hold=int(record.state == State.HELD),
-            reason="queued by `evalpush retry`",
-            last_error=None,
-        )
+        transitions.requeue(ledger, record)
     print(f"queued {record.run_id} ({record.path})")
     return EXIT_OK
 
@@ -325,6 +348,7 @@ def _print_any_file_name() -> None:
 @scrubbed_output  # nothing the command prints can carry the API key
 def main(argv: Sequence[str] | None = None) -> int:
     _print_any_file_name()
+    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     args = build_parser().parse_args(argv)
     try:
         config = _load(args)

@@ -20,10 +20,11 @@ from typing import IO
 
 import msgspec
 
+from evalpush.app import App
 from evalpush.config import Config
 from evalpush.local_platform import LocalPlatform
+from evalpush.push import push
 from evalpush.report import push_line, status_rows, status_table
-from evalpush.service import Service
 
 DEMO_SEED = 7
 TASKSET = "reverse-text"
@@ -125,10 +126,9 @@ def run_demo(out: IO[str], *, directory: Path | None = None, keep: bool = False)
         # Only the demo's own platform: neither the caller's PRIME_* variables nor their
         # ~/.prime/config.json may point it at the real one.
         isolated = {"PRIME_API_KEY": platform.api_key}
-        service = Service(config, wait_on_auth=False, environ=isolated, home=scratch)
-        with service, service.stop_on_signals():
-            results = service.push(runs)
-            rows = status_rows(service.ledger)
+        with App.from_config(config, wait_on_auth=False, environ=isolated, home=scratch) as app:
+            results = push(app, runs)
+            rows = status_rows(app.ledger)
         for result in results:
             out.write(push_line(result) + "\n")
         out.write("\n" + status_table(rows) + "\n")

@@ -42,34 +42,11 @@ from evalpush import paths, schema
 from evalpush.claims import Holder
 from evalpush.errors import Busy, ClaimLost, LedgerError
 from evalpush.log import scrub
+from evalpush.states import Outcome, State, Step
 
 LEDGER_FILE = "state.db"
 WAL_RETRY_SECONDS = 0.01
 SCHEMA_VERSION = schema.SCHEMA_VERSION
-
-
-class State:
-    """Run states, as `status` shows them."""
-
-    WAITING = "waiting"
-    READY = "ready"
-    UPLOADING = "uploading"
-    FINALIZED = "finalized"
-    FAILED = "failed"
-    HELD = "held"
-    SKIPPED = "skipped"
-    SUPERSEDED = "superseded"
-
-
-class Step:
-    """Where an upload is: the next thing to do."""
-
-    SCAN = "scan"
-    RESOLVE = "resolve"
-    CREATE = "create"
-    PUSH = "push"
-    FINALIZE = "finalize"
-    DONE = "done"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +120,8 @@ _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM runs"
 _MESSAGE_COLUMNS = {"reason", "last_error"}
 _CLAIM_COLUMNS = {c for c in _COLUMNS if c.startswith("claim_")}
 _WRITABLE_COLUMNS = set(_COLUMNS) - _CLAIM_COLUMNS - {"id", "run_id", "path_raw", "created_at"}
-"""What `update` may write: not the run's identity, not its claim (`claim`/`release` do);
-`path` writes `path_raw` with it."""
+"""What `set_state` may write: not the run's identity, not its claim (`claim`/`release` do);
+`path` writes `path_raw` with it. `update` writes the same, less `state`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,7 +513,16 @@ class Ledger:
 
     def update(self, record: RunRecord, **changes: Any) -> RunRecord:
         """Write `changes` to the run's row in one transaction, fenced by `record`'s claim;
-        returns the new row."""
+        returns the new row. A run's `state` is written only by `evalpush.transitions`."""
+        if "state" in changes:
+            raise ValueError("a run's state changes only through evalpush.transitions")
+        return self._write(record, changes)
+
+    def set_state(self, record: RunRecord, state: State, **changes: Any) -> RunRecord:
+        """`update` with a new `state`: for `evalpush.transitions` alone."""
+        return self._write(record, {**changes, "state": State(state)})
+
+    def _write(self, record: RunRecord, changes: dict[str, Any]) -> RunRecord:
         unknown = changes.keys() - _WRITABLE_COLUMNS
         if unknown:
             raise ValueError(f"unknown ledger columns: {sorted(unknown)}")
@@ -573,7 +559,7 @@ class Ledger:
             db.execute("DELETE FROM runs WHERE id = ?", (record.id,))
 
     def restart(
-        self, record: RunRecord, *, outcome: str, state: str = State.READY, same_file: bool = False
+        self, record: RunRecord, *, outcome: Outcome, state: State, same_file: bool = False
     ) -> RunRecord:
         """Start the run's upload over: its current evaluation (if any) goes to `history` with
         `outcome`, its progress and set-aside records are cleared, in one transaction. A hold

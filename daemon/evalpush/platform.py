@@ -476,7 +476,7 @@ class PlatformClient:
         self._environ = os.environ if environ is None else environ
         self._home = home
         self._stop = threading.Event() if stop is None else stop
-        self._credentials = load_credentials(config, self._environ, home)
+        self._credentials: Credentials | None = None  # read at first use: see `credentials`
         self._reload_lock = threading.Lock()
         self._http = httpx.Client(
             transport=transport or StoppableTransport(self._stop),
@@ -493,17 +493,26 @@ class PlatformClient:
 
     @property
     def credentials(self) -> Credentials:
-        return self._credentials
+        """The credentials in use, read at first use: a client can be built before a key
+        exists. Raises like `load_credentials` while none could be read."""
+        credentials = self._credentials
+        if credentials is None:
+            with self._reload_lock:
+                if self._credentials is None:
+                    self._credentials = load_credentials(self._config, self._environ, self._home)
+                credentials = self._credentials
+        return credentials
 
     def reload_credentials(self) -> bool:
-        """Read the credentials again (SIGHUP, each probe); True if the key or the base changed.
+        """Read the credentials again (SIGHUP, each probe); True if the key or the base changed
+        (or none had been read before).
 
         Raises like `load_credentials`; the credentials in use stay as they were then.
         """
         with self._reload_lock:
             new = load_credentials(self._config, self._environ, self._home)
             old, self._credentials = self._credentials, new
-        return (new.api_key, new.api_base) != (old.api_key, old.api_base)
+        return old is None or (new.api_key, new.api_base) != (old.api_key, old.api_base)
 
     def close(self) -> None:
         self._http.close()
@@ -516,7 +525,7 @@ class PlatformClient:
 
     def viewer_url(self, evaluation_id: str) -> str:
         segment = _segment(evaluation_id, "viewer URL")
-        return f"{self._credentials.frontend_url}/dashboard/evaluations/{segment}"
+        return f"{self.credentials.frontend_url}/dashboard/evaluations/{segment}"
 
     # -- the exchange: one attempt, classified --------------------------------------------
 
@@ -534,7 +543,7 @@ class PlatformClient:
         """One request; its 2xx answer read under `cap` bytes, or the error it stands for."""
         if self._stop.is_set():
             raise errors.Interrupted(f"{what}: stop requested; not sent")
-        credentials = self._credentials  # one snapshot, even if another thread reloads
+        credentials = self.credentials  # one snapshot, even if another thread reloads
         headers = {"Authorization": f"Bearer {credentials.api_key}"}
         try:
             request = self._http.build_request(
@@ -610,7 +619,7 @@ class PlatformClient:
     # -- the endpoints ----------------------------------------------------------------------
 
     def _with_team(self, body: dict[str, Any]) -> dict[str, Any]:
-        team_id = self._credentials.team_id
+        team_id = self.credentials.team_id
         return {**body, "team_id": team_id} if team_id and "team_id" not in body else body
 
     def resolve_environment(self, name: str) -> str:

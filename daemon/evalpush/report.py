@@ -16,7 +16,7 @@ from typing import IO, Any
 from evalpush import paths
 from evalpush.claims import Holder, Process, holder_alive
 from evalpush.ledger import Ledger, RunRecord, State
-from evalpush.service import PushResult
+from evalpush.push import PushResult
 
 MIB = 1024 * 1024
 

@@ -1,0 +1,184 @@
+"""The one-shot push: every eval run found under the given directories, uploaded now.
+
+Runs go through the same scheduler the daemon uses (at most `upload.max_concurrent_runs` at
+once, one job per run directory). Other processes may push from the same state directory at the
+same time: a run one of them holds is not touched. `push` first uploads every run nobody holds,
+then waits for the held ones (polling the ledger, stop-aware) and reports the outcome their
+holder reached, or takes a run over if its holder went away before finishing it. With
+`wait=False` it reports them as busy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from evalpush import paths
+from evalpush.app import App
+from evalpush.errors import AuthError, Busy, ClaimLost, Interrupted, RunError
+from evalpush.ledger import RunRecord
+from evalpush.runs import derive_run_id, find_run_dirs, load_run
+from evalpush.scheduler import Scheduler
+from evalpush.states import State
+
+__all__ = ["PushResult", "push"]
+
+WAIT_POLL_SECONDS = 0.25
+"""How often `push` looks at the ledger while another process uploads a run it was given."""
+
+
+@dataclass(frozen=True, slots=True)
+class PushResult:
+    """What `push` did with one run directory."""
+
+    path: Path
+    record: RunRecord | None
+    set_aside: int
+    error: str | None = None
+    already: bool = False  # finalized before this push: nothing was sent
+    busy: Busy | None = None  # another live process holds the run (not waited for)
+    uploaded_by: int | None = None  # the pid of the process whose outcome this is, if not ours
+    copy_of: str | None = None  # the run's directory, when this one is a copy of it
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.error is None
+            and self.busy is None
+            and self.record is not None
+            and self.record.state in (State.FINALIZED, State.SKIPPED)
+            and self.set_aside == 0
+        )
+
+
+def push(app: App, directories: Sequence[Path], *, wait: bool = True) -> list[PushResult]:
+    """Upload every eval run found in `directories`, as finished now, one result per run
+    directory in the order found. Runs other processes hold are waited for (or, with
+    `wait=False`, reported busy)."""
+    found = [run_dir for directory in directories for run_dir in find_run_dirs(directory)]
+    return _Push(app).run(found, wait=wait)
+
+
+class _Push:
+    def __init__(self, app: App):
+        self._app = app
+        self._results: dict[Path, PushResult] = {}
+        self._waited_for: dict[Path, int] = {}
+        self._failures: list[BaseException] = []
+        self._lock = threading.Lock()
+
+    def run(self, found: list[Path], *, wait: bool) -> list[PushResult]:
+        if not found:
+            return []
+        workers = min(self._app.config.upload.max_concurrent_runs, len(found))
+        with Scheduler(self._job, workers=workers, on_error=self._failed) as scheduler:
+            self._all(scheduler, found)
+            while wait and not self._app.stop.is_set():
+                busy = {p: r.busy.pid for p, r in self._results.items() if r.busy is not None}
+                if not busy:
+                    break
+                released = self._wait_for_release(list(busy))
+                self._waited_for.update({path: busy[path] for path in released})
+                self._all(scheduler, released)
+        return [self._interrupted_if_busy(self._results[path]) for path in found]
+
+    def _all(self, scheduler: Scheduler[Path], directories: list[Path]) -> None:
+        for directory in directories:
+            scheduler.submit(directory)
+        scheduler.wait_idle()
+        if self._failures:
+            raise self._failures[0]  # not a run's outcome: the push cannot go on (the ledger)
+
+    def _failed(self, _directory: Path, exc: BaseException) -> None:
+        with self._lock:
+            self._failures.append(exc)
+
+    def _job(self, directory: Path) -> None:
+        result = self._push_one(directory, self._waited_for.get(directory))
+        with self._lock:
+            self._results[directory] = result
+
+    def _wait_for_release(self, busy: list[Path]) -> list[Path]:
+        """Poll the ledger until at least one of the `busy` runs is held by nobody alive;
+        returns those. Returns early (nothing) once a stop is requested."""
+        ledger, claims = self._app.ledger, self._app.claims
+        while not self._app.stop.wait(WAIT_POLL_SECONDS):
+            released = []
+            for directory in busy:
+                record = ledger.get_run(derive_run_id(directory))
+                holder = record.holder if record is not None else None
+                if holder is None or not claims.alive(holder):
+                    released.append(directory)
+            if released:
+                return released
+        return []
+
+    def _interrupted_if_busy(self, result: PushResult) -> PushResult:
+        if result.busy is None or not self._app.stop.is_set():
+            return result
+        return dataclasses.replace(result, busy=None, error="interrupted while waiting for it")
+
+    def _push_one(self, directory: Path, waited_for: int | None) -> PushResult:
+        """`waited_for`: the pid of another process that held the run until now; its outcome
+        is reported as is (a failed run is not retried), unless it left the run unfinished."""
+        if self._app.stop.is_set():
+            return PushResult(directory, self._row(directory), 0, "interrupted")
+        try:
+            run = load_run(directory)
+        except RunError as exc:
+            return self._unloadable(directory, exc)
+        before = self._app.ledger.get_run(run.run_id)
+        try:
+            record = self._app.uploader.upload(run, retry_failed=waited_for is None)
+        except Busy as exc:
+            return PushResult(directory, self._row(directory), 0, busy=exc)
+        except Interrupted:
+            return PushResult(
+                directory, self._row(directory), 0, "interrupted; push again to resume"
+            )
+        except (AuthError, ClaimLost) as exc:
+            return PushResult(directory, self._row(directory), 0, str(exc))
+        return self._result(directory, before, record, waited_for)
+
+    def _result(
+        self,
+        directory: Path,
+        before: RunRecord | None,
+        record: RunRecord,
+        waited_for: int | None,
+    ) -> PushResult:
+        """What the upload of `directory` came to (`before`: its row before it)."""
+        set_aside = len(self._app.ledger.set_aside(record))
+        error = record.last_error if record.state == State.FAILED else None
+        if record.state == State.HELD:
+            error = record.reason
+        # The outcome is the other process's unless this one went on to upload (a new attempt).
+        theirs = (
+            waited_for is not None and before is not None and record.attempts == before.attempts
+        )
+        already = (
+            not theirs
+            and before is not None
+            and before.state == State.FINALIZED
+            and (before.evaluation_id, before.finalized_at)
+            == (record.evaluation_id, record.finalized_at)
+        )
+        copy_of = record.path if record.path_raw != paths.raw(directory) else None
+        uploaded_by = waited_for if theirs else None
+        return PushResult(
+            directory, record, set_aside, error, already, uploaded_by=uploaded_by, copy_of=copy_of
+        )
+
+    def _row(self, directory: Path) -> RunRecord | None:
+        return self._app.ledger.get_run(derive_run_id(directory))
+
+    def _unloadable(self, directory: Path, exc: RunError) -> PushResult:
+        """A run whose config cannot be read still shows in `status`, failed, with why."""
+        try:
+            record = self._app.uploader.fail(directory, exc)
+        except Busy as busy:
+            return PushResult(directory, self._row(directory), 0, str(exc), busy=busy)
+        return PushResult(directory, record, 0, str(exc))

@@ -1,0 +1,109 @@
+"""Run state transitions: the only writer of a run's `state`.
+
+Each function is one named change of state with what goes with it (reason, error, attempts),
+written in one fenced ledger transaction (the caller holds the run's claim, except where a
+function says otherwise), and returns the run's new row. The upload steps write their own
+progress (`step`, offsets, intents) with `Ledger.update`, which refuses `state`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from evalpush.ledger import Ledger, RunRecord
+from evalpush.states import Outcome, State, Step
+
+WAITING_FOR_KEY = "waiting for a working API key"
+QUEUED_BY_RETRY = "queued by `evalpush retry`"
+
+
+def start(ledger: Ledger, record: RunRecord) -> RunRecord:
+    """An upload begins (or resumes at its step): a new attempt, the last error cleared."""
+    return ledger.set_state(
+        record, State.UPLOADING, reason="", attempts=record.attempts + 1, last_error=None
+    )
+
+
+def wait(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
+    """The run is not finished yet; `reason` says which rule it waits on and how far."""
+    return ledger.set_state(record, State.WAITING, reason=reason)
+
+
+def queue(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
+    """The run is ready: queued for upload."""
+    return ledger.set_state(record, State.READY, reason=reason)
+
+
+def interrupt(ledger: Ledger, record: RunRecord) -> RunRecord:
+    """A stop ended the upload: it resumes at its step next time."""
+    return ledger.set_state(record, State.READY, reason=f"interrupted; resumes at {record.step}")
+
+
+def await_key(ledger: Ledger, record: RunRecord, error: str) -> RunRecord:
+    """The platform refused the key (or there is none): ready again once a key works."""
+    return ledger.set_state(record, State.READY, reason=WAITING_FOR_KEY, last_error=error)
+
+
+def fail(ledger: Ledger, record: RunRecord, error: str) -> RunRecord:
+    """An error retrying cannot fix; `evalpush retry` (or the next push) tries again."""
+    return ledger.set_state(record, State.FAILED, last_error=error)
+
+
+def hold(ledger: Ledger, record: RunRecord, reason: str, **progress: Any) -> RunRecord:
+    """Bad lines were set aside and the configuration wants a person to decide; `progress`
+    is what the scan recorded, written with it."""
+    return ledger.set_state(record, State.HELD, reason=reason, **progress)
+
+
+def skip(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
+    """A run that is not uploaded (debug, or a replay), with why."""
+    return ledger.set_state(record, State.SKIPPED, reason=reason)
+
+
+def finalize(ledger: Ledger, record: RunRecord, *, at: float, **fields: Any) -> RunRecord:
+    """The platform holds the run's evaluation, finalized (sent now, or adopted)."""
+    return ledger.set_state(
+        record, State.FINALIZED, step=Step.DONE, pending=None, finalized_at=at, **fields
+    )
+
+
+def requeue(ledger: Ledger, record: RunRecord) -> RunRecord:
+    """`evalpush retry`: a failed or held run back in the queue (a held run then uploads
+    without its bad lines). Written only while nobody holds the run."""
+    return ledger.set_state(
+        record,
+        State.READY,
+        release_hold=int(record.state == State.HELD),
+        reason=QUEUED_BY_RETRY,
+        last_error=None,
+    )
+
+
+def start_over(
+    ledger: Ledger,
+    record: RunRecord,
+    outcome: Outcome,
+    *,
+    state: State = State.READY,
+    same_file: bool = False,
+) -> RunRecord:
+    """The upload begins again from scan, in `state`: the current evaluation (if any) goes to
+    the history as `outcome` (superseded, cancelled, deleted, closed)."""
+    return ledger.restart(record, outcome=outcome, state=state, same_file=same_file)
+
+
+__all__ = [
+    "QUEUED_BY_RETRY",
+    "WAITING_FOR_KEY",
+    "await_key",
+    "fail",
+    "finalize",
+    "hold",
+    "interrupt",
+    "queue",
+    "requeue",
+    "skip",
+    "start",
+    "start_over",
+    "wait",
+]

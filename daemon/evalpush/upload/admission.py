@@ -1,0 +1,138 @@
+"""Admission: what a request to upload a run comes to before any step runs.
+
+The policy, in order: a directory holding a run id the ledger knows at another path is the run
+moved (its path is updated) or a copy of it (left alone while the original is still there); a
+debug run, or a replay without `runs.upload_replays`, is skipped with why; a trace file that
+changed since it was scanned supersedes a finalized evaluation, cancels an open one (the run
+starts over) or, deleted, fails the upload; a finalized, held or (unless retried) failed run
+stays as it is; anything else starts (or resumes) its upload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from evalpush import paths, transitions
+from evalpush.errors import Conflict, Gone
+from evalpush.ledger import RunRecord
+from evalpush.log import get_logger
+from evalpush.read import Change, FileIdentity, digest_of, verify
+from evalpush.runs import Run, RunKind, derive_run_id, is_run_dir
+from evalpush.states import Outcome, State, Step
+from evalpush.upload.context import Context
+from evalpush.upload.files import fingerprint
+
+DEBUG_RUN = "debug run (config has script_path or command): never uploaded"
+REPLAY_RUN = "replay run: set runs.upload_replays = true to upload replays"
+
+
+class Admission:
+    def __init__(self, context: Context):
+        self._ctx = context
+
+    def admit(self, record: RunRecord, run: Run, *, retry_failed: bool) -> RunRecord:
+        """The run's row after the policy: `uploading` if its upload goes ahead."""
+        ledger = self._ctx.ledger
+        if record.path_raw != paths.raw(run.path):
+            if _still_there(record):
+                return record  # a copy of a run that is still where the ledger knows it
+            get_logger(run=run.run_id).info(
+                "run moved", was=record.path, now=paths.display(run.path)
+            )
+            record = ledger.update(record, path=run.path)
+        skip = self._skip_reason(run)
+        if skip:
+            return transitions.skip(ledger, record, skip)
+        record = self.check_file(record, run)
+        if record.state == State.FINALIZED:
+            return record
+        if record.state == State.HELD and not record.release_hold:
+            return record
+        if record.state == State.FAILED and not retry_failed:
+            return record
+        return transitions.start(ledger, record)
+
+    def _skip_reason(self, run: Run) -> str:
+        if run.kind == RunKind.DEBUG:
+            return DEBUG_RUN
+        if run.kind == RunKind.REPLAY and not self._ctx.config.runs.upload_replays:
+            return REPLAY_RUN
+        return ""
+
+    # ------------------------------------------------------------ the trace file changed
+
+    def check_file(
+        self, record: RunRecord, run: Run, *, restart_as: State = State.READY
+    ) -> RunRecord:
+        """Supersede a finalized run whose file changed; cancel an upload whose file was replaced
+        or rewritten (it starts over from scan in state `restart_as`) or deleted (it fails). A
+        file that only moved or was touched keeps its upload, with its new identity recorded."""
+        known = fingerprint(record)
+        if known is None:
+            return record
+        change, now = verify(run.traces_path, known)
+        if record.state == State.FINALIZED:
+            if change in (Change.GROWN, Change.REPLACED):
+                get_logger(run=run.run_id).info("run changed after finalize: new evaluation")
+                return transitions.start_over(self._ctx.ledger, record, Outcome.SUPERSEDED)
+        elif change in (Change.GONE, Change.REPLACED):
+            return self.file_replaced(record, run, change, restart_as)
+        if change == Change.GONE or now is None:
+            return record
+        return self._note_identity(record, run, now)
+
+    def _note_identity(self, record: RunRecord, run: Run, now: FileIdentity) -> RunRecord:
+        """Record where the same bytes are now (a move, a touch), so the next look is a stat;
+        a row from before fingerprints gets its digest here, once. The size stays the scanned
+        one: a file that grew since must still look grown."""
+        known = fingerprint(record)
+        assert known is not None
+        if dataclasses.replace(now, size=known.identity.size) == known.identity and known.digest:
+            return record
+        digest = known.digest or digest_of(run.traces_path, known.end, expect=now)
+        return self._ctx.ledger.update(
+            record,
+            file_device=now.device,
+            file_inode=now.inode,
+            file_mtime_ns=now.mtime_ns,
+            file_ctime_ns=now.ctime_ns,
+            file_digest=digest,
+        )
+
+    def file_replaced(
+        self, record: RunRecord, run: Run, change: Change, restart_as: State
+    ) -> RunRecord:
+        """The file under an open upload is gone (the upload fails) or is another file now (the
+        upload starts over): either way its open evaluation is closed out as cancelled."""
+        ledger = self._ctx.ledger
+        if change == Change.GONE:
+            message = f"{run.traces_path}: the run's trace file was deleted mid-upload"
+            self._cancel(record, message)
+            record = transitions.start_over(ledger, record, Outcome.CANCELLED)
+            return transitions.fail(ledger, record, message)
+        get_logger(run=run.run_id).warning(
+            "trace file replaced or rewritten mid-upload: the open evaluation is cancelled and "
+            "the run uploads again from the start"
+        )
+        self._cancel(record, "the run's trace file was replaced (resumed eval)")
+        return transitions.start_over(ledger, record, Outcome.CANCELLED, state=restart_as)
+
+    def _cancel(self, record: RunRecord, message: str) -> None:
+        if record.evaluation_id is None or record.step == Step.DONE:
+            return
+        client, evaluation = self._ctx.client, record.evaluation_id
+        try:
+            self._ctx.replayable(
+                lambda: client.close_out(evaluation, "CANCELLED", error_message=message),
+                what="close out",
+                run=record.run_id,
+            )
+        except (Conflict, Gone):
+            pass  # already closed, or deleted: either way it takes no more samples
+
+
+def _still_there(record: RunRecord) -> bool:
+    """Whether the run is still at the path the ledger knows (then another directory with its
+    run id is a copy, not the run moved)."""
+    directory = record.directory
+    return is_run_dir(directory) and derive_run_id(directory) == record.run_id

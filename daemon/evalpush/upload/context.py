@@ -1,0 +1,50 @@
+"""What every part of an upload works with: the configuration, the ledger, the platform client
+and the retry policy, shared by all the runs this process uploads."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from evalpush.config import Config
+from evalpush.ledger import Ledger, RunRecord
+from evalpush.lookup import EvaluationIndex
+from evalpush.platform import PlatformClient
+from evalpush.retry import Retrier
+
+T = TypeVar("T")
+
+Progress = Callable[[RunRecord], None]
+"""Called after each acknowledged batch with the run's row (push's progress bar)."""
+
+
+def no_progress(_record: RunRecord) -> None:
+    pass
+
+
+@dataclass
+class Context:
+    config: Config
+    ledger: Ledger
+    client: PlatformClient
+    retrier: Retrier
+    progress: Progress = no_progress
+    clock: Callable[[], float] = time.time
+    evaluations: EvaluationIndex = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.evaluations = EvaluationIndex(self.client, self._replayable_call)
+
+    def replayable(self, fn: Callable[[], T], *, what: str, run: str) -> T:
+        """`fn()` under the retry policy, as a call that may be sent again."""
+        return self.retrier.call(fn, replayable=True, what=what, run=run)
+
+    def once(self, fn: Callable[[], T], *, what: str, run: str) -> T:
+        """`fn()` under the retry policy, as a call that must not be sent twice (an ambiguous
+        failure is raised for the caller to reconcile)."""
+        return self.retrier.call(fn, replayable=False, what=what, run=run)
+
+    def _replayable_call(self, fn: Callable[[], Any], what: str, run_id: str) -> Any:
+        return self.replayable(fn, what=what, run=run_id)

@@ -1,0 +1,284 @@
+"""The five steps of the exactly-once protocol (docs/ARCHITECTURE.md). Each takes the run's row
+at its step, does the step's work, and returns the row at the next step; every non-replayable
+request is bracketed by an intent written before it and the acknowledgement written after it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from evalpush import transitions
+from evalpush.batch import BAD_LINE, REJECTED, Batch, Prefetch, batches
+from evalpush.convert import RunTotals, convert_lines, scan, summary
+from evalpush.errors import Ambiguous, BatchRefused, Conflict, RunError
+from evalpush.ledger import RunRecord, SetAsideRecord
+from evalpush.read import FileIdentity, RangeDigest, identity, read_lines
+from evalpush.runs import Run, require_env_name
+from evalpush.states import Step
+from evalpush.upload.context import Context
+from evalpush.upload.crash import crash_point
+from evalpush.upload.files import FileWatch, check_bytes, fingerprint
+from evalpush.upload.reconcile import Reconciler, intent, without_stored
+
+HOLD_REASON = "{count} bad lines set aside: fix them, or `evalpush retry` uploads the rest"
+
+
+class Steps:
+    def __init__(self, context: Context, reconciler: Reconciler):
+        self._ctx = context
+        self._reconcile = reconciler
+
+    def advance(self, record: RunRecord, run: Run) -> RunRecord:
+        """Do the step the run is at."""
+        step = {
+            Step.SCAN: self.scan,
+            Step.RESOLVE: self.resolve,
+            Step.CREATE: self.create,
+            Step.PUSH: self.push,
+            Step.FINALIZE: self.finalize,
+        }[Step(record.step)]
+        return step(record, run)
+
+    # ------------------------------------------------------------ scan
+
+    def scan(self, record: RunRecord, run: Run) -> RunRecord:
+        """One cheap pass fixes what the upload covers: the byte range, its fingerprint, its
+        totals and its bad lines (held for a person with `convert.on_bad_line = "hold"`)."""
+        ctx = self._ctx
+        require_env_name(run)
+        try:
+            ident = identity(run.traces_path)
+        except OSError as exc:
+            raise RunError(f"{run.traces_path}: cannot read: {exc}") from None
+        max_line = ctx.config.read.max_line_bytes
+        digest = RangeDigest()
+        lines = read_lines(
+            run.traces_path, end=ident.size, max_line_bytes=max_line, expect=ident, digest=digest
+        )
+        found = scan(lines, max_line_bytes=max_line)
+        totals = found.totals
+        bad = [
+            SetAsideRecord(i.line, i.offset, i.size, BAD_LINE, i.reason) for i in found.set_aside
+        ]
+        if totals.traces == 0 and not bad:
+            raise RunError(f"{run.traces_path}: no traces in the file: nothing to upload")
+        ctx.ledger.add_set_aside(record, bad)
+        scanned: dict[str, Any] = {
+            "step": Step.RESOLVE,
+            "file_device": ident.device,
+            "file_inode": ident.inode,
+            "file_size": ident.size,
+            "file_mtime_ns": ident.mtime_ns,
+            "file_ctime_ns": ident.ctime_ns,
+            "file_digest": digest.digest(),
+            "upload_end": found.end,
+            "totals": totals.to_json(),
+            "samples_seen": totals.traces,
+        }
+        if bad and ctx.config.convert.on_bad_line == "hold" and not record.release_hold:
+            return transitions.hold(
+                ctx.ledger, record, HOLD_REASON.format(count=len(bad)), **scanned
+            )
+        return ctx.ledger.update(record, **scanned)
+
+    # ------------------------------------------------------------ resolve and create
+
+    def resolve(self, record: RunRecord, run: Run) -> RunRecord:
+        env_name = require_env_name(run)
+        client = self._ctx.client
+        env_id = self._ctx.replayable(
+            lambda: client.resolve_environment(env_name),
+            what="resolve environment",
+            run=run.run_id,
+        )
+        return self._ctx.ledger.update(record, env_id=env_id, step=Step.CREATE)
+
+    def _create_body(self, record: RunRecord, run: Run) -> dict[str, Any]:
+        report = summary(run, RunTotals.from_json(record.totals))
+        return {
+            "name": report["name"],
+            "environments": [{"id": record.env_id}],
+            "model_name": run.model,
+            "dataset": run.env_name,
+            "framework": "verifiers",
+            "metadata": report["metadata"],
+            "metrics": report["metrics"],
+            "tags": [],
+        }
+
+    def create(self, record: RunRecord, run: Run) -> RunRecord:
+        """Create the run's evaluation, unless the platform already has one to adopt."""
+        ctx = self._ctx
+        fresh = record.pending is not None or run.pushed_inline
+        if fresh or not record.looked_up:
+            found = self._reconcile.find_evaluation(record, run, fresh=fresh)
+            if found is not None:
+                return self._reconcile.adopt(record, found)
+        body = self._create_body(record, run)
+        record = ctx.ledger.update(record, pending=intent(Step.CREATE), looked_up=1)
+        while True:
+            try:
+                evaluation_id, url = ctx.once(
+                    lambda: ctx.client.create_evaluation(body),
+                    what="create evaluation",
+                    run=run.run_id,
+                )
+                crash_point("create-sent")
+                break
+            except Ambiguous:
+                found = self._reconcile.find_evaluation(record, run, fresh=True)
+                if found is not None:
+                    return self._reconcile.adopt(record, found)
+        return ctx.ledger.update(
+            record,
+            evaluation_id=evaluation_id,
+            viewer_url=url or ctx.client.viewer_url(evaluation_id),
+            pending=None,
+            step=Step.PUSH,
+        )
+
+    # ------------------------------------------------------------ push
+
+    def push(self, record: RunRecord, run: Run) -> RunRecord:
+        """Batch after batch from the acknowledged offset; after a crash or an adoption (an
+        intent is pending), the samples already stored are left out of the batches it covers."""
+        ctx = self._ctx
+        assert record.evaluation_id is not None and record.upload_end is not None
+        known = fingerprint(record)
+        assert known is not None
+        if record.acked_offset or record.pending:
+            check_bytes(record, run)
+        stored = self._reconcile.stored_ids(record) if record.pending else None
+        reconcile_end = msgspec.json.decode(record.pending)["end"] if record.pending else 0
+        max_line = ctx.config.read.max_line_bytes
+        totals = self._totals_before(record, run, known.identity)
+        lines = read_lines(
+            run.traces_path,
+            offset=record.acked_offset,
+            number=record.acked_line,
+            end=record.upload_end,
+            max_line_bytes=max_line,
+            expect=known.identity,
+        )
+        source = batches(
+            convert_lines(lines, totals, max_line_bytes=max_line),
+            start=record.acked_offset,
+            start_line=record.acked_line,
+            end=record.upload_end,
+            max_batch_bytes=ctx.config.upload.max_batch_bytes,
+            max_batch_samples=ctx.config.upload.max_batch_samples,
+        )
+        watch = FileWatch(run.traces_path, known)
+        with Prefetch(source, name=f"convert-{run.run_id[:8]}") as ahead:
+            for batch in ahead:
+                watch.check()  # the batch was read before this look: it holds the scanned bytes
+                already = 0
+                if stored is not None and batch.start < reconcile_end:
+                    unsent = without_stored(batch, stored)
+                    already, batch = len(batch.samples) - len(unsent.samples), unsent
+                record = self._send_batch(record, batch, already)
+                ctx.progress(record)
+        return ctx.ledger.update(record, step=Step.FINALIZE)
+
+    def _totals_before(self, record: RunRecord, run: Run, known: FileIdentity) -> RunTotals:
+        """The running totals at the acknowledged offset (they number each task's rollouts):
+        nothing at the start; after a restart, one cheap pass over the lines already sent."""
+        if record.acked_offset == 0:
+            return RunTotals()
+        max_line = self._ctx.config.read.max_line_bytes
+        lines = read_lines(
+            run.traces_path, end=record.acked_offset, max_line_bytes=max_line, expect=known
+        )
+        return scan(lines, max_line_bytes=max_line).totals
+
+    def _send_batch(self, record: RunRecord, batch: Batch, already: int = 0) -> RunRecord:
+        """Send `batch`; `already` more of its range's samples were found stored on the platform."""
+        ledger = self._ctx.ledger
+        delivered = already
+        set_aside = [
+            SetAsideRecord(item.line, item.offset, item.size, kind, item.reason)
+            for kind, item in batch.set_aside
+        ]
+        if batch.samples:
+            record = ledger.update(
+                record, pending=intent(Step.PUSH, start=batch.start, end=batch.end)
+            )
+            crash_point("batch-intent")
+            delivered += self._deliver(record, batch, set_aside)
+            crash_point("batch-sent")
+        ledger.add_set_aside(record, set_aside)
+        acked = ledger.update(
+            record,
+            pending=None,
+            acked_offset=batch.end,
+            acked_line=batch.end_line,
+            samples_sent=record.samples_sent + delivered,
+            bytes_sent=record.bytes_sent + batch.body_bytes,
+        )
+        crash_point("batch-acked")
+        return acked
+
+    def _deliver(self, record: RunRecord, batch: Batch, set_aside: list[SetAsideRecord]) -> int:
+        """Send `batch` until the platform holds each of its samples once; returns how many."""
+        client, evaluation = self._ctx.client, record.evaluation_id
+        assert evaluation is not None
+        try:
+            self._ctx.once(
+                lambda: client.push_samples(evaluation, batch.body()),
+                what="push samples",
+                run=record.run_id,
+            )
+            return len(batch.samples)
+        except BatchRefused as exc:
+            if len(batch.samples) == 1:
+                size = len(batch.samples[0])
+                set_aside.append(
+                    SetAsideRecord(batch.numbers[0], batch.offsets[0], size, REJECTED, str(exc))
+                )
+                return 0
+            first, second = batch.split()
+            return self._deliver(record, first, set_aside) + self._deliver(
+                record, second, set_aside
+            )
+        except Ambiguous:
+            missing = without_stored(batch, self._reconcile.stored_ids(record))
+            already = len(batch.samples) - len(missing.samples)
+            return already + (self._deliver(record, missing, set_aside) if missing.samples else 0)
+
+    # ------------------------------------------------------------ finalize
+
+    def finalize(self, record: RunRecord, run: Run) -> RunRecord:
+        ctx = self._ctx
+        assert record.evaluation_id is not None
+        metrics = RunTotals.from_json(record.totals).metrics()
+        if record.pending is None or not self._reconcile.is_finalized(record):
+            record = ctx.ledger.update(record, pending=intent(Step.FINALIZE))
+            url = self._send_finalize(record, metrics)
+            crash_point("finalize-sent")
+        else:
+            url = None
+        return transitions.finalize(
+            ctx.ledger,
+            record,
+            at=ctx.clock(),
+            viewer_url=url or record.viewer_url or ctx.client.viewer_url(record.evaluation_id),
+        )
+
+    def _send_finalize(self, record: RunRecord, metrics: dict[str, Any]) -> str | None:
+        client, evaluation = self._ctx.client, record.evaluation_id
+        assert evaluation is not None
+        while True:
+            try:
+                return self._ctx.once(
+                    lambda: client.finalize(evaluation, metrics),
+                    what="finalize",
+                    run=record.run_id,
+                )
+            except Conflict:
+                if self._reconcile.is_finalized(record):
+                    return None
+                raise
+            except Ambiguous:
+                if self._reconcile.is_finalized(record):
+                    return None

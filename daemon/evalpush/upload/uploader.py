@@ -1,0 +1,150 @@
+"""The uploader: the entry point of the upload stage, shared by every worker thread.
+
+`upload(run)` claims the run, admits it (`admission`), drives its steps (`steps`) until it is
+finalized or cannot go on, records the outcome through `evalpush.transitions`, and releases the
+claim on every way out Python sees. One job per run at a time in this process is the scheduler's
+promise; the claim keeps every other process (and a copy of the run in this one) off it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from evalpush import paths, transitions
+from evalpush.claims import Claims
+from evalpush.errors import (
+    AuthError,
+    Conflict,
+    Gone,
+    Interrupted,
+    LedgerError,
+    Refused,
+    RunError,
+)
+from evalpush.ledger import RunRecord
+from evalpush.log import get_logger
+from evalpush.platform import PlatformClient
+from evalpush.read import Change
+from evalpush.runs import Run, RunKind, derive_run_id
+from evalpush.states import Outcome, State, Step
+from evalpush.upload.admission import Admission
+from evalpush.upload.context import Context, Progress
+from evalpush.upload.files import Rewritten
+from evalpush.upload.reconcile import Reconciler
+from evalpush.upload.steps import Steps
+
+__all__ = ["Progress", "Uploader"]
+
+
+class Uploader:
+    def __init__(self, context: Context, claims: Claims):
+        self.context = context
+        self.claims = claims
+        self._admission = Admission(context)
+        self._steps = Steps(context, Reconciler(context))
+
+    @property
+    def progress(self) -> Progress:
+        return self.context.progress
+
+    @progress.setter
+    def progress(self, progress: Progress) -> None:
+        self.context.progress = progress
+
+    @property
+    def client(self) -> PlatformClient:
+        return self.context.client
+
+    def upload(self, run: Run, *, retry_failed: bool = True) -> RunRecord:
+        """Take `run` as far as it can go now, under its claim; returns its ledger row
+        afterwards (held by nobody). `Busy` if another live process holds the run."""
+        claimed = self._claim(run.run_id, run.path, run.kind)
+        return self._release_after(claimed, lambda: self._work(claimed, run, retry_failed))
+
+    def fail(self, directory: Path, error: RunError) -> RunRecord:
+        """Record a run directory that cannot even be loaded as failed, with why (under its
+        claim, like any write to a run)."""
+        claimed = self._claim(derive_run_id(directory), directory, RunKind.EVAL)
+        ledger = self.context.ledger
+        return self._release_after(claimed, lambda: transitions.fail(ledger, claimed, str(error)))
+
+    # ------------------------------------------------------------ the claim
+
+    def _claim(self, run_id: str, path: Path, kind: str) -> RunRecord:
+        claimed, gone = self.claims.take(run_id=run_id, path=path, kind=kind)
+        if gone is not None:
+            get_logger(run=run_id).warning(
+                "took over the claim of a process that is gone: resuming from the ledger, "
+                "reconciling with the platform",
+                pid=gone.pid,
+                host=gone.host,
+                step=claimed.step,
+                pending=claimed.pending,
+            )
+        return claimed
+
+    def _release_after(self, claimed: RunRecord, work: Callable[[], RunRecord]) -> RunRecord:
+        try:
+            record = work()
+        except BaseException:
+            self._release_after_failure(claimed)
+            raise
+        return self.claims.release(record)
+
+    def _release_after_failure(self, claimed: RunRecord) -> None:
+        """Release on the way out of a failure, without hiding the failure."""
+        try:
+            self.claims.release(claimed)
+        except LedgerError as exc:
+            get_logger(run=claimed.run_id).warning(
+                "could not release the run's claim: it is taken over once this process exits",
+                error=str(exc),
+            )
+
+    # ------------------------------------------------------------ the steps
+
+    def _work(self, record: RunRecord, run: Run, retry_failed: bool) -> RunRecord:
+        ledger = self.context.ledger
+        record = self._admission.admit(record, run, retry_failed=retry_failed)
+        if record.state != State.UPLOADING:
+            return record
+        log = get_logger(run=run.run_id, path=paths.display(run.path))
+        try:
+            while record.step != Step.DONE and record.state == State.UPLOADING:
+                record = self._advance(record, run)
+        except (RunError, Refused) as exc:
+            log.warning("upload failed", error=str(exc))
+            record = transitions.fail(ledger, record, str(exc))
+        except Interrupted:
+            transitions.interrupt(ledger, record)
+            raise
+        except AuthError as exc:
+            transitions.await_key(ledger, record, str(exc))
+            raise
+        return record
+
+    def _advance(self, record: RunRecord, run: Run) -> RunRecord:
+        """One step, with what the world did meanwhile: the evaluation deleted or closed on the
+        platform (a new one is started), the trace file replaced, rewritten or gone."""
+        try:
+            return self._steps.advance(record, run)
+        except (Gone, Conflict) as exc:
+            if record.evaluation_id is None:
+                raise
+            outcome = Outcome.DELETED if isinstance(exc, Gone) else Outcome.CLOSED
+            get_logger(run=run.run_id).warning(
+                "evaluation gone from the platform: starting a new one",
+                evaluation=record.evaluation_id,
+                error=str(exc),
+            )
+            return transitions.start_over(
+                self.context.ledger, record, outcome, state=State.UPLOADING, same_file=True
+            )
+        except Rewritten:
+            return self._admission.file_replaced(record, run, Change.REPLACED, State.UPLOADING)
+        except OSError as exc:  # FileChangedError, or the trace file gone or unreadable
+            checked = self._admission.check_file(record, run, restart_as=State.UPLOADING)
+            if checked.state == record.state and checked.step == record.step:
+                raise RunError(f"{run.traces_path}: cannot read: {exc}") from None
+            return checked
