@@ -15,8 +15,9 @@ rewrites that one answer and passes everything else through untouched.
 
 from __future__ import annotations
 
+import concurrent.futures.thread
 import contextlib
-import encodings.idna  # noqa: F401 - loaded before `as_nobody` forks: nobody cannot import it
+import encodings.idna
 import io
 import json
 import os
@@ -37,11 +38,17 @@ import httpx
 import orjson
 import pytest
 
+import evalpush.report
+import evalpush.service
 import ledger_v1
 from as_nobody import NOBODY, as_nobody
 from evalpush import cli
 from evalpush.local_platform import LocalPlatform
-from evalpush.upload import CRASH_ENV
+
+PRELOADED_FOR_PUSH = (encodings.idna, concurrent.futures.thread, evalpush.report, evalpush.service)
+"""What `push` imports as it runs, imported before `as_nobody` forks: a child that became
+`nobody` may not read this interpreter's library (under /root) to import it then."""
+CRASH_ENV = "EVALPUSH_CRASH_AT"  # upload.py's crash points: `<point>` or `<point>:<n>`
 
 RUN_ID = "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0"
 OTHER_RUN_ID = "11111111-2222-4333-8444-555555555555"
