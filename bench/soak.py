@@ -4,7 +4,7 @@ Writer processes write `--runs` runs (about `--samples` trace lines in all) line
 under a watched tree: some finish by the expected count, some by a marker file, some by
 settling; some hold bad lines, name no environment or have an unparsable config.toml; some are
 replaced mid-way by an atomic rename, as `--resume` does. Meanwhile the local platform (its own
-process, SQLite db) injects faults at a set rate (5xx, 429 with Retry-After, resets and stalls
+process, SQLite db) injects faults into a set share of requests (5xx, 429 with Retry-After, resets and stalls
 after the work, malformed bodies) and refuses connections for seconds at a time; the uploader is
 SIGKILLed at random moments and started again; `evalpush push` of a few finished runs starts
 beside it now and then, sharing its state dir.
@@ -51,7 +51,7 @@ from soakkit.uploaders import Mode  # noqa: E402
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=(Mode.PUSH_ONLY, Mode.DAEMON), default=Mode.PUSH_ONLY)
+    parser.add_argument("--mode", type=Mode, choices=list(Mode), default=Mode.PUSH_ONLY)
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--samples", type=int, default=40_000, help="trace lines in all, about")
     parser.add_argument("--kills", type=int, default=30, help="SIGKILLs of the uploader, at most")
@@ -72,7 +72,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.05,
         help="a writer's longest pause between bursts of lines",
     )
-    parser.add_argument("--fault-interval", type=float, default=0.5, help="mean seconds")
+    parser.add_argument(
+        "--fault-share", type=float, default=0.08, help="of the requests of each kind, about"
+    )
     parser.add_argument("--outage-interval", type=float, default=20.0, help="mean seconds")
     parser.add_argument("--batch-samples", type=int, default=50)
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="chaos phase bound")
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         overlaps=args.overlaps,
         overlap_interval_seconds=args.overlap_interval,
         chaos=ChaosParams(
-            fault_interval_seconds=args.fault_interval,
+            fault_share=args.fault_share,
             outage_interval_seconds=args.outage_interval,
         ),
         batch_samples=args.batch_samples,

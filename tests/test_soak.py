@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from evalpush.config import load_config
 from evalpush.local_platform import LocalPlatform
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -31,7 +32,7 @@ from soakkit.plan import BadLine, Flaw, Readiness, RunPlan, plan_one  # noqa: E4
 from soakkit.platform import clean_environ  # noqa: E402
 from soakkit.run import SoakParams, run_soak  # noqa: E402
 from soakkit.table import table  # noqa: E402
-from soakkit.uploaders import Mode  # noqa: E402
+from soakkit.uploaders import EvalpushWorld, Mode  # noqa: E402
 from soakkit.writers import MARKER, Writer, read_manifests  # noqa: E402
 
 PUSH_TIMEOUT_SECONDS = 120
@@ -209,6 +210,21 @@ class TestAccounting:
         assert accounting.strays == [stray]
 
 
+class TestDaemonConfig:
+    def test_the_daemons_config_and_environment_are_ones_evalpush_accepts(
+        self, tmp_path: Path
+    ) -> None:
+        workdir = tmp_path / "it's a ü dir"
+        workdir.mkdir()
+        world = EvalpushWorld(workdir, "http://127.0.0.1:1", "key", settle_seconds=6.0)
+        config = load_config(world.daemon_config(), environ=world.environ())
+        assert config.watch.roots == [workdir / "tree"]
+        assert config.runs.settle_seconds == 6.0
+        assert config.runs.marker == MARKER
+        assert config.state_dir == workdir / "state"
+        assert config.upload.max_batch_samples == world.batch_samples
+
+
 SOAK_CASES = [
     pytest.param(Mode.PUSH_ONLY, 0, id="push-only"),
     pytest.param(
@@ -246,7 +262,7 @@ class TestShortSoak:
             overlaps=overlaps,
             overlap_interval_seconds=3.0,
             chaos=ChaosParams(
-                fault_interval_seconds=0.3,
+                fault_share=0.15,
                 outage_interval_seconds=10.0,
                 outage_seconds=(1.0, 3.0),
                 first_outage_seconds=3.0,

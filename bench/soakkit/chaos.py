@@ -1,9 +1,13 @@
-"""Bad weather for the platform: faults at a set rate and outages that come and go.
+"""Bad weather for the platform: faults at a set share of requests, outages that come and go.
 
-Each tick queues one fault drawn from `FAULT_MENU` (the local platform's `POST /_control/faults`;
-it applies to the next request of its kind), and from time to time an outage closes the
-platform's port for a few seconds (`refuse`). Everything injected is counted by kind; at the end
-the faults still pending (queued but never met by a request) are dropped and counted apart.
+Faults are a share of the requests the platform received (`fault_share`): each time the soak
+reads the platform's request counts (`observe`), it queues about that share of the new requests
+of each kind as faults of that kind, drawn from `fault_menu` (`POST /_control/faults`; a queued
+fault applies to the next request of its kind). A share, not a rate in time: a client backing
+off sends few requests and so meets few faults, as with a real flaky server; a rate in time
+would queue faults faster than a backing-off client consumes them and starve it. Outages close
+the platform's port for a few seconds (`refuse`) at random times (`tick`). Everything injected
+is counted by kind; at the end the faults still queued are dropped and counted apart.
 """
 
 from __future__ import annotations
@@ -13,9 +17,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-REQUEST_KINDS = ("resolve", "create", "samples", "finalize", "read", "close", "any")
-KIND_WEIGHTS = (1, 2, 6, 2, 2, 1, 2)  # most requests are samples
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Faultable(Protocol):
 
 @dataclass
 class ChaosParams:
-    fault_interval_seconds: float = 0.5  # mean time between injected faults
+    fault_share: float = 0.08  # of the requests of each kind, about
     outage_interval_seconds: float = 20.0  # mean time between outages
     first_outage_seconds: float = 5.0  # after the start: even a short soak meets one
     outage_seconds: tuple[float, float] = (2.0, 6.0)
@@ -58,7 +59,8 @@ class ChaosParams:
 
 @dataclass
 class Chaos:
-    """Call `tick()` often; it injects what is due. `finish()` stops and counts what was left."""
+    """`tick()` often (outages), `observe(request_counts)` on each read of the platform's
+    summary (faults); `finish()` stops and counts what was left."""
 
     platform: Faultable
     params: ChaosParams
@@ -68,45 +70,47 @@ class Chaos:
     outage_seconds: float = 0.0
     left_pending: int = 0
     outage_until: float = 0.0  # monotonic; the platform's port is closed until then
-    _next_fault: float = 0.0
+    _seen: dict[str, int] = field(default_factory=dict)
     _next_outage: float = 0.0
+    _stopped: bool = False
 
     def __post_init__(self) -> None:
-        now = time.monotonic()
         self._menu = fault_menu(self.params.stall_seconds)
-        self._next_fault = now + self._gap(self.params.fault_interval_seconds)
-        self._next_outage = now + self.params.first_outage_seconds
-
-    def _gap(self, mean: float) -> float:
-        return self.rng.expovariate(1.0 / mean) if mean > 0 else float("inf")
+        self._next_outage = time.monotonic() + self.params.first_outage_seconds
 
     def in_outage(self) -> bool:
         return time.monotonic() < self.outage_until
 
     def tick(self) -> None:
-        """Inject what is due; nothing during an outage (faults wait for the port to open)."""
+        """Start an outage when one is due."""
         now = time.monotonic()
-        if now < self.outage_until:
+        if self._stopped or now < self._next_outage:
             return
-        if now >= self._next_fault:
-            self._inject_fault()
-            self._next_fault = now + self._gap(self.params.fault_interval_seconds)
-        if now >= self._next_outage:
-            seconds = self.rng.uniform(*self.params.outage_seconds)
-            self.platform.inject({"fault": "refuse", "seconds": seconds})
-            self.outages += 1
-            self.outage_seconds += seconds
-            self.outage_until = time.monotonic() + seconds
-            self._next_outage = self.outage_until + self._gap(self.params.outage_interval_seconds)
+        seconds = self.rng.uniform(*self.params.outage_seconds)
+        self.platform.inject({"fault": "refuse", "seconds": seconds})
+        self.outages += 1
+        self.outage_seconds += seconds
+        self.outage_until = time.monotonic() + seconds
+        gap = self.rng.expovariate(1.0 / self.params.outage_interval_seconds)
+        self._next_outage = self.outage_until + gap
 
-    def _inject_fault(self) -> None:
+    def observe(self, request_counts: dict[str, int]) -> None:
+        """Queue faults for about `fault_share` of the requests received since the last call."""
+        for kind, count in request_counts.items():
+            new = count - self._seen.get(kind, 0)
+            self._seen[kind] = count
+            if self._stopped:
+                continue
+            for _ in range(sum(self.rng.random() < self.params.fault_share for _ in range(new))):
+                self._inject_fault(kind)
+
+    def _inject_fault(self, on: str) -> None:
         kind = self.rng.choices(self._menu, weights=[k.weight for k in self._menu])[0]
-        on = self.rng.choices(REQUEST_KINDS, weights=KIND_WEIGHTS)[0]
         self.platform.inject({**kind.fields, "on": on})
         self.injected[kind.label] += 1
 
     def finish(self) -> None:
         """Drop the faults no request met (counted), and inject nothing more."""
+        self._stopped = True
         self.left_pending = sum(f["count"] for f in self.platform.pending_faults())
         self.platform.clear_faults()
-        self._next_fault = self._next_outage = float("inf")

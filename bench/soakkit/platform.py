@@ -23,6 +23,7 @@ START_TIMEOUT_SECONDS = 30.0
 CONTROL_TIMEOUT_SECONDS = 120.0  # a summary of a large store, or an outage, can take a while
 CONTROL_RETRY_SECONDS = 0.1
 STOP_TIMEOUT_SECONDS = 30.0
+PLATFORM_LOG = "platform.log"
 
 
 def free_port() -> int:
@@ -46,7 +47,7 @@ class PlatformProcess:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.db = workdir / "platform.db"
-        self.log_path = workdir / "logs" / "platform.log"
+        self.log_path = workdir / "logs" / PLATFORM_LOG
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         command = [sys.executable, "-m", "evalpush", "local-platform", "--host", "127.0.0.1"]

@@ -2,9 +2,9 @@
 
 1. Plan the runs (`plan`), start the local platform (`platform`), the writers (`writers`), the
    uploader (`uploaders`: push-only or daemon) and, now and then, overlapping pushes.
-2. Chaos phase: faults and outages (`chaos`), the uploader SIGKILLed at random moments while its
-   kill budget lasts, until every writer is done and the platform holds a COMPLETED evaluation
-   for every run that should have one, or `max_seconds` pass.
+2. Chaos phase: faults in a share of the requests and outages (`chaos`), the uploader SIGKILLed
+   at random moments while its kill budget lasts, until every writer is done and the platform
+   holds a COMPLETED evaluation for every run that should have one, or `max_seconds` pass.
 3. Drain: faults cleared, no more kills; the uploader finishes (push-only: `push` of every run;
    daemon: it works until the platform holds everything, then SIGTERM, which must exit 0).
 4. Accounting from the platform's stored state (`accounting`), and the secret searched for in
@@ -28,7 +28,7 @@ from pathlib import Path
 from soakkit.accounting import Accounting, account
 from soakkit.chaos import Chaos, ChaosParams
 from soakkit.plan import Mix, RunPlan, plan_runs, save_plans
-from soakkit.platform import PlatformProcess, clean_environ
+from soakkit.platform import PLATFORM_LOG, PlatformProcess, clean_environ
 from soakkit.uploaders import (
     Daemon,
     EvalpushWorld,
@@ -48,11 +48,11 @@ WRITER_STOP_SECONDS = 10.0
 @dataclass
 class SoakParams:
     workdir: Path
-    mode: str = Mode.PUSH_ONLY
+    mode: Mode = Mode.PUSH_ONLY
     runs: int = 100
     samples: int = 40_000
     writers: int = 4
-    pause_seconds: float = 0.05  # a writer's mean pause between bursts, halved
+    pause_seconds: float = 0.05  # a writer's longest pause between bursts of lines
     kills: int = 30
     kill_after_seconds: tuple[float, float] = (0.5, 4.0)
     overlaps: int = 10
@@ -219,11 +219,15 @@ class _Soak:
             self.chaos.tick()
             finished = read_manifests(self.manifests)
             if not self.chaos.in_outage() and time.monotonic() - last_poll >= POLL_SECONDS:
-                self.completed = self._completed_runs()
+                summary = self.platform.summary()
+                self.completed = _completed_runs(summary)
+                self.chaos.observe(summary["requests"])
                 last_poll = time.monotonic()
             todo, finished_dirs = self._work(finished)
             self.uploader.step(todo)
             self.overlaps.step(todo, finished_dirs)
+            if self.uploader.broken:
+                return False
             codes = [w.poll() for w in self.writers]
             if any(code not in (None, 0) for code in codes):
                 return False  # a writer failed: the runs will not all come; account for what did
@@ -242,15 +246,8 @@ class _Soak:
         todo = [tree / p.relpath for p in left + cannot] if left else []
         return todo, [tree / p.relpath for p in plans]
 
-    def _completed_runs(self) -> set[str]:
-        return {
-            e["metadata"]["run_id"]
-            for e in self.platform.summary()["evaluations"].values()
-            if e["status"] == "COMPLETED" and "run_id" in (e.get("metadata") or {})
-        }
-
     def _all_completed(self) -> bool:
-        self.completed = self._completed_runs()
+        self.completed = _completed_runs(self.platform.summary())
         return self.uploading <= self.completed
 
     def _run_dirs(self) -> list[Path]:
@@ -282,11 +279,22 @@ class _Soak:
         return found
 
     def _tracebacks_in(self) -> list[str]:
+        """Logs of evalpush and the writers with a Python traceback in them. The platform's is
+        left out: aiohttp logs one whenever a killed client drops a request mid-body."""
         return sorted(
             str(p.relative_to(self.workdir))
             for p in (self.workdir / "logs").iterdir()
-            if b"Traceback" in p.read_bytes()
+            if p.name != PLATFORM_LOG and b"Traceback" in p.read_bytes()
         )
+
+
+def _completed_runs(summary: dict) -> set[str]:
+    """Run ids with a COMPLETED evaluation on the platform."""
+    return {
+        e["metadata"]["run_id"]
+        for e in summary["evaluations"].values()
+        if e["status"] == "COMPLETED" and "run_id" in (e.get("metadata") or {})
+    }
 
 
 def run_soak(params: SoakParams) -> SoakReport:

@@ -6,6 +6,7 @@ from collections import Counter
 
 from soakkit.plan import Flaw
 from soakkit.run import SoakReport
+from soakkit.uploaders import Mode
 
 
 def _counts(counter: Counter) -> str:
@@ -66,10 +67,14 @@ def table(report: SoakReport) -> str:
             f"{', TIMED OUT' if report.chaos_timed_out else ''}, drain "
             f"{report.drain_seconds:.1f}, accounting {report.account_seconds:.1f})",
         ),
-        ("API key found in", ", ".join(report.secret_found_in) or "nowhere searched"),
+        (
+            "API key found in",
+            ", ".join(report.secret_found_in)
+            or "nothing (every log, the ledger, the platform's stored evaluations searched)",
+        ),
         ("tracebacks in", ", ".join(report.tracebacks_in) or "no log"),
     ]
-    if p.mode == "daemon":
+    if p.mode == Mode.DAEMON:
         rows.append(("daemon exit on SIGTERM", str(report.daemon_stop_exit)))
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]

@@ -10,11 +10,14 @@ Two modes share one state directory and one shape (`step` often, `drain` at the 
   readiness itself. An exit the soak did not cause is recorded.
 `OverlappingPushes` starts `evalpush push` of a few finished runs now and then beside either.
 
-Every evalpush process logs to its own file under `logs/`; exit codes are counted.
+Every evalpush process logs to its own file under `logs/` (`processes.jsonl` gives each one's
+arguments); exit codes are counted.
 """
 
 from __future__ import annotations
 
+import enum
+import json
 import random
 import signal
 import subprocess
@@ -30,10 +33,13 @@ from soakkit.writers import MARKER
 
 STOP_TIMEOUT_SECONDS = 30.0
 DRAIN_POLL_SECONDS = 1.0
+DAEMON_DEATHS_TO_GIVE_UP = 5  # exits the soak did not cause
 DRAIN_PUSHES = 3
 
 
-class Mode:
+class Mode(enum.StrEnum):
+    """What uploads the tree."""
+
     PUSH_ONLY = "push-only"
     DAEMON = "daemon"
 
@@ -76,23 +82,30 @@ class EvalpushWorld:
         """The daemon's config file: the tree, a short settle time, the marker rule."""
         path = self.workdir / "daemon.toml"
         path.write_text(
-            f"[watch]\nroots = [{str(self.tree)!r}]\nrescan_seconds = {self.rescan_seconds}\n\n"
+            f"[watch]\nroots = [{json.dumps(str(self.tree))}]\n"  # a JSON string is a TOML one
+            f"rescan_seconds = {self.rescan_seconds}\n\n"
             f'[runs]\nsettle_seconds = {self.settle_seconds}\nmarker = "{MARKER}"\n'
         )
         return path
 
     def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        """`python -m evalpush ARGS` logging to `logs/NNNNN-name.log`; `processes.jsonl` says
+        which log had which arguments (to find who touched a run that went wrong)."""
         self._started += 1
         log = self.workdir / "logs" / f"{self._started:05d}-{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as out:
-            return subprocess.Popen(
+            process = subprocess.Popen(
                 [sys.executable, "-m", "evalpush", *args],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=self.environ(),
             )
+        entry = {"log": log.name, "pid": process.pid, "started": time.time(), "args": args}
+        with open(self.workdir / "processes.jsonl", "a") as index:
+            index.write(json.dumps(entry) + "\n")
+        return process
 
 
 def kill(process: subprocess.Popen[bytes]) -> None:
@@ -115,50 +128,39 @@ class KillPolicy:
 
 
 @dataclass
-class PushOnly:
-    """`evalpush push` of the runs with work left, killed at random, started again."""
+class _KilledAtRandom:
+    """One uploader process at a time, SIGKILLed at its random moment while the budget lasts."""
 
     world: EvalpushWorld
     kills: KillPolicy
     killed: int = 0
     starts: int = 0
-    exits: Counter[int] = field(default_factory=Counter)
+    exits: Counter[int] = field(default_factory=Counter)  # exits the soak did not cause
     _process: subprocess.Popen[bytes] | None = None
     _kill_at: float | None = None
 
-    def step(self, todo: list[Path]) -> None:
-        if self._process is not None:
-            if self._process.poll() is not None:
-                self.exits[self._process.returncode] += 1
-                self._process = None
-            elif self._kill_at is not None and time.monotonic() >= self._kill_at:
-                kill(self._process)
-                self.killed += 1
-                self.kills.budget -= 1
-                self._process = None
-        if self._process is None and todo:
-            self._process = self.world.start("push", ["push", *map(str, todo)])
-            self.starts += 1
-            self._kill_at = self.kills.deadline()
+    def _reap_or_kill(self) -> None:
+        """Forget the process once it has exited (its code counted) or been killed as due."""
+        if self._process is None:
+            return
+        if self._process.poll() is not None:
+            self.exits[self._process.returncode] += 1
+            self._process = None
+        elif self._kill_at is not None and time.monotonic() >= self._kill_at:
+            kill(self._process)
+            self.killed += 1
+            self.kills.budget -= 1
+            self._process = None
 
-    def drain(self, every_run: list[Path], done: Callable[[], bool], seconds: float) -> None:
-        """Kills off: push every run until `done()` says the platform holds what it should."""
-        deadline = time.monotonic() + seconds
-        if self._process is not None:
-            self._wait(self._process, deadline)
-        for attempt in range(DRAIN_PUSHES):  # at least one: pushing finalized runs sends nothing
-            if attempt and done() or time.monotonic() >= deadline:
-                return
-            self._wait(self.world.start("push-drain", ["push", *map(str, every_run)]), deadline)
-            self.starts += 1
+    @property
+    def broken(self) -> bool:
+        """It keeps dying by itself: starting it again is pointless."""
+        return False
 
-    def _wait(self, process: subprocess.Popen[bytes], deadline: float) -> None:
-        try:
-            self.exits[process.wait(max(0.0, deadline - time.monotonic()))] += 1
-        except subprocess.TimeoutExpired:
-            kill(process)
-            self.exits[-signal.SIGKILL] += 1
-        self._process = None
+    def _start(self, name: str, args: list[str]) -> None:
+        self._process = self.world.start(name, args)
+        self.starts += 1
+        self._kill_at = self.kills.deadline()
 
     def close(self) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -166,48 +168,63 @@ class PushOnly:
 
 
 @dataclass
-class Daemon:
-    """`evalpush run` on the tree, killed at random and started again; it must not die alone."""
-
-    world: EvalpushWorld
-    kills: KillPolicy
-    killed: int = 0
-    starts: int = 0
-    exits: Counter[int] = field(default_factory=Counter)  # exits the soak did not cause
-    stop_exit: int | None = None
-    _process: subprocess.Popen[bytes] | None = None
-    _kill_at: float | None = None
-
-    def _args(self) -> list[str]:
-        return ["--config", str(self.world.daemon_config()), "run"]
+class PushOnly(_KilledAtRandom):
+    """`evalpush push` of the runs with work left, killed at random, started again."""
 
     def step(self, todo: list[Path]) -> None:
-        if self._process is not None:
-            if self._process.poll() is not None:
-                self.exits[self._process.returncode] += 1
-                self._process = None
-            elif self._kill_at is not None and time.monotonic() >= self._kill_at:
-                kill(self._process)
-                self.killed += 1
-                self.kills.budget -= 1
-                self._process = None
-        if self._process is None:
-            self._process = self.world.start("daemon", self._args())
-            self.starts += 1
-            self._kill_at = self.kills.deadline()
+        self._reap_or_kill()
+        if self._process is None and todo:
+            self._start("push", ["push", *map(str, todo)])
 
     def drain(self, every_run: list[Path], done: Callable[[], bool], seconds: float) -> None:
-        """Kills off: wait until `done()` and then a quiet while (two rescans), then SIGTERM;
-        `stop_exit` is the daemon's exit code (None: it did not stop in time)."""
+        """Kills off: push every run until `done()` says the platform holds what it should."""
+        self.kills.budget, self._kill_at = 0, None
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            self._kill_at = None
+        if self._process is not None:
+            self._wait(deadline)
+        for attempt in range(DRAIN_PUSHES):  # at least one: pushing finalized runs sends nothing
+            if attempt and done() or time.monotonic() >= deadline:
+                return
+            self._start("push-drain", ["push", *map(str, every_run)])
+            self._wait(deadline)
+
+    def _wait(self, deadline: float) -> None:
+        assert self._process is not None
+        try:
+            self.exits[self._process.wait(max(0.0, deadline - time.monotonic()))] += 1
+        except subprocess.TimeoutExpired:
+            kill(self._process)
+            self.exits[-signal.SIGKILL] += 1
+        self._process = None
+
+
+@dataclass
+class Daemon(_KilledAtRandom):
+    """`evalpush run` on the tree, killed at random and started again; it must not die alone."""
+
+    stop_exit: int | None = None  # its exit code on SIGTERM at the end (None: it hung)
+
+    @property
+    def broken(self) -> bool:
+        return sum(self.exits.values()) >= DAEMON_DEATHS_TO_GIVE_UP
+
+    def step(self, todo: list[Path]) -> None:
+        """`todo` is ignored: the daemon finds its work itself."""
+        self._reap_or_kill()
+        if self._process is None and not self.broken:
+            self._start("daemon", ["--config", str(self.world.daemon_config()), "run"])
+
+    def drain(self, every_run: list[Path], done: Callable[[], bool], seconds: float) -> None:
+        """Kills off: wait until `done()` and then a quiet while (two rescans), then SIGTERM."""
+        self.kills.budget, self._kill_at = 0, None
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not self.broken:
             self.step([])
-            self._kill_at = None
             if done():
                 time.sleep(2 * self.world.rescan_seconds)
                 break
             time.sleep(DRAIN_POLL_SECONDS)
+        self._reap_or_kill()
         if self._process is None:
             return
         self._process.send_signal(signal.SIGTERM)
@@ -216,10 +233,6 @@ class Daemon:
         except subprocess.TimeoutExpired:
             kill(self._process)
         self._process = None
-
-    def close(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            kill(self._process)
 
 
 @dataclass
