@@ -37,7 +37,7 @@ from soakkit.uploaders import (
     OverlappingPushes,
     PushOnly,
 )
-from soakkit.writers import read_manifests
+from soakkit.writers import ManifestReader, read_manifests
 
 BENCH = Path(__file__).resolve().parents[1]
 POLL_SECONDS = 1.0  # how often the platform's summary is read during the chaos phase
@@ -214,10 +214,11 @@ class _Soak:
     def _chaos_phase(self) -> bool:
         """Until every run is written and held by the platform; False if time ran out."""
         deadline = time.monotonic() + self.params.max_seconds
+        manifests = ManifestReader(self.manifests)
         last_poll = 0.0
         while time.monotonic() < deadline:
             self.chaos.tick()
-            finished = read_manifests(self.manifests)
+            finished = manifests.read()
             if not self.chaos.in_outage() and time.monotonic() - last_poll >= POLL_SECONDS:
                 summary = self.platform.summary()
                 self.completed = _completed_runs(summary)

@@ -26,6 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from gen_traces import (  # bench/ is on the path: the suite's one trace generator
     config_toml,
@@ -95,7 +96,7 @@ class OpenRun:
     directory: Path
     rng: random.Random
     order: list[int]
-    file: object = None
+    file: BinaryIO | None = None  # open for appending while the run is written
     written: list[tuple[bytes, str | None]] = field(default_factory=list)  # (line, good id)
     tail: bytes = b""  # the rest of a half-written line
     tail_after: float = 0.0  # monotonic time the tail may be written
@@ -208,18 +209,32 @@ class Writer:
             os.fsync(f.fileno())
 
 
+class ManifestReader:
+    """The writers' manifests, read on as they grow: each call parses only the new records."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._offsets = dict.fromkeys(paths, 0)
+        self.finished: dict[str, dict] = {}  # run id -> its record
+
+    def read(self) -> dict[str, dict]:
+        for path, offset in self._offsets.items():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            complete = data[: data.rfind(b"\n") + 1]  # a torn last line is not yet a record
+            for line in complete.splitlines():
+                entry = json.loads(line)
+                self.finished[entry["run_id"]] = entry
+            self._offsets[path] = offset + len(complete)
+        return self.finished
+
+
 def read_manifests(paths: list[Path]) -> dict[str, dict]:
-    """Every finished run recorded so far, by run id (a torn last line is not yet a record)."""
-    finished: dict[str, dict] = {}
-    for path in paths:
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            continue
-        for line in data.split(b"\n")[:-1]:
-            entry = json.loads(line)
-            finished[entry["run_id"]] = entry
-    return finished
+    """Every finished run recorded, by run id."""
+    return ManifestReader(paths).read()
 
 
 def main(argv: list[str] | None = None) -> int:
