@@ -118,37 +118,34 @@ def account(
     tree: Path,
     converter: Callable[[Path], Converted] = convert,
 ) -> Accounting:
-    summary = platform.summary()
+    """Every planned run accounted for, a few at once; each run's converted samples are
+    dropped once it is checked (all of them at once would be gigabytes at 200,000 samples)."""
+    by_run, strays = _evaluations_by_run(platform.summary(), {p.run_id for p in plans})
+
+    def one(plan: RunPlan) -> RunAccount:
+        written = manifest.get(plan.run_id)
+        uploads = plan.flaw.uploads and written is not None
+        converted = converter(tree / plan.relpath) if uploads else None
+        evaluations = by_run.get(plan.run_id, [])
+        return account_run(plan, written, evaluations, converted, platform, tree)
+
+    with ThreadPoolExecutor(CONVERT_WORKERS) as pool:
+        return Accounting(list(pool.map(one, plans)), strays)
+
+
+def _evaluations_by_run(
+    summary: dict[str, Any], planned: set[str]
+) -> tuple[dict[str, list[tuple[str, dict]]], list[str]]:
+    """The platform's evaluations grouped by `metadata.run_id`, and those of no planned run."""
     by_run: dict[str, list[tuple[str, dict]]] = {}
     strays: list[str] = []
-    planned = {plan.run_id for plan in plans}
     for evaluation_id, evaluation in summary["evaluations"].items():
         run_id = (evaluation.get("metadata") or {}).get("run_id")
         if run_id in planned:
             by_run.setdefault(run_id, []).append((evaluation_id, evaluation))
         else:
             strays.append(evaluation_id)
-    uploading = [p for p in plans if p.flaw.uploads and p.run_id in manifest]
-    with ThreadPoolExecutor(CONVERT_WORKERS) as pool:
-        converted = dict(
-            zip(
-                [p.run_id for p in uploading],
-                pool.map(lambda p: converter(tree / p.relpath), uploading),
-                strict=True,
-            )
-        )
-    runs = [
-        account_run(
-            plan,
-            manifest.get(plan.run_id),
-            by_run.get(plan.run_id, []),
-            converted.get(plan.run_id),
-            platform,
-            tree,
-        )
-        for plan in plans
-    ]
-    return Accounting(runs, strays)
+    return by_run, strays
 
 
 def account_run(
