@@ -1,0 +1,116 @@
+"""Bad weather for the platform: faults at a set share of requests, outages that come and go.
+
+Faults are a share of the requests the platform received (`fault_share`): each time the soak
+reads the platform's request counts (`observe`), it queues about that share of the new requests
+of each kind as faults of that kind, drawn from `fault_menu` (`POST /_control/faults`; a queued
+fault applies to the next request of its kind). A share, not a rate in time: a client backing
+off sends few requests and so meets few faults, as with a real flaky server; a rate in time
+would queue faults faster than a backing-off client consumes them and starve it. Outages close
+the platform's port for a few seconds (`refuse`) at random times (`tick`). Everything injected
+is counted by kind; at the end the faults still queued are dropped and counted apart.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """One entry of the menu: a label for the table and the fault's fields."""
+
+    label: str
+    fields: dict[str, Any]
+    weight: int = 1
+
+
+def fault_menu(stall_seconds: float) -> list[FaultKind]:
+    """Every fault kind the local platform has (refuse is the outage, scheduled apart)."""
+    return [
+        FaultKind("500", {"fault": "status", "status": 500}, 2),
+        FaultKind("502 after work", {"fault": "status", "status": 502, "do_work": True}, 2),
+        FaultKind("503", {"fault": "status", "status": 503}, 2),
+        FaultKind("504 after work", {"fault": "status", "status": 504, "do_work": True}, 2),
+        FaultKind("429 Retry-After", {"fault": "status", "status": 429, "retry_after": "1"}, 2),
+        FaultKind("reset after work", {"fault": "reset"}, 3),
+        FaultKind("stall after work", {"fault": "stall", "seconds": stall_seconds}, 1),
+        FaultKind("malformed body", {"fault": "malformed"}, 2),
+    ]
+
+
+class Faultable(Protocol):
+    def inject(self, fault: dict[str, Any]) -> None: ...
+    def pending_faults(self) -> list[dict[str, Any]]: ...
+    def clear_faults(self) -> None: ...
+
+
+@dataclass
+class ChaosParams:
+    fault_share: float = 0.08  # of the requests of each kind, about
+    outage_interval_seconds: float = 20.0  # mean time between outages
+    first_outage_seconds: float = 5.0  # after the start: even a short soak meets one
+    outage_seconds: tuple[float, float] = (2.0, 6.0)
+    stall_seconds: float = 4.0  # past the uploaders' read timeout
+
+
+@dataclass
+class Chaos:
+    """`tick()` often (outages), `observe(request_counts)` on each read of the platform's
+    summary (faults); `finish()` stops and counts what was left."""
+
+    platform: Faultable
+    params: ChaosParams
+    rng: random.Random
+    injected: Counter[str] = field(default_factory=Counter)
+    outages: int = 0
+    outage_seconds: float = 0.0
+    left_pending: int = 0
+    outage_until: float = 0.0  # monotonic; the platform's port is closed until then
+    _seen: dict[str, int] = field(default_factory=dict)
+    _next_outage: float = 0.0
+    _stopped: bool = False
+
+    def __post_init__(self) -> None:
+        self._menu = fault_menu(self.params.stall_seconds)
+        self._next_outage = time.monotonic() + self.params.first_outage_seconds
+
+    def in_outage(self) -> bool:
+        return time.monotonic() < self.outage_until
+
+    def tick(self) -> None:
+        """Start an outage when one is due."""
+        now = time.monotonic()
+        if self._stopped or now < self._next_outage:
+            return
+        seconds = self.rng.uniform(*self.params.outage_seconds)
+        self.platform.inject({"fault": "refuse", "seconds": seconds})
+        self.outages += 1
+        self.outage_seconds += seconds
+        self.outage_until = time.monotonic() + seconds
+        gap = self.rng.expovariate(1.0 / self.params.outage_interval_seconds)
+        self._next_outage = self.outage_until + gap
+
+    def observe(self, request_counts: dict[str, int]) -> None:
+        """Queue faults for about `fault_share` of the requests received since the last call."""
+        for kind, count in request_counts.items():
+            new = count - self._seen.get(kind, 0)
+            self._seen[kind] = count
+            if self._stopped:
+                continue
+            for _ in range(sum(self.rng.random() < self.params.fault_share for _ in range(new))):
+                self._inject_fault(kind)
+
+    def _inject_fault(self, on: str) -> None:
+        kind = self.rng.choices(self._menu, weights=[k.weight for k in self._menu])[0]
+        self.platform.inject({**kind.fields, "on": on})
+        self.injected[kind.label] += 1
+
+    def finish(self) -> None:
+        """Drop the faults no request met (counted), and inject nothing more."""
+        self._stopped = True
+        self.left_pending = sum(f["count"] for f in self.platform.pending_faults())
+        self.platform.clear_faults()
