@@ -210,6 +210,51 @@ class TestKilledAtRandomInstants:
         assert_exactly_once(platform, runs)
 
 
+def _with_lines_only_conversion_refuses(run_dir: Path) -> list[str]:
+    """Put lines the cheap first pass counts but conversion refuses (a parent out of range, bad
+    UTF-8 in a message) among the first batch's lines; returns the ids of the good lines."""
+    traces = run_dir / "traces.jsonl"
+    lines = traces.read_bytes().splitlines(keepends=True)
+    good_ids = [orjson.loads(line)["id"] for line in lines]
+    graph = orjson.loads(lines[0])
+    graph["id"], graph["nodes"][-1]["parent"] = "broken-graph", 10_000
+    text = orjson.loads(lines[1])
+    text["id"] = "bad-text"
+    text = orjson.dumps(text).replace(b'"content":"', b'"content":"\xff', 1) + b"\n"
+    lines[3:3] = [orjson.dumps(graph) + b"\n", text]
+    traces.write_bytes(b"".join(lines))
+    return good_ids
+
+
+class TestKilledWithLinesOnlyConversionRefuses:
+    @pytest.mark.parametrize("point", ["batch-acked:2", "finalize-sent"])
+    def test_a_push_killed_after_such_lines_finalizes_once_without_them(
+        self, point: str, source_runs: list[Path], platform: LocalPlatform, tmp_path: Path
+    ) -> None:
+        runs = _outputs(tmp_path, source_runs[1:])
+        [run_dir] = runs.glob("*/*")
+        good_ids = _with_lines_only_conversion_refuses(run_dir)
+        crashing = _push(runs, _environ(platform, tmp_path, **{CRASH_ENV: point}))
+        crashing.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert crashing.returncode == -signal.SIGKILL
+
+        again = _push(runs, _environ(platform, tmp_path))
+        out, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+
+        assert again.returncode == 1, err.decode()  # done, with lines set aside
+        assert b"finalized" in out and b"2 set aside" in out, out.decode()
+        run = load_run(run_dir)
+        limit = Config().read.max_line_bytes
+        checked = scan(read_lines(run.traces_path, max_line_bytes=limit), max_line_bytes=limit)
+        assert checked.totals.traces == len(good_ids) > 40
+        [(evaluation_id, evaluation)] = platform.summary()["evaluations"].items()
+        assert evaluation["status"] == "COMPLETED" and evaluation["finalize_count"] == 1
+        assert evaluation["duplicates"] == 0
+        stored = [s["sample_id"] for s in platform.samples(evaluation_id)]
+        assert sorted(stored) == sorted(good_ids)
+        assert evaluation["metrics"] == summary(run, checked.totals)["metrics"]
+
+
 class TestStoppedWithSigterm:
     def test_sigterm_stops_the_push_cleanly_and_the_next_push_finishes(
         self, runs: Path, platform: LocalPlatform, tmp_path: Path

@@ -1,8 +1,10 @@
 """The upload stage: one run's state machine, scan -> resolve -> create -> push -> finalize.
 
 Exactly once, step by step (docs/ARCHITECTURE.md tells the whole protocol):
-- scan: one cheap pass over the trace file fixes the byte range to upload, its totals (the
-  create and finalize metrics) and the bad lines, all recorded before anything is sent;
+- scan: one cheap pass over the trace file fixes the byte range to upload, the totals the create
+  carries and the bad lines it can see, all recorded before anything is sent (with
+  `convert.on_bad_line = "hold"` the pass checks every line fully, so a run is held before
+  anything is sent);
 - resolve: replayable (get-or-create), so it is simply retried;
 - create: the intent is recorded before the request and the evaluation id after it. After an
   ambiguous failure or a crash in between, the environment's evaluations are listed and one whose
@@ -31,7 +33,7 @@ import msgspec
 
 from evalpush.batch import BAD_LINE, REJECTED, Batch, Prefetch, batches
 from evalpush.config import Config
-from evalpush.convert import RunTotals, convert_lines, scan, summary
+from evalpush.convert import RunTotals, convert_lines, scan, summary, tally
 from evalpush.errors import (
     Ambiguous,
     BatchRefused,
@@ -214,7 +216,11 @@ class Uploader:
             raise RunError(f"{run.traces_path}: cannot read: {exc}") from None
         max_line = self.config.read.max_line_bytes
         lines = read_lines(run.traces_path, end=ident.size, max_line_bytes=max_line, expect=ident)
-        found = scan(lines, max_line_bytes=max_line)
+        # tally: decodes only what the totals need. Lines it cannot see are bad (a broken graph,
+        # bad UTF-8 in a message) are set aside by conversion, and the finalize carries
+        # conversion's exact totals. Hold must see every bad line before anything is sent.
+        first_pass = scan if self.config.convert.on_bad_line == "hold" else tally
+        found = first_pass(lines, max_line_bytes=max_line)
         totals = found.totals
         bad = [
             SetAsideRecord(i.line, i.offset, i.size, BAD_LINE, i.reason) for i in found.set_aside
@@ -370,11 +376,26 @@ class Uploader:
                     already, batch = len(batch.samples) - len(unsent.samples), unsent
                 record = self._send_batch(record, batch, already)
                 self.progress(record)
-        return self.ledger.update(record, step=Step.FINALIZE)
+        return self._pushed(record, run, totals)
+
+    def _pushed(self, record: RunRecord, run: Run, totals: RunTotals) -> RunRecord:
+        """Record conversion's exact totals (the finalize's metrics) with the step's end."""
+        scanned = RunTotals.from_json(record.totals).traces
+        if totals.traces != scanned:
+            get_logger(run=run.run_id).warning(
+                "lines the first pass counted were refused by conversion: the finalize metrics "
+                "leave them out; the create's metadata counted them",
+                counted=scanned,
+                converted=totals.traces,
+            )
+        return self.ledger.update(
+            record, step=Step.FINALIZE, totals=totals.to_json(), samples_seen=totals.traces
+        )
 
     def _totals_before(self, record: RunRecord, run: Run, known: FileIdentity) -> RunTotals:
-        """The running totals at the acknowledged offset (they number each task's rollouts):
-        nothing at the start; after a restart, one cheap pass over the lines already sent."""
+        """Conversion's running totals at the acknowledged offset (they number each task's
+        rollouts and end as the finalize's metrics): nothing at the start; after a restart, one
+        fully checked pass over the lines already sent."""
         if record.acked_offset == 0:
             return RunTotals()
         max_line = self.config.read.max_line_bytes
