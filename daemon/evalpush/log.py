@@ -2,17 +2,20 @@
 
 Every event goes through `redact`, which replaces any registered secret (the API key) and any
 `Authorization` value wherever it appears, so a key can't leak through an exception message.
+
+structlog (which imports asyncio) is imported when the first event is logged, not before: a
+`push` that has nothing to say never pays for it (start-up, issue 10). `configure` keeps its
+settings until then; `get_logger` returns a `Logger` that binds the structlog logger, with the
+configuration of that moment, at each event.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import sys
+import threading
 from collections.abc import MutableMapping
 from typing import Any
-
-import structlog
 
 _secrets: set[str] = set()
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
@@ -57,9 +60,33 @@ def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> Mutab
     return event
 
 
+_pending: dict[str, Any] | None = None  # configure()'s settings, until structlog is imported
+_pending_lock = threading.Lock()
+
+
 def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
-    """Set up structlog once for the process: JSON when not a TTY (or asked), else console."""
-    stream = stream or sys.stderr
+    """Set up structlog once for the process: JSON when not a TTY (or asked), else console.
+
+    Applied now if structlog is already imported, else when the first event is logged."""
+    global _pending
+    with _pending_lock:
+        _pending = {"level": level, "fmt": fmt, "stream": stream or sys.stderr}
+        if "structlog" in sys.modules:
+            _apply_pending()
+
+
+def _apply_pending() -> None:
+    global _pending
+    if _pending is not None:
+        settings, _pending = _pending, None
+        _configure_structlog(**settings)
+
+
+def _configure_structlog(level: str, fmt: str, stream: Any) -> None:
+    import logging
+
+    import structlog
+
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
     renderer: Any = (
@@ -84,5 +111,25 @@ def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> Non
     )
 
 
-def get_logger(**context: Any) -> Any:
-    return structlog.get_logger("evalpush").bind(**context)
+class Logger:
+    """A structlog bound logger, made at each event: `debug`/`info`/`warning`/`error`/
+    `exception`/... are structlog's, with this logger's context bound."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: dict[str, Any]):
+        self._context = context
+
+    def bind(self, **context: Any) -> Logger:
+        return Logger({**self._context, **context})
+
+    def __getattr__(self, method: str) -> Any:
+        with _pending_lock:
+            _apply_pending()
+        import structlog
+
+        return getattr(structlog.get_logger("evalpush").bind(**self._context), method)
+
+
+def get_logger(**context: Any) -> Logger:
+    return Logger(context)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-from evalpush.convert.sample import build_sample, encode_sample
+from evalpush.convert.sample import build_sample, encode_sample, may_hold_null
 from evalpush.convert.totals import RunTotals
 from evalpush.convert.trace import Tally, Trace, decode_tally, decode_trace
 from evalpush.errors import BadRecord
@@ -36,8 +36,7 @@ class SetAside:
         return {"line": self.line, "offset": self.offset, "reason": self.reason, "size": self.size}
 
 
-@dataclass(frozen=True, slots=True)
-class Converted:
+class Converted(NamedTuple):  # a tuple: one is made per line
     line: Line
     sample: bytes  # the encoded sample
 
@@ -72,7 +71,8 @@ def convert_lines(
                 yield trace
             continue
         try:
-            sample = build_sample(trace, totals.rollouts.count(trace.idx) + 1)
+            number = totals.rollouts.count(trace.idx) + 1
+            sample = build_sample(trace, number, nulls=may_hold_null(line.data))
             encoded = encode_sample(sample, line.number)
         except BadRecord as exc:
             yield SetAside(line.number, line.start, exc.reason, line.end - line.start)

@@ -57,6 +57,12 @@ class RolloutCounter:
 
     def add(self, idx: int) -> int:
         """Count one more trace of task `idx`; returns its count (its rollout number)."""
+        dense = self._dense
+        if 0 <= idx < len(dense):  # the common case, inline: this runs once per line
+            number = dense[idx] + 1
+            dense[idx] = number
+            self._distinct += number == 1
+            return number
         number = self.count(idx) + 1
         self._set(idx, number)
         return number

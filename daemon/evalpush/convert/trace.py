@@ -241,31 +241,58 @@ def _finite(value: Any) -> Any:
     return value
 
 
+_OPEN_BRACE = ord("{")
+
+
 def _check(trace: Trace, number: int) -> None:
     """What the types alone do not say: task.idx, raw shapes, and the graph."""
     _check_id(trace.id, number)
     if "idx" not in trace.task:
         raise BadRecord("missing 'task.idx'", line=number)
     _check_idx(trace.task["idx"], number)
-    for name, raw in (("info", trace.info), ("timing", trace.timing)):
-        if memoryview(raw)[:1] != b"{":
-            raise BadRecord(f"'{name}' must be an object", line=number)
+    # A raw value is valid JSON: it is an object when it starts with a brace.
+    if memoryview(trace.info)[0] != _OPEN_BRACE:
+        raise BadRecord("'info' must be an object", line=number)
+    if memoryview(trace.timing)[0] != _OPEN_BRACE:
+        raise BadRecord("'timing' must be an object", line=number)
     for i, raw in enumerate(trace.errors):
-        if memoryview(raw)[:1] != b"{":
+        if memoryview(raw)[0] != _OPEN_BRACE:
             raise BadRecord(f"'errors[{i}]' must be an object", line=number)
-    count = len(trace.nodes)
-    forward_only = True  # every parent precedes its child: then no cycle is possible
-    for i, node in enumerate(trace.nodes):
-        if memoryview(node.message)[:1] != b"{":
+    nodes = trace.nodes
+    for i, node in enumerate(nodes):
+        if memoryview(node.message)[0] != _OPEN_BRACE:
             raise BadRecord(f"'nodes[{i}].message' must be an object", line=number)
-        parent = node.parent
+    parents = [node.parent for node in nodes]
+    if parents != chain(len(nodes)):  # a linear conversation is a valid graph: compared in C
+        _check_graph(parents, number)
+
+
+def _check_graph(parents: list[int | None], number: int) -> None:
+    """Every parent in range, and no cycle."""
+    count = len(parents)
+    forward_only = True  # every parent precedes its child: then no cycle is possible
+    for i, parent in enumerate(parents):
         if parent is not None:
             if not 0 <= parent < count:
                 raise BadRecord(f"'nodes[{i}].parent' {parent} is out of range", line=number)
             if parent >= i:
                 forward_only = False
     if not forward_only:
-        _check_acyclic([node.parent for node in trace.nodes], number)
+        _check_acyclic(parents, number)
+
+
+_CHAINS: dict[int, list[int | None]] = {}
+_CACHED_CHAIN_LENGTH = 4096
+
+
+def chain(length: int) -> list[int | None]:
+    """The parents of a linear conversation of `length` nodes: [None, 0, 1, ...]."""
+    parents = _CHAINS.get(length)
+    if parents is None:
+        parents = [None, *range(length - 1)] if length else []
+        if length <= _CACHED_CHAIN_LENGTH:
+            _CHAINS[length] = parents
+    return parents
 
 
 def _check_id(id: str, number: int) -> None:
