@@ -2,8 +2,12 @@
 
 SPEC (issue 10): `evalpush push` sends its first request within 150 ms of start on a warm cache.
 
-Each repeat starts `python -m evalpush push RUN_DIR` (a 4-trace run, fresh state dir, fresh HOME)
-with its platform URL pointing at a loopback listener in this process. The clock starts just
+Each repeat starts `python -m evalpush push RUN_DIR` (a 4-trace run, fresh HOME, fresh state dir)
+with its platform URL pointing at a loopback listener in this process, configured two ways:
+- "no config": no config file and no `EVALPUSH_*` setting (the state dir is the default under
+  HOME), the usual `push` from a shell: pydantic validates the defaults and flags alone;
+- "EVALPUSH_STATE_DIR": one setting in the environment, so pydantic-settings is loaded too (as
+  it is for any setting variable or config file). The clock starts just
 before the child is spawned and stops when the listener has read the head of the child's first
 request (`POST .../environmentshub/resolve`); the child is then killed (nothing more is needed
 of it). "Warm cache": the daemon's modules are byte-compiled first (`compileall`; this machine
@@ -14,7 +18,10 @@ Also printed, for scale: a bare `python -c pass`, and the whole push of the same
 real `evalpush local-platform` (start to exit, fresh state dir each time). `--importtime` adds
 the push's heaviest imports (`python -X importtime`, cumulative, first start-up only).
 
-    python bench/startup.py [--repeat 15] [--importtime]
+`--at REV` measures the daemon as committed at REV as well, in the same rounds (as
+bench/push.py's `--at`), for a before/after side by side.
+
+    python bench/startup.py [--repeat 15] [--importtime] [--at REV]
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
 from gen_traces import generate  # noqa: E402
-from push import PLATFORM_KEY, Platform  # noqa: E402
+from push import PLATFORM_KEY, Platform, checkout  # noqa: E402
 
 TARGET_MS = 150.0
 RUN_BYTES = 15_000  # the smallest run gen_traces writes: 4 traces
@@ -75,22 +82,30 @@ class FirstRequest:
         self._server.close()
 
 
-def child_env(base_url: str, work: Path) -> dict[str, str]:
+def child_env(
+    base_url: str, work: Path, *, setting: bool = True, daemon: str | None = None
+) -> dict[str, str]:
+    """The push's environment; `setting`: the state dir comes from EVALPUSH_STATE_DIR;
+    `daemon`: a checkout of the daemon to run instead of the working tree."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EVALPUSH_", "PRIME_"))}
-    env.update(
-        PRIME_API_KEY=PLATFORM_KEY,
-        PRIME_API_BASE_URL=base_url,
-        EVALPUSH_STATE_DIR=str(work / "state"),
-        HOME=str(work / "home"),
-    )
+    if daemon:
+        env["PYTHONPATH"] = daemon
+    for name in ("XDG_STATE_HOME", "STATE_DIRECTORY"):
+        env.pop(name, None)
+    env.update(PRIME_API_KEY=PLATFORM_KEY, PRIME_API_BASE_URL=base_url, HOME=str(work / "home"))
+    if setting:
+        env["EVALPUSH_STATE_DIR"] = str(work / "state")
     return env
 
 
-def first_request_seconds(run_dir: Path, *, python_flags: tuple[str, ...] = ()) -> float:
+def first_request_seconds(
+    run_dir: Path, *, setting: bool, daemon: str | None = None, python_flags: tuple[str, ...] = ()
+) -> float:
     """Spawn a push, wait for its first request, kill it; seconds from spawn to request."""
     listener = FirstRequest()
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
-        env = child_env(f"http://127.0.0.1:{listener.port}", Path(tmp))
+        base_url = f"http://127.0.0.1:{listener.port}"
+        env = child_env(base_url, Path(tmp), setting=setting, daemon=daemon)
         stderr = open(Path(tmp) / "stderr", "w+b")  # noqa: SIM115 - closed below
         started = time.perf_counter()
         child = subprocess.Popen(
@@ -160,7 +175,7 @@ def report_imports(importtime: str) -> None:
 def summary(name: str, seconds: list[float]) -> str:
     ms = sorted(s * 1000 for s in seconds)
     return (
-        f"{name:<34} best {ms[0]:6.1f} ms  median {statistics.median(ms):6.1f} ms  "
+        f"{name:<48} best {ms[0]:6.1f} ms  median {statistics.median(ms):6.1f} ms  "
         f"worst {ms[-1]:6.1f} ms  (n={len(ms)})"
     )
 
@@ -169,29 +184,46 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15, help="starts per figure (best shown)")
     parser.add_argument("--importtime", action="store_true", help="show the heaviest imports")
+    parser.add_argument("--at", metavar="REV", help="also measure the daemon as committed at REV")
     args = parser.parse_args()
 
-    compileall.compile_dir(REPO / "daemon", quiet=1)
-    run_dir = generate(BENCH / ".cache" / "startup", RUN_BYTES, reuse=True)
-    first_request_seconds(run_dir)  # warm-up: page cache, bytecode
-    if args.importtime:
-        first_request_seconds(run_dir, python_flags=("-X", "importtime"))
+    with tempfile.TemporaryDirectory(prefix="bench-startup-src-") as src:
+        daemon = checkout(args.at, Path(src)) if args.at else None
+        for tree in filter(None, [str(REPO / "daemon"), daemon]):
+            compileall.compile_dir(tree, quiet=1)
+        measure_all(args, daemon)
 
-    bare, first, whole = [], [], []
+
+def measure_all(args: argparse.Namespace, daemon: str | None) -> None:
+    run_dir = generate(BENCH / ".cache" / "startup", RUN_BYTES, reuse=True)
+    trees = {"ours": None, f"at {args.at}": daemon} if daemon else {"ours": None}
+    for tree in trees.values():  # warm-up: page cache, bytecode
+        for setting in (False, True):
+            first_request_seconds(run_dir, setting=setting, daemon=tree)
+    if args.importtime:
+        first_request_seconds(run_dir, setting=False, python_flags=("-X", "importtime"))
+
+    rows: dict[str, list[float]] = {"python -c pass": []}
     for _ in range(args.repeat):  # interleaved, so a load swing hits every figure alike
-        bare.append(bare_python_seconds())
-        first.append(first_request_seconds(run_dir))
-    for _ in range(max(3, args.repeat // 3)):
-        whole.append(whole_push_seconds(run_dir))
-    print(f"run: {run_dir} (4 traces); best of {args.repeat}")
-    print(summary("python -c pass", bare))
-    print(summary("push: start -> first request", first))
-    print(summary("push: whole, to exit (4 samples)", whole))
-    best = min(first) * 1000
-    print(
-        f"first request {best:.0f} ms after start (best); SPEC <= {TARGET_MS:.0f} ms: "
-        f"{'meets' if best <= TARGET_MS else 'MISSES'}"
-    )
+        rows["python -c pass"].append(bare_python_seconds())
+        for name, tree in trees.items():
+            for setting in (False, True):
+                label = f"{name}: first request, {'EVALPUSH_STATE_DIR' if setting else 'no config'}"
+                seconds = first_request_seconds(run_dir, setting=setting, daemon=tree)
+                rows.setdefault(label, []).append(seconds)
+    rows["ours: whole push to exit (4 samples)"] = [
+        whole_push_seconds(run_dir) for _ in range(max(3, args.repeat // 3))
+    ]
+    print(f"run: {run_dir} (4 traces); {args.repeat} rounds")
+    for label, seconds in rows.items():
+        print(summary(label, seconds))
+    for label, seconds in rows.items():
+        if label.startswith("ours: first request"):
+            best = min(seconds) * 1000
+            print(
+                f"{label}: {best:.0f} ms (best); SPEC <= {TARGET_MS:.0f} ms: "
+                f"{'meets' if best <= TARGET_MS else 'MISSES'}"
+            )
 
 
 if __name__ == "__main__":
