@@ -7,6 +7,7 @@ configuration error.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -70,6 +71,7 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def cmd_convert(args: argparse.Namespace, config: Config) -> int:
+    gc.freeze()  # as in cmd_push: what is loaded by now is never garbage
     try:
         report = _convert_to_streams(args.dir, config, sys.stdout.buffer, sys.stderr.buffer)
     except RunError as exc:
@@ -139,6 +141,9 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
     log.configure(config.log.level, config.log.format, stream=sys.stderr)
     progress = PushProgress(sys.stderr)
     service = Service(config, progress=progress.update, wait_on_auth=False)
+    # What is loaded by now (modules, config, clients) lives as long as the process: keep it
+    # out of every garbage collection to come (issue 10: about 6% of a push's CPU).
+    gc.freeze()
     with service, service.stop_on_signals():
         results = service.push([d.resolve() for d in args.dirs])
     progress.finish()
