@@ -29,7 +29,6 @@ from evalpush.convert import (
     summary,
     tally,
 )
-from evalpush.convert.sample import may_hold_null
 from evalpush.errors import BadRecord
 from evalpush.read import read_lines
 from evalpush.runs import Run, RunKind
@@ -670,6 +669,15 @@ class TestNonFinite:
         assert sample["metrics"] == {"m": None, "n": None}
         assert totals.traces == 1
 
+    def test_a_nan_literal_in_a_message_is_dropped_like_a_null(self, tmp_path):
+        raw = orjson.dumps(trace(id="n", nodes=[node("hi")])).replace(
+            b'"content":"hi"', b'"content":"hi","score":NaN'
+        )
+
+        [item], _ = convert_file(tmp_path / "traces.jsonl", [raw])
+
+        assert orjson.loads(item.sample)["completion"] == [{"role": "assistant", "content": "hi"}]
+
     def test_a_null_reward_counts_as_nan_and_is_sent_as_null(self, tmp_path):
         raw = orjson.dumps(trace(rewards={"r": None, "s": 1.0}))
 
@@ -1022,38 +1030,6 @@ class TestTheTally:
         assert [item.line for item in cheap.set_aside] == [2]
         assert [item.line for item in checked.set_aside] == [2, 4]
         assert (cheap.totals.traces, checked.totals.traces) == (4, 3)
-
-
-class TestTheNullCheckShortcut:
-    """A line that holds no null skips the null-dropping pass; the samples are the same."""
-
-    def test_a_nan_literal_in_a_message_is_dropped_like_a_null(self, tmp_path):
-        raw = orjson.dumps(trace(id="n", nodes=[node("hi")])).replace(
-            b'"content":"hi"', b'"content":"hi","score":NaN'
-        )
-        assert may_hold_null(raw) and b"null" not in raw
-
-        [item], _ = convert_file(tmp_path / "traces.jsonl", [raw])
-
-        assert orjson.loads(item.sample)["completion"] == [{"role": "assistant", "content": "hi"}]
-
-    def test_every_line_converts_the_same_with_and_without_the_shortcut(self, tmp_path):
-        gen = _bench_generator()
-        fixtures = Path(__file__).parent / "fixtures" / "runs"
-        files = [
-            *fixtures.glob("*/*/*.jsonl"),
-            gen.generate(tmp_path, 200_000, seed=7) / "traces.jsonl",
-        ]
-        extra = [
-            orjson.dumps(trace(id="a", nodes=[node("x", tool=None)], errors=[{"m": None}])),
-            orjson.dumps(trace(id="b", timing={"start": 1.0, "end": None}, nodes=[node("null")])),
-        ]
-        lines = [line for f in files for line in f.read_bytes().splitlines() if line] + extra
-        assert len(lines) > 40
-        for raw in lines:
-            checked = decode_trace(raw, 1)
-            fast = build_sample(checked, 1, nulls=may_hold_null(raw))
-            assert encode_sample(fast, 1) == encode_sample(build_sample(checked, 1), 1)
 
 
 class TestRawFieldsAreValidText:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
-from evalpush.convert.sample import build_sample, encode_sample, may_hold_null
+from evalpush.convert.sample import build_sample, encode_sample
 from evalpush.convert.totals import RunTotals
 from evalpush.convert.trace import Tally, Trace, decode_tally, decode_trace
 from evalpush.errors import BadRecord
@@ -72,7 +72,7 @@ def convert_lines(
             continue
         try:
             number = totals.rollouts.count(trace.idx) + 1
-            sample = build_sample(trace, number, nulls=may_hold_null(line.data))
+            sample = build_sample(trace, number)
             encoded = encode_sample(sample, line.number)
         except BadRecord as exc:
             yield SetAside(line.number, line.start, exc.reason, line.end - line.start)
