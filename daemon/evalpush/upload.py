@@ -216,9 +216,9 @@ class Uploader:
             raise RunError(f"{run.traces_path}: cannot read: {exc}") from None
         max_line = self.config.read.max_line_bytes
         lines = read_lines(run.traces_path, end=ident.size, max_line_bytes=max_line, expect=ident)
-        # tally: decodes only what the totals need. Lines it cannot see are bad (a broken graph,
-        # bad UTF-8 in a message) are set aside by conversion, and the finalize carries
-        # conversion's exact totals. Hold must see every bad line before anything is sent.
+        # tally decodes only what the totals need: a line bad only where it does not look (a
+        # broken graph, bad UTF-8 in a message) is set aside by conversion, and the finalize
+        # carries conversion's exact totals. Hold must see every bad line before anything is sent.
         first_pass = scan if self.config.convert.on_bad_line == "hold" else tally
         found = first_pass(lines, max_line_bytes=max_line)
         totals = found.totals
