@@ -38,14 +38,14 @@ import httpx
 import orjson
 import pytest
 
+import evalpush.push
 import evalpush.report
-import evalpush.service
 import ledger_v1
 from as_nobody import NOBODY, as_nobody
 from evalpush import cli
 from evalpush.local_platform import LocalPlatform
 
-PRELOADED_FOR_PUSH = (encodings.idna, concurrent.futures.thread, evalpush.report, evalpush.service)
+PRELOADED_FOR_PUSH = (encodings.idna, concurrent.futures.thread, evalpush.report, evalpush.push)
 """What `push` imports as it runs, imported before `as_nobody` forks: a child that became
 `nobody` may not read this interpreter's library (under /root) to import it then."""
 CRASH_ENV = "EVALPUSH_CRASH_AT"  # upload.py's crash points: `<point>` or `<point>:<n>`

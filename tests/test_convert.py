@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import random
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -20,15 +22,19 @@ from evalpush.convert import (
     Trace,
     build_sample,
     convert_lines,
+    decode_tally,
     decode_trace,
     encode_sample,
     scan,
     summary,
+    tally,
 )
+from evalpush.errors import BadRecord
 from evalpush.read import read_lines
 from evalpush.runs import Run, RunKind
 
 MIB = 1024 * 1024
+MANGLED_LINES = 3000
 RUN_ID = "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9"
 TRUNCATING = [
     "max_turns",
@@ -60,6 +66,16 @@ CORE_KEYS = {
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _bench_generator() -> Any:
+    """bench/gen_traces.py, the realistic run generator."""
+    spec = importlib.util.spec_from_file_location(
+        "gen_traces", Path(__file__).resolve().parents[1] / "bench" / "gen_traces.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def node(content: str = "", *, role: str = "assistant", parent: int | None = None, **fields):
@@ -653,6 +669,15 @@ class TestNonFinite:
         assert sample["metrics"] == {"m": None, "n": None}
         assert totals.traces == 1
 
+    def test_a_nan_literal_in_a_message_is_dropped_like_a_null(self, tmp_path):
+        raw = orjson.dumps(trace(id="n", nodes=[node("hi")])).replace(
+            b'"content":"hi"', b'"content":"hi","score":NaN'
+        )
+
+        [item], _ = convert_file(tmp_path / "traces.jsonl", [raw])
+
+        assert orjson.loads(item.sample)["completion"] == [{"role": "assistant", "content": "hi"}]
+
     def test_a_null_reward_counts_as_nan_and_is_sent_as_null(self, tmp_path):
         raw = orjson.dumps(trace(rewards={"r": None, "s": 1.0}))
 
@@ -882,6 +907,129 @@ class TestScanAgreesWithConversion:
         assert [s.line for s in found.set_aside] == refused == [1, 4]
         assert found.totals.to_json() == totals.to_json()
         assert found.end == path.stat().st_size
+
+
+# Lines bad only in what the tally skips: it takes them, and conversion sets them aside.
+BAD_ONLY_WHERE_THE_TALLY_DOES_NOT_LOOK = {
+    "non-UTF-8 in a message": encoded(nodes=[node("hi")]).replace(b'"hi"', b'"\xff"'),
+    "nodes not a list": encoded(nodes={"0": {}}),
+    "sampled not a bool": encoded(nodes=[node(sampled="yes")]),
+    "parent out of range": encoded(nodes=[node(), node(parent=5)]),
+    "a cycle": encoded(nodes=[node(parent=1), node(parent=0)]),
+    "an error not an object": encoded(errors=["boom"]),
+    "info not a dict": encoded(info=["x"]),
+}
+
+
+def _refusal(decode: Any, raw: bytes) -> str | None:
+    try:
+        decode(raw, 1)
+    except BadRecord as exc:
+        return exc.reason
+    return None
+
+
+class TestTheTally:
+    """The cheap first pass: decodes only what the totals need, and never refuses a line that
+    conversion would take."""
+
+    @pytest.mark.timeout(10)
+    @pytest.mark.parametrize(
+        "raw",
+        [b[1] for b in BAD_LINES] + TestScanAgreesWithConversion.HARD_LINES,
+        ids=[b[0] for b in BAD_LINES] + [f"hard {i}" for i in range(6)],
+    )
+    def test_a_line_the_tally_refuses_is_refused_by_the_full_check_for_the_same_reason(
+        self, raw: bytes
+    ) -> None:
+        cheap, full = _refusal(decode_tally, raw), _refusal(decode_trace, raw)
+        if cheap is not None:
+            assert cheap == full
+
+    @pytest.mark.parametrize(
+        "name",
+        [
+            "invalid JSON",
+            "truncated JSON",
+            "non-UTF-8 bytes",
+            "a JSON array",
+            "missing id",
+            "an id that is not a string",
+            "missing task",
+            "missing task.idx",
+            "idx a string",
+            "idx a bool",
+            "rewards not a dict",
+            "a reward not a number",
+            "metrics not a dict",
+            "errors not a list",
+            "nesting past the decoder's limit",
+        ],
+    )
+    def test_a_line_bad_in_what_the_tally_reads_is_refused_by_it(self, name: str) -> None:
+        [(raw, reason)] = [b[1:] for b in BAD_LINES if b[0] == name]
+        assert reason in (_refusal(decode_tally, raw) or "taken")
+
+    @pytest.mark.parametrize(
+        "raw",
+        BAD_ONLY_WHERE_THE_TALLY_DOES_NOT_LOOK.values(),
+        ids=BAD_ONLY_WHERE_THE_TALLY_DOES_NOT_LOOK.keys(),
+    )
+    def test_a_line_bad_only_where_the_tally_does_not_look_is_counted_by_it_and_refused_later(
+        self, raw: bytes
+    ) -> None:
+        assert _refusal(decode_tally, raw) is None
+        assert _refusal(decode_trace, raw) is not None
+
+    @pytest.mark.timeout(60)
+    def test_no_mangled_line_is_refused_by_the_tally_and_taken_by_the_full_check(self, tmp_path):
+        """Thousands of random one-edit corruptions of realistic lines (a byte dropped, doubled
+        or replaced by JSON punctuation, a digit, a letter or a non-UTF-8 byte)."""
+        gen = _bench_generator()
+        lines = (gen.generate(tmp_path, 60_000, seed=9) / "traces.jsonl").read_bytes().split()
+        rng = random.Random(10)
+        edits = [b"", b"{", b"}", b"[", b"]", b",", b":", b'"', b"1", b"-", b"x", b"\xff", b"null"]
+        tried = refused_by_both = 0
+        for _ in range(MANGLED_LINES):
+            raw = rng.choice(lines)
+            at = rng.randrange(len(raw))
+            edit = rng.choice([*edits, raw[at : at + 1] * 2])
+            mangled = raw[:at] + edit + raw[at + 1 :]
+            cheap, full = _refusal(decode_tally, mangled), _refusal(decode_trace, mangled)
+            tried += 1
+            if cheap is not None:
+                assert full is not None, (mangled, cheap)
+                refused_by_both += 1
+        assert tried == MANGLED_LINES and refused_by_both > MANGLED_LINES // 10
+
+    def test_the_tally_of_a_good_run_is_the_checked_scan_exactly(self, tmp_path: Path) -> None:
+        gen = _bench_generator()
+        run_dir = gen.generate(tmp_path, 400_000, seed=5)
+        path = run_dir / "traces.jsonl"
+        with path.open("ab") as f:  # non-finite and null scores, an idx only seen once
+            f.write(b'{"id": "n", "task": {"idx": 9999}, "rewards": {"r": NaN}, "metrics": {}}\n')
+            f.write(orjson.dumps(trace(id="m", idx=3, rewards={"r": None}, errors=[{}])) + b"\n")
+
+        checked = scan(read_lines(path, max_line_bytes=MIB), max_line_bytes=MIB)
+        cheap = tally(read_lines(path, max_line_bytes=MIB), max_line_bytes=MIB)
+
+        assert checked.totals.traces > 100 and not checked.set_aside
+        assert cheap.totals.to_json() == checked.totals.to_json()
+        assert cheap.end == checked.end == path.stat().st_size
+        assert cheap.set_aside == []
+
+    def test_the_tally_sets_aside_what_it_refuses_and_counts_the_rest(self, tmp_path) -> None:
+        path = tmp_path / "traces.jsonl"
+        good = [orjson.dumps(trace(id=f"g{i}", idx=i, rewards={"r": 1.0})) for i in range(3)]
+        late = BAD_ONLY_WHERE_THE_TALLY_DOES_NOT_LOOK["parent out of range"]
+        path.write_bytes(b"\n".join([good[0], b"{oops", good[1], late, b"", good[2]]) + b"\n")
+
+        cheap = tally(read_lines(path, max_line_bytes=MIB), max_line_bytes=MIB)
+        checked = scan(read_lines(path, max_line_bytes=MIB), max_line_bytes=MIB)
+
+        assert [item.line for item in cheap.set_aside] == [2]
+        assert [item.line for item in checked.set_aside] == [2, 4]
+        assert (cheap.totals.traces, checked.totals.traces) == (4, 3)
 
 
 class TestRawFieldsAreValidText:

@@ -13,9 +13,14 @@ import signal
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
+from evalpush.config import Config
+from evalpush.convert import scan, summary
 from evalpush.local_platform import LocalPlatform
+from evalpush.read import read_lines
+from evalpush.runs import load_run
 from evalpush.upload import CRASH_ENV
 from pushing import (
     PUSH_TIMEOUT_SECONDS,
@@ -116,6 +121,51 @@ class TestKilledAtRandomInstants:
             pytest.fail(f"push never finished in {MAX_ATTEMPTS} attempts")
         assert kills > 0, "at least one push was killed mid-way"
         assert_exactly_once(platform, runs)
+
+
+def _with_lines_only_conversion_refuses(run_dir: Path) -> list[str]:
+    """Put lines the cheap first pass counts but conversion refuses (a parent out of range, bad
+    UTF-8 in a message) among the first batch's lines; returns the ids of the good lines."""
+    traces = run_dir / "traces.jsonl"
+    lines = traces.read_bytes().splitlines(keepends=True)
+    good_ids = [orjson.loads(line)["id"] for line in lines]
+    graph = orjson.loads(lines[0])
+    graph["id"], graph["nodes"][-1]["parent"] = "broken-graph", 10_000
+    text = orjson.loads(lines[1])
+    text["id"] = "bad-text"
+    text = orjson.dumps(text).replace(b'"content":"', b'"content":"\xff', 1) + b"\n"
+    lines[3:3] = [orjson.dumps(graph) + b"\n", text]
+    traces.write_bytes(b"".join(lines))
+    return good_ids
+
+
+class TestKilledWithLinesOnlyConversionRefuses:
+    @pytest.mark.parametrize("point", ["batch-acked:2", "finalize-sent"])
+    def test_a_push_killed_after_such_lines_finalizes_once_without_them(
+        self, point: str, source_runs: list[Path], platform: LocalPlatform, tmp_path: Path
+    ) -> None:
+        runs = outputs(tmp_path, source_runs[1:])
+        [run_dir] = runs.glob("*/*")
+        good_ids = _with_lines_only_conversion_refuses(run_dir)
+        crashing = start_push(runs, push_environ(platform, tmp_path, **{CRASH_ENV: point}))
+        crashing.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert crashing.returncode == -signal.SIGKILL
+
+        again = start_push(runs, push_environ(platform, tmp_path))
+        out, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+
+        assert again.returncode == 1, err.decode()  # done, with lines set aside
+        assert b"finalized" in out and b"2 set aside" in out, out.decode()
+        run = load_run(run_dir)
+        limit = Config().read.max_line_bytes
+        checked = scan(read_lines(run.traces_path, max_line_bytes=limit), max_line_bytes=limit)
+        assert checked.totals.traces == len(good_ids) > 40
+        [(evaluation_id, evaluation)] = platform.summary()["evaluations"].items()
+        assert evaluation["status"] == "COMPLETED" and evaluation["finalize_count"] == 1
+        assert evaluation["duplicates"] == 0
+        stored = [s["sample_id"] for s in platform.samples(evaluation_id)]
+        assert sorted(stored) == sorted(good_ids)
+        assert evaluation["metrics"] == summary(run, checked.totals)["metrics"]
 
 
 class TestStoppedWithSigterm:

@@ -29,7 +29,7 @@ import disks
 from evalpush.app import App
 from evalpush.claims import Claims
 from evalpush.config import Config, PlatformConfig
-from evalpush.convert import RunTotals, SetAside, convert_lines, summary
+from evalpush.convert import RunTotals, SetAside, convert_lines, summary, tally
 from evalpush.errors import Busy, ClaimLost, Interrupted, LedgerError
 from evalpush.ledger import Ledger, RunRecord, State, Step, default_path
 from evalpush.local_platform import LocalPlatform
@@ -966,6 +966,145 @@ class TestBadInput:
         assert skipped.state == State.SKIPPED
         assert "runs.upload_replays" in skipped.reason
         assert_uploaded_once(local_platform, run_dir, record)
+
+
+# ---------------------------------------------------------------- the cheap first pass
+
+
+def refused_only_by_conversion() -> list[tuple[int, bytes, str]]:
+    """(line number, raw line, words of the reason) for lines the cheap first pass (the tally)
+    counts, since what is wrong with them lies in fields it does not read."""
+    broken_graph = a_trace(100, idx=0)
+    broken_graph["nodes"][1]["parent"] = 7
+    bad_text = orjson.dumps(a_trace(101, idx=1)).replace(b"line of words", b"line \xff words")
+    wrong_type = a_trace(102, idx=50)  # the only trace of task 50
+    wrong_type["nodes"][1]["sampled"] = "yes"
+    return [
+        (2, orjson.dumps(broken_graph), "out of range"),
+        (5, bad_text, "not UTF-8"),
+        (7, orjson.dumps(wrong_type), "'nodes[1].sampled' must be a boolean"),
+    ]
+
+
+def with_lines_only_conversion_refuses(good: list[bytes], *, cheap_bad: bool = True) -> list[bytes]:
+    lines = list(good)
+    for number, raw, _reason in refused_only_by_conversion():
+        lines.insert(number - 1, raw)
+    if cheap_bad:
+        lines.insert(8, b'{"id": "c", oops}')  # line 9: the tally refuses it as well
+    return lines
+
+
+def tallied(run_dir: Path) -> dict[str, Any]:
+    """The summary of the run as the cheap first pass sums it (what the create carries)."""
+    run = load_run(run_dir)
+    lines = read_lines(run.traces_path, max_line_bytes=MAX_LINE_BYTES)
+    return summary(run, tally(lines, max_line_bytes=MAX_LINE_BYTES).totals)
+
+
+class TestTheCheapFirstPass:
+    """The first pass decodes only what the totals need (`convert.tally`); a line only the full
+    check refuses is found by conversion, set aside once, and counted nowhere at the end."""
+
+    def test_a_line_only_conversion_refuses_is_set_aside_once_and_left_out_of_the_final_metrics(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, with_lines_only_conversion_refuses(trace_lines(12)))
+        want = expected(run_dir)
+        assert len(want.samples) == 12
+
+        record = upload(uploader, run_dir)
+
+        [evaluation] = evaluations_of(local_platform, run_dir).values()
+        assert record.state == State.FINALIZED and evaluation["finalize_count"] == 1
+        stored = sorted(local_platform.samples(record.evaluation_id), key=lambda s: s["sample_id"])
+        assert stored == sorted(want.samples, key=lambda s: s["sample_id"])
+        assert evaluation["metrics"] == want.summary["metrics"]
+        assert RunTotals.from_json(record.totals).metrics() == want.summary["metrics"]
+        assert record.samples_sent == record.samples_seen == 12
+        set_aside = ledger.set_aside(record)
+        assert [(item.line, item.kind) for item in set_aside] == [
+            (2, "bad_line"),
+            (5, "bad_line"),
+            (7, "bad_line"),
+            (9, "bad_line"),
+        ]
+        for item, (_number, _raw, reason) in zip(
+            set_aside[:3], refused_only_by_conversion(), strict=True
+        ):
+            assert reason in item.reason
+        # The create went out before conversion met those lines: its metadata counted them.
+        assert evaluation["metadata"] == tallied(run_dir)["metadata"]
+        assert (
+            evaluation["metadata"]["num_examples"] == want.summary["metadata"]["num_examples"] + 1
+        )
+
+    def test_a_good_run_is_created_with_the_metrics_it_is_finalized_with(
+        self, local_platform, uploader, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(13))
+
+        record = upload(uploader, run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+        assert tallied(run_dir) == expected(run_dir).summary
+
+    def test_hold_checks_every_line_fully_before_anything_is_sent(
+        self, local_platform, make_uploader, ledger, runs_root
+    ):
+        good = trace_lines(8)
+        run_dir = write_run(runs_root, with_lines_only_conversion_refuses(good, cheap_bad=False))
+        uploader = make_uploader(convert={"on_bad_line": "hold"})
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.HELD
+        assert "3 bad lines" in record.reason
+        assert [item.line for item in ledger.set_aside(record)] == [2, 5, 7]
+        requests = local_platform.summary()["requests"]
+        assert requests["resolve"] == requests["create"] == requests["samples"] == 0
+
+    def test_a_held_run_released_is_created_and_finalized_with_its_exact_metrics(
+        self, local_platform, make_uploader, ledger, runs_root
+    ):
+        good = trace_lines(8)
+        run_dir = write_run(runs_root, with_lines_only_conversion_refuses(good, cheap_bad=False))
+        uploader = make_uploader(convert={"on_bad_line": "hold"})
+        held = upload(uploader, run_dir)
+        ledger.set_state(held, State.READY, release_hold=1, reason="queued", last_error=None)
+
+        record = upload(uploader, run_dir)
+
+        assert_uploaded_once(local_platform, run_dir, record)
+        assert len(ledger.set_aside(record)) == 3
+
+    def test_an_upload_stopped_after_such_a_line_resumes_and_finalizes_without_it(
+        self, local_platform, make_uploader, ledger, stop_event, runs_root
+    ):
+        run_dir = write_run(runs_root, with_lines_only_conversion_refuses(trace_lines(12)))
+        uploader = make_uploader(upload={"max_batch_samples": 3})
+
+        def outage_then_stop() -> None:
+            local_platform.inject("refuse", seconds=1.0)
+            threading.Timer(0.2, stop_event.set).start()
+
+        uploader.progress = after_batch(2, outage_then_stop)
+        with pytest.raises(Interrupted):
+            upload(uploader, run_dir)
+        stopped = ledger.get(str(run_dir))
+        assert stopped.step == Step.PUSH and stopped.acked_line >= 5
+        stop_event.clear()
+        uploader.progress = lambda record: None
+
+        record = upload(uploader, run_dir)
+
+        want = expected(run_dir)
+        [evaluation] = evaluations_of(local_platform, run_dir).values()
+        assert record.state == State.FINALIZED
+        assert evaluation["metrics"] == want.summary["metrics"]
+        assert evaluation["sample_count"] == evaluation["distinct_sample_ids"] == 12
+        assert record.samples_sent == record.samples_seen == 12
+        assert [item.line for item in ledger.set_aside(record)] == [2, 5, 7, 9]
 
 
 # ---------------------------------------------------------------- the eval pushed itself

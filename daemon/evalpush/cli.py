@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -93,6 +94,7 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def cmd_convert(args: argparse.Namespace, config: Config) -> int:
+    gc.freeze()  # as in cmd_push: what is loaded by now is never garbage
     try:
         report = _convert_to_streams(args.dir, config, sys.stdout.buffer, sys.stderr.buffer)
     except RunError as exc:
@@ -164,6 +166,9 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
     progress = PushProgress(sys.stderr)
     with App.from_config(config, progress=progress.update, wait_on_auth=False) as app:
         app.client.credentials  # noqa: B018 - no key (or an unusable base URL): one error, up front
+        # What is loaded by now (modules, config, clients) lives as long as the process: keep it
+        # out of every garbage collection to come (about 6% of a push's CPU).
+        gc.freeze()
         with _stop_on_signals(app.request_stop):
             results = push(app, [d.resolve() for d in args.dirs], wait=not args.no_wait)
     progress.finish()

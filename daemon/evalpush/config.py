@@ -1,7 +1,8 @@
 """Configuration: one pydantic model of every setting, loaded by pydantic-settings.
 
 Precedence, highest first: command-line flag > environment variable > config file > default
-(`Config.settings_customise_sources`). The sources:
+(`evalpush.config_sources`, which holds pydantic-settings' part and is imported only when there
+is a variable or a file to read). The sources:
 
 - flags: `load_config(flags={section: {key: value}})`, the command-line values that were given;
 - the environment: `EVALPUSH_<SECTION>__<KEY>` for any key (pydantic-settings' prefix and
@@ -22,28 +23,17 @@ command line. The platform's own variables (`PRIME_API_KEY`, ...) are read by
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import os
 import re
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
-from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
-from pydantic_settings import (
-    BaseSettings,
-    EnvSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
 
 from evalpush.errors import BadInput, ConfigError
 
@@ -165,19 +155,11 @@ class MetricsConfig(_Section):
         return parse_listen(self.listen) if self.listen else None
 
 
-# The sources `load_config` builds for one call; `Config()` outside it sees none and reads nothing.
-_LOADING: ContextVar[tuple[PydanticBaseSettingsSource, ...]] = ContextVar(
-    "evalpush_config_sources", default=()
-)
+class Config(BaseModel):
+    """Every setting. `Config(...)` validates what it is given on the defaults and reads
+    nothing; `load_config` adds the file and the environment (through pydantic-settings)."""
 
-
-class Config(BaseSettings):
-    model_config = SettingsConfigDict(
-        extra="forbid",
-        frozen=True,
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter=ENV_NESTED_DELIMITER,
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     watch: WatchConfig = WatchConfig()
     runs: RunsConfig = RunsConfig()
@@ -188,22 +170,6 @@ class Config(BaseSettings):
     state: StateConfig = StateConfig()
     log: LogConfig = LogConfig()
     metrics: MetricsConfig = MetricsConfig()
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Keyword arguments (the flags) > environment > file; pydantic-settings adds defaults.
-
-        The environment and the file are the ones `load_config` was given: the library's own
-        sources read `os.environ` and a file fixed on the class.
-        """
-        return (init_settings, *_LOADING.get())
 
     @property
     def state_dir(self) -> Path:
@@ -228,6 +194,8 @@ def _keys() -> dict[str, tuple[str, str]]:
 
 
 def _closest(name: str, candidates: Sequence[str]) -> str | None:
+    import difflib  # only for an error message
+
     close = difflib.get_close_matches(name, candidates, n=1, cutoff=SUGGESTION_CUTOFF)
     return close[0] if close else None
 
@@ -297,26 +265,6 @@ def _unquoted(raw: str) -> str:
     return value if isinstance(value, str) else raw
 
 
-class _Environment(EnvSettingsSource):
-    """pydantic-settings' environment source over given variables, with values written as TOML."""
-
-    def __init__(self, settings_cls: type[BaseSettings], variables: Mapping[str, str]):
-        self._variables = variables  # read by _load_env_vars, which the base __init__ calls
-        super().__init__(settings_cls)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        # The library reads os.environ; load_config is given the environment (tests give theirs)
-        # and has already set aside every variable that names no setting.
-        return {name.lower(): _unquoted(value) for name, value in self._variables.items()}
-
-    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
-        # An array is written as in the file, so ['/a'] works as well as the library's JSON.
-        try:
-            return _toml_value(value)
-        except ValueError:
-            return value  # validation then says what the key wants, naming the variable
-
-
 # -- the file ---------------------------------------------------------------------------------
 
 
@@ -333,21 +281,6 @@ def read_toml(path: Path, error: type[BadInput], what: str) -> dict[str, Any]:
         raise error(f"{path}: {what} cannot be read: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise error(f"{path}: {what} is not valid TOML: {exc}") from None
-
-
-class _ConfigFile(TomlConfigSettingsSource):
-    """pydantic-settings' TOML source, except that a file it cannot read is an error naming it.
-
-    The library skips a missing file without a word, and anything that is not a regular file,
-    such as the pipe of `--config <(...)`.
-    """
-
-    def __init__(self, settings_cls: type[BaseSettings], path: Path, what: str):
-        self._what = what  # read by _read_files, which the base __init__ calls
-        super().__init__(settings_cls, toml_file=path)
-
-    def _read_files(self, files: Any, deep_merge: bool = False) -> dict[str, Any]:
-        return read_toml(Path(files), ConfigError, self._what)
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -395,15 +328,6 @@ def _problem(error: ErrorDetails, origins: _Origins) -> str:
 # -- loading ----------------------------------------------------------------------------------
 
 
-@contextmanager
-def _loading(sources: tuple[PydanticBaseSettingsSource, ...]) -> Iterator[None]:
-    token = _LOADING.set(sources)
-    try:
-        yield
-    finally:
-        _LOADING.reset(token)
-
-
 def load_config(
     path: Path | None = None,
     *,
@@ -422,15 +346,17 @@ def load_config(
     if path is None and environ.get(CONFIG_VARIABLE):
         path, what = Path(environ[CONFIG_VARIABLE]), f"config file (named by {CONFIG_VARIABLE})"
     variables = _sort_variables(environ)
-    sources: list[PydanticBaseSettingsSource] = [_Environment(Config, variables.values)]
-    if path is not None:
-        try:
-            sources.append(_ConfigFile(Config, path, what))
-        except ConfigError as exc:
-            raise _invalid([*variables.problems, str(exc)]) from None
     try:
-        with _loading(tuple(sources)):
+        if variables.values or path is not None:
+            from evalpush.config_sources import load_sources
+
+            config = load_sources(flags, variables.values, path, what)
+        else:
+            # Nothing for pydantic-settings to read, so it is not imported: it is a sixth of
+            # `evalpush push`'s start-up. Validating the flags on the defaults is what it would do.
             config = Config(**flags)
+    except ConfigError as exc:  # the file cannot be read
+        raise _invalid([*variables.problems, str(exc)]) from None
     except ValidationError as exc:
         origins = _Origins(flags, variables.names, path)
         raise _invalid(

@@ -10,13 +10,17 @@ truncated error body, or split by an escaped newline), plus any `Bearer` token.
 "In part" means a run of at least `MIN_SECRET_CHARS` characters that also occurs in the key: a
 random key shares no such run with ordinary text, so nothing else is blanked. A key that itself
 holds an ordinary word of that length blanks that word too; secrecy wins over readability.
+
+structlog (which imports asyncio) is imported when the first event is logged, not before: a
+`push` that has nothing to say never pays for it (start-up). `configure` keeps its settings until
+then; `get_logger` returns a `Logger` that binds the structlog logger, with the configuration of
+that moment, at each event.
 """
 
 from __future__ import annotations
 
 import functools
 import io
-import logging
 import re
 import sys
 import threading
@@ -25,7 +29,6 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, ParamSpec, TextIO, TypeVar
 
 import msgspec
-import structlog
 
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 8
@@ -178,9 +181,33 @@ def scrubbed_output(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+_pending: dict[str, Any] | None = None  # configure()'s settings, until structlog is imported
+_pending_lock = threading.Lock()
+
+
 def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
-    """Set up structlog once for the process: JSON when not a TTY (or asked), else console."""
-    stream = stream or sys.stderr
+    """Set up structlog once for the process: JSON when not a TTY (or asked), else console.
+
+    Applied now if structlog is already imported, else when the first event is logged."""
+    global _pending
+    with _pending_lock:
+        _pending = {"level": level, "fmt": fmt, "stream": stream or sys.stderr}
+        if "structlog" in sys.modules:
+            _apply_pending()
+
+
+def _apply_pending() -> None:
+    global _pending
+    if _pending is not None:
+        settings, _pending = _pending, None
+        _configure_structlog(**settings)
+
+
+def _configure_structlog(level: str, fmt: str, stream: Any) -> None:
+    import logging
+
+    import structlog
+
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
     renderer: Any = (
@@ -205,5 +232,25 @@ def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> Non
     )
 
 
-def get_logger(**context: Any) -> Any:
-    return structlog.get_logger("evalpush").bind(**context)
+class Logger:
+    """A structlog bound logger, made at each event: `debug`/`info`/`warning`/`error`/
+    `exception`/... are structlog's, with this logger's context bound."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: dict[str, Any]):
+        self._context = context
+
+    def bind(self, **context: Any) -> Logger:
+        return Logger({**self._context, **context})
+
+    def __getattr__(self, method: str) -> Any:
+        with _pending_lock:
+            _apply_pending()
+        import structlog
+
+        return getattr(structlog.get_logger("evalpush").bind(**self._context), method)
+
+
+def get_logger(**context: Any) -> Logger:
+    return Logger(context)

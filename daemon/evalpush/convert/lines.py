@@ -1,21 +1,26 @@
 """A run, line by line: each line becomes an encoded sample or a set-aside record.
 
-`convert_lines` is the hot path of an upload; `scan` is the cheap first pass that checks every
-line and sums the good ones (the create request needs the run's metrics before any sample goes
-out).
+`convert_lines` is the hot path of an upload. The create request needs the run's metrics before
+any sample goes out, so an upload first passes over the run once without building samples:
+- `tally`, the cheap pass: decodes only what the totals need (`decode_tally`); it sets aside a
+  subset of the lines the full check refuses, never a line the full check takes;
+- `scan`, the checked pass: every line through the full check (`decode_trace`), so it takes and
+  refuses exactly the lines `convert_lines` does, and its totals are exactly conversion's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 from evalpush.convert.sample import build_sample, encode_sample
 from evalpush.convert.totals import RunTotals
-from evalpush.convert.trace import Trace, decode_trace
+from evalpush.convert.trace import Tally, Trace, decode_tally, decode_trace
 from evalpush.errors import BadRecord
 from evalpush.read import Line
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,24 +36,24 @@ class SetAside:
         return {"line": self.line, "offset": self.offset, "reason": self.reason, "size": self.size}
 
 
-@dataclass(frozen=True, slots=True)
-class Converted:
+class Converted(NamedTuple):  # a tuple: one is made per line
     line: Line
     sample: bytes  # the encoded sample
 
 
-def _checked(line: Line, max_line_bytes: int) -> Trace | SetAside | None:
-    """The line's checked trace, its SetAside record, or None for a blank line."""
+def _checked(
+    line: Line, max_line_bytes: int, decode: Callable[[bytes, int], T]
+) -> T | SetAside | None:
+    """The line decoded and checked by `decode`, its SetAside record, or None for a blank line."""
     if line.data is None:
         reason = f"line longer than read.max_line_bytes ({max_line_bytes} bytes)"
         return SetAside(line.number, line.start, reason, line.end - line.start)
     if not line.data.strip():
         return None  # a blank line is no record (the producer skips them too)
     try:
-        trace = decode_trace(line.data, line.number)
+        return decode(line.data, line.number)
     except BadRecord as exc:
         return SetAside(line.number, line.start, exc.reason, line.end - line.start)
-    return trace
 
 
 def convert_lines(
@@ -60,13 +65,14 @@ def convert_lines(
     holds a sample, `totals` cover exactly the samples before it (what a batch boundary needs).
     """
     for line in lines:
-        trace = _checked(line, max_line_bytes)
+        trace = _checked(line, max_line_bytes, decode_trace)
         if trace is None or isinstance(trace, SetAside):
             if trace is not None:
                 yield trace
             continue
         try:
-            sample = build_sample(trace, totals.rollouts.count(trace.task["idx"]) + 1)
+            number = totals.rollouts.count(trace.idx) + 1
+            sample = build_sample(trace, number)
             encoded = encode_sample(sample, line.number)
         except BadRecord as exc:
             yield SetAside(line.number, line.start, exc.reason, line.end - line.start)
@@ -77,7 +83,7 @@ def convert_lines(
 
 @dataclass(slots=True)
 class Scan:
-    """What one cheap pass over a run's lines found."""
+    """What one pass over a run's lines found, without building samples."""
 
     totals: RunTotals
     set_aside: list[SetAside]
@@ -85,13 +91,24 @@ class Scan:
 
 
 def scan(lines: Iterator[Line], *, max_line_bytes: int) -> Scan:
-    """Check every line and sum the good ones, without building samples."""
+    """Check every line as conversion does and sum the good ones."""
+    return _pass(lines, max_line_bytes, decode_trace)
+
+
+def tally(lines: Iterator[Line], *, max_line_bytes: int) -> Scan:
+    """Sum the lines, decoding only what the totals need; the cheap first pass."""
+    return _pass(lines, max_line_bytes, decode_tally)
+
+
+def _pass(
+    lines: Iterator[Line], max_line_bytes: int, decode: Callable[[bytes, int], Trace | Tally]
+) -> Scan:
     result = Scan(RunTotals(), [], 0)
     for line in lines:
         result.end = line.end
-        trace = _checked(line, max_line_bytes)
-        if isinstance(trace, SetAside):
-            result.set_aside.append(trace)
-        elif trace is not None:
-            result.totals.add(trace)
+        checked = _checked(line, max_line_bytes, decode)
+        if isinstance(checked, SetAside):
+            result.set_aside.append(checked)
+        elif checked is not None:
+            result.totals.add(checked)
     return result

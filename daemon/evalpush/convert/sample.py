@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from evalpush.convert.trace import Node, Trace, Usage
+from evalpush.convert.trace import Node, Trace, Usage, chain
 from evalpush.errors import BadRecord
 
 TRUNCATING_STOP_CONDITIONS = frozenset(
@@ -24,7 +24,6 @@ TRUNCATING_STOP_CONDITIONS = frozenset(
         "harness_timeout",
     }
 )
-OPTIONAL_USAGE_FIELDS = ("cached_input_tokens", "reasoning_tokens", "cost")
 
 _ENCODER = msgspec.json.Encoder()
 _EMPTY_CONTAINER = re.compile(rb"[\[{]\s*[\]}]")
@@ -62,59 +61,44 @@ def _all_without_nulls(raw: msgspec.Raw) -> msgspec.Raw | dict[str, Any]:
     return _without_nulls(msgspec.json.decode(raw)) if _NULL.search(raw) else raw
 
 
-def _input_tokens(path: list[int], tokens: list[int], masked: list[int], usages: list[Any]) -> int:
-    """Tokens on the path minus the last masked node's (the prompt of the final turn); else
-    the input size of the last usage on the path; else 0."""
-    total = sum(tokens[i] for i in path)
-    last = next((masked[i] for i in reversed(path) if masked[i]), 0)
-    if total - last:
-        return total - last
-    usage = next((usages[i] for i in reversed(path) if usages[i] is not None), None)
-    if usage is None:
-        return 0
-    return usage.prompt_tokens + (usage.cached_input_tokens or 0)
+def _branch(nodes: list[Node], messages: list[Any], tokens: list[int], masked: list[int]):
+    """A trajectory entry for a root -> leaf path, given its nodes and their views.
 
-
-def _output_tokens(path: list[int], masked: list[int], usages: list[Any]) -> int:
-    """Masked (sampled) tokens on the path; else the completion tokens of its usages."""
-    total = sum(masked[i] for i in path)
-    if total:
-        return total
-    return sum(usages[i].completion_tokens for i in path if usages[i] is not None)
+    Input tokens: tokens on the path minus the last masked node's (the prompt of the final
+    turn); else the input size of the last usage on the path; else 0. Output tokens: masked
+    (sampled) tokens on the path; else the completion tokens of its usages."""
+    last = 0
+    for count in reversed(masked):
+        if count:
+            last = count
+            break
+    inputs = sum(tokens) - last
+    if not inputs:
+        usage = next((n.usage for n in reversed(nodes) if n.usage is not None), None)
+        inputs = 0 if usage is None else usage.prompt_tokens + (usage.cached_input_tokens or 0)
+    outputs = sum(masked) or sum(n.usage.completion_tokens for n in nodes if n.usage is not None)
+    return {"messages": messages, "num_input_tokens": inputs, "num_output_tokens": outputs}
 
 
 def trajectory(nodes: list[Node]) -> list[dict[str, Any]]:
     """One entry per branch (root -> leaf path), in ascending leaf order (section 4)."""
-    parents = [node.parent for node in nodes]
+    if not nodes:
+        return []
     messages = [_top_level_without_nulls(node.message) for node in nodes]
     tokens = [len(node.token_ids) for node in nodes]
     masked = [node.mask.count(True) for node in nodes]
-    usages = [node.usage for node in nodes]
-    if parents == _chain(len(nodes)):  # the common case: one linear conversation
-        paths: list[list[int]] = [list(range(len(nodes)))] if nodes else []
-    else:
-        paths = [_path_to(leaf, parents) for leaf in _leaves(parents)]
+    parents = [node.parent for node in nodes]
+    if parents == chain(len(nodes)):  # the common case: one linear conversation
+        return [_branch(nodes, messages, tokens, masked)]
     return [
-        {
-            "messages": [messages[i] for i in path],
-            "num_input_tokens": _input_tokens(path, tokens, masked, usages),
-            "num_output_tokens": _output_tokens(path, masked, usages),
-        }
-        for path in paths
+        _branch(
+            [nodes[i] for i in path],
+            [messages[i] for i in path],
+            [tokens[i] for i in path],
+            [masked[i] for i in path],
+        )
+        for path in (_path_to(leaf, parents) for leaf in _leaves(parents))
     ]
-
-
-_CHAINS: dict[int, list[int | None]] = {}
-
-
-def _chain(length: int) -> list[int | None]:
-    """The parents of a linear conversation of `length` nodes: [None, 0, 1, ...]."""
-    chain = _CHAINS.get(length)
-    if chain is None:
-        chain = [None, *range(length - 1)] if length else []
-        if length <= 4096:
-            _CHAINS[length] = chain
-    return chain
 
 
 def _leaves(parents: list[int | None]) -> list[int]:
@@ -149,9 +133,12 @@ def usage_total(usages: list[Usage]) -> dict[str, Any] | None:
         if u.cost is not None:
             cost = u.cost if cost is None else cost + u.cost
     total: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
-    for key, value in zip(OPTIONAL_USAGE_FIELDS, (cached, reasoning, cost), strict=True):
-        if value is not None:
-            total[key] = value
+    if cached is not None:
+        total["cached_input_tokens"] = cached
+    if reasoning is not None:
+        total["reasoning_tokens"] = reasoning
+    if cost is not None:
+        total["cost"] = cost
     return total
 
 

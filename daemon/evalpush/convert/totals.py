@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from evalpush.convert.trace import Trace
+from evalpush.convert.trace import Tally, Trace
 from evalpush.runs import Run
 
 _ENCODER = msgspec.json.Encoder()
@@ -57,6 +57,12 @@ class RolloutCounter:
 
     def add(self, idx: int) -> int:
         """Count one more trace of task `idx`; returns its count (its rollout number)."""
+        dense = self._dense
+        if 0 <= idx < len(dense):  # the common case, inline: this runs once per line
+            number = dense[idx] + 1
+            dense[idx] = number
+            self._distinct += number == 1
+            return number
         number = self.count(idx) + 1
         self._set(idx, number)
         return number
@@ -98,16 +104,18 @@ class RunTotals:
     metric_counts: dict[str, int] = field(default_factory=dict)
     rollouts: RolloutCounter = field(default_factory=RolloutCounter)
 
-    def add(self, trace: Trace) -> int:
+    def add(self, trace: Trace | Tally) -> int:
         """Count a checked trace in; returns its rollout number within its task."""
-        rewards = trace.rewards
+        rewards, metrics = trace.rewards, trace.metrics
         self.traces += 1
         self.reward_sum += sum(rewards.values())
         self.errored += bool(trace.errors)
-        for name, value in {**rewards, **trace.metrics}.items():
-            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
-            self.metric_counts[name] = self.metric_counts.get(name, 0) + 1
-        return self.rollouts.add(trace.task["idx"])
+        sums, counts = self.metric_sums, self.metric_counts
+        # A metric wins over a reward of the same name within a trace.
+        for name, value in ({**rewards, **metrics} if metrics else rewards).items():
+            sums[name] = sums.get(name, 0.0) + value
+            counts[name] = counts.get(name, 0) + 1
+        return self.rollouts.add(trace.idx)
 
     def metrics(self) -> dict[str, Any]:
         n = self.traces

@@ -6,6 +6,14 @@ sample byte for byte); token ids and masks are decoded as typed lists and only c
 `decode_trace` adds the checks types cannot express (task.idx, raw shapes, the message graph),
 and every failure is a `BadRecord` naming the line and the reason.
 
+`decode_tally` is the cheap first pass's decode: only what the run's totals need (id, task.idx,
+rewards, metrics, errors), everything else skipped unread (its JSON syntax is still checked).
+It refuses a line only for a reason `decode_trace` refuses it too: what it checks is a subset of
+the full check on the same bytes, through the same fallbacks. The converse does not hold: a
+line can pass the tally and be refused by the full check (bad UTF-8 in a raw field, a broken
+message graph, a wrong type in a field the tally skips). docs/ARCHITECTURE.md ("scan") says how
+the upload keeps such a line out of the totals it reports.
+
 Not-finite numbers: a `NaN`/`Infinity` literal (not JSON, but Python's json writes it) is
 accepted, and so is a `null` reward or metric (what pydantic writes for NaN); both count as
 NaN and go out as `null`.
@@ -71,8 +79,34 @@ class Trace(msgspec.Struct, gc=False):
     errors: list[msgspec.Raw] = []
     timing: msgspec.Raw = _EMPTY_OBJECT
 
+    @property
+    def idx(self) -> int:
+        """`task.idx` (checked an int by `decode_trace`)."""
+        return self.task["idx"]
+
 
 _DECODER = msgspec.json.Decoder(Trace)
+
+
+class _TaskIdx(msgspec.Struct, gc=False):
+    idx: Any  # any JSON value, then checked as `decode_trace` checks it (an int, never a bool)
+
+
+class Tally(msgspec.Struct, gc=False):
+    """What the run's totals read of a trace line; every other key is skipped unread."""
+
+    id: str
+    task: _TaskIdx
+    rewards: dict[str, float | None] = {}
+    metrics: dict[str, float | None] = {}
+    errors: list[msgspec.Raw] = []
+
+    @property
+    def idx(self) -> int:
+        return self.task.idx
+
+
+_TALLY = msgspec.json.Decoder(Tally)
 
 
 # ---------------------------------------------------------------- parsing and checking
@@ -80,14 +114,7 @@ _DECODER = msgspec.json.Decoder(Trace)
 
 def decode_trace(data: bytes, number: int) -> Trace:
     """The line as a checked `Trace`; `BadRecord` names the first problem."""
-    try:
-        trace = _DECODER.decode(data)
-    except msgspec.ValidationError as exc:
-        raise BadRecord(_describe(exc), line=number) from None
-    except msgspec.DecodeError:
-        trace = _decode_lenient(data, number)
-    except RecursionError:
-        raise BadRecord("nested too deeply", line=number) from None
+    trace = _decode(_DECODER, data, number)
     if not data.isascii():
         # Raw fields (messages, info) are not checked by the decoder: a bad byte there would
         # reach the platform and get the whole batch refused.
@@ -99,6 +126,28 @@ def decode_trace(data: bytes, number: int) -> Trace:
     trace.rewards = _scores(trace.rewards)
     trace.metrics = _scores(trace.metrics)
     return trace
+
+
+def decode_tally(data: bytes, number: int) -> Tally:
+    """The fields of the line the totals need, checked as `decode_trace` checks them."""
+    tally = _decode(_TALLY, data, number)
+    _check_id(tally.id, number)
+    _check_idx(tally.task.idx, number)
+    tally.rewards = _scores(tally.rewards)
+    tally.metrics = _scores(tally.metrics)
+    return tally
+
+
+def _decode(decoder: msgspec.json.Decoder, data: bytes, number: int) -> Any:
+    """`data` decoded by `decoder` (or leniently, for NaN/Infinity literals), or `BadRecord`."""
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise BadRecord(_describe(exc), line=number) from None
+    except msgspec.DecodeError:
+        return _decode_lenient(decoder, data, number)
+    except RecursionError:
+        raise BadRecord("nested too deeply", line=number) from None
 
 
 _MISSING = re.compile(
@@ -140,7 +189,7 @@ def _describe(exc: msgspec.ValidationError) -> str:
     return message
 
 
-def _decode_lenient(data: bytes, number: int) -> Trace:
+def _decode_lenient(decoder: msgspec.json.Decoder, data: bytes, number: int) -> Any:
     """Python's parser, which also takes NaN/Infinity literals: non-finite numbers become
     null (what goes out for them anyway), then the line is decoded as usual."""
     try:
@@ -157,7 +206,7 @@ def _decode_lenient(data: bytes, number: int) -> Trace:
         raise BadRecord(f"invalid JSON: nested too deeply (over {MAX_DEPTH} levels)", line=number)
     try:
         strict = json.dumps(_finite(value), allow_nan=False).encode()
-        return _DECODER.decode(strict)
+        return decoder.decode(strict)
     except msgspec.ValidationError as exc:
         raise BadRecord(_describe(exc), line=number) from None
     except RecursionError:
@@ -192,35 +241,68 @@ def _finite(value: Any) -> Any:
     return value
 
 
+_OPEN_BRACE = ord("{")
+
+
 def _check(trace: Trace, number: int) -> None:
     """What the types alone do not say: task.idx, raw shapes, and the graph."""
-    if not trace.id:
-        raise BadRecord("'id' must be a non-empty string", line=number)
+    _check_id(trace.id, number)
     if "idx" not in trace.task:
         raise BadRecord("missing 'task.idx'", line=number)
-    if type(trace.task["idx"]) is not int:
-        raise BadRecord(
-            f"'task.idx' must be an integer, got {trace.task['idx']!r}"[:200], line=number
-        )
-    for name, raw in (("info", trace.info), ("timing", trace.timing)):
-        if memoryview(raw)[:1] != b"{":
-            raise BadRecord(f"'{name}' must be an object", line=number)
+    _check_idx(trace.task["idx"], number)
+    # A raw value is valid JSON: it is an object when it starts with a brace.
+    if memoryview(trace.info)[0] != _OPEN_BRACE:
+        raise BadRecord("'info' must be an object", line=number)
+    if memoryview(trace.timing)[0] != _OPEN_BRACE:
+        raise BadRecord("'timing' must be an object", line=number)
     for i, raw in enumerate(trace.errors):
-        if memoryview(raw)[:1] != b"{":
+        if memoryview(raw)[0] != _OPEN_BRACE:
             raise BadRecord(f"'errors[{i}]' must be an object", line=number)
-    count = len(trace.nodes)
-    forward_only = True  # every parent precedes its child: then no cycle is possible
-    for i, node in enumerate(trace.nodes):
-        if memoryview(node.message)[:1] != b"{":
+    nodes = trace.nodes
+    for i, node in enumerate(nodes):
+        if memoryview(node.message)[0] != _OPEN_BRACE:
             raise BadRecord(f"'nodes[{i}].message' must be an object", line=number)
-        parent = node.parent
+    parents = [node.parent for node in nodes]
+    if parents != chain(len(nodes)):  # a linear conversation is a valid graph: compared in C
+        _check_graph(parents, number)
+
+
+def _check_graph(parents: list[int | None], number: int) -> None:
+    """Every parent in range, and no cycle."""
+    count = len(parents)
+    forward_only = True  # every parent precedes its child: then no cycle is possible
+    for i, parent in enumerate(parents):
         if parent is not None:
             if not 0 <= parent < count:
                 raise BadRecord(f"'nodes[{i}].parent' {parent} is out of range", line=number)
             if parent >= i:
                 forward_only = False
     if not forward_only:
-        _check_acyclic([node.parent for node in trace.nodes], number)
+        _check_acyclic(parents, number)
+
+
+_CHAINS: dict[int, list[int | None]] = {}
+_CACHED_CHAIN_LENGTH = 4096
+
+
+def chain(length: int) -> list[int | None]:
+    """The parents of a linear conversation of `length` nodes: [None, 0, 1, ...]."""
+    parents = _CHAINS.get(length)
+    if parents is None:
+        parents = [None, *range(length - 1)] if length else []
+        if length <= _CACHED_CHAIN_LENGTH:
+            _CHAINS[length] = parents
+    return parents
+
+
+def _check_id(id: str, number: int) -> None:
+    if not id:
+        raise BadRecord("'id' must be a non-empty string", line=number)
+
+
+def _check_idx(idx: Any, number: int) -> None:
+    if type(idx) is not int:
+        raise BadRecord(f"'task.idx' must be an integer, got {idx!r}"[:200], line=number)
 
 
 def _check_acyclic(parents: list[int | None], number: int) -> None:

@@ -7,9 +7,11 @@ exactly as after a crash, from what its row records (an intent is reconciled wit
 
 Exactly once, step by step (docs/ARCHITECTURE.md tells the whole protocol):
 - scan: one cheap pass over the trace file fixes the byte range to upload, its fingerprint
-  (a SHA-256 of that range), its totals (the create and finalize metrics) and the bad lines,
-  all recorded before anything is sent; the file is checked against the fingerprint before each
-  batch and when an upload resumes, so an evaluation never holds samples of two files;
+  (a SHA-256 of that range), the totals the create carries and the bad lines it can see, all
+  recorded before anything is sent (with `convert.on_bad_line = "hold"` the pass checks every
+  line fully, so a run is held before anything is sent); the file is checked against the
+  fingerprint before each batch and when an upload resumes, so an evaluation never holds samples
+  of two files; the finalize carries conversion's own exact totals;
 - resolve: replayable (get-or-create), so it is simply retried;
 - create: the intent is recorded before the request and the evaluation id after it. Before it,
   for a run id the ledger never saw, after an ambiguous failure or a crash in between, or when

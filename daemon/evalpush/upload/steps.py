@@ -10,9 +10,10 @@ import msgspec
 
 from evalpush import transitions
 from evalpush.batch import BAD_LINE, REJECTED, Batch, Prefetch, batches
-from evalpush.convert import RunTotals, convert_lines, scan, summary
+from evalpush.convert import RunTotals, convert_lines, scan, summary, tally
 from evalpush.errors import Ambiguous, BatchRefused, Conflict, RunError
 from evalpush.ledger import RunRecord, SetAsideRecord
+from evalpush.log import get_logger
 from evalpush.read import FileIdentity, RangeDigest, identity, read_lines
 from evalpush.runs import Run, require_env_name
 from evalpush.states import Step
@@ -56,7 +57,11 @@ class Steps:
         lines = read_lines(
             run.traces_path, end=ident.size, max_line_bytes=max_line, expect=ident, digest=digest
         )
-        found = scan(lines, max_line_bytes=max_line)
+        # tally decodes only what the totals need: a line bad only where it does not look (a
+        # broken graph, bad UTF-8 in a message) is set aside by conversion, and the finalize
+        # carries conversion's exact totals. Hold must see every bad line before anything is sent.
+        first_pass = scan if ctx.config.convert.on_bad_line == "hold" else tally
+        found = first_pass(lines, max_line_bytes=max_line)
         totals = found.totals
         bad = [
             SetAsideRecord(i.line, i.offset, i.size, BAD_LINE, i.reason) for i in found.set_aside
@@ -179,11 +184,26 @@ class Steps:
                     already, batch = len(batch.samples) - len(unsent.samples), unsent
                 record = self._send_batch(record, batch, already)
                 ctx.progress(record)
-        return ctx.ledger.update(record, step=Step.FINALIZE)
+        return self._pushed(record, run, totals)
+
+    def _pushed(self, record: RunRecord, run: Run, totals: RunTotals) -> RunRecord:
+        """Record conversion's exact totals (the finalize's metrics) with the step's end."""
+        scanned = RunTotals.from_json(record.totals).traces
+        if totals.traces != scanned:
+            get_logger(run=run.run_id).warning(
+                "lines the first pass counted were refused by conversion: the finalize metrics "
+                "leave them out; the create's metadata counted them",
+                counted=scanned,
+                converted=totals.traces,
+            )
+        return self._ctx.ledger.update(
+            record, step=Step.FINALIZE, totals=totals.to_json(), samples_seen=totals.traces
+        )
 
     def _totals_before(self, record: RunRecord, run: Run, known: FileIdentity) -> RunTotals:
-        """The running totals at the acknowledged offset (they number each task's rollouts):
-        nothing at the start; after a restart, one cheap pass over the lines already sent."""
+        """Conversion's running totals at the acknowledged offset (they number each task's
+        rollouts and end as the finalize's metrics): nothing at the start; after a restart, one
+        fully checked pass over the lines already sent."""
         if record.acked_offset == 0:
             return RunTotals()
         max_line = self._ctx.config.read.max_line_bytes

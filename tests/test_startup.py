@@ -1,0 +1,116 @@
+"""Start-up: `evalpush push` imports only what the command uses (issue 10).
+
+Each test runs `python -X importtime -m evalpush push` as a real subprocess against the local
+platform and reads the modules the process imported from that log. Timings are bench/startup.py's
+business; these tests only say which heavy modules a push must not load.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from evalpush.config import Config, load_config
+from evalpush.local_platform import LocalPlatform
+
+RUN_ID = "9d5b7e1c-3f2a-4b6c-8d0e-1a2b3c4d5e6f"
+PUSH_TIMEOUT_SECONDS = 60
+NEVER_FOR_PUSH = {
+    "aiohttp": "the local platform's server",
+    "prometheus_client": "the daemon's metrics",
+    "watchdog": "the daemon's file watching",
+    "structlog": "logging, until an event is logged",
+}
+ONLY_FOR_SETTINGS = {
+    "pydantic_settings": "reads EVALPUSH_* variables and config files",
+    "asyncio": "imported by pydantic-settings",
+}
+
+
+def write_run(root: Path) -> Path:
+    run = root / "gsm8k--org--model--default" / RUN_ID
+    run.mkdir(parents=True)
+    (run / "config.toml").write_text(
+        'model = "org/model"\nnum_rollouts = 1\npush = false\n[taskset]\nid = "gsm8k"\n'
+    )
+    trace = {"id": "t-1", "task": {"idx": 0}, "rewards": {"r": 1.0}, "nodes": []}
+    (run / "traces.jsonl").write_bytes(orjson.dumps(trace) + b"\n")
+    return run
+
+
+def imported_by_push(platform: LocalPlatform, tmp_path: Path, **extra: str) -> set[str]:
+    """The top-level packages a successful `evalpush push` of one run imported."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "EVALPUSH_"))}
+    for name in ("XDG_STATE_HOME", "STATE_DIRECTORY"):
+        env.pop(name, None)
+    env.update(
+        PRIME_API_KEY=platform.api_key or "any-key",
+        PRIME_API_BASE_URL=platform.base_url,
+        HOME=str(tmp_path / "home"),
+        **extra,
+    )
+    run = write_run(tmp_path / "outputs")
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "evalpush", "push", str(run)],
+        env=env,
+        capture_output=True,
+        timeout=PUSH_TIMEOUT_SECONDS,
+    )
+    log = done.stderr.decode(errors="replace")
+    assert done.returncode == 0 and b"finalized" in done.stdout, log[-3000:]
+    return {
+        line.split("|")[2].strip().split(".")[0]
+        for line in log.splitlines()
+        if line.startswith("import time:") and "self [us]" not in line
+    }
+
+
+@pytest.fixture
+def platform() -> LocalPlatform:
+    with LocalPlatform() as local:
+        yield local
+
+
+def test_a_push_with_no_setting_to_read_imports_none_of_the_heavy_modules_it_does_not_use(
+    platform: LocalPlatform, tmp_path: Path
+) -> None:
+    imported = imported_by_push(platform, tmp_path)
+
+    assert {"evalpush", "httpx", "msgspec", "pydantic", "sqlite3"} <= imported
+    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_SETTINGS}
+    assert {name: why for name, why in unwanted.items() if name in imported} == {}
+
+
+def test_a_push_with_a_setting_in_the_environment_loads_it_through_pydantic_settings(
+    platform: LocalPlatform, tmp_path: Path
+) -> None:
+    state = tmp_path / "custom-state"
+
+    imported = imported_by_push(platform, tmp_path, EVALPUSH_STATE_DIR=str(state))
+
+    assert "pydantic_settings" in imported
+    assert {name: why for name, why in NEVER_FOR_PUSH.items() if name in imported} == {}
+    assert (state / "state.db").is_file()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {},
+        {"state": {"dir": Path("/var/lib/evalpush")}},
+        {"upload": {"max_batch_samples": 7}, "log": {"level": "DEBUG"}},
+    ],
+)
+def test_flags_alone_validate_to_the_config_pydantic_settings_builds_from_them(flags) -> None:
+    # EVALPUSH_LOG__FORMAT at its default makes load_config take pydantic-settings' path
+    # without changing a value.
+    plain = load_config(environ={}, flags=flags)
+    sourced = load_config(environ={"EVALPUSH_LOG__FORMAT": "auto"}, flags=flags)
+
+    assert type(plain) is type(sourced) is Config
+    assert plain == sourced == Config.model_validate(flags)
