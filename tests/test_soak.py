@@ -227,16 +227,7 @@ class TestDaemonConfig:
 
 SOAK_CASES = [
     pytest.param(Mode.PUSH_ONLY, 0, id="push-only"),
-    pytest.param(
-        Mode.PUSH_ONLY,
-        3,
-        id="push-only-with-overlapping-pushes",
-        marks=pytest.mark.skip(
-            reason="two processes on one state dir upload one run at once until the ledger has "
-            "per-run claims (in progress): 2 COMPLETED evaluations, or samples and finalize sent "
-            "twice to one; enable this case once claims are merged"
-        ),
-    ),
+    pytest.param(Mode.PUSH_ONLY, 3, id="push-only-with-overlapping-pushes"),
     pytest.param(
         Mode.DAEMON,
         3,
