@@ -7,9 +7,10 @@ import threading
 import msgspec
 import pytest
 
-from evalpush.batch import BAD_LINE, REJECTED, Batch, Prefetch, batches
-from evalpush.convert import Converted, SetAside
+from evalpush.batch import Batch, Prefetch, batches
+from evalpush.convert import Converted
 from evalpush.read import Line
+from evalpush.setaside import SetAside, SetAsideKind
 
 
 def converted(number: int, size: int = 10) -> Converted:
@@ -63,13 +64,16 @@ class TestBatches:
 
     def test_bad_lines_and_oversize_samples_travel_with_their_batch(self):
         huge = Converted(Line(b"", 300, 400, 3), b"x" * (26 * 1024 * 1024))
-        bad = SetAside(2, 200, "invalid JSON", 100)
+        bad = SetAside(2, 200, 100, SetAsideKind.BAD_LINE, "invalid JSON")
         items = [converted(1), bad, huge, converted(4)]
 
         (batch,) = batch_all(items, end=500, max_bytes=10_000, max_samples=10)
 
-        assert [kind for kind, _ in batch.set_aside] == [BAD_LINE, REJECTED]
-        assert batch.set_aside[1][1].size == 26 * 1024 * 1024
+        assert [item.kind for item in batch.set_aside] == [
+            SetAsideKind.BAD_LINE,
+            SetAsideKind.REJECTED,
+        ]
+        assert batch.set_aside[1].size == 26 * 1024 * 1024
         assert len(batch.samples) == 2
 
     def test_a_split_keeps_the_samples_in_order_across_the_halves(self):

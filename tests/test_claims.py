@@ -24,8 +24,9 @@ import pytest
 import ledger_v1
 from evalpush.claims import Claims, Process, process_start
 from evalpush.errors import Busy, ClaimLost
-from evalpush.ledger import SCHEMA_VERSION, Ledger, RunRecord, SetAsideRecord, State
+from evalpush.ledger import SCHEMA_VERSION, Ledger, RunRecord, State
 from evalpush.local_platform import LocalPlatform
+from evalpush.setaside import SetAside
 from evalpush.states import Outcome
 from evalpush.upload import CRASH_ENV
 from pushing import (
@@ -465,7 +466,7 @@ class TestFencing:
         with pytest.raises(ClaimLost):
             ledger.set_state(theirs, State.FINALIZED, acked_offset=99)
         with pytest.raises(ClaimLost):
-            ledger.add_set_aside(theirs, [SetAsideRecord(1, 0, 5, "bad_line", "x")])
+            ledger.add_set_aside(theirs, [SetAside(1, 0, 5, "bad_line", "x")])
         with pytest.raises(ClaimLost):
             ledger.restart(theirs, outcome=Outcome.SUPERSEDED, state=State.READY)
         with pytest.raises(ClaimLost):

@@ -18,7 +18,6 @@ from evalpush.convert import (
     Converted,
     RolloutCounter,
     RunTotals,
-    SetAside,
     Trace,
     build_sample,
     convert_lines,
@@ -32,6 +31,7 @@ from evalpush.convert import (
 from evalpush.errors import BadRecord
 from evalpush.read import read_lines
 from evalpush.runs import Run, RunKind
+from evalpush.setaside import SetAside, SetAsideKind
 
 MIB = 1024 * 1024
 MANGLED_LINES = 3000
@@ -820,7 +820,11 @@ class TestBadLines:
         items, totals = convert_file(tmp_path / "traces.jsonl", [huge, good], max_line_bytes=100)
 
         assert items[0] == SetAside(
-            1, 0, "line longer than read.max_line_bytes (100 bytes)", len(huge) + 1
+            1,
+            0,
+            len(huge) + 1,
+            SetAsideKind.BAD_LINE,
+            "line longer than read.max_line_bytes (100 bytes)",
         )
         assert orjson.loads(items[1].sample)["sample_id"] == "good"
         assert totals.traces == 1

@@ -22,8 +22,9 @@ import ledger_v1
 from as_nobody import as_nobody
 from evalpush import cli, report
 from evalpush.errors import LedgerError
-from evalpush.ledger import SCHEMA_VERSION, Ledger, SetAsideRecord, State, Step
+from evalpush.ledger import SCHEMA_VERSION, Ledger, State, Step
 from evalpush.log import register_secret
+from evalpush.setaside import SetAside
 from evalpush.states import Outcome
 
 
@@ -132,7 +133,7 @@ class TestRuns:
             acked_offset=99,
             samples_sent=3,
         )
-        ledger.add_set_aside(record, [SetAsideRecord(2, 10, 5, "bad_line", "invalid JSON")])
+        ledger.add_set_aside(record, [SetAside(2, 10, 5, "bad_line", "invalid JSON")])
 
         restarted = ledger.restart(record, outcome=Outcome.SUPERSEDED, state=State.READY)
 
@@ -148,7 +149,7 @@ class TestRuns:
 
     def test_forget_drops_the_run_with_its_records(self, ledger: Ledger):
         record = a_run(ledger)
-        ledger.add_set_aside(record, [SetAsideRecord(2, 10, 5, "bad_line", "invalid JSON")])
+        ledger.add_set_aside(record, [SetAside(2, 10, 5, "bad_line", "invalid JSON")])
 
         ledger.forget(record)
 
@@ -157,7 +158,7 @@ class TestRuns:
 
     def test_set_aside_records_are_idempotent_by_offset(self, ledger: Ledger):
         record = a_run(ledger)
-        item = SetAsideRecord(2, 10, 5, "bad_line", "invalid JSON")
+        item = SetAside(2, 10, 5, "bad_line", "invalid JSON")
 
         ledger.add_set_aside(record, [item])
         ledger.add_set_aside(record, [item])
@@ -170,7 +171,7 @@ class TestFullDisk:
         record = ledger.update(a_run(ledger), acked_offset=10)
         page_count = ledger._db.execute("PRAGMA page_count").fetchone()[0]
         ledger._db.execute(f"PRAGMA max_page_count = {page_count}")
-        many = [SetAsideRecord(i, i, 1, "bad_line", "x" * 500) for i in range(2000)]
+        many = [SetAside(i, i, 1, "bad_line", "x" * 500) for i in range(2000)]
 
         with pytest.raises(LedgerError, match="full"):
             ledger.add_set_aside(record, many)

@@ -14,8 +14,9 @@ import pytest
 import structlog
 
 from evalpush import log
-from evalpush.ledger import Ledger, SetAsideRecord, State, default_path
+from evalpush.ledger import Ledger, State, default_path
 from evalpush.log import REDACTED, register_secret, scrub
+from evalpush.setaside import SetAside
 
 KEY = "pk-3fT9qLm2Xv8Rw1Zb7Nc4Hs6Jd0Ky"
 ODD_KEY = 'pk-7Hd/2Lq+Xz9="Rm\\4Tc8Wv1Bn5'
@@ -94,7 +95,7 @@ class TestWhereTextLeaves:
         with Ledger(default_path(tmp_path)) as ledger:
             record = ledger.add(path="/runs/r1", run_id="r1", kind="eval", state=State.READY)
             reason = f'push samples: HTTP 422: {{"detail": "you sent Bearer {KEY}"}}'
-            ledger.add_set_aside(record, [SetAsideRecord(1, 0, 10, "rejected", reason)])
+            ledger.add_set_aside(record, [SetAside(1, 0, 10, "rejected", reason)])
             (stored,) = ledger.set_aside(record)
         assert KEY[:8] not in stored.reason and REDACTED in stored.reason
         for path in tmp_path.iterdir():

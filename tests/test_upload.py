@@ -29,7 +29,7 @@ import disks
 from evalpush.app import App
 from evalpush.claims import Claims
 from evalpush.config import Config, PlatformConfig
-from evalpush.convert import RunTotals, SetAside, convert_lines, summary, tally
+from evalpush.convert import RunTotals, convert_lines, summary, tally
 from evalpush.errors import Busy, ClaimLost, Interrupted, LedgerError
 from evalpush.ledger import Ledger, RunRecord, State, Step, default_path
 from evalpush.local_platform import LocalPlatform
@@ -40,6 +40,7 @@ from evalpush.report import status_rows
 from evalpush.retry import Retrier
 from evalpush.runs import derive_run_id, load_run
 from evalpush.scheduler import Scheduler
+from evalpush.setaside import SetAside
 from evalpush.upload import Uploader
 from evalpush.upload.context import Context, no_progress
 

@@ -15,14 +15,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from evalpush.convert import Converted, SetAside
+from evalpush.convert import Converted
+from evalpush.setaside import SetAside, SetAsideKind
 
 PLATFORM_MAX_BODY_BYTES = 25 * 1024 * 1024
 _HEAD, _SEP, _TAIL = b'{"samples":[', b",", b"]}"
 OVERHEAD_BYTES = len(_HEAD) + len(_TAIL)
-
-BAD_LINE = "bad_line"  # the converter refused the line
-REJECTED = "rejected"  # the sample can never be sent (too large), or the platform refused it
 
 
 @dataclass(slots=True)
@@ -33,7 +31,7 @@ class Batch:
     start: int  # first byte this batch consumed
     end: int  # first byte after it
     end_line: int  # line number of the last line consumed
-    set_aside: list[tuple[str, SetAside]] = field(default_factory=list)  # (kind, record)
+    set_aside: list[SetAside] = field(default_factory=list)
 
     @property
     def body_bytes(self) -> int:
@@ -77,22 +75,22 @@ def batches(
 ) -> Iterator[Batch]:
     """Group converted samples into batches covering `start`..`end` of the file.
 
-    Bad lines travel with the batch whose range holds them (`BAD_LINE`), and so do samples too
-    large for any request (`REJECTED`). The last batch may hold no sample: it still moves the
+    Bad lines travel with the batch whose range holds them, and so do samples too large for any
+    request (`rejected`). The last batch may hold no sample: it still moves the
     range to `end`.
     """
     batch = Batch([], [], [], start, start, start_line)
     size = OVERHEAD_BYTES
     for item in items:
         if isinstance(item, SetAside):
-            batch.set_aside.append((BAD_LINE, item))
+            batch.set_aside.append(item)
             batch.end_line = item.line
             continue
         line, sample = item.line, item.sample
         if len(sample) + OVERHEAD_BYTES > PLATFORM_MAX_BODY_BYTES:
             reason = f"sample is {len(sample)} bytes encoded; no request may exceed 25 MiB"
             batch.set_aside.append(
-                (REJECTED, SetAside(line.number, line.start, reason, len(sample)))
+                SetAside(line.number, line.start, len(sample), SetAsideKind.REJECTED, reason)
             )
             batch.end_line = line.number
             continue

@@ -112,8 +112,9 @@ def _convert_to_streams(
     """
     import msgspec
 
-    from evalpush.convert import RunTotals, SetAside, convert_lines, summary
+    from evalpush.convert import RunTotals, convert_lines, summary
     from evalpush.runs import load_run
+    from evalpush.setaside import SetAside
 
     run = load_run(directory)
     totals = RunTotals()
@@ -122,7 +123,9 @@ def _convert_to_streams(
     pending: list[bytes] = []
     for item in convert_lines(lines, totals, max_line_bytes=config.read.max_line_bytes):
         if isinstance(item, SetAside):
-            set_aside.append(item.to_dict())
+            set_aside.append(
+                {"line": item.line, "offset": item.offset, "reason": item.reason, "size": item.size}
+            )
             err.write(f"{run.traces_path}: line {item.line}: {item.reason}\n".encode())
             continue
         pending.append(item.sample)

@@ -42,7 +42,8 @@ from evalpush import paths, schema
 from evalpush.claims import Holder
 from evalpush.errors import Busy, ClaimLost, LedgerError
 from evalpush.log import scrub
-from evalpush.states import Outcome, State, Step
+from evalpush.setaside import SetAside
+from evalpush.states import Outcome, SetAsideKind, State, Step
 
 LEDGER_FILE = "state.db"
 WAL_RETRY_SECONDS = 0.01
@@ -122,15 +123,6 @@ _CLAIM_COLUMNS = {c for c in _COLUMNS if c.startswith("claim_")}
 _WRITABLE_COLUMNS = set(_COLUMNS) - _CLAIM_COLUMNS - {"id", "run_id", "path_raw", "created_at"}
 """What `set_state` may write: not the run's identity, not its claim (`claim`/`release` do);
 `path` writes `path_raw` with it. `update` writes the same, less `state`."""
-
-
-@dataclass(frozen=True, slots=True)
-class SetAsideRecord:
-    line: int
-    offset: int
-    size: int
-    kind: str  # "bad_line" (the converter refused it) or "rejected" (the platform did)
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -590,7 +582,7 @@ class Ledger:
 
     # ------------------------------------------------------------ set-aside records and history
 
-    def add_set_aside(self, record: RunRecord, items: list[SetAsideRecord]) -> None:
+    def add_set_aside(self, record: RunRecord, items: list[SetAside]) -> None:
         if not items:
             return
         with self._transaction() as db:
@@ -604,12 +596,15 @@ class Ledger:
                 ],
             )
 
-    def set_aside(self, record: RunRecord) -> list[SetAsideRecord]:
+    def set_aside(self, record: RunRecord) -> list[SetAside]:
         rows = self._query(
             "SELECT line, offset, size, kind, reason FROM set_aside WHERE run = ? ORDER BY offset",
             (record.id,),
         )
-        return [SetAsideRecord(*row) for row in rows]
+        return [
+            SetAside(line, offset, size, SetAsideKind(kind), reason)
+            for line, offset, size, kind, reason in rows
+        ]
 
     def set_aside_counts(self) -> dict[int, int]:
         return dict(self._query("SELECT run, COUNT(*) FROM set_aside GROUP BY run"))

@@ -11,7 +11,7 @@ run uploaded by evalpush looks exactly like one the eval pushed itself. One modu
   first passes that only sum them (`tally`, cheap; `scan`, fully checked).
 """
 
-from evalpush.convert.lines import Converted, Scan, SetAside, convert_lines, scan, tally
+from evalpush.convert.lines import Converted, Scan, convert_lines, scan, tally
 from evalpush.convert.sample import build_sample, encode_sample
 from evalpush.convert.totals import RolloutCounter, RunTotals, summary
 from evalpush.convert.trace import Tally, Trace, decode_tally, decode_trace
@@ -21,7 +21,6 @@ __all__ = [
     "RolloutCounter",
     "RunTotals",
     "Scan",
-    "SetAside",
     "Tally",
     "Trace",
     "build_sample",

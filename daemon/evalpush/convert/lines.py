@@ -12,28 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 from evalpush.convert.sample import build_sample, encode_sample
 from evalpush.convert.totals import RunTotals
 from evalpush.convert.trace import Tally, Trace, decode_tally, decode_trace
 from evalpush.errors import BadRecord
 from evalpush.read import Line
+from evalpush.setaside import SetAside
+from evalpush.states import SetAsideKind
+
+BAD_LINE = SetAsideKind.BAD_LINE
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class SetAside:
-    """A record that could not be uploaded, kept for a person to see and retry."""
-
-    line: int
-    offset: int
-    reason: str
-    size: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"line": self.line, "offset": self.offset, "reason": self.reason, "size": self.size}
 
 
 class Converted(NamedTuple):  # a tuple: one is made per line
@@ -47,13 +38,13 @@ def _checked(
     """The line decoded and checked by `decode`, its SetAside record, or None for a blank line."""
     if line.data is None:
         reason = f"line longer than read.max_line_bytes ({max_line_bytes} bytes)"
-        return SetAside(line.number, line.start, reason, line.end - line.start)
+        return SetAside(line.number, line.start, line.end - line.start, BAD_LINE, reason)
     if not line.data.strip():
         return None  # a blank line is no record (the producer skips them too)
     try:
         return decode(line.data, line.number)
     except BadRecord as exc:
-        return SetAside(line.number, line.start, exc.reason, line.end - line.start)
+        return SetAside(line.number, line.start, line.end - line.start, BAD_LINE, exc.reason)
 
 
 def convert_lines(
@@ -75,7 +66,7 @@ def convert_lines(
             sample = build_sample(trace, number)
             encoded = encode_sample(sample, line.number)
         except BadRecord as exc:
-            yield SetAside(line.number, line.start, exc.reason, line.end - line.start)
+            yield SetAside(line.number, line.start, line.end - line.start, BAD_LINE, exc.reason)
             continue
         yield Converted(line, encoded)
         totals.add(trace)

@@ -9,14 +9,15 @@ from typing import Any
 import msgspec
 
 from evalpush import transitions
-from evalpush.batch import BAD_LINE, REJECTED, Batch, Prefetch, batches
+from evalpush.batch import Batch, Prefetch, batches
 from evalpush.convert import RunTotals, convert_lines, scan, summary, tally
 from evalpush.errors import Ambiguous, BatchRefused, Conflict, RunError
-from evalpush.ledger import RunRecord, SetAsideRecord
+from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
 from evalpush.read import FileIdentity, RangeDigest, identity, read_lines
 from evalpush.runs import Run, require_env_name
-from evalpush.states import Step
+from evalpush.setaside import SetAside
+from evalpush.states import SetAsideKind, Step
 from evalpush.upload.context import Context
 from evalpush.upload.crash import crash_point
 from evalpush.upload.files import FileWatch, check_bytes, fingerprint
@@ -63,9 +64,7 @@ class Steps:
         first_pass = scan if ctx.config.convert.on_bad_line == "hold" else tally
         found = first_pass(lines, max_line_bytes=max_line)
         totals = found.totals
-        bad = [
-            SetAsideRecord(i.line, i.offset, i.size, BAD_LINE, i.reason) for i in found.set_aside
-        ]
+        bad = found.set_aside
         if totals.traces == 0 and not bad:
             raise RunError(f"{run.traces_path}: no traces in the file: nothing to upload")
         ctx.ledger.add_set_aside(record, bad)
@@ -216,10 +215,7 @@ class Steps:
         """Send `batch`; `already` more of its range's samples were found stored on the platform."""
         ledger = self._ctx.ledger
         delivered = already
-        set_aside = [
-            SetAsideRecord(item.line, item.offset, item.size, kind, item.reason)
-            for kind, item in batch.set_aside
-        ]
+        set_aside = list(batch.set_aside)
         if batch.samples:
             record = ledger.update(
                 record, pending=intent(Step.PUSH, start=batch.start, end=batch.end)
@@ -239,7 +235,7 @@ class Steps:
         crash_point("batch-acked")
         return acked
 
-    def _deliver(self, record: RunRecord, batch: Batch, set_aside: list[SetAsideRecord]) -> int:
+    def _deliver(self, record: RunRecord, batch: Batch, set_aside: list[SetAside]) -> int:
         """Send `batch` until the platform holds each of its samples once; returns how many."""
         client, evaluation = self._ctx.client, record.evaluation_id
         assert evaluation is not None
@@ -254,7 +250,9 @@ class Steps:
             if len(batch.samples) == 1:
                 size = len(batch.samples[0])
                 set_aside.append(
-                    SetAsideRecord(batch.numbers[0], batch.offsets[0], size, REJECTED, str(exc))
+                    SetAside(
+                        batch.numbers[0], batch.offsets[0], size, SetAsideKind.REJECTED, str(exc)
+                    )
                 )
                 return 0
             first, second = batch.split()
