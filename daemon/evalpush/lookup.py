@@ -26,6 +26,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
+from evalpush.platform import Evaluation
+
 
 class Lister(Protocol):
     def iter_evaluations(self, environment_name: str) -> Iterator[dict[str, Any]]: ...
@@ -35,37 +37,11 @@ Retry = Callable[[Callable[[], Any], str, str], Any]
 """`retry(fn, what, run)`: `fn()` under the retry policy, as a replayable call."""
 
 
-def _run_id(evaluation: dict[str, Any]) -> str | None:
-    metadata = evaluation.get("metadata")
-    run_id = metadata.get("run_id") if isinstance(metadata, dict) else None
-    return run_id if isinstance(run_id, str) else None
-
-
-_KEPT_KEYS = (
-    "evaluation_id",
-    "id",
-    "viewer_url",
-    "status",
-    "finalized",
-    "is_finalized",
-    "sample_count",
-)
-"""What adopting an evaluation reads of it: all the index keeps of each (there may be 10,000)."""
-
-
-def _slim(evaluation: dict[str, Any]) -> dict[str, Any]:
-    return {key: evaluation[key] for key in _KEPT_KEYS if key in evaluation}
-
-
-def evaluation_id(evaluation: dict[str, Any]) -> str:
-    return str(evaluation.get("evaluation_id") or evaluation.get("id"))
-
-
-def _newest(candidates: Iterable[dict[str, Any]], exclude: set[str]) -> dict[str, Any] | None:
+def _newest(candidates: Iterable[Evaluation], exclude: set[str]) -> Evaluation | None:
     """The last one listed (the platform lists in creation order) that is not excluded."""
     found = None
     for evaluation in candidates:
-        if evaluation_id(evaluation) not in exclude:
+        if evaluation.id not in exclude:
             found = evaluation
     return found
 
@@ -78,18 +54,18 @@ class EvaluationIndex:
         self._retry = retry
         self._guard = threading.Lock()
         self._env_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
-        self._by_env: dict[str, dict[str, list[dict[str, Any]]]] = {}
+        self._by_env: dict[str, dict[str, list[Evaluation]]] = {}
 
     def find(
         self, env_name: str, run_id: str, *, exclude: set[str], fresh: bool
-    ) -> dict[str, Any] | None:
+    ) -> Evaluation | None:
         """The run's newest evaluation not in `exclude`: from a listing made now (`fresh`), or
         from this process's listing of the environment."""
         if fresh:
             return _newest(self._list(env_name, run_id).get(run_id, ()), exclude)
         return _newest(self._indexed(env_name, run_id).get(run_id, ()), exclude)
 
-    def _indexed(self, env_name: str, run_id: str) -> dict[str, list[dict[str, Any]]]:
+    def _indexed(self, env_name: str, run_id: str) -> dict[str, list[Evaluation]]:
         with self._guard:
             env_lock = self._env_locks[env_name]
         with env_lock:  # one listing per environment, whoever asks first; the others wait for it
@@ -103,16 +79,17 @@ class EvaluationIndex:
 
     def _list(
         self, env_name: str, run_id: str, *, every_run: bool = False
-    ) -> dict[str, list[dict[str, Any]]]:
+    ) -> dict[str, list[Evaluation]]:
         """The environment's evaluations by run id, listed now: those of `run_id` (or of
-        `every_run`), keeping only what adopting one reads."""
+        `every_run`), as what adopting one reads of it."""
 
-        def listing() -> dict[str, list[dict[str, Any]]]:
-            index: dict[str, list[dict[str, Any]]] = defaultdict(list)
-            for evaluation in self._client.iter_evaluations(env_name):
-                key = _run_id(evaluation)
+        def listing() -> dict[str, list[Evaluation]]:
+            index: dict[str, list[Evaluation]] = defaultdict(list)
+            for answer in self._client.iter_evaluations(env_name):
+                evaluation = Evaluation.from_answer(answer)
+                key = evaluation.run_id
                 if key is not None and (every_run or key == run_id):
-                    index[key].append(_slim(evaluation))
+                    index[key].append(evaluation)
             return index
 
         return self._retry(listing, "list evaluations", run_id)

@@ -48,6 +48,7 @@ from evalpush.transport import StoppableTransport, request_deadline
 
 __all__ = [
     "Credentials",
+    "Evaluation",
     "PlatformClient",
     "is_finalized",
     "is_platform_id",
@@ -271,6 +272,38 @@ def is_finalized(evaluation: Mapping[str, Any]) -> bool:
         return True
     status = evaluation.get("status")
     return isinstance(status, str) and status.strip().upper() in _FINALIZED_STATUSES
+
+
+MAX_SAMPLE_COUNT = 2**63 - 1
+"""The largest sample count taken from an answer (SQLite's integer); a larger one is no count."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """What the upload reads of an evaluation the platform holds (from `get_evaluation` or a
+    listing), whatever the answer's spelling: its id, whether it is finalized, the run it
+    belongs to (`metadata.run_id`), how many samples it holds, and its viewer URL (http(s)
+    only)."""
+
+    id: str
+    finalized: bool
+    run_id: str | None = None
+    sample_count: int | None = None
+    viewer_url: str | None = None
+
+    @classmethod
+    def from_answer(cls, data: Mapping[str, Any], *, id: str | None = None) -> Evaluation:
+        """`data` as read; `id` where the answer need not carry it (a read by id)."""
+        metadata = data.get("metadata")
+        run_id = metadata.get("run_id") if isinstance(metadata, Mapping) else None
+        count = _int(data, "sample_count")
+        return cls(
+            id=_first_id(data, ("evaluation_id", "id")) or id or "",
+            finalized=is_finalized(data),
+            run_id=run_id if isinstance(run_id, str) else None,
+            sample_count=count if count is not None and 0 <= count <= MAX_SAMPLE_COUNT else None,
+            viewer_url=_viewer_url_in(data),
+        )
 
 
 def most_samples_stored(samples_in_run: int) -> int:

@@ -11,7 +11,6 @@ anything is sent again.
 from __future__ import annotations
 
 import collections
-from typing import Any
 
 import msgspec
 
@@ -19,8 +18,7 @@ from evalpush import transitions
 from evalpush.batch import Batch
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
-from evalpush.lookup import evaluation_id
-from evalpush.platform import is_finalized, most_samples_stored
+from evalpush.platform import Evaluation, most_samples_stored
 from evalpush.runs import Run
 from evalpush.states import Step
 from evalpush.upload.context import Context
@@ -35,7 +33,7 @@ class Reconciler:
     def __init__(self, context: Context):
         self._ctx = context
 
-    def find_evaluation(self, record: RunRecord, run: Run, *, fresh: bool) -> dict[str, Any] | None:
+    def find_evaluation(self, record: RunRecord, run: Run, *, fresh: bool) -> Evaluation | None:
         """This run's evaluation on the platform, if one exists that is not an earlier one of
         this run (`evalpush.lookup` says when a listing made now is needed)."""
         return self._ctx.evaluations.find(
@@ -45,28 +43,29 @@ class Reconciler:
             fresh=fresh,
         )
 
-    def adopt(self, record: RunRecord, evaluation: dict[str, Any]) -> RunRecord:
+    def adopt(self, record: RunRecord, evaluation: Evaluation) -> RunRecord:
         """Make `evaluation` the run's: finalized, the upload is done; open, its samples are
         reconciled over the whole range before any is sent."""
         ctx = self._ctx
-        adopted = evaluation_id(evaluation)
-        url = evaluation.get("viewer_url") or ctx.client.viewer_url(adopted)
-        get_logger(run=record.run_id).info("adopting the run's evaluation", evaluation=adopted)
-        if is_finalized(evaluation):
-            held = evaluation.get("sample_count")
+        url = evaluation.viewer_url or ctx.client.viewer_url(evaluation.id)
+        get_logger(run=record.run_id).info(
+            "adopting the run's evaluation", evaluation=evaluation.id
+        )
+        if evaluation.finalized:
+            held = evaluation.sample_count
             return transitions.finalize(
                 ctx.ledger,
                 record,
                 at=ctx.clock(),
-                evaluation_id=adopted,
+                evaluation_id=evaluation.id,
                 viewer_url=url,
                 looked_up=1,
                 reason="already on the platform: adopted its finalized evaluation",
-                samples_sent=held if isinstance(held, int) else record.samples_seen,
+                samples_sent=record.samples_seen if held is None else held,
             )
         return ctx.ledger.update(
             record,
-            evaluation_id=adopted,
+            evaluation_id=evaluation.id,
             viewer_url=url,
             looked_up=1,
             pending=intent(Step.PUSH, start=0, end=record.upload_end),
@@ -90,7 +89,7 @@ class Reconciler:
         found = self._ctx.replayable(
             lambda: client.get_evaluation(evaluation), what="read evaluation", run=record.run_id
         )
-        return is_finalized(found)
+        return Evaluation.from_answer(found, id=evaluation).finalized
 
 
 class _SampleId(msgspec.Struct):
