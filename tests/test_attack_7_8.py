@@ -580,13 +580,6 @@ def test_a_blank_trace_id_does_not_wedge_the_reconciling_read(platform, tmp_path
     assert [e["duplicates"] for e in evaluations_of(platform)] == [0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F10 stuck run + traceback: a number from the platform too big for SQLite (here an "
-    "adopted evaluation's `sample_count` of 1e30, written to `samples_sent`) raises "
-    "OverflowError, which is not a sqlite3.Error: it escapes the ledger, the uploader and the "
-    "push, which dies with a traceback, the same on every later push",
-)
 def test_a_huge_number_from_the_platform_is_a_malformed_answer_not_a_traceback(
     platform, hop, tmp_path
 ):
