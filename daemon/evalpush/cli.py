@@ -58,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not wait for runs another process is uploading: report them and exit 1",
     )
 
+    sub.add_parser(
+        "run", help="the daemon: watch watch.roots and upload each run once it is finished"
+    )
+
     p = sub.add_parser("status", help="every run the ledger knows, and how far it got")
     p.add_argument("--json", action="store_true", help="a JSON list instead of a table")
 
@@ -202,6 +206,36 @@ def _stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
             signal.signal(signum, before)
 
 
+def cmd_run(args: argparse.Namespace, config: Config) -> int:
+    """The daemon in the foreground (what systemd starts). Exit 0 after SIGTERM/SIGINT."""
+    from evalpush import log
+    from evalpush.sdnotify import Notifier
+    from evalpush.service import Daemon, Request
+
+    log.configure(config.log.level, config.log.format, stream=sys.stdout)
+
+    def reload_config() -> Config:
+        again = _load(args)
+        log.configure(again.log.level, again.log.format, stream=sys.stdout)
+        return again
+
+    daemon = Daemon(reload_config, notifier=Notifier.from_environ())
+    requests = {
+        signal.SIGTERM: Request.STOP,
+        signal.SIGINT: Request.STOP,
+        signal.SIGHUP: Request.RELOAD,
+    }
+    previous = {
+        signum: signal.signal(signum, lambda signum, _frame: daemon.request(requests[signum]))
+        for signum in requests
+    }
+    try:
+        return daemon.run(config)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def cmd_status(args: argparse.Namespace, config: Config) -> int:
     from evalpush.report import status_rows, status_table
 
@@ -335,6 +369,7 @@ def cmd_local_platform(args: argparse.Namespace, config: Config) -> int:
 _COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "convert": cmd_convert,
     "push": cmd_push,
+    "run": cmd_run,
     "status": cmd_status,
     "retry": cmd_retry,
     "forget": cmd_forget,

@@ -94,6 +94,7 @@ class RunRecord:
     created_at: float
     updated_at: float
     finalized_at: float | None
+    settles_at: float | None  # a waiting run: when the settle rule makes it ready
 
     @property
     def holder(self) -> Holder | None:
@@ -381,6 +382,21 @@ class Ledger:
 
     def all(self) -> list[RunRecord]:
         return self._records("ORDER BY id")
+
+    def in_state(self, *states: State) -> list[RunRecord]:
+        marks = ", ".join("?" * len(states))
+        return self._records(f"WHERE state IN ({marks}) ORDER BY id", tuple(states))
+
+    def state_counts(self) -> dict[str, int]:
+        """How many runs are in each state."""
+        return dict(self._query("SELECT state, COUNT(*) FROM runs GROUP BY state"))
+
+    def file_facts(self) -> list[tuple[bytes, str, int | None, int | None, int | None, int | None]]:
+        """(path_raw, state, device, inode, size, mtime_ns) of every run's trace file as last
+        scanned: what the daemon compares a rescan with, without a row object per run."""
+        return self._query(  # type: ignore[return-value]
+            "SELECT path_raw, state, file_device, file_inode, file_size, file_mtime_ns FROM runs"
+        )
 
     def add(
         self, *, path: Path | str, run_id: str, kind: str, state: str, reason: str = ""

@@ -17,6 +17,7 @@ from evalpush import paths
 from evalpush.claims import Holder, Process, holder_alive
 from evalpush.ledger import Ledger, RunRecord, State
 from evalpush.push import PushResult
+from evalpush.runs import settles_in
 
 MIB = 1024 * 1024
 
@@ -43,6 +44,8 @@ def _row(record: RunRecord, set_aside: int, holder: dict[str, Any] | None) -> di
         reason = f"interrupted at step {record.step} (no process is uploading it); push resumes it"
     elif state == State.UPLOADING and not reason:
         reason = f"at step {record.step}"
+    elif state == State.WAITING and record.settles_at is not None:
+        reason = ", ".join(filter(None, (reason, settles_in(record.settles_at, time.time()))))
     return {
         "run_id": record.run_id,
         "path": record.path,

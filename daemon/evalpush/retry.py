@@ -71,6 +71,10 @@ class Probe(Protocol):
 
 OPEN, PAUSED, UNREACHABLE, AUTH = "open", "paused", "unreachable", "auth"
 
+CREDENTIALS_POLL_SECONDS = 1.0
+"""While the key is refused (or missing), how often it is read again: a key that appears (a
+file written, a systemd credential) is probed within about this long, without a restart."""
+
 
 def _iso(wall_seconds: float) -> str:
     return (
@@ -170,7 +174,8 @@ class Gate:
         try:
             attempt = 0
             while True:
-                self._sleep(self._backoff.delay(attempt, self._rng), stop)
+                key_changed = self._key_changed(client) if self._mode == AUTH else None
+                self._sleep(self._backoff.delay(attempt, self._rng), stop, key_changed)
                 mode, reason = self._probe_once(client)
                 with self._cond:
                     if mode == OPEN:
@@ -183,8 +188,16 @@ class Gate:
                 self._probing = False
                 self._cond.notify_all()
 
-    def _sleep(self, seconds: float, stop: threading.Event) -> None:
+    def _sleep(
+        self,
+        seconds: float,
+        stop: threading.Event,
+        key_changed: Callable[[], bool] | None = None,
+    ) -> None:
+        """Wait `seconds` before the next probe; a wake (SIGHUP), or a new key while the key
+        was refused (`key_changed`, looked at every `CREDENTIALS_POLL_SECONDS`), ends it early."""
         deadline = self._clock() + seconds
+        next_key_look = self._clock() + CREDENTIALS_POLL_SECONDS
         while not stop.is_set():
             remaining = deadline - self._clock()
             if remaining <= 0:
@@ -192,7 +205,24 @@ class Gate:
             if self._wake.wait(min(remaining, self._poll_seconds)):
                 self._wake.clear()
                 return
+            if key_changed is not None and self._clock() >= next_key_look:
+                if key_changed():
+                    return
+                next_key_look = self._clock() + CREDENTIALS_POLL_SECONDS
         raise errors.Interrupted("stop requested while waiting for the platform")
+
+    @staticmethod
+    def _key_changed(client: Probe) -> Callable[[], bool]:
+        """Whether the credentials read now differ from the ones refused (a key file written,
+        a variable set by a reload): cheap, local, no request."""
+
+        def changed() -> bool:
+            try:
+                return client.reload_credentials()
+            except errors.EvalpushError:
+                return False  # still no usable key
+
+        return changed
 
     @staticmethod
     def _probe_once(client: Probe) -> tuple[str, errors.EvalpushError | None]:

@@ -226,6 +226,7 @@ class Readiness:
     rule: ReadyRule | None
     reason: str
     settles_at: float  # when the settle rule fires if the file does not grow again
+    progress: str = ""  # a waiting run's reason without the countdown (what the ledger keeps)
 
 
 def readiness(facts: RunFacts, now: float, rules: ReadinessRules) -> Readiness:
@@ -252,8 +253,16 @@ def readiness(facts: RunFacts, now: float, rules: ReadinessRules) -> Readiness:
     waiting = [count]
     if rules.marker:
         waiting.append(f"no marker {rules.marker} yet")
-    waiting.append(f"settles in {format_duration(math.ceil(settles_at - now))}")
-    return Readiness(False, None, ", ".join(waiting), settles_at)
+    progress = ", ".join(waiting)
+    reason = f"{progress}, {settles_in(settles_at, now)}"
+    return Readiness(False, None, reason, settles_at, progress)
+
+
+def settles_in(settles_at: float, now: float) -> str:
+    """The settle rule's countdown, for people: `settles in 4m12s` (`settles now` once due)."""
+    if settles_at <= now:
+        return "settles now"
+    return f"settles in {format_duration(math.ceil(settles_at - now))}"
 
 
 def format_duration(seconds: float) -> str:

@@ -11,6 +11,8 @@ after it, never half-built (creating a new file is migrating from version 0).
   whether the platform was searched for the run id, and the run's claim; `forgotten`
   evaluations. A run that schema 1 saw at two paths had two rows: the one updated last is kept,
   and the other's evaluation goes to its history as `duplicate`.
+- Version 3: `settles_at`, when a waiting run becomes ready by the settle rule if its file does
+  not grow again (the daemon writes it; `status` counts down to it).
 """
 
 from __future__ import annotations
@@ -158,7 +160,9 @@ _V2 = [
     )""",
 ]
 
-_MIGRATIONS: list[list[str]] = [_V1, _V2]
+_V3 = ["ALTER TABLE runs ADD COLUMN settles_at REAL"]
+
+_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 

@@ -8,6 +8,7 @@ progress (`step`, offsets, intents) with `Ledger.update`, which refuses `state`.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from evalpush.ledger import Ledger, RunRecord
@@ -24,14 +25,23 @@ def start(ledger: Ledger, record: RunRecord) -> RunRecord:
     )
 
 
-def wait(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
-    """The run is not finished yet; `reason` says which rule it waits on and how far."""
-    return ledger.set_state(record, State.WAITING, reason=reason)
+def discover(
+    ledger: Ledger, *, path: Path, run_id: str, kind: str, reason: str, settles_at: float
+) -> RunRecord:
+    """A run the daemon found that is not finished yet: added to the ledger, waiting."""
+    record = ledger.add(path=path, run_id=run_id, kind=kind, state=State.WAITING, reason=reason)
+    return ledger.update(record, settles_at=settles_at)
+
+
+def wait(ledger: Ledger, record: RunRecord, reason: str, *, settles_at: float) -> RunRecord:
+    """The run is not finished yet: `reason` says how far it is (which traces, which marker),
+    `settles_at` when the settle rule makes it ready if its file does not grow again."""
+    return ledger.set_state(record, State.WAITING, reason=reason, settles_at=settles_at)
 
 
 def queue(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
     """The run is ready: queued for upload."""
-    return ledger.set_state(record, State.READY, reason=reason)
+    return ledger.set_state(record, State.READY, reason=reason, settles_at=None)
 
 
 def interrupt(ledger: Ledger, record: RunRecord) -> RunRecord:
@@ -96,6 +106,7 @@ __all__ = [
     "QUEUED_BY_RETRY",
     "WAITING_FOR_KEY",
     "await_key",
+    "discover",
     "fail",
     "finalize",
     "hold",

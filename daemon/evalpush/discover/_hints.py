@@ -38,6 +38,7 @@ class HintKind(enum.StrEnum):
     RUN = "run"  # something readiness depends on changed in this directory: `Scanner.look` it
     SUBTREE = "subtree"  # a directory appeared here: `Scanner.scan_subtree` it
     ROOT = "root"  # this root appeared, vanished or moved: `Watcher.sync`, then scan it
+    WAKE = "wake"  # not about a path: the daemon's loop has something else to do (a signal)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,327 @@
+"""The service: `evalpush run`, the daemon that watches the roots and uploads finished runs.
+
+It wires the stages: discover (a `Watcher` for hints, a `Scanner` for the truth) feeds the
+`Tracker`, which decides readiness and hands ready runs to the `Scheduler`, whose workers run
+the uploader (`App`). One loop, on the main thread, owns all of it:
+
+- it waits on the hint queue, at most until the next thing is due: a rescan every
+  `watch.rescan_seconds`, a waiting run's settle time, a look at the ledger for queued runs
+  (`evalpush retry`), a watchdog ping and a STATUS line for systemd;
+- signal handlers only record (`request`); the loop acts between turns: SIGTERM/SIGINT stop it
+  (no new work; an upload in flight is cut off within a second or two and resumes at its step
+  next start; exit 0), SIGHUP reloads: the configuration is read again and, if valid, every
+  part is rebuilt from it (nothing is patched; a bad new configuration is logged and the old
+  one kept), and the credentials are read again;
+- sd_notify: READY=1 once the ledger is open and the first scan is queued, STATUS= kept
+  current, WATCHDOG=1 from this loop (a wedged loop is restarted by systemd), STOPPING=1.
+
+No key, or a key the platform refuses, does not stop it: uploads wait on the gate, which says
+so once and probes again as soon as the key changes.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from evalpush.app import App
+from evalpush.config import Config
+from evalpush.discover import Hint, HintKind, HintQueue, Scanner, Watcher
+from evalpush.errors import (
+    AuthError,
+    Busy,
+    ClaimLost,
+    ConfigError,
+    EvalpushError,
+    Interrupted,
+    RunError,
+)
+from evalpush.ledger import RunRecord
+from evalpush.log import get_logger
+from evalpush.runs import load_run
+from evalpush.scheduler import Scheduler
+from evalpush.sdnotify import Notifier
+from evalpush.tracker import Tracker
+
+LEDGER_POLL_SECONDS = 2.0
+"""How often the ledger is looked at for runs queued by another command (`evalpush retry`)."""
+STATUS_SECONDS = 5.0
+"""How often the STATUS line for systemd is brought up to date."""
+MAX_WAIT_SECONDS = 5.0
+"""The loop's longest sleep without a hint (a bound on how late anything due can be)."""
+
+
+class Request(enum.StrEnum):
+    """What a signal asked of the loop."""
+
+    STOP = "stop"
+    RELOAD = "reload"
+
+
+class _Parts:
+    """What one configuration builds: the app, the scheduler, discover and the tracker."""
+
+    def __init__(
+        self,
+        config: Config,
+        hints: HintQueue,
+        *,
+        environ: Mapping[str, str] | None,
+        home: Path | None,
+    ) -> None:
+        self.config = config
+        self.app = App.from_config(config, environ=environ, home=home)
+        try:
+            self.tracker = Tracker(self.app.ledger, config, self._submit)
+            self.scanner = Scanner.from_config(config.watch, config.runs)
+            self.watcher = Watcher.from_config(config.watch, config.runs, hints)
+            self.scheduler: Scheduler[str] = Scheduler(
+                self._upload, workers=config.upload.max_concurrent_runs, on_error=self._failed
+            )
+        except BaseException:
+            self.app.close()
+            raise
+        self._log = get_logger(stage="service")
+
+    def start(self) -> None:
+        self.scheduler.start()
+        try:
+            self.watcher.start()
+        except BaseException:
+            self.scheduler.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop taking work, cut off what is in flight, join every thread, close the app."""
+        self.app.request_stop()
+        try:
+            self.watcher.stop()
+            self.scheduler.stop()
+        finally:
+            self.app.close()
+
+    def _submit(self, path: str) -> None:
+        self.scheduler.submit(path)
+
+    def _upload(self, path: str) -> None:
+        """One scheduler job: take the run as far as it goes now (the uploader decides what it
+        needs: nothing, a new path, a skip, an upload), then tell the tracker."""
+        record: RunRecord | None = None
+        log = self._log.bind(run=path)
+        try:
+            try:
+                run = load_run(Path(path))
+            except RunError as exc:
+                record = self.app.uploader.fail(Path(path), exc)
+                log.warning("run cannot be uploaded", error=str(exc))
+                return
+            log.info("upload started", run=run.run_id, path=path)
+            started = time.monotonic()
+            record = self.app.uploader.upload(run, retry_failed=False)
+            _log_outcome(log.bind(run=run.run_id, path=path), record, time.monotonic() - started)
+        except Busy as exc:
+            log.info("another process is uploading the run: leaving it to it", holder=exc.pid)
+        except (Interrupted, AuthError):
+            pass  # stopping (the gate waits out a refused key itself): it resumes at its step
+        except ClaimLost as exc:
+            log.warning(
+                "the run's claim was taken over: leaving the run to its new holder", error=str(exc)
+            )
+        finally:
+            self.tracker.finished(path, record)
+
+    def _failed(self, path: str, exc: BaseException) -> None:
+        self.tracker.finished(path, None)
+        self._log.error("upload failed unexpectedly", run=path, error=str(exc), exc_info=exc)
+
+
+def _log_outcome(log: Any, record: RunRecord, seconds: float) -> None:
+    if record.state == "finalized":
+        log.info(
+            "run finalized",
+            evaluation=record.evaluation_id,
+            url=record.viewer_url,
+            samples=record.samples_sent,
+            bytes=record.bytes_sent,
+            seconds=round(seconds, 3),
+        )
+    elif record.state == "failed":
+        log.warning("upload failed", error=record.last_error)
+    else:
+        log.info("upload ended", state=record.state, reason=record.reason)
+
+
+class Daemon:
+    """`evalpush run`. `load_config` reads the configuration (again on SIGHUP)."""
+
+    def __init__(
+        self,
+        load_config: Callable[[], Config],
+        *,
+        notifier: Notifier | None = None,
+        environ: Mapping[str, str] | None = None,
+        home: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._load_config = load_config
+        self._notifier = notifier or Notifier(None)
+        self._environ = environ
+        self._home = home
+        self._clock = clock
+        self._hints = HintQueue()
+        self._requests: set[Request] = set()
+        self._requests_lock = threading.Lock()
+        self._log = get_logger(stage="service")
+
+    def request(self, what: Request) -> None:
+        """Record what a signal asks; the loop acts on it (safe from a signal handler)."""
+        with self._requests_lock:
+            self._requests.add(what)
+        self._hints.put(Hint(HintKind.WAKE, ""))
+
+    def run(self, config: Config) -> int:
+        """Run until a stop is requested; 0 then. `ConfigError` if `config` cannot start."""
+        parts = self._build(config)
+        try:
+            self._notifier.ready()
+            self._log.info(
+                "evalpush daemon running",
+                roots=[str(root) for root in config.watch.roots],
+                state_dir=str(config.state_dir),
+            )
+            parts = self._loop(parts)
+        finally:
+            self._notifier.stopping()
+            self._log.info("evalpush daemon stopping")
+            parts.stop()
+        return 0
+
+    def _build(self, config: Config) -> _Parts:
+        parts = _Parts(config, self._hints, environ=self._environ, home=self._home)
+        try:
+            parts.start()
+            parts.tracker.load()
+        except BaseException:
+            parts.stop()
+            raise
+        self._check_credentials(parts)
+        return parts
+
+    def _check_credentials(self, parts: _Parts) -> None:
+        """Say once, at start, that there is no usable key: uploads wait for one."""
+        try:
+            parts.app.client.credentials  # noqa: B018 - read them now to report a missing key
+        except AuthError as exc:
+            self._log.error("no usable API key: uploads wait until one appears", reason=str(exc))
+
+    # ------------------------------------------------------------ the loop
+
+    def _loop(self, parts: _Parts) -> _Parts:
+        now = self._clock()
+        next_rescan = now  # the first scan: queued before READY, done on the first turn
+        next_poll = now + LEDGER_POLL_SECONDS
+        next_status = now
+        settles = float("inf")
+        while True:
+            wait = min(next_rescan, next_poll, next_status, _monotonic_of(settles)) - self._clock()
+            if self._notifier.watchdog_seconds is not None:
+                wait = min(wait, self._notifier.watchdog_seconds)
+            hint = self._hints.get(max(0.0, min(wait, MAX_WAIT_SECONDS)))
+            requests = self._take_requests()
+            if Request.STOP in requests:
+                return parts
+            if Request.RELOAD in requests:
+                parts, next_rescan = self._reload(parts), self._clock()
+            while hint is not None:
+                self._follow(parts, hint)
+                hint = self._hints.get(0)
+            now = self._clock()
+            if now >= next_rescan:
+                parts.tracker.seen(parts.scanner.scan(), everything=True)
+                next_rescan = now + parts.config.watch.rescan_seconds
+            if now >= next_poll:
+                parts.tracker.poll_ledger()
+                next_poll = now + LEDGER_POLL_SECONDS
+            settles = parts.tracker.due()
+            if now >= next_status:
+                self._notifier.status(self._status_line(parts))
+                next_status = now + STATUS_SECONDS
+            self._notifier.ping_if_due(self._clock())
+
+    def _follow(self, parts: _Parts, hint: Hint) -> None:
+        if hint.kind == HintKind.RUN:
+            parts.tracker.look(hint.path, parts.scanner.look(hint.path))
+        elif hint.kind == HintKind.SUBTREE:
+            parts.tracker.seen(parts.scanner.scan_subtree(hint.path), everything=False)
+        elif hint.kind == HintKind.ROOT:
+            for root in parts.watcher.sync():
+                parts.tracker.seen(parts.scanner.scan_subtree(root), everything=False)
+
+    def _take_requests(self) -> set[Request]:
+        with self._requests_lock:
+            taken, self._requests = self._requests, set()
+        return taken
+
+    # ------------------------------------------------------------ SIGHUP
+
+    def _reload(self, parts: _Parts) -> _Parts:
+        """Read the configuration again; if it is valid, rebuild every part from it."""
+        self._notifier.reloading()
+        try:
+            config = self._load_config()
+        except ConfigError as exc:
+            self._log.error(
+                "reload: the new configuration is not valid; keeping the old one", error=str(exc)
+            )
+            self._notifier.ready()
+            return parts
+        changed = _changes(parts.config, config)
+        self._log.info("reload: rebuilding from the configuration", changed=changed or "nothing")
+        parts.stop()
+        try:
+            rebuilt = self._build(config)
+        except EvalpushError as exc:
+            self._log.error(
+                "reload: cannot start with the new configuration; keeping the old one",
+                error=str(exc),
+            )
+            rebuilt = self._build(parts.config)
+        self._notifier.ready()
+        return rebuilt
+
+    # ------------------------------------------------------------ STATUS
+
+    @staticmethod
+    def _status_line(parts: _Parts) -> str:
+        counts = parts.tracker.counts()
+        words = [
+            f"{counts.get(state, 0):,} {state}"
+            for state in ("uploading", "ready", "waiting", "finalized", "failed", "held")
+            if counts.get(state) or state in ("uploading", "waiting", "finalized")
+        ]
+        gate = parts.app.gate.state
+        words.append("platform reachable" if gate == "open" else f"platform {gate}")
+        return ", ".join(words)
+
+
+def _monotonic_of(wall: float) -> float:
+    """A wall-clock deadline (the tracker's settle times) on the monotonic clock."""
+    return wall - time.time() + time.monotonic()
+
+
+def _changes(old: Config, new: Config) -> dict[str, Any]:
+    """What a reload changes, key by key (`section.key`: [old, new])."""
+    before, after = old.model_dump(mode="json"), new.model_dump(mode="json")
+    return {
+        f"{section}.{key}": [before[section].get(key), value]
+        for section, values in after.items()
+        for key, value in values.items()
+        if before[section].get(key) != value
+    }
+
+
+__all__ = ["Daemon", "Request"]

@@ -1,0 +1,344 @@
+"""The daemon's view of the runs under its roots: which are finished, which wait, and why.
+
+Discover tells it where runs are (a scan's `RunDir`s, or one directory a hint points at); the
+tracker decides what each one needs:
+
+- a run whose trace file is as the ledger last saw it in a final state (finalized, skipped,
+  failed, held) needs nothing: a dict lookup per rescan, no file opened, no row read;
+- a run that is not finished yet is *waiting*: its complete lines are counted as they arrive
+  (`runs.LineCounter`, reading only new bytes), `runs.readiness` decides, and the ledger keeps
+  how far it is (`reason`) and when it settles (`settles_at`) for `status`. A finalized run whose
+  file grew or was replaced waits the same way (in memory only: the ledger keeps showing its
+  finalized evaluation until the new one starts);
+- a run that is ready, or that the ledger has queued (`ready`: interrupted, or `evalpush
+  retry`), or that the uploader must look at first (a new path for a known run id: moved or
+  copied; a config that cannot be read) is handed to `submit`, the scheduler's.
+
+Threads: everything runs on the daemon's loop thread except `finished`, which upload workers
+call; one lock guards the maps.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from evalpush import paths, transitions
+from evalpush.config import Config
+from evalpush.discover import RunDir, look_at
+from evalpush.errors import ClaimLost, LedgerError, RunError
+from evalpush.ledger import Ledger, RunRecord
+from evalpush.log import get_logger
+from evalpush.runs import (
+    LineCounter,
+    ReadinessRules,
+    Run,
+    RunFacts,
+    RunKind,
+    derive_run_id,
+    load_run,
+    readiness,
+)
+from evalpush.states import State
+
+WAIT_WRITE_SECONDS = 1.0
+"""A waiting run's progress goes to the ledger at most this often (its reason changes with every
+line a run writes; `status` shows it, and a second behind is near enough)."""
+
+FINAL_STATES = frozenset({State.FINALIZED, State.SKIPPED, State.FAILED, State.HELD})
+QUEUED_STATES = frozenset({State.READY, State.UPLOADING})
+
+Facts = tuple[int, int, int, int]
+"""(device, inode, size, mtime_ns) of a trace file: what makes a rescan see a change."""
+
+
+def _facts(rundir: RunDir) -> Facts:
+    return (rundir.device, rundir.inode, rundir.size, rundir.mtime_ns)
+
+
+@dataclass
+class _Waiting:
+    run: Run
+    counter: LineCounter
+    in_ledger: bool  # the ledger shows it waiting (a finalized run that changed does not)
+    progress: str = ""  # as the ledger shows it
+    settles_at: float = 0.0
+    written_at: float = float("-inf")
+    unwritten: bool = False  # progress changed within WAIT_WRITE_SECONDS of the last write
+
+    def due_at(self) -> float:
+        """When the tracker must look again: at the settle time, or to write its progress."""
+        if self.unwritten:
+            return min(self.settles_at, self.written_at + WAIT_WRITE_SECONDS)
+        return self.settles_at
+
+
+class Tracker:
+    def __init__(
+        self,
+        ledger: Ledger,
+        config: Config,
+        submit: Callable[[str], object],
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ledger = ledger
+        self._config = config
+        self._submit = submit
+        self._clock = clock
+        self._rules = ReadinessRules.from_config(config.runs)
+        self._lock = threading.Lock()
+        self._settled: dict[str, Facts] = {}  # path -> facts of a run that needs nothing now
+        self._waiting: dict[str, _Waiting] = {}
+        self._in_flight: set[str] = set()
+        self._log = get_logger(stage="tracker")
+
+    # ------------------------------------------------------------ what the ledger knows
+
+    def load(self) -> None:
+        """Start from the ledger: runs in a final state are settled at the file facts it
+        recorded (one query, no row objects); queued ones are submitted."""
+        settled: dict[str, Facts] = {}
+        for raw, state, device, inode, size, mtime_ns in self._ledger.file_facts():
+            if state in FINAL_STATES and None not in (device, inode, size, mtime_ns):
+                settled[os.fsdecode(raw)] = (device, inode, size, mtime_ns)  # type: ignore[assignment]
+        with self._lock:
+            self._settled = settled
+        self.poll_ledger()
+
+    def poll_ledger(self) -> None:
+        """Submit what the ledger has queued and nobody holds: a run interrupted by a stop or
+        a crash, one `evalpush retry` put back."""
+        for record in self._ledger.in_state(*QUEUED_STATES):
+            if record.claim_owner is None:
+                self._hand_over(os.fsdecode(record.path_raw))
+
+    def counts(self) -> dict[str, int]:
+        return self._ledger.state_counts()
+
+    # ------------------------------------------------------------ what discover found
+
+    def seen(self, rundirs: dict[str, RunDir], *, everything: bool) -> None:
+        """Run directories found by a scan (`everything`: of every root, so a run not among
+        them is gone) or by a hint's look at a subtree."""
+        if everything:
+            with self._lock:
+                gone = [path for path in self._waiting if path not in rundirs]
+                for path in gone:
+                    del self._waiting[path]
+                for path in [p for p in self._settled if p not in rundirs]:
+                    del self._settled[path]
+        for path, rundir in rundirs.items():
+            self.look(path, rundir)
+
+    def look(self, path: str, rundir: RunDir | None) -> None:
+        """One run directory, as it is now (None: gone, or not a run directory any more)."""
+        with self._lock:
+            if path in self._in_flight:
+                return
+            if rundir is None:
+                self._waiting.pop(path, None)
+                self._settled.pop(path, None)
+                return
+            if self._settled.get(path) == _facts(rundir):
+                return
+            waiting = self._waiting.get(path)
+        if waiting is not None:
+            self._decide(path, waiting, rundir)
+        else:
+            self._first_look(path, rundir)
+
+    def due(self) -> float:
+        """Decide again for every waiting run whose settle time has come, or whose progress
+        waits to be written; returns when the next one is due (infinity when none waits)."""
+        now = self._clock()
+        with self._lock:
+            due = [(p, w) for p, w in self._waiting.items() if w.due_at() <= now]
+        for path, waiting in due:
+            self._decide(path, waiting, look_at(path, self._rules.marker))
+        with self._lock:
+            return min((w.due_at() for w in self._waiting.values()), default=float("inf"))
+
+    # ------------------------------------------------------------ deciding
+
+    def _first_look(self, path: str, rundir: RunDir) -> None:
+        record = self._ledger.get_run(derive_run_id(Path(path)))
+        if record is None:
+            self._discovered(path, rundir)
+        elif record.claim_owner is not None:
+            return  # another process (or this one's worker) has it; the next look decides
+        elif record.path_raw != paths.raw(path) or record.state in QUEUED_STATES:
+            self._hand_over(path)  # moved, copied, interrupted or retried: the uploader decides
+        elif record.state == State.WAITING:
+            self._start_waiting(path, rundir, in_ledger=True)
+        elif record.state == State.FINALIZED and _changed(record, rundir):
+            self._log.info("finalized run changed: it uploads again once ready", run=path)
+            self._start_waiting(path, rundir, in_ledger=False)
+        else:
+            with self._lock:
+                self._settled[path] = _facts(rundir)
+
+    def _discovered(self, path: str, rundir: RunDir) -> None:
+        """A run the ledger has never seen: a run that cannot be loaded or is not an eval run
+        goes to the uploader (which records why it is not uploaded); an eval run waits."""
+        try:
+            run = load_run(Path(path))
+        except RunError:
+            self._hand_over(path)
+            return
+        if run.kind != RunKind.EVAL:
+            self._hand_over(path)
+            return
+        self._start_waiting(path, rundir, in_ledger=False, run=run, new=True)
+
+    def _start_waiting(
+        self,
+        path: str,
+        rundir: RunDir,
+        *,
+        in_ledger: bool,
+        run: Run | None = None,
+        new: bool = False,
+    ) -> None:
+        try:
+            run = run or load_run(Path(path))
+        except RunError:
+            self._hand_over(path)
+            return
+        counter = LineCounter(
+            run.traces_path, clock=self._clock, max_line_bytes=self._config.read.max_line_bytes
+        )
+        waiting = _Waiting(run, counter, in_ledger)
+        with self._lock:
+            self._waiting[path] = waiting
+        self._decide(path, waiting, rundir, new=new)
+
+    def _decide(
+        self, path: str, waiting: _Waiting, rundir: RunDir | None, *, new: bool = False
+    ) -> None:
+        """Count what arrived, ask readiness; hand over a ready run, record a waiting one."""
+        try:
+            count = waiting.counter.update()
+        except OSError:
+            rundir = None
+        if rundir is None:  # gone, or no longer a run directory
+            with self._lock:
+                self._waiting.pop(path, None)
+            return
+        facts = RunFacts(
+            count.lines, waiting.run.expected_traces, rundir.marker, count.mtime, count.grown_at
+        )
+        now = self._clock()
+        decided = readiness(facts, now, self._rules)
+        if decided.ready:
+            with self._lock:
+                self._waiting.pop(path, None)
+            self._ready(path, waiting, decided.reason, new=new)
+            return
+        waiting.settles_at = decided.settles_at
+        if new:
+            self._record_new(path, waiting, decided.progress)
+        elif waiting.in_ledger and decided.progress != waiting.progress:
+            if now - waiting.written_at >= WAIT_WRITE_SECONDS:
+                self._record_progress(path, waiting, decided.progress, now)
+            else:
+                waiting.unwritten = True
+
+    def _record_new(self, path: str, waiting: _Waiting, progress: str) -> bool:
+        """Add the run to the ledger, waiting; False if another process added it first (then
+        the next look starts from its row)."""
+        run = waiting.run
+        try:
+            transitions.discover(
+                self._ledger,
+                path=run.path,
+                run_id=run.run_id,
+                kind=run.kind,
+                reason=progress,
+                settles_at=waiting.settles_at,
+            )
+        except LedgerError:
+            if self._ledger.get_run(run.run_id) is None:
+                raise
+            with self._lock:
+                self._waiting.pop(path, None)
+            return False
+        self._log.info("run found: waiting until it is finished", run=run.run_id, path=path)
+        waiting.in_ledger, waiting.progress, waiting.written_at = True, progress, self._clock()
+        return True
+
+    def _record_progress(self, path: str, waiting: _Waiting, progress: str, now: float) -> None:
+        record = self._ledger.get_run(waiting.run.run_id)
+        if record is None or record.claim_owner is not None or record.state != State.WAITING:
+            with self._lock:  # forgotten, or another process took it over: look again afresh
+                self._waiting.pop(path, None)
+            return
+        try:
+            transitions.wait(self._ledger, record, progress, settles_at=waiting.settles_at)
+        except ClaimLost:
+            return
+        waiting.progress, waiting.written_at, waiting.unwritten = progress, now, False
+
+    def _ready(self, path: str, waiting: _Waiting, reason: str, *, new: bool) -> None:
+        run = waiting.run
+        self._log.info("run is ready", run=run.run_id, path=path, why=reason)
+        if new and not self._record_new(path, waiting, ""):
+            return
+        if waiting.in_ledger:
+            record = self._ledger.get_run(run.run_id)
+            if record is not None and record.claim_owner is None:
+                try:
+                    transitions.queue(self._ledger, record, f"ready: {reason}")
+                except ClaimLost:
+                    pass  # another process took it: the upload's claim sorts it out
+        self._hand_over(path)
+
+    def _hand_over(self, path: str) -> None:
+        with self._lock:
+            if path in self._in_flight:
+                return
+            self._in_flight.add(path)
+            self._waiting.pop(path, None)
+            self._settled.pop(path, None)
+        self._submit(path)
+
+    # ------------------------------------------------------------ what an upload came to
+
+    def finished(self, path: str, record: RunRecord | None) -> None:
+        """An upload job for `path` ended (upload workers call this). A run left in a final
+        state is settled at the file facts the ledger recorded for it (or, for a copy or a run
+        that never got that far, at its file as it is now); anything else is looked at again by
+        the next rescan or ledger poll."""
+        settled: Facts | None = None
+        if record is not None and record.state in FINAL_STATES:
+            if record.path_raw == paths.raw(path) and record.file_inode is not None:
+                settled = (
+                    record.file_device or 0,
+                    record.file_inode,
+                    record.file_size or 0,
+                    record.file_mtime_ns or 0,
+                )
+            else:
+                rundir = look_at(path, self._rules.marker)
+                settled = _facts(rundir) if rundir is not None else None
+        with self._lock:
+            self._in_flight.discard(path)
+            if settled is not None:
+                self._settled[path] = settled
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+
+def _changed(record: RunRecord, rundir: RunDir) -> bool:
+    recorded = (record.file_device, record.file_inode, record.file_size, record.file_mtime_ns)
+    return recorded != _facts(rundir)
+
+
+__all__ = ["Tracker"]
