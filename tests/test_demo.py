@@ -1,4 +1,5 @@
-"""`evalpush demo`, the README's first command, runs end to end with no account."""
+"""`evalpush demo`, the README's first command: the daemon at work on its own local platform,
+with runs written while it watches, and no account."""
 
 from __future__ import annotations
 
@@ -7,35 +8,75 @@ import subprocess
 import sys
 from pathlib import Path
 
+DEMO_SECONDS = 120
+REAL_LOOKING_KEY = "a-real-looking-key-0123456789"
 
-def test_the_demo_uploads_its_sample_runs_to_its_own_local_platform(tmp_path: Path) -> None:
+
+def run_demo(tmp_path: Path, directory: Path) -> subprocess.CompletedProcess[str]:
     # A real key and base URL in the environment must not lead the demo to the real platform.
     env = {
-        **os.environ,
-        "PRIME_API_KEY": "a-real-looking-key-0123456789",
+        **{k: v for k, v in os.environ.items() if not k.startswith("EVALPUSH_")},
+        "PRIME_API_KEY": REAL_LOOKING_KEY,
         "PRIME_API_BASE_URL": "https://api.example.invalid",
         "HOME": str(tmp_path),
     }
-
-    done = subprocess.run(
-        [sys.executable, "-m", "evalpush", "demo", "--dir", str(tmp_path / "demo")],
+    return subprocess.run(
+        [sys.executable, "-m", "evalpush", "demo", "--dir", str(directory)],
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=DEMO_SECONDS,
     )
 
+
+def final_table(stdout: str) -> dict[str, list[str]]:
+    """The status table the demo ends with: each run's kind (its parent directory) -> its row."""
+    lines = stdout.splitlines()
+    header = max(i for i, line in enumerate(lines) if line.startswith("RUN "))
+    rows = {}
+    for line in lines[header + 1 :]:
+        kind = line.split("/reverse-text--")[1].split("/")[0]
+        rows[kind] = line.split()
+    return rows
+
+
+def test_the_daemon_demo_settles_every_kind_of_run_on_its_own_local_platform(
+    tmp_path: Path,
+) -> None:
+    done = run_demo(tmp_path, tmp_path / "demo")
+
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    pushed = [line for line in lines if line.startswith(("finalized", "skipped"))]
-    assert [line.split()[0] for line in pushed] == [
-        "finalized",
-        "finalized",
-        "finalized",
-        "skipped",
-        "skipped",
-    ]
-    assert "1 set aside" in pushed[1]
-    assert "debug run" in pushed[3] and "replay run" in pushed[4]
-    assert "http://127.0.0.1:" in pushed[0]
-    assert "a-real-looking-key-0123456789" not in done.stdout + done.stderr
+    rows = final_table(done.stdout)
+    assert {kind: row[1] for kind, row in rows.items()} == {
+        "finished-before-start": "finalized",
+        "by-expected-count": "finalized",
+        "by-marker": "finalized",
+        "by-settle-time": "finalized",
+        "with-a-bad-line": "finalized",
+        "debug": "skipped",
+    }
+    assert rows["finished-before-start"][2] == "40/40"
+    assert rows["with-a-bad-line"][2:4] == ["11/11", "1"], "the bad line is set aside"
+    assert all("http://127.0.0.1:" in " ".join(rows[kind]) for kind in rows if kind != "debug")
+    assert "debug run" in " ".join(rows["debug"])
+    assert REAL_LOOKING_KEY not in done.stdout + done.stderr
+
+
+def test_the_demo_runs_again_in_the_same_directory(tmp_path: Path) -> None:
+    first = run_demo(tmp_path, tmp_path / "demo")
+    again = run_demo(tmp_path, tmp_path / "demo")
+
+    assert (first.returncode, again.returncode) == (0, 0), again.stderr
+    assert len(final_table(again.stdout)) == 6
+
+
+def test_the_demo_refuses_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    occupied = tmp_path / "mine"
+    occupied.mkdir()
+    (occupied / "notes.txt").write_text("keep me")
+
+    done = run_demo(tmp_path, occupied)
+
+    assert done.returncode == 2
+    assert "not empty" in done.stderr
+    assert (occupied / "notes.txt").read_text() == "keep me"

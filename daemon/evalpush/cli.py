@@ -355,7 +355,8 @@ def cmd_demo(args: argparse.Namespace, config: Config) -> int:
     from evalpush import log
     from evalpush.demo import run_demo
 
-    log.configure(config.log.level, config.log.format, stream=sys.stderr)
+    # The live view is the demo's output; the daemon's lifecycle lines would drown it.
+    log.configure("warning", config.log.format, stream=sys.stderr)
     return run_demo(sys.stdout, directory=args.dir, keep=args.keep)
 
 

@@ -1,10 +1,12 @@
-"""`evalpush demo`: the main job on an embedded default, no account needed.
+"""`evalpush demo`: the daemon at work on an embedded default, no account needed.
 
-Starts the local platform on loopback, writes sample eval runs into a scratch directory (a
-finished run, a run with a bad line, a legacy `results.jsonl` run, a debug run and a replay run),
-uploads them with the same machinery as `evalpush push` (ledger, exactly-once protocol, retries),
-and prints the status table with each evaluation's viewer URL. With `--keep`, the local platform
-keeps serving until Ctrl-C, so the URLs can be opened.
+Starts the local platform on loopback and the daemon (`evalpush run`'s, in this process) on a
+scratch tree, then writes runs into that tree while the daemon watches, as evals would: one
+finished before the daemon started, one that completes by its expected count, one by a marker
+file, one by settling (the settle time is cut to seconds for the demo), one with a bad line, and
+a debug run. A live status view follows them until every run has settled, then the status table
+shows each run's outcome and viewer URL. With `--keep`, the local platform keeps serving until
+Ctrl-C, so the URLs can be opened. Under a minute.
 """
 
 from __future__ import annotations
@@ -12,23 +14,35 @@ from __future__ import annotations
 import random
 import signal
 import tempfile
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import msgspec
 
-from evalpush.app import App
 from evalpush.config import Config
+from evalpush.errors import LedgerError, UsageError
+from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
-from evalpush.push import push
-from evalpush.report import push_line, status_rows, status_table
+from evalpush.report import status_rows, status_table
+from evalpush.service import Daemon, Request
+from evalpush.states import State
 
 DEMO_SEED = 7
 TASKSET = "reverse-text"
 MODEL = "openai/gpt-4.1-mini"
+DEMO_KEY = "demo-key-not-secret"
+MARKER = ".done"
+SETTLE_SECONDS = 4.0
+LINE_SECONDS = 0.2  # between two traces a demo eval writes
+REFRESH_SECONDS = 1.0
+DEMO_SECONDS = 60.0  # the demo gives up waiting after this long
+SCRATCH_MARK = ".evalpush-demo"  # a --dir the demo made, which a later demo may clear
 
 
 def _trace(rng: random.Random, n: int, idx: int) -> dict:
@@ -91,8 +105,105 @@ def _write_run(
     return run
 
 
+@dataclass(frozen=True)
+class DemoRun:
+    """One run the demo writes: its kind (its parent directory says it), how many traces,
+    whether its config says how many to expect, how it ends."""
+
+    kind: str
+    traces: int
+    expected: bool = True  # config.toml has num_tasks: ready at the expected count
+    marker: bool = False  # a marker file is written once its traces are
+    bad_line: bool = False
+    debug: bool = False
+
+
+DEMO_RUNS = [
+    DemoRun("finished-before-start", 40),
+    DemoRun("by-expected-count", 20),
+    DemoRun("by-marker", 12, expected=False, marker=True),
+    DemoRun("by-settle-time", 8, expected=False),
+    DemoRun("with-a-bad-line", 12, bad_line=True),
+    DemoRun("debug", 4, debug=True),
+]
+
+
+def _run_dir(root: Path, kind: str, rng: random.Random) -> Path:
+    return root / f"{TASKSET}--{kind}" / str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+def _demo_lines(run: DemoRun, rng: random.Random) -> list[bytes]:
+    lines = [msgspec.json.encode(_trace(rng, n, n // 2)) for n in range(run.traces)]
+    if run.bad_line:
+        lines[2] = b'{"id": "broken", "task": {"idx": "three"}}'
+    return [line + b"\n" for line in lines]
+
+
+def _start_run(root: Path, run: DemoRun) -> tuple[Path, list[bytes]]:
+    """Create the run directory as an eval does (config.toml, an empty traces.jsonl)."""
+    rng = random.Random(f"{DEMO_SEED}/{run.kind}")
+    directory = _run_dir(root, run.kind, rng)
+    directory.mkdir(parents=True)
+    tasks = f"num_tasks = {run.traces // 2}\n" if run.expected else ""
+    debug = 'command = "pytest -x"\n' if run.debug else ""
+    (directory / "config.toml").write_text(
+        f'model = "{MODEL}"\nnum_rollouts = 2\n{tasks}push = false\n{debug}'
+        f'\n[taskset]\nid = "{TASKSET}"\n'
+    )
+    (directory / "traces.jsonl").touch()
+    return directory, _demo_lines(run, rng)
+
+
+def _write_slowly(directory: Path, lines: list[bytes], run: DemoRun, stop: threading.Event) -> None:
+    """Append one trace at a time, each first half-written, as a running eval does."""
+    with (directory / "traces.jsonl").open("ab", buffering=0) as traces:
+        for line in lines:
+            half = len(line) // 2
+            traces.write(line[:half])
+            if stop.wait(LINE_SECONDS / 2):
+                return
+            traces.write(line[half:])
+            if stop.wait(LINE_SECONDS / 2):
+                return
+    if run.marker:
+        (directory / MARKER).touch()
+
+
+class DemoWriters:
+    """The demo's evals: each run written by its own thread while the daemon watches."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def write_finished(self) -> None:
+        """The runs that finished before the daemon started."""
+        for run in DEMO_RUNS[:1]:
+            directory, lines = _start_run(self.root, run)
+            (directory / "traces.jsonl").write_bytes(b"".join(lines))
+
+    def start(self) -> None:
+        for run in DEMO_RUNS[1:]:
+            directory, lines = _start_run(self.root, run)
+            thread = threading.Thread(
+                target=_write_slowly, args=(directory, lines, run, self._stop), name="demo-eval"
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    @property
+    def writing(self) -> bool:
+        return any(thread.is_alive() for thread in self._threads)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+
 def write_sample_runs(root: Path) -> list[Path]:
-    """The demo's runs under `root`: what an outputs directory of a busy eval box holds."""
+    """Finished runs of every kind the demo shows (for a platform filled by `evalpush push`)."""
     return [
         _write_run(root, "finished", traces=40),
         _write_run(root, "with-a-bad-line", traces=20, bad_line=True),
@@ -104,34 +215,66 @@ def write_sample_runs(root: Path) -> list[Path]:
 
 @contextmanager
 def _scratch(directory: Path | None) -> Iterator[Path]:
-    if directory is not None:
-        directory.mkdir(parents=True, exist_ok=True)
-        yield directory
+    """The demo's scratch directory: a temporary one, or `directory` (made for the demo, or
+    cleared if an earlier demo made it; anything else there is refused)."""
+    if directory is None:
+        with tempfile.TemporaryDirectory(prefix="evalpush-demo-") as scratch:
+            yield Path(scratch)
         return
-    with tempfile.TemporaryDirectory(prefix="evalpush-demo-") as scratch:
-        yield Path(scratch)
+    if directory.exists() and any(directory.iterdir()):
+        if not (directory / SCRATCH_MARK).exists():
+            raise UsageError(f"{directory}: not empty and not an earlier demo's: give a new --dir")
+        _clear(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / SCRATCH_MARK).touch()
+    yield directory
+
+
+def _clear(directory: Path) -> None:
+    import shutil
+
+    for child in directory.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _config(scratch: Path, platform: LocalPlatform) -> Config:
+    return Config.model_validate(
+        {
+            "watch": {"roots": [str(scratch / "outputs")], "rescan_seconds": 5},
+            "runs": {"settle_seconds": SETTLE_SECONDS, "marker": MARKER},
+            "platform": {"api_base_url": platform.base_url, "frontend_url": platform.base_url},
+            "state": {"dir": str(scratch / "state")},
+        }
+    )
 
 
 def run_demo(out: IO[str], *, directory: Path | None = None, keep: bool = False) -> int:
-    with _scratch(directory) as scratch, LocalPlatform(api_key="demo-key-not-secret") as platform:
-        outputs = scratch / "outputs"
-        runs = write_sample_runs(outputs)
-        out.write(f"local platform: {platform.base_url}\nsample runs:    {outputs}\n\n")
-        config = Config.model_validate(
-            {
-                "platform": {"api_base_url": platform.base_url, "frontend_url": platform.base_url},
-                "state": {"dir": str(scratch / "state")},
-            }
+    with _scratch(directory) as scratch, LocalPlatform(api_key=DEMO_KEY) as platform:
+        config = _config(scratch, platform)
+        writers = DemoWriters(scratch / "outputs")
+        writers.write_finished()
+        out.write(
+            f"local platform: {platform.base_url}\nwatching:       {scratch / 'outputs'}\n"
+            f"(settle time cut to {SETTLE_SECONDS:g} s, marker file {MARKER})\n\n"
         )
         # Only the demo's own platform: neither the caller's PRIME_* variables nor their
         # ~/.prime/config.json may point it at the real one.
-        isolated = {"PRIME_API_KEY": platform.api_key}
-        with App.from_config(config, wait_on_auth=False, environ=isolated, home=scratch) as app:
-            results = push(app, runs)
-            rows = status_rows(app.ledger)
-        for result in results:
-            out.write(push_line(result) + "\n")
-        out.write("\n" + status_table(rows) + "\n")
+        daemon = Daemon(
+            lambda: config, environ={"PRIME_API_KEY": platform.api_key or DEMO_KEY}, home=scratch
+        )
+        running = threading.Thread(target=daemon.run, args=(config,), name="demo-daemon")
+        running.start()
+        try:
+            writers.start()
+            rows = _follow(out, default_path(config.state_dir), writers)
+        finally:
+            writers.stop()
+            daemon.request(Request.STOP)
+            running.join()
+        out.write((CLEAR_BELOW if out.isatty() else "\n") + status_table(rows) + "\n")
         if keep:
             out.write(f"\nserving {platform.base_url} until Ctrl-C\n")
             out.flush()
@@ -141,3 +284,49 @@ def run_demo(out: IO[str], *, directory: Path | None = None, keep: bool = False)
             except KeyboardInterrupt:
                 pass
     return 0
+
+
+SETTLED = frozenset({State.FINALIZED, State.SKIPPED, State.FAILED, State.HELD})
+
+
+def _follow(out: IO[str], ledger_path: Path, writers: DemoWriters) -> list[dict]:
+    """The live status view, until every demo run has settled (or the demo's time is up)."""
+    deadline = time.monotonic() + DEMO_SECONDS
+    rows: list[dict] = []
+    shown = ""
+    while time.monotonic() < deadline:
+        rows = _rows(ledger_path)
+        current = [row for row in rows if row["state"] != State.SUPERSEDED]
+        done = len(current) == len(DEMO_RUNS) and all(r["state"] in SETTLED for r in current)
+        view = _live_view(rows, redraw=out.isatty())
+        if view != shown:
+            out.write(view)
+            out.flush()
+            shown = view
+        if done and not writers.writing:
+            break
+        time.sleep(REFRESH_SECONDS)
+    return rows
+
+
+def _rows(ledger_path: Path) -> list[dict]:
+    try:
+        with Ledger(ledger_path, read_only=True) as ledger:
+            return status_rows(ledger)
+    except LedgerError:
+        return []  # not created yet
+
+
+def _live_view(rows: list[dict], *, redraw: bool) -> str:
+    """On a terminal, the status table drawn again in place; elsewhere a line of counts."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["state"]] = counts.get(row["state"], 0) + 1
+    summary = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
+    line = f"[{time.strftime('%H:%M:%S')}] {summary or 'starting'}\n"
+    if not redraw:
+        return line
+    return f"{CLEAR_BELOW}{line}{status_table(rows)}\n{UP * (len(rows) + 2)}"
+
+
+CLEAR_BELOW, UP = "\x1b[J", "\x1b[F"  # erase to the end of the screen; cursor up one line
