@@ -12,6 +12,7 @@ Ctrl-C, so the URLs can be opened. Under a minute.
 from __future__ import annotations
 
 import random
+import shutil
 import signal
 import tempfile
 import threading
@@ -326,7 +327,15 @@ def _live_view(rows: list[dict], *, redraw: bool) -> str:
     line = f"[{time.strftime('%H:%M:%S')}] {summary or 'starting'}\n"
     if not redraw:
         return line
-    return f"{CLEAR_BELOW}{line}{status_table(rows)}\n{UP * (len(rows) + 2)}"
+    width = shutil.get_terminal_size().columns - 1
+    table = [f"{'RUN':<24} {'STATE':<10} {'SENT/SEEN':<10} WHY"]
+    for row in rows:
+        kind = Path(row["path"]).parent.name.removeprefix(f"{TASKSET}--")
+        sent = "" if row["samples_sent"] is None else f"{row['samples_sent']}/{row['samples_seen']}"
+        why = row["last_error"] or row["reason"] or ""
+        table.append(f"{kind:<24} {row['state']:<10} {sent:<10} {why}")
+    drawn = "".join(f"{text[:width]}\n" for text in table)  # one screen line each: no wrapping
+    return f"{CLEAR_BELOW}{line}{drawn}{UP * (len(table) + 1)}"
 
 
 CLEAR_BELOW, UP = "\x1b[J", "\x1b[F"  # erase to the end of the screen; cursor up one line
