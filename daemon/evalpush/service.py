@@ -111,7 +111,7 @@ class _Parts:
         """One scheduler job: take the run as far as it goes now (the uploader decides what it
         needs: nothing, a new path, a skip, an upload), then tell the tracker."""
         record: RunRecord | None = None
-        log = self._log.bind(run=path)
+        log = self._log.bind(path=path)
         try:
             try:
                 run = load_run(Path(path))
@@ -119,10 +119,11 @@ class _Parts:
                 record = self.app.uploader.fail(Path(path), exc)
                 log.warning("run cannot be uploaded", error=str(exc))
                 return
-            log.info("upload started", run=run.run_id, path=path)
+            log = log.bind(run=run.run_id)
+            log.info("upload started")
             started = time.monotonic()
             record = self.app.uploader.upload(run, retry_failed=False)
-            _log_outcome(log.bind(run=run.run_id, path=path), record, time.monotonic() - started)
+            _log_outcome(log, record, time.monotonic() - started)
         except Busy as exc:
             log.info("another process is uploading the run: leaving it to it", holder=exc.pid)
         except (Interrupted, AuthError):
@@ -136,7 +137,7 @@ class _Parts:
 
     def _failed(self, path: str, exc: BaseException) -> None:
         self.tracker.finished(path, None)
-        self._log.error("upload failed unexpectedly", run=path, error=str(exc), exc_info=exc)
+        self._log.error("upload failed unexpectedly", path=path, error=str(exc), exc_info=exc)
 
 
 def _log_outcome(log: Any, record: RunRecord, seconds: float) -> None:

@@ -176,7 +176,7 @@ class Tracker:
         elif record.state == State.WAITING:
             self._start_waiting(path, rundir, in_ledger=True)
         elif record.state == State.FINALIZED and _changed(record, rundir):
-            self._log.info("finalized run changed: it uploads again once ready", run=path)
+            self._log.info("finalized run changed: it uploads again once ready", path=path)
             self._start_waiting(path, rundir, in_ledger=False)
         else:
             with self._lock:
