@@ -77,7 +77,7 @@ def environ(base: str, state: Path, root: Path, **extra: str) -> dict[str, str]:
         PRIME_API_BASE_URL=base,
         EVALPUSH_STATE_DIR=str(state),
         EVALPUSH_WATCH__ROOTS=f'["{root}"]',
-        EVALPUSH_LOG__LEVEL="warning",
+        EVALPUSH_LOG__LEVEL="info",
         **extra,
     )
     return env
@@ -158,7 +158,7 @@ def finalized_at(platform: push.Platform, run_id: str) -> float:
             if evaluation["metadata"]["run_id"] == run_id and evaluation["status"] == "COMPLETED":
                 return time.perf_counter()
         time.sleep(0.01)
-    raise SystemExit(f"run {run_id} was not finalized within {FINALIZE_TIMEOUT_SECONDS:g} s")
+    raise TimeoutError(f"run {run_id} was not finalized within {FINALIZE_TIMEOUT_SECONDS:g} s")
 
 
 def main() -> None:
@@ -204,6 +204,10 @@ def main() -> None:
                     run_id, written = latency_run(root, n)
                     latencies.append(finalized_at(platform, run_id) - written)
                 rss = daemon.rss_bytes()
+            except TimeoutError as exc:
+                kept = args.cache / "idle-failed-daemon.log"
+                shutil.copy(work / "daemon.log", kept)
+                raise SystemExit(f"{exc}; the daemon's log: {kept}") from None
             finally:
                 daemon.stop()
         finally:

@@ -218,3 +218,20 @@ def test_a_real_process_notifies_the_socket_named_in_its_environment(listener):
         "WATCHDOG=1",
         "STOPPING=1",
     ]
+
+
+def test_a_listener_that_stops_reading_never_blocks_the_daemon(tmp_path: Path) -> None:
+    """A notify socket whose queue is full (systemd wedged, or a test that stopped reading)
+    costs dropped messages, not a daemon stuck in sendto."""
+    address = str(tmp_path / "notify")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(address)
+    notifier = Notifier(address)
+    try:
+        started = time.monotonic()
+        sent = [notifier.status(f"line {n}") for n in range(5_000)]
+        assert time.monotonic() - started < 10.0
+        assert any(sent) and not all(sent), "the queue filled, later messages were dropped"
+    finally:
+        notifier.close()
+        listener.close()

@@ -12,7 +12,7 @@ after it, never half-built (creating a new file is migrating from version 0).
   evaluations. A run that schema 1 saw at two paths had two rows: the one updated last is kept,
   and the other's evaluation goes to its history as `duplicate`.
 - Version 3: `settles_at`, when a waiting run becomes ready by the settle rule if its file does
-  not grow again (the daemon writes it; `status` counts down to it).
+  not grow again (the daemon writes it; `status` counts down to it); an index on `state`.
 """
 
 from __future__ import annotations
@@ -160,7 +160,11 @@ _V2 = [
     )""",
 ]
 
-_V3 = ["ALTER TABLE runs ADD COLUMN settles_at REAL"]
+_V3 = [
+    "ALTER TABLE runs ADD COLUMN settles_at REAL",
+    # The daemon asks every few seconds which runs are queued, and counts runs by state.
+    "CREATE INDEX runs_state ON runs (state)",
+]
 
 _MIGRATIONS: list[list[str]] = [_V1, _V2, _V3]
 SCHEMA_VERSION = len(_MIGRATIONS)

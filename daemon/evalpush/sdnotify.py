@@ -7,8 +7,9 @@ path, or an abstract name written `@name`. Each message is one datagram of `KEY=
 
 Promises:
 - without `$NOTIFY_SOCKET` (not under systemd) every method does nothing;
-- nothing here raises: a send that fails is logged once (again only after a send succeeded in
-  between) and the daemon goes on; no libsystemd, no I/O until the first message;
+- nothing here raises or blocks: a send that fails (a listener whose queue is full included:
+  the socket does not block) is logged once (again only after a send succeeded in between) and
+  the daemon goes on; no libsystemd, no I/O until the first message;
 - `watchdog_seconds` is half of `$WATCHDOG_USEC` (the margin sd_watchdog_enabled(3) advises),
   and None when the watchdog is off or meant for another process (`$WATCHDOG_PID`). The loop
   that does the work should call `ping_if_due(time.monotonic())` on each turn and wake at least
@@ -91,8 +92,11 @@ class Notifier:
         try:
             with self._lock:
                 if self._socket is None:
+                    # Non-blocking: a listener that stopped reading (its queue full) must cost
+                    # a dropped message, never a daemon stuck in sendto.
                     self._socket = socket.socket(
-                        socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC
+                        socket.AF_UNIX,
+                        socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK,
                     )
                 self._socket.sendto(message, self.address)
         except OSError as exc:
