@@ -420,12 +420,6 @@ def test_samples_never_land_in_an_evaluation_of_another_run(platform, tmp_path):
     assert not [s for s in stored if s.startswith("mine-")], stored
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F5a exactly-once: trace ids are sent as they are but `iter_sample_ids` strips the "
-    "ids it lists (`_text`), so after an ambiguous batch an id with a leading or trailing space "
-    "is not found among the stored ones and is sent again: duplicates",
-)
 def test_a_reconciling_read_finds_ids_with_surrounding_spaces(platform, tmp_path):
     run = write_run(tmp_path / "out", [trace(i, sample_id=f"t{i} ") for i in range(6)])
     platform.inject("reset", on="samples")  # stored, then the answer is lost
@@ -558,13 +552,6 @@ def test_a_refused_close_out_fails_that_run_alone_and_every_run_is_reported(plat
     assert line_of(done.stdout, run).startswith("failed"), done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F5b stuck run: a trace id of spaces only passes `decode_trace` (non-empty) and is "
-    "sent, but the reconciling listing strips it to nothing and calls the page malformed "
-    "('a sample without sample_id'): after one ambiguous batch the run retries that listing "
-    "forever",
-)
 def test_a_blank_trace_id_does_not_wedge_the_reconciling_read(platform, tmp_path, start):
     run = write_run(tmp_path / "out", [trace(0, sample_id=" "), *traces(5, start=1)])
     platform.inject("reset", on="samples")

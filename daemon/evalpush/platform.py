@@ -319,12 +319,22 @@ def is_platform_id(value: str) -> bool:
     return _ID.fullmatch(value) is not None and scrub(value) == value
 
 
+def _id_value(value: Any) -> str | None:
+    """An id as the platform wrote it: a string exactly as it is (never stripped: ids are
+    compared with what was sent, spaces and all) or an integer; anything else is no id."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
 def _first_id(data: Any, keys: tuple[str, ...]) -> str | None:
     """The id under the first of `keys` present, at the top level or under `data`."""
     for holder in (data, data.get("data") if isinstance(data, dict) else None):
         if isinstance(holder, dict):
             for key in keys:
-                found = _text(holder.get(key))
+                found = _id_value(holder.get(key))
                 if found:
                     return found
     return None
@@ -724,7 +734,8 @@ class PlatformClient:
         *,
         max_items: int | None = None,
     ) -> Iterator[str]:
-        """Every stored sample id (as a string, duplicates included), page by page.
+        """Every stored sample id exactly as stored (a string, never stripped; duplicates
+        included), page by page.
 
         `max_items`: more ids than this is a malformed listing (`Transient`), as are a page that
         repeats the previous one and more than `MAX_PAGES` pages.
@@ -749,7 +760,7 @@ class PlatformClient:
                 raise errors.Transient(f"{what}: page {page} holds no list of samples")
             ids = []
             for item in items:
-                sample_id = _text(item.get("sample_id")) if isinstance(item, dict) else None
+                sample_id = _id_value(item.get("sample_id")) if isinstance(item, dict) else None
                 if sample_id is None:
                     raise errors.Transient(f"{what}: page {page} has a sample without sample_id")
                 ids.append(sample_id)
