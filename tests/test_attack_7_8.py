@@ -590,13 +590,6 @@ def test_a_huge_number_from_the_platform_is_a_malformed_answer_not_a_traceback(
     assert line_of(done.stdout, run), done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F11 stuck runs: one evaluation with an id that is not id-like anywhere in an "
-    "environment's listing (another tool's, a legacy one) makes the whole page malformed, so "
-    "every run the ledger never saw in that environment retries its lookup forever and is never "
-    "created, though that evaluation cannot be the run's (such an id is never adopted)",
-)
 def test_an_odd_evaluation_in_the_listing_does_not_stop_new_runs_of_its_environment(
     platform, hop, tmp_path, start
 ):

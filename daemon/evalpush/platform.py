@@ -291,6 +291,12 @@ class Evaluation:
     sample_count: int | None = None
     viewer_url: str | None = None
 
+    @property
+    def usable(self) -> bool:
+        """Whether its id is one evalpush may put into a URL (`is_platform_id`): a listed
+        evaluation without such an id (another tool's, a legacy one) is never adopted."""
+        return is_platform_id(self.id)
+
     @classmethod
     def from_answer(cls, data: Mapping[str, Any], *, id: str | None = None) -> Evaluation:
         """`data` as read; `id` where the answer need not carry it (a read by id)."""
@@ -775,10 +781,11 @@ class PlatformClient:
     ) -> Iterator[dict[str, Any]]:
         """Every evaluation of an environment (each with its `metadata`), skip/limit paged.
 
-        Each has a well-formed id under `evaluation_id` (wherever the platform put it) and a
-        `viewer_url` only if it is http(s); an item without a well-formed id makes the page
-        malformed (`Transient`), like a repeated page, more than `MAX_EVALUATIONS_LISTED`
-        evaluations, or more than `MAX_PAGES` pages.
+        Each has its id under `evaluation_id` (wherever the platform put it; None if it has
+        none, and possibly not a platform id: see `Evaluation.usable`) and a `viewer_url` only
+        if it is http(s). A repeated page, more than `MAX_EVALUATIONS_LISTED` evaluations, or
+        more than `MAX_PAGES` pages make the listing malformed (`Transient`). One odd item does
+        not: the other evaluations of the environment are still listed.
         """
         what = f"list evaluations of {environment_name!r}"
         listing, limit = _Listing(what, MAX_EVALUATIONS_LISTED), page_size
@@ -798,7 +805,7 @@ class PlatformClient:
                 raise errors.Transient(
                     f"{what}: the page at skip={skip} holds no list of evaluations"
                 )
-            evaluations = [_checked_evaluation(item, what) for item in items]
+            evaluations = [_checked_evaluation(item) for item in items]
             listing.took(
                 [_first_id(e, ("evaluation_id", "id")) for e in evaluations],
                 asked=skip,
@@ -838,12 +845,11 @@ class PlatformClient:
         )
 
 
-def _checked_evaluation(item: dict[str, Any], what: str) -> dict[str, Any]:
-    """A listed evaluation with a well-formed id, and its viewer URL only if it is http(s)."""
-    evaluation_id = _first_id(item, ("evaluation_id", "id"))
-    if evaluation_id is None or not is_platform_id(evaluation_id):
-        raise errors.Transient(f"{what}: an evaluation without a well-formed id")
-    checked = {**item, "evaluation_id": evaluation_id}  # what the caller reads first
+def _checked_evaluation(item: dict[str, Any]) -> dict[str, Any]:
+    """A listed evaluation with its id under `evaluation_id` (what the caller reads first) and
+    its viewer URL only if it is http(s). An id that is not a platform id is kept as data: the
+    caller (`Evaluation.usable`) never adopts it, and no URL is ever built of it."""
+    checked = {**item, "evaluation_id": _first_id(item, ("evaluation_id", "id"))}
     url = _safe_url(item.get("viewer_url"))
     if url is None:
         checked.pop("viewer_url", None)
