@@ -286,13 +286,6 @@ def is_evaluation_listing(method: str, path: str) -> bool:
 # ================================================================ exactly-once violations
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F1 exactly-once: a push killed after its create was answered (intent recorded) whose "
-    "trace file is then rewritten restarts the run without reconciling the create intent "
-    "(`_file_replaced` -> `ledger.restart` drops `pending`; `looked_up` stays 1, so no lookup): "
-    "the evaluation the dead push created stays RUNNING forever, empty, beside a second one",
-)
 def test_a_create_intent_left_by_a_killed_push_is_reconciled_even_when_the_file_is_rewritten(
     platform, tmp_path
 ):
@@ -310,12 +303,6 @@ def test_a_create_intent_left_by_a_killed_push_is_reconciled_even_when_the_file_
     assert statuses.count("COMPLETED") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F6 exactly-once: a 409 or 404 answer to a samples batch is believed without a read: "
-    "the run restarts as a NEW evaluation and the old one, still RUNNING on the platform with "
-    "the batches it stored, is never closed (a finalize 409 is confirmed by a read; this is not)",
-)
 @pytest.mark.parametrize("status", [409, 404])
 def test_a_samples_refusal_the_evaluation_does_not_bear_out_leaves_one_evaluation(
     platform, tmp_path, status
@@ -329,13 +316,6 @@ def test_a_samples_refusal_the_evaluation_does_not_bear_out_leaves_one_evaluatio
     assert_once(platform, 6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F7 exactly-once: after a push died with a create intent recorded, a config.toml whose "
-    "environment name was changed makes the reconciling lookup list the NEW environment (the "
-    "create went to the one resolved before, `env_id` in the ledger): the evaluation created is "
-    "not found, a second is created, the first stays RUNNING forever",
-)
 def test_a_create_intent_is_reconciled_in_the_environment_it_was_sent_to(platform, tmp_path):
     run = write_run(tmp_path / "out", traces(4))
     env = cli_env(platform, tmp_path)
@@ -399,13 +379,6 @@ def test_a_run_keeps_its_identity_when_the_host_name_changes(platform, tmp_path)
     assert len(platform.summary()["evaluations"]) == 1, "the platform already has this run"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F18 exactly-once, cross-run: the id a create answer carries is trusted, so a platform "
-    "that answers with ANOTHER evaluation's (well-formed) id gets this run's samples and "
-    "finalize pushed into the other run's open evaluation; the evaluation really created stays "
-    "RUNNING and empty (nothing reads it back to check `metadata.run_id` before pushing)",
-)
 def test_samples_never_land_in_an_evaluation_of_another_run(platform, tmp_path):
     env = cli_env(platform, tmp_path)
     other = write_run(tmp_path / "other", traces(6), run_id=OTHER_RUN_ID)

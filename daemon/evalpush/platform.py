@@ -50,6 +50,7 @@ __all__ = [
     "Credentials",
     "Evaluation",
     "PlatformClient",
+    "is_closed",
     "is_finalized",
     "is_platform_id",
     "load_credentials",
@@ -66,6 +67,8 @@ EVALUATIONS_PAGE_SIZE = 100
 _FINALIZED_STATUSES = frozenset(
     {"COMPLETED", "COMPLETE", "FINALIZED", "DONE", "FINISHED", "SUCCEEDED"}
 )
+_CLOSED_STATUSES = frozenset({"FAILED", "CANCELLED", "CANCELED", "ERROR", "ERRORED", "ABORTED"})
+"""Statuses of an evaluation closed out without being finalized: it takes no more samples."""
 _ERROR_BODY_CHARS = 300
 
 MIB = 1024 * 1024
@@ -264,14 +267,26 @@ def load_credentials(
     )
 
 
-def is_finalized(evaluation: Mapping[str, Any]) -> bool:
-    """Whether an evaluation as read from the platform is finalized, whatever its spelling."""
+def _status(evaluation: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    """The evaluation's own fields (unwrapped from `data`) and its status, upper case."""
     if isinstance(evaluation.get("data"), Mapping) and "status" not in evaluation:
         evaluation = evaluation["data"]
+    status = evaluation.get("status")
+    return evaluation, status.strip().upper() if isinstance(status, str) else ""
+
+
+def is_finalized(evaluation: Mapping[str, Any]) -> bool:
+    """Whether an evaluation as read from the platform is finalized, whatever its spelling."""
+    evaluation, status = _status(evaluation)
     if evaluation.get("finalized") is True or evaluation.get("is_finalized") is True:
         return True
-    status = evaluation.get("status")
-    return isinstance(status, str) and status.strip().upper() in _FINALIZED_STATUSES
+    return status in _FINALIZED_STATUSES
+
+
+def is_closed(evaluation: Mapping[str, Any]) -> bool:
+    """Whether an evaluation takes no more samples: finalized, or closed out (failed,
+    cancelled)."""
+    return is_finalized(evaluation) or _status(evaluation)[1] in _CLOSED_STATUSES
 
 
 MAX_SAMPLE_COUNT = 2**63 - 1
@@ -287,6 +302,7 @@ class Evaluation:
 
     id: str
     finalized: bool
+    closed: bool = False  # finalized, or closed out (failed, cancelled): takes no more samples
     run_id: str | None = None
     sample_count: int | None = None
     viewer_url: str | None = None
@@ -306,6 +322,7 @@ class Evaluation:
         return cls(
             id=_first_id(data, ("evaluation_id", "id")) or id or "",
             finalized=is_finalized(data),
+            closed=is_closed(data),
             run_id=run_id if isinstance(run_id, str) else None,
             sample_count=count if count is not None and 0 <= count <= MAX_SAMPLE_COUNT else None,
             viewer_url=_viewer_url_in(data),

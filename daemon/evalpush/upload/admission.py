@@ -21,14 +21,16 @@ from evalpush.runs import Run, RunKind, derive_run_id, is_run_dir
 from evalpush.states import Outcome, State, Step
 from evalpush.upload.context import Context
 from evalpush.upload.files import fingerprint
+from evalpush.upload.reconcile import Reconciler
 
 DEBUG_RUN = "debug run (config has script_path or command): never uploaded"
 REPLAY_RUN = "replay run: set runs.upload_replays = true to upload replays"
 
 
 class Admission:
-    def __init__(self, context: Context):
+    def __init__(self, context: Context, reconciler: Reconciler):
         self._ctx = context
+        self._reconcile = reconciler
 
     def admit(self, record: RunRecord, run: Run, *, retry_failed: bool) -> RunRecord:
         """The run's row after the policy: `uploading` if its upload goes ahead."""
@@ -105,6 +107,7 @@ class Admission:
         """The file under an open upload is gone (the upload fails) or is another file now (the
         upload starts over): either way its open evaluation is closed out as cancelled."""
         ledger = self._ctx.ledger
+        record = self._reconcile.settle_create(record, run)
         if change == Change.GONE:
             message = f"{run.traces_path}: the run's trace file was deleted mid-upload"
             self._cancel(record, message)

@@ -41,8 +41,9 @@ class Uploader:
     def __init__(self, context: Context, claims: Claims):
         self.context = context
         self.claims = claims
-        self._admission = Admission(context)
-        self._steps = Steps(context, Reconciler(context))
+        reconciler = Reconciler(context)
+        self._admission = Admission(context, reconciler)
+        self._steps = Steps(context, reconciler)
 
     @property
     def progress(self) -> Progress:
@@ -110,6 +111,10 @@ class Uploader:
         if record.state != State.UPLOADING:
             return record
         log = get_logger(run=run.run_id, path=paths.display(run.path))
+        if record.step == Step.CREATE and record.pending is None:
+            # Resolved by an earlier attempt: the config may name another environment by now,
+            # and the create (and the environment its intent records) must agree with it.
+            record = ledger.update(record, step=Step.RESOLVE)
         try:
             while record.step != Step.DONE and record.state == State.UPLOADING:
                 record = self._advance(record, run)
