@@ -329,14 +329,6 @@ def test_a_create_intent_is_reconciled_in_the_environment_it_was_sent_to(platfor
     assert [e["status"] for e in evaluations_of(platform)] == ["COMPLETED"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F8 exactly-once: a push keeps writing its progress into a ledger file that was moved "
-    "aside under it (the documented last resort for an unusable ledger); the next push, on the "
-    "new ledger, adopts the same open evaluation and finalizes it, and the first one, on its next "
-    "batch, gets a 409 and starts a SECOND evaluation (or, timed otherwise, sends duplicates "
-    "into the first): nothing checks that state.db is still the file the process has open",
-)
 def test_a_push_whose_ledger_was_moved_aside_stops_instead_of_racing_the_next_push(
     platform, tmp_path, start
 ):

@@ -197,6 +197,25 @@ class TestLocked:
             assert ledger.update(record, acked_offset=5).acked_offset == 5
 
 
+class TestMovedAside:
+    @pytest.mark.parametrize("how", ["moved", "replaced"])
+    def test_a_ledger_moved_aside_or_replaced_under_a_process_takes_no_more_of_its_writes(
+        self, tmp_path: Path, how: str
+    ):
+        path = tmp_path / "state" / "state.db"
+        with Ledger(path) as ledger:
+            record = ledger.update(a_run(ledger), acked_offset=10)
+            os.rename(tmp_path / "state", tmp_path / "aside")
+            if how == "replaced":
+                Ledger(path).close()
+
+            with pytest.raises(LedgerError, match="no longer the ledger this process opened"):
+                ledger.update(record, acked_offset=20)
+
+        with Ledger(tmp_path / "aside" / "state.db") as aside:
+            assert aside.get(record.id).acked_offset == 10
+
+
 def test_a_secret_quoted_in_an_error_never_reaches_the_ledger(ledger: Ledger):
     secret = "sk-test-secret-0123456789abcdef"
     register_secret(secret)

@@ -177,6 +177,7 @@ class Ledger:
         self._clock = clock
         self._busy_timeout_seconds = busy_timeout_seconds
         self._lock = threading.RLock()
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
         self._db = self._open(path)
 
     # ------------------------------------------------------------ opening
@@ -275,10 +276,29 @@ class Ledger:
                 raise LedgerError(self._not_a_file(path)) from None
             raise
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise LedgerError(self._not_a_file(path))
+            self._file = (st.st_dev, st.st_ino)
         finally:
             os.close(fd)
+
+    def _check_still_the_file(self) -> None:
+        """Inside a write: `path` must still name the file this connection has open. A ledger
+        moved aside (or replaced) under a running process is another process's business from
+        then on: this one writes nothing more to the file it holds, which nobody reads."""
+        try:
+            st = os.stat(self.path)
+            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            now = None
+        if now != self._file:
+            raise LedgerError(
+                f"{self.path} is no longer the ledger this process opened (moved aside or "
+                "replaced while it ran): this process stops here and writes nothing more; the "
+                "runs it was uploading are resumed by whoever uses the ledger at that path, "
+                "reconciling with the platform"
+            )
 
     @staticmethod
     def _not_a_file(path: Path) -> str:
@@ -319,6 +339,7 @@ class Ledger:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
+                    self._check_still_the_file()
                     yield self._db
                 except BaseException:
                     # SQLite may have rolled back already (SQLITE_FULL does): a second ROLLBACK
