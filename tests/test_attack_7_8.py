@@ -346,13 +346,6 @@ def test_a_push_whose_ledger_was_moved_aside_stops_instead_of_racing_the_next_pu
     assert_once(platform, 12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F14 exactly-once: a run directory whose name is not a UUID gets the run id "
-    "uuid5(hostname + path), so the same directory on the same state dir is a NEW run once the "
-    "host name changes (a container restarted, `hostnamectl`): uploaded again as a second "
-    "evaluation, though the ledger knows the path",
-)
 def test_a_run_keeps_its_identity_when_the_host_name_changes(platform, tmp_path):
     run = write_run(tmp_path / "out", traces(4), run_id="my-run")
     env = cli_env(platform, tmp_path)

@@ -389,6 +389,15 @@ class Ledger:
         found = self._records("WHERE run_id = ?", (run_id,))
         return found[0] if found else None
 
+    def run_id_at(self, path: Path) -> str | None:
+        """The run id of the run last seen at `path`, if the ledger knows one (the run id of a
+        directory whose name is not a UUID: `runs.derive_run_id`)."""
+        found = self._query(
+            "SELECT run_id FROM runs WHERE path_raw = ? ORDER BY updated_at DESC LIMIT 1",
+            (paths.raw(path),),
+        )
+        return found[0][0] if found else None
+
     def match(self, key: str) -> list[RunRecord]:
         """The runs `key` names: the one at that path, the one with that run id, else every run
         whose id starts with `key` (literally: no wildcards). An empty key names none."""

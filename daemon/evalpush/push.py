@@ -20,7 +20,7 @@ from evalpush import paths
 from evalpush.app import App
 from evalpush.errors import AuthError, Busy, ClaimLost, Interrupted, RunError
 from evalpush.ledger import RunRecord
-from evalpush.runs import derive_run_id, find_run_dirs, load_run
+from evalpush.runs import find_run_dirs
 from evalpush.scheduler import Scheduler
 from evalpush.states import State
 
@@ -108,7 +108,7 @@ class _Push:
         while not self._app.stop.wait(WAIT_POLL_SECONDS):
             released = []
             for directory in busy:
-                record = ledger.get_run(derive_run_id(directory))
+                record = ledger.get_run(self._app.run_id_of(directory))
                 holder = record.holder if record is not None else None
                 if holder is None or not claims.alive(holder):
                     released.append(directory)
@@ -127,7 +127,7 @@ class _Push:
         if self._app.stop.is_set():
             return PushResult(directory, self._row(directory), 0, "interrupted")
         try:
-            run = load_run(directory)
+            run = self._app.load_run(directory)
         except RunError as exc:
             return self._unloadable(directory, exc)
         before = self._app.ledger.get_run(run.run_id)
@@ -173,7 +173,7 @@ class _Push:
         )
 
     def _row(self, directory: Path) -> RunRecord | None:
-        return self._app.ledger.get_run(derive_run_id(directory))
+        return self._app.ledger.get_run(self._app.run_id_of(directory))
 
     def _unloadable(self, directory: Path, exc: RunError) -> PushResult:
         """A run whose config cannot be read still shows in `status`, failed, with why."""

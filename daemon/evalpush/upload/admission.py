@@ -14,7 +14,7 @@ import dataclasses
 
 from evalpush import paths, transitions
 from evalpush.errors import Conflict, Gone
-from evalpush.ledger import RunRecord
+from evalpush.ledger import Ledger, RunRecord
 from evalpush.log import get_logger
 from evalpush.read import Change, FileIdentity, digest_of, verify
 from evalpush.runs import Run, RunKind, derive_run_id, is_run_dir
@@ -36,7 +36,7 @@ class Admission:
         """The run's row after the policy: `uploading` if its upload goes ahead."""
         ledger = self._ctx.ledger
         if record.path_raw != paths.raw(run.path):
-            if _still_there(record):
+            if _still_there(record, ledger):
                 return record  # a copy of a run that is still where the ledger knows it
             get_logger(run=run.run_id).info(
                 "run moved", was=record.path, now=paths.display(run.path)
@@ -134,8 +134,8 @@ class Admission:
             pass  # already closed, or deleted: either way it takes no more samples
 
 
-def _still_there(record: RunRecord) -> bool:
+def _still_there(record: RunRecord, ledger: Ledger) -> bool:
     """Whether the run is still at the path the ledger knows (then another directory with its
     run id is a copy, not the run moved)."""
     directory = record.directory
-    return is_run_dir(directory) and derive_run_id(directory) == record.run_id
+    return is_run_dir(directory) and derive_run_id(directory, ledger.run_id_at) == record.run_id

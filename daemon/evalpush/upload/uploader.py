@@ -66,7 +66,8 @@ class Uploader:
     def fail(self, directory: Path, error: RunError) -> RunRecord:
         """Record a run directory that cannot even be loaded as failed, with why (under its
         claim, like any write to a run)."""
-        claimed = self._claim(derive_run_id(directory), directory, RunKind.EVAL)
+        run_id = derive_run_id(directory, known=self.context.ledger.run_id_at)
+        claimed = self._claim(run_id, directory, RunKind.EVAL)
         ledger = self.context.ledger
         return self._release_after(claimed, lambda: transitions.fail(ledger, claimed, str(error)))
 
