@@ -388,14 +388,6 @@ def test_a_reconciling_read_finds_ids_with_surrounding_spaces(platform, tmp_path
     assert_once(platform, 6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F16 exactly-once (a cancelled extra evaluation): a run directory moved while its "
-    "upload runs is taken for a deleted trace file: the evaluation is closed CANCELLED with the "
-    "batches sent so far and the run fails ('deleted mid-upload'), so the next push uploads a "
-    "second evaluation; ARCHITECTURE.md says a move mid-upload keeps the upload going (the open "
-    "file still holds the scanned bytes)",
-)
 def test_a_run_directory_moved_while_it_uploads_keeps_its_one_evaluation(platform, tmp_path, start):
     root = tmp_path / "out"
     run = write_run(root, traces(12))
@@ -706,12 +698,6 @@ def test_a_run_key_that_is_not_utf8_is_looked_up_without_a_traceback(platform, t
     assert done.returncode == 2 and "no run" in done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F17 bad message: a trace file replaced by a symlink mid-upload (a FIFO or a "
-    "directory alike) fails the run with 'the run's trace file was deleted mid-upload' (the "
-    "file is there, it is a symlink, which evalpush does not follow)",
-)
 def test_a_trace_file_replaced_by_a_symlink_mid_upload_is_named_as_such(platform, tmp_path, start):
     run = write_run(tmp_path / "out", traces(8))
     platform.inject("stall", on="samples", seconds=1)

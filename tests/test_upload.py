@@ -813,6 +813,38 @@ class TestFileChanges:
             assert results[run_dir].ok
             assert_uploaded_once(local_platform, run_dir, results[run_dir].record)
 
+    def test_a_trace_file_moved_out_of_its_run_directory_mid_upload_is_gone_from_the_run(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(12))
+        uploader.progress = after_batch(
+            1, lambda: os.rename(run_dir / "traces.jsonl", runs_root / "elsewhere.jsonl")
+        )
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FAILED
+        assert "deleted mid-upload" in record.last_error
+        [evaluation] = evaluations_of(local_platform, run_dir).values()
+        assert evaluation["status"] == "CANCELLED"
+
+    def test_a_trace_file_replaced_by_a_fifo_mid_upload_fails_naming_what_is_there(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(12))
+
+        def fifo_in_its_place() -> None:
+            (run_dir / "traces.jsonl").unlink()
+            os.mkfifo(run_dir / "traces.jsonl")
+
+        uploader.progress = after_batch(1, fifo_in_its_place)
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FAILED
+        assert "replaced by a FIFO" in record.last_error
+        assert "deleted" not in record.last_error
+
     def test_a_trace_file_deleted_before_the_push_step_fails_the_run_not_the_uploader(
         self, local_platform, uploader, runs_root, monkeypatch
     ):

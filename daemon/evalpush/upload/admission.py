@@ -11,12 +11,13 @@ stays as it is; anything else starts (or resumes) its upload.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from evalpush import paths, transitions
 from evalpush.errors import Conflict, Gone
 from evalpush.ledger import Ledger, RunRecord
 from evalpush.log import get_logger
-from evalpush.read import Change, FileIdentity, digest_of, verify
+from evalpush.read import Change, FileIdentity, digest_of, verify, what_is_at
 from evalpush.runs import Run, RunKind, derive_run_id, is_run_dir
 from evalpush.states import Outcome, State, Step
 from evalpush.upload.context import Context
@@ -109,7 +110,7 @@ class Admission:
         ledger = self._ctx.ledger
         record = self._reconcile.settle_create(record, run)
         if change == Change.GONE:
-            message = f"{run.traces_path}: the run's trace file was deleted mid-upload"
+            message = f"{run.traces_path}: the run's trace file {_gone_how(run.traces_path)}"
             self._cancel(record, message)
             record = transitions.start_over(ledger, record, Outcome.CANCELLED)
             return transitions.fail(ledger, record, message)
@@ -132,6 +133,16 @@ class Admission:
             )
         except (Conflict, Gone):
             pass  # already closed, or deleted: either way it takes no more samples
+
+
+def _gone_how(path: Path) -> str:
+    """How a trace file is gone: deleted, or something evalpush does not read in its place."""
+    there = what_is_at(path)
+    if there in (None, "nothing"):
+        return "was deleted mid-upload"
+    if there == "a symlink":
+        return "was replaced by a symlink mid-upload (evalpush does not follow symlinks)"
+    return f"was replaced by {there} mid-upload (evalpush reads only regular files)"
 
 
 def _still_there(record: RunRecord, ledger: Ledger) -> bool:

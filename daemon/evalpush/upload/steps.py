@@ -181,8 +181,10 @@ class Steps:
             max_batch_bytes=ctx.config.upload.max_batch_bytes,
             max_batch_samples=ctx.config.upload.max_batch_samples,
         )
-        watch = FileWatch(run.traces_path, known)
-        with Prefetch(source, name=f"convert-{run.run_id[:8]}") as ahead:
+        with (
+            FileWatch(run.traces_path, known) as watch,
+            Prefetch(source, name=f"convert-{run.run_id[:8]}") as ahead,
+        ):
             for batch in ahead:
                 watch.check()  # the batch was read before this look: it holds the scanned bytes
                 already = 0
