@@ -408,13 +408,6 @@ def test_a_run_directory_moved_while_it_uploads_keeps_its_one_evaluation(platfor
 # ================================================================ data loss
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F3 data loss: two directories with the same UUID leaf but different traces are "
-    "taken for a run and its copy: the second is reported 'finalized ... a copy of the run at "
-    "...' with exit 0 and its traces are never uploaded (its bytes are never compared with the "
-    "run's fingerprint)",
-)
 def test_a_directory_with_a_colliding_run_id_but_other_traces_is_not_dropped_silently(
     platform, tmp_path
 ):
@@ -430,13 +423,6 @@ def test_a_directory_with_a_colliding_run_id_but_other_traces_is_not_dropped_sil
     assert uploaded or done.returncode == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F9 data loss: a run the ledger never saw adopts a FINALIZED evaluation found by run id "
-    "without comparing its sample count with the run's traces: after the ledger was moved aside, "
-    "a run whose file grew since its upload is reported finalized '4/8 samples' with exit 0, and "
-    "its new lines are never uploaded (the fingerprint recorded is of the whole new file)",
-)
 def test_adopting_a_finalized_evaluation_that_lacks_traces_does_not_lose_them(platform, tmp_path):
     run = write_run(tmp_path / "out", traces(4))
     env = cli_env(platform, tmp_path)
@@ -454,13 +440,6 @@ def test_adopting_a_finalized_evaluation_that_lacks_traces_does_not_lose_them(pl
 # ================================================================ stuck runs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F2 stuck run: a finalized run whose config.toml fails to load once (an editor "
-    "mid-save, a typo) is overwritten to `failed` (`Uploader.fail` writes FAILED whatever the "
-    "state); once the config is fixed, `_admit` sets it `uploading` with step `done`, the loop "
-    "does nothing, and every later push exits 1 with '(4/4 samples)' forever; `retry` too",
-)
 def test_a_finalized_run_whose_config_broke_for_a_while_stays_finalized(platform, tmp_path):
     run = write_run(tmp_path / "out", traces(4))
     env = cli_env(platform, tmp_path)
@@ -479,14 +458,6 @@ def test_a_finalized_run_whose_config_broke_for_a_while_stays_finalized(platform
     assert len(evaluations_of(platform)) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F4 stuck run, and a whole push lost: `_admit` runs outside `_work`'s error handling, "
-    "so a close-out the platform refuses (400/422: e.g. a platform that does not take "
-    "CANCELLED) for a run whose file was rewritten escapes `Service._push_one`: the push prints "
-    "only 'evalpush: close out ...' and exits, the other runs' outcomes are never printed, and "
-    "every later push of the tree ends the same way",
-)
 def test_a_refused_close_out_fails_that_run_alone_and_every_run_is_reported(platform, tmp_path):
     root = tmp_path / "out"
     run = write_run(root, traces(6))
@@ -565,13 +536,6 @@ def test_an_odd_evaluation_in_the_listing_does_not_stop_new_runs_of_its_environm
     assert_once(platform, 4)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F12 stuck run + traceback: a finalized run whose trace file became unreadable "
-    "(chmod, another owner) raises PermissionError from `read.verify` inside `_admit`, outside "
-    "every handler: it escapes `cli.main` as a traceback and no run of the push is reported, on "
-    "every later push of the tree",
-)
 def test_a_trace_file_that_became_unreadable_fails_its_run_alone(platform, shared_dir):
     root = shared_dir / "out"
     run = write_run(root, traces(4))

@@ -30,7 +30,7 @@ from evalpush.app import App
 from evalpush.claims import Claims
 from evalpush.config import Config, PlatformConfig
 from evalpush.convert import RunTotals, convert_lines, summary, tally
-from evalpush.errors import Busy, ClaimLost, Interrupted, LedgerError
+from evalpush.errors import Busy, ClaimLost, Interrupted, LedgerError, RunIdTaken
 from evalpush.ledger import Ledger, RunRecord, State, Step, default_path
 from evalpush.local_platform import LocalPlatform
 from evalpush.platform import PlatformClient
@@ -1751,12 +1751,35 @@ class TestRunIdentity:
         assert (record.state, record.evaluation_id) == (State.FINALIZED, first.evaluation_id)
         assert [r.path for r in ledger.all()] == [str(run_dir)]
 
+    @pytest.mark.parametrize("other", ["rewritten", "grown"])
+    def test_a_directory_with_a_runs_id_but_other_traces_is_refused_and_the_run_left_alone(
+        self, local_platform, uploader, ledger, runs_root, other
+    ):
+        run_dir = write_run(runs_root / "original", trace_lines(6))
+        first = upload(uploader, run_dir)
+        collider = runs_root / "other" / run_dir.name
+        shutil.copytree(run_dir, collider)
+        with (collider / "traces.jsonl").open("r+b" if other == "rewritten" else "ab") as traces:
+            traces.write(b"".join(line + b"\n" for line in trace_lines(6, start=50)))
+        requests = local_platform.summary()["requests"]
+
+        with pytest.raises(RunIdTaken, match=f"{collider}: holds run id .* not the same traces"):
+            upload(uploader, collider)
+
+        assert local_platform.summary()["requests"] == requests
+        assert ledger.all() == [ledger.get(first.id)]
+        assert ledger.get(first.id).state == State.FINALIZED
+        assert ledger.get(first.id).path == str(run_dir)
+
     @pytest.mark.parametrize("finalized", [True, False], ids=["finalized", "open"])
     def test_a_run_the_ledger_never_saw_adopts_its_evaluation_on_the_platform(
         self, local_platform, uploader, platform_client, runs_root, finalized
     ):
         run_dir = write_run(runs_root, trace_lines(8))  # push = false: it did not push itself
-        evaluation_id = push_inline(platform_client, run_dir, samples=5, finalize=finalized)
+        # A finalized one holds every trace (one holding fewer is superseded: see the next test);
+        # an open one is adopted whatever it holds, and the rest is sent.
+        samples = 8 if finalized else 5
+        evaluation_id = push_inline(platform_client, run_dir, samples=samples, finalize=finalized)
         before = local_platform.summary()["requests"]
 
         record = upload(uploader, run_dir)
@@ -1767,6 +1790,21 @@ class TestRunIdentity:
         assert list(evaluations_of(local_platform, run_dir)) == [evaluation_id]
         if not finalized:
             assert_uploaded_once(local_platform, run_dir, record)
+
+    def test_a_finalized_evaluation_holding_fewer_samples_than_the_file_is_superseded_not_adopted(
+        self, local_platform, uploader, ledger, platform_client, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(8))
+        short = push_inline(platform_client, run_dir, samples=5, finalize=True)
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FINALIZED
+        assert record.evaluation_id != short
+        assert [(h.evaluation_id, h.outcome) for h in ledger.history(record)] == [
+            (short, "superseded")
+        ]
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
 
     def test_new_runs_list_their_environment_once_per_process_not_once_each(
         self, local_platform, make_service, runs_root

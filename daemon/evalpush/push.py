@@ -18,7 +18,7 @@ from pathlib import Path
 
 from evalpush import paths
 from evalpush.app import App
-from evalpush.errors import AuthError, Busy, ClaimLost, Interrupted, RunError
+from evalpush.errors import AuthError, Busy, ClaimLost, Interrupted, RunError, RunIdTaken
 from evalpush.ledger import RunRecord
 from evalpush.runs import find_run_dirs
 from evalpush.scheduler import Scheduler
@@ -139,7 +139,10 @@ class _Push:
             return PushResult(
                 directory, self._row(directory), 0, "interrupted; push again to resume"
             )
-        except (AuthError, ClaimLost) as exc:
+        except RunIdTaken as exc:
+            return PushResult(directory, None, 0, str(exc))
+        except (AuthError, ClaimLost, RunError) as exc:
+            # RunError: the run stays as it was (finalized); only this attempt failed.
             return PushResult(directory, self._row(directory), 0, str(exc))
         return self._result(directory, before, record, waited_for)
 

@@ -1,7 +1,8 @@
 """Admission: what a request to upload a run comes to before any step runs.
 
 The policy, in order: a directory holding a run id the ledger knows at another path is the run
-moved (its path is updated) or a copy of it (left alone while the original is still there); a
+moved (its path is updated), a copy of it (the same bytes: left alone while the original is
+still there), or another run under the same id (other bytes: `RunIdTaken`, not uploaded); a
 debug run, or a replay without `runs.upload_replays`, is skipped with why; a trace file that
 changed since it was scanned supersedes a finalized evaluation, cancels an open one (the run
 starts over) or, deleted, fails the upload; a finalized, held or (unless retried) failed run
@@ -14,7 +15,7 @@ import dataclasses
 from pathlib import Path
 
 from evalpush import paths, transitions
-from evalpush.errors import Conflict, Gone
+from evalpush.errors import Conflict, Gone, RunIdTaken
 from evalpush.ledger import Ledger, RunRecord
 from evalpush.log import get_logger
 from evalpush.read import Change, FileIdentity, digest_of, verify, what_is_at
@@ -38,11 +39,14 @@ class Admission:
         ledger = self._ctx.ledger
         if record.path_raw != paths.raw(run.path):
             if _still_there(record, ledger):
+                self._check_copy(record, run)
                 return record  # a copy of a run that is still where the ledger knows it
             get_logger(run=run.run_id).info(
                 "run moved", was=record.path, now=paths.display(run.path)
             )
             record = ledger.update(record, path=run.path)
+        if record.step == Step.DONE and record.state == State.FAILED:
+            record = transitions.restore_finalized(ledger, record)
         skip = self._skip_reason(run)
         if skip:
             return transitions.skip(ledger, record, skip)
@@ -54,6 +58,28 @@ class Admission:
         if record.state == State.FAILED and not retry_failed:
             return record
         return transitions.start(ledger, record)
+
+    def _check_copy(self, record: RunRecord, run: Run) -> None:
+        """A directory with the run id of a run still at its own path is a copy of it only if
+        it holds the bytes the run was scanned as; else it is another run under the same id
+        (`RunIdTaken`: reported, never taken for a copy and dropped). A run not scanned yet
+        has nothing to compare with: the copy waits until it is."""
+        known = fingerprint(record)
+        if known is None:
+            return
+        try:
+            change, _ = verify(run.traces_path, known)
+        except OSError as exc:
+            raise RunIdTaken(
+                f"{paths.display(run.path)}: holds run id {run.run_id}, as does the run at "
+                f"{record.path}, and cannot be compared with it ({exc}): not uploaded"
+            ) from None
+        if change != Change.SAME:
+            raise RunIdTaken(
+                f"{paths.display(run.path)}: holds run id {run.run_id}, as does the run at "
+                f"{record.path}, but not the same traces: not uploaded (a run id names one run: "
+                "give one of the two directories another name)"
+            )
 
     def _skip_reason(self, run: Run) -> str:
         if run.kind == RunKind.DEBUG:

@@ -23,7 +23,7 @@ from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
 from evalpush.platform import Evaluation, most_samples_stored
 from evalpush.runs import Run
-from evalpush.states import Step
+from evalpush.states import Outcome, State, Step
 from evalpush.upload.context import Context
 
 
@@ -91,6 +91,8 @@ class Reconciler:
         )
         if evaluation.finalized:
             held = evaluation.sample_count
+            if held is not None and held < record.samples_seen:
+                return self._supersede(record, evaluation, url)
             return transitions.finalize(
                 ctx.ledger,
                 record,
@@ -108,6 +110,24 @@ class Reconciler:
             looked_up=1,
             pending=intent(Step.PUSH, start=0, end=record.upload_end),
             step=Step.PUSH,
+        )
+
+    def _supersede(self, record: RunRecord, evaluation: Evaluation, url: str) -> RunRecord:
+        """A finalized evaluation of this run holding fewer samples than the trace file has
+        traces (the file grew after it was finalized, then the ledger was moved aside): it
+        cannot be appended to, so it is superseded, as if the ledger had seen the file grow,
+        and the whole file uploads as a new evaluation."""
+        get_logger(run=record.run_id).warning(
+            "the run's finalized evaluation holds fewer samples than its trace file has traces: "
+            "it is superseded by a new evaluation of the whole file",
+            evaluation=evaluation.id,
+            held=evaluation.sample_count,
+            traces=record.samples_seen,
+        )
+        ledger = self._ctx.ledger
+        record = ledger.update(record, evaluation_id=evaluation.id, viewer_url=url, looked_up=1)
+        return transitions.start_over(
+            ledger, record, Outcome.SUPERSEDED, state=State.UPLOADING, same_file=True
         )
 
     def stored_ids(self, record: RunRecord) -> collections.Counter[str]:
