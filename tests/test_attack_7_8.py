@@ -567,14 +567,6 @@ def test_a_trace_file_that_became_unreadable_fails_its_run_alone(platform, share
 # ================================================================ stopping
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F13 slow stop: SIGTERM while another process holds the ledger's write lock (an "
-    "evalpush stopped mid-write by Ctrl-Z: measured, a random SIGSTOP of a push lands inside a "
-    "write transaction about 1 time in 4 with 2-sample batches) takes about 20 s to end the push: "
-    "the 'interrupted' write waits out the 10 s busy timeout, then the claim release waits it "
-    "out again; the waits are not stop-aware",
-)
 def test_sigterm_ends_a_push_quickly_while_another_process_holds_the_ledger_lock(
     platform, tmp_path, start
 ):

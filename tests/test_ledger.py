@@ -12,6 +12,8 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -195,6 +197,27 @@ class TestLocked:
                 other.execute("ROLLBACK")
                 other.close()
             assert ledger.update(record, acked_offset=5).acked_offset == 5
+
+
+class TestStopWhileLocked:
+    def test_a_write_waiting_for_another_process_ends_soon_after_a_stop(self, tmp_path: Path):
+        path = tmp_path / "state.db"
+        stop = threading.Event()
+        with Ledger(path, busy_timeout_seconds=60.0, stop=stop) as ledger:
+            record = a_run(ledger)
+            other = sqlite3.connect(path, isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            try:
+                threading.Timer(0.3, stop.set).start()
+                started = time.monotonic()
+                with pytest.raises(LedgerError, match="locked"):
+                    ledger.update(record, acked_offset=5)
+                waited = time.monotonic() - started
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
+            assert waited < 30.0, "far less than the minute of busy timeout"
+            assert ledger.update(record, acked_offset=7).acked_offset == 7
 
 
 class TestMovedAside:

@@ -69,7 +69,7 @@ class App:
         stop = stop or threading.Event()
         owned: list[_Closeable] = []
         if ledger is None:
-            ledger = Ledger(default_path(config.state_dir), clock=clock)
+            ledger = Ledger(default_path(config.state_dir), clock=clock, stop=stop)
             owned.append(ledger)
         if client is None:
             client = PlatformClient(config.platform, environ=environ, home=home, stop=stop)

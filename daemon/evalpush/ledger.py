@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import math
 import os
 import sqlite3
 import stat
@@ -36,7 +37,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from evalpush import paths, schema
 from evalpush.claims import Holder
@@ -45,8 +46,17 @@ from evalpush.log import scrub
 from evalpush.setaside import SetAside
 from evalpush.states import Outcome, SetAsideKind, State, Step
 
+T = TypeVar("T")
+
 LEDGER_FILE = "state.db"
 WAL_RETRY_SECONDS = 0.01
+BUSY_SLICE_SECONDS = 0.1
+"""With a stop event, SQLite waits this long at a time for another process's lock; between
+slices the stop is looked at."""
+STOP_BUSY_SECONDS = 1.0
+"""Once a stop is requested, this long in all is what the ledger still waits for another
+process's lock (one evalpush stopped mid-write by Ctrl-Z holds it until it continues): the
+writes a stop makes (interrupted, release) are worth a moment, not the busy timeout twice."""
 SCHEMA_VERSION = schema.SCHEMA_VERSION
 
 
@@ -167,18 +177,24 @@ class Ledger:
         clock: Any = time.time,
         busy_timeout_seconds: float = 10.0,
         read_only: bool = False,
+        stop: threading.Event | None = None,
     ):
         """`busy_timeout_seconds`: how long a write waits for another process holding the file
-        (a second `evalpush` on the same state dir) before it is a `LedgerError`. `read_only`
-        opens an existing ledger for reading only (no migration: its schema must be current),
-        which a user without write access may do."""
+        (a second `evalpush` on the same state dir) before it is a `LedgerError`; once `stop`
+        is set, at most `STOP_BUSY_SECONDS` more in all. `read_only` opens an existing ledger
+        for reading only (no migration: its schema must be current), which a user without write
+        access may do."""
         self.path = path
         self.read_only = read_only
         self._clock = clock
         self._busy_timeout_seconds = busy_timeout_seconds
+        self._stop = stop
+        self._stopped_at: float | None = None  # when a wait first saw the stop (monotonic)
         self._lock = threading.RLock()
         self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
         self._db = self._open(path)
+        if stop is not None:
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_SLICE_SECONDS * 1000)}")
 
     # ------------------------------------------------------------ opening
 
@@ -337,7 +353,7 @@ class Ledger:
             raise LedgerError(f"{self.path}: opened read-only")
         with self._lock:
             try:
-                self._db.execute("BEGIN IMMEDIATE")
+                self._while_busy(lambda: self._db.execute("BEGIN IMMEDIATE"))
                 try:
                     self._check_still_the_file()
                     yield self._db
@@ -355,18 +371,45 @@ class Ledger:
                     f"{self.path}: cannot write the ledger: {exc}" + self._why_busy(exc)
                 ) from None
 
+    def _while_busy(self, statement: Callable[[], T]) -> T:
+        """`statement()`, tried again while another process holds the lock it needs: until the
+        busy timeout is spent, or `STOP_BUSY_SECONDS` after a stop was first seen. (SQLite's own
+        wait, one slice each try with a stop event, else the whole busy timeout, sees no stop.)"""
+        deadline = time.monotonic() + self._busy_timeout_seconds
+        while True:
+            try:
+                return statement()
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                    raise
+                now = time.monotonic()
+                if now >= min(deadline, self._stop_deadline(now)):
+                    raise
+
+    def _stop_deadline(self, now: float) -> float:
+        if self._stop is None or not self._stop.is_set():
+            return math.inf
+        if self._stopped_at is None:
+            self._stopped_at = now
+        return self._stopped_at + STOP_BUSY_SECONDS
+
     def _why_busy(self, exc: sqlite3.Error) -> str:
         if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
             return ""
+        waited = (
+            f"for over {self._busy_timeout_seconds:g} s"
+            if self._stopped_at is None
+            else "and a stop was requested, which does not wait for it"
+        )
         return (
-            f" (another process held its write lock for over {self._busy_timeout_seconds:g} s: "
-            "an evalpush stopped mid-write, by Ctrl-Z or SIGSTOP, holds it until it continues)"
+            f" (another process held its write lock {waited}: an evalpush stopped mid-write, "
+            "by Ctrl-Z or SIGSTOP, holds it until it continues)"
         )
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
-                return self._db.execute(sql, args).fetchall()
+                return self._while_busy(lambda: self._db.execute(sql, args).fetchall())
             except sqlite3.Error as exc:
                 raise LedgerError(f"{self.path}: cannot read the ledger: {exc}") from None
 
