@@ -595,13 +595,6 @@ def test_sigterm_ends_a_push_quickly_while_another_process_holds_the_ledger_lock
 # ================================================================ secrets
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F15 secret at rest: the schema-1 -> 2 upgrade keeps every stored text as schema-1 "
-    "evalpush wrote it, and schema 1 wrote echoed keys verbatim into set_aside.reason (the "
-    "defect issue 8.6 fixed for new writes): after `push` upgrades such a ledger, knowing the "
-    "key, state.db still holds it",
-)
 def test_upgrading_a_ledger_that_holds_the_key_leaves_no_trace_of_it(platform, tmp_path):
     root = tmp_path / "runs"
     ledger_v1.copy_runs(root)

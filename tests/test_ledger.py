@@ -262,6 +262,34 @@ def v1_rows(path: Path) -> dict[int, dict]:
 
 
 class TestSchemaUpgrade:
+    def test_the_upgrade_leaves_no_copy_of_a_key_a_schema_1_evalpush_stored_even_deleted(
+        self, tmp_path: Path
+    ):
+        """Schema 1 stored what servers echoed as it was; a row it deleted (a run started over)
+        stays in the free space of its page, with no live text left to scrub."""
+        key = "sk-upgrade-4Rt7Yu1Io9Pa3Sd6Fg2Hj8"
+        path = ledger_v1.build(tmp_path / "state", tmp_path / "runs")
+        db = sqlite3.connect(path, isolation_level=None)
+        db.execute("PRAGMA secure_delete = OFF")  # as most SQLite builds delete (Debian's zero)
+        echoed = f"HTTP 422: you sent {key} " * 20
+        db.executemany(
+            "INSERT INTO set_aside (run, line, offset, size, kind, reason) VALUES (1, ?, ?, 1, "
+            "'rejected', ?)",
+            [(i, 1000 + i, echoed if i == 5 else "not json") for i in range(10)],
+        )
+        db.execute("DELETE FROM set_aside WHERE offset = 1005")  # in free space from now on
+        db.close()
+        parts = {key[i : i + 8].encode() for i in range(len(key) - 7)}
+        stored = b"".join(p.read_bytes() for p in path.parent.iterdir())
+        assert [part for part in parts if part in stored], "deleted rows left it in the file"
+        register_secret(key)
+
+        with Ledger(path) as ledger:
+            assert len(ledger.all()) == ledger_v1.RUNS
+
+        leaking = [p.name for p in path.parent.iterdir() if any(x in p.read_bytes() for x in parts)]
+        assert leaking == []
+
     def test_a_schema_1_ledger_is_upgraded_in_place_keeping_every_run(self, tmp_path: Path):
         root = tmp_path / "runs"
         path = ledger_v1.build(tmp_path / "state", root)

@@ -192,9 +192,15 @@ class Ledger:
         self._stopped_at: float | None = None  # when a wait first saw the stop (monotonic)
         self._lock = threading.RLock()
         self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
+        self._upgraded_from: int | None = None
         self._db = self._open(path)
         if stop is not None:
             self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_SLICE_SECONDS * 1000)}")
+        if self._upgraded_from:
+            # An older evalpush stored what servers echoed as it was, and what it deleted stays
+            # in free space: its texts are scrubbed (of the secrets known so far: `push` scrubs
+            # again once it has the key) and the file rebuilt from its live rows.
+            self.scrub_secrets(rewrite=True)
 
     # ------------------------------------------------------------ opening
 
@@ -234,7 +240,7 @@ class Ledger:
             else:
                 self._write_ahead_log(db)
                 db.execute("PRAGMA synchronous=FULL")
-                schema.migrate(db, self.path)
+                self._upgraded_from = schema.migrate(db, self.path)
             db.execute(
                 "PRAGMA foreign_keys=ON"
             )  # after migrating: a table rebuild must not cascade
@@ -652,6 +658,42 @@ class Ledger:
             )
             row = db.execute(f"{_SELECT} WHERE id = ?", (record.id,)).fetchone()
         return RunRecord(*row)
+
+    # ------------------------------------------------------------ secrets at rest
+
+    def scrub_secrets(self, *, rewrite: bool = False) -> int:
+        """Scrub every text the ledger holds of the secrets registered now (`log.scrub`): an
+        older evalpush stored what a server echoed as it was (a 422 quoting the key, one
+        set-aside reason per refused sample). When anything was scrubbed (or with `rewrite`) the
+        file is rebuilt (`VACUUM`) and the write-ahead log emptied: no stale copy is left in the
+        free space of a page.
+        One read of the distinct texts when there is nothing to do; returns how many changed."""
+        rows = self._query(
+            "SELECT reason FROM set_aside UNION SELECT reason FROM runs "
+            "UNION SELECT last_error FROM runs WHERE last_error IS NOT NULL"
+        )
+        changed = {text: _stored_text(text) for (text,) in rows if _stored_text(text) != text}
+        if changed:
+            with self._transaction() as db:
+                for text, scrubbed in changed.items():
+                    db.execute("UPDATE set_aside SET reason = ? WHERE reason = ?", (scrubbed, text))
+                    db.execute("UPDATE runs SET reason = ? WHERE reason = ?", (scrubbed, text))
+                    db.execute(
+                        "UPDATE runs SET last_error = ? WHERE last_error = ?", (scrubbed, text)
+                    )
+        if changed or rewrite:
+            self._rewrite_file()
+        return len(changed)
+
+    def _rewrite_file(self) -> None:
+        """Rebuild the file from its live rows (`VACUUM`) and empty the write-ahead log: what a
+        row held before it was rewritten can linger in free space of any page, or in the log."""
+        with self._lock:
+            try:
+                self._while_busy(lambda: self._db.execute("VACUUM"))
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                raise LedgerError(f"{self.path}: cannot rewrite the ledger: {exc}") from None
 
     # ------------------------------------------------------------ set-aside records and history
 

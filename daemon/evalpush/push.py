@@ -59,6 +59,8 @@ def push(app: App, directories: Sequence[Path], *, wait: bool = True) -> list[Pu
     directory in the order found. Runs other processes hold are waited for (or, with
     `wait=False`, reported busy)."""
     found = [run_dir for directory in directories for run_dir in find_run_dirs(directory)]
+    # An older evalpush stored what servers echoed as it was: scrub it of the key in use.
+    app.ledger.scrub_secrets()
     return _Push(app).run(found, wait=wait)
 
 
