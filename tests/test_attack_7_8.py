@@ -617,12 +617,6 @@ def test_upgrading_a_ledger_that_holds_the_key_leaves_no_trace_of_it(platform, t
 # ================================================================ messages and tracebacks
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F19 traceback: `push ROOT ROOT/RUN` (overlapping arguments) finds the run twice; "
-    "`Service.push` dedups the dict it uploads but zips it with the list it found, "
-    "`strict=True`: ValueError traceback after the upload, nothing reported",
-)
 def test_overlapping_arguments_to_push_report_each_run_once(platform, tmp_path):
     run = write_run(tmp_path / "out", traces(4))
 
@@ -632,12 +626,6 @@ def test_overlapping_arguments_to_push_report_each_run_once(platform, tmp_path):
     assert line_of(done.stdout, run).startswith("finalized")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F20 traceback: a run key that is not UTF-8 (the path of a deleted run directory "
-    "named so, given relative) reaches SQLite as text with lone surrogates in `Ledger.match`: "
-    "UnicodeEncodeError traceback instead of 'no run ...'",
-)
 def test_a_run_key_that_is_not_utf8_is_looked_up_without_a_traceback(platform, tmp_path):
     env = cli_env(platform, tmp_path)
 

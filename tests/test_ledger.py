@@ -507,3 +507,13 @@ class TestMatching:
         two = a_run(ledger, path="/runs/b", run_id="abc-2")
 
         assert ledger.match("abc") == [one, two]
+
+    def test_a_key_that_is_not_utf8_matches_the_run_at_that_path_and_nothing_else(
+        self, ledger: Ledger
+    ):
+        odd = os.fsdecode(b"/runs/odd-\xff-run")
+        record = a_run(ledger, path=odd, run_id="abc-1")
+
+        assert ledger.match(odd) == [record]
+        assert ledger.match(os.fsdecode(b"/runs/other-\xfe")) == []
+        assert ledger.match(os.fsdecode(b"abc\xff")) == [], "not a prefix of a run id"

@@ -453,7 +453,9 @@ class Ledger:
         if not key:
             return []
         found = self._records("WHERE path_raw = ?", (paths.raw(key),))
-        found = found or self._records("WHERE run_id = ?", (key,))
+        if found or paths.printable(key) != key:
+            return found  # a key with bytes that are not UTF-8 can only be a path
+        found = self._records("WHERE run_id = ?", (key,))
         return found or self._records(
             "WHERE substr(run_id, 1, ?) = ? ORDER BY run_id", (len(key), key)
         )

@@ -56,9 +56,12 @@ class PushResult:
 
 def push(app: App, directories: Sequence[Path], *, wait: bool = True) -> list[PushResult]:
     """Upload every eval run found in `directories`, as finished now, one result per run
-    directory in the order found. Runs other processes hold are waited for (or, with
+    directory in the order first found. Runs other processes hold are waited for (or, with
     `wait=False`, reported busy)."""
-    found = [run_dir for directory in directories for run_dir in find_run_dirs(directory)]
+    # Overlapping arguments (a root and a run under it) find a run twice: it is one run.
+    found = list(
+        dict.fromkeys(run_dir for directory in directories for run_dir in find_run_dirs(directory))
+    )
     # An older evalpush stored what servers echoed as it was: scrub it of the key in use.
     app.ledger.scrub_secrets()
     return _Push(app).run(found, wait=wait)
