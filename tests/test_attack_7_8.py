@@ -1,10 +1,9 @@
 """Issues 7 and 8 attacked as a hostile world would: what still breaks.
 
-Each test is one finding, the smallest deterministic reproduction found, written as the behaviour
-evalpush should have and marked `xfail(strict=True)` with the finding as its reason: the suite
-stays green, and a fix turns the test into an XPASS, which fails the run until its mark goes.
-Severity in each reason, worst first: exactly-once violation > data loss > stuck run > bad
-message.
+Each test is one finding (its number in the docstring), the smallest deterministic reproduction
+found, written as the behaviour evalpush should have. Each was a strict xfail until its fix
+landed; now each guards its fix. Severity, worst first: exactly-once violation > data loss >
+stuck run > bad message (the sections below).
 
 Real parts throughout: `evalpush` run as a subprocess (the command is the surface the lead's
 refactor keeps), the local platform over loopback with its own faults, a real SQLite ledger,
@@ -289,6 +288,8 @@ def is_evaluation_listing(method: str, path: str) -> bool:
 def test_a_create_intent_left_by_a_killed_push_is_reconciled_even_when_the_file_is_rewritten(
     platform, tmp_path
 ):
+    """F1: the file rewritten after a create-sent crash; the evaluation that create made is closed
+    out."""
     run = write_run(tmp_path / "out", traces(6))
     env = cli_env(platform, tmp_path)
     killed = evalpush(env, "push", str(run), **{CRASH_ENV: "create-sent"})
@@ -307,6 +308,7 @@ def test_a_create_intent_left_by_a_killed_push_is_reconciled_even_when_the_file_
 def test_a_samples_refusal_the_evaluation_does_not_bear_out_leaves_one_evaluation(
     platform, tmp_path, status
 ):
+    """F6: a 404/409 on a batch is believed only if a read of the evaluation bears it out."""
     run = write_run(tmp_path / "out", traces(6))
     platform.inject("status", on="samples", status=status, do_work=True)
 
@@ -317,6 +319,7 @@ def test_a_samples_refusal_the_evaluation_does_not_bear_out_leaves_one_evaluatio
 
 
 def test_a_create_intent_is_reconciled_in_the_environment_it_was_sent_to(platform, tmp_path):
+    """F7: the create intent records its environment; the lookup lists that one."""
     run = write_run(tmp_path / "out", traces(4))
     env = cli_env(platform, tmp_path)
     killed = evalpush(env, "push", str(run), **{CRASH_ENV: "create-sent"})
@@ -332,6 +335,7 @@ def test_a_create_intent_is_reconciled_in_the_environment_it_was_sent_to(platfor
 def test_a_push_whose_ledger_was_moved_aside_stops_instead_of_racing_the_next_push(
     platform, tmp_path, start
 ):
+    """F8: every write checks that state.db is still the file the process opened."""
     run = write_run(tmp_path / "out", traces(12))
     env = cli_env(platform, tmp_path)
     platform.inject("stall", on="samples", seconds=3)  # stored, answered 3 s later
@@ -347,6 +351,7 @@ def test_a_push_whose_ledger_was_moved_aside_stops_instead_of_racing_the_next_pu
 
 
 def test_a_run_keeps_its_identity_when_the_host_name_changes(platform, tmp_path):
+    """F14: a directory that is not a UUID keeps the run id the ledger knows for its path."""
     run = write_run(tmp_path / "out", traces(4), run_id="my-run")
     env = cli_env(platform, tmp_path)
     assert evalpush(env, "push", str(run)).returncode == 0
@@ -365,6 +370,7 @@ def test_a_run_keeps_its_identity_when_the_host_name_changes(platform, tmp_path)
 
 
 def test_samples_never_land_in_an_evaluation_of_another_run(platform, tmp_path):
+    """F18: a create's answer is trusted only once a read says the evaluation is this run's."""
     env = cli_env(platform, tmp_path)
     other = write_run(tmp_path / "other", traces(6), run_id=OTHER_RUN_ID)
     evalpush(env, "push", str(other), **{CRASH_ENV: "batch-acked:1"})  # its evaluation open
@@ -379,6 +385,7 @@ def test_samples_never_land_in_an_evaluation_of_another_run(platform, tmp_path):
 
 
 def test_a_reconciling_read_finds_ids_with_surrounding_spaces(platform, tmp_path):
+    """F5a: listed sample ids are compared exactly as stored, never stripped."""
     run = write_run(tmp_path / "out", [trace(i, sample_id=f"t{i} ") for i in range(6)])
     platform.inject("reset", on="samples")  # stored, then the answer is lost
 
@@ -389,6 +396,7 @@ def test_a_reconciling_read_finds_ids_with_surrounding_spaces(platform, tmp_path
 
 
 def test_a_run_directory_moved_while_it_uploads_keeps_its_one_evaluation(platform, tmp_path, start):
+    """F16: a run directory moved mid-upload is not a deleted file: the upload goes on."""
     root = tmp_path / "out"
     run = write_run(root, traces(12))
     env = cli_env(platform, tmp_path)
@@ -411,6 +419,7 @@ def test_a_run_directory_moved_while_it_uploads_keeps_its_one_evaluation(platfor
 def test_a_directory_with_a_colliding_run_id_but_other_traces_is_not_dropped_silently(
     platform, tmp_path
 ):
+    """F3: a directory with a run's id but other bytes is not taken for its copy."""
     write_run(tmp_path / "out", traces(4), group="a")
     collider = write_run(tmp_path / "out", traces(6, start=50), group="b")
 
@@ -424,6 +433,7 @@ def test_a_directory_with_a_colliding_run_id_but_other_traces_is_not_dropped_sil
 
 
 def test_adopting_a_finalized_evaluation_that_lacks_traces_does_not_lose_them(platform, tmp_path):
+    """F9: a finalized evaluation holding fewer samples than the file is superseded, not adopted."""
     run = write_run(tmp_path / "out", traces(4))
     env = cli_env(platform, tmp_path)
     assert evalpush(env, "push", str(run)).returncode == 0
@@ -441,6 +451,7 @@ def test_adopting_a_finalized_evaluation_that_lacks_traces_does_not_lose_them(pl
 
 
 def test_a_finalized_run_whose_config_broke_for_a_while_stays_finalized(platform, tmp_path):
+    """F2: an error on a finalized run is reported; the run stays finalized."""
     run = write_run(tmp_path / "out", traces(4))
     env = cli_env(platform, tmp_path)
     assert evalpush(env, "push", str(run)).returncode == 0
@@ -459,6 +470,7 @@ def test_a_finalized_run_whose_config_broke_for_a_while_stays_finalized(platform
 
 
 def test_a_refused_close_out_fails_that_run_alone_and_every_run_is_reported(platform, tmp_path):
+    """F4: admission runs inside the upload's error handling."""
     root = tmp_path / "out"
     run = write_run(root, traces(6))
     other = write_run(root, traces(4), run_id=OTHER_RUN_ID)
@@ -474,6 +486,7 @@ def test_a_refused_close_out_fails_that_run_alone_and_every_run_is_reported(plat
 
 
 def test_a_blank_trace_id_does_not_wedge_the_reconciling_read(platform, tmp_path, start):
+    """F5b: an id of spaces is an id: the listing is not malformed."""
     run = write_run(tmp_path / "out", [trace(0, sample_id=" "), *traces(5, start=1)])
     platform.inject("reset", on="samples")
     env = cli_env(platform, tmp_path)
@@ -491,6 +504,7 @@ def test_a_blank_trace_id_does_not_wedge_the_reconciling_read(platform, tmp_path
 def test_a_huge_number_from_the_platform_is_a_malformed_answer_not_a_traceback(
     platform, hop, tmp_path
 ):
+    """F10: a sample count past SQLite's integer is no count."""
     run = write_run(tmp_path / "out", traces(4))
     env = cli_env(platform, tmp_path)
     assert evalpush(env, "push", str(run)).returncode == 0
@@ -514,6 +528,7 @@ def test_a_huge_number_from_the_platform_is_a_malformed_answer_not_a_traceback(
 def test_an_odd_evaluation_in_the_listing_does_not_stop_new_runs_of_its_environment(
     platform, hop, tmp_path, start
 ):
+    """F11: an evaluation whose id is not a platform id is listed as unusable, not a bad page."""
     run = write_run(tmp_path / "out", traces(4))
 
     def one_odd_item(method: str, path: str, status: int, body: bytes) -> tuple[int, bytes] | None:
@@ -537,6 +552,7 @@ def test_an_odd_evaluation_in_the_listing_does_not_stop_new_runs_of_its_environm
 
 
 def test_a_trace_file_that_became_unreadable_fails_its_run_alone(platform, shared_dir):
+    """F12: an unreadable trace file is that run's error alone; a finalized run stays finalized."""
     root = shared_dir / "out"
     run = write_run(root, traces(4))
     other = write_run(root, traces(4), run_id=OTHER_RUN_ID)
@@ -570,6 +586,7 @@ def test_a_trace_file_that_became_unreadable_fails_its_run_alone(platform, share
 def test_sigterm_ends_a_push_quickly_while_another_process_holds_the_ledger_lock(
     platform, tmp_path, start
 ):
+    """F13: the ledger's waits for a lock are stop-aware."""
     run = write_run(tmp_path / "out", traces(8))
     platform.inject("stall", on="samples", seconds=30)
     push = start(cli_env(platform, tmp_path), "push", str(run))
@@ -596,6 +613,7 @@ def test_sigterm_ends_a_push_quickly_while_another_process_holds_the_ledger_lock
 
 
 def test_upgrading_a_ledger_that_holds_the_key_leaves_no_trace_of_it(platform, tmp_path):
+    """F15: push scrubs the stored texts of the key, and the file of stale copies."""
     root = tmp_path / "runs"
     ledger_v1.copy_runs(root)
     path = ledger_v1.build(tmp_path / "state", root)
@@ -618,6 +636,7 @@ def test_upgrading_a_ledger_that_holds_the_key_leaves_no_trace_of_it(platform, t
 
 
 def test_overlapping_arguments_to_push_report_each_run_once(platform, tmp_path):
+    """F19: a run found twice is pushed and reported once."""
     run = write_run(tmp_path / "out", traces(4))
 
     done = evalpush(cli_env(platform, tmp_path), "push", str(tmp_path / "out"), str(run))
@@ -627,6 +646,7 @@ def test_overlapping_arguments_to_push_report_each_run_once(platform, tmp_path):
 
 
 def test_a_run_key_that_is_not_utf8_is_looked_up_without_a_traceback(platform, tmp_path):
+    """F20: a key that is not UTF-8 is matched as a path only."""
     env = cli_env(platform, tmp_path)
 
     done = evalpush(env, "forget", os.fsdecode(b"runs/odd-\xff-run"), "--yes")
@@ -636,6 +656,7 @@ def test_a_run_key_that_is_not_utf8_is_looked_up_without_a_traceback(platform, t
 
 
 def test_a_trace_file_replaced_by_a_symlink_mid_upload_is_named_as_such(platform, tmp_path, start):
+    """F17: what took the trace file's place is named, not called a deletion."""
     run = write_run(tmp_path / "out", traces(8))
     platform.inject("stall", on="samples", seconds=1)
     push = start(cli_env(platform, tmp_path), "push", str(run))
