@@ -1,10 +1,9 @@
 """Issues 7 and 8 attacked as a hostile world would: what still breaks.
 
-Each test is one finding, the smallest deterministic reproduction found, written as the behaviour
-evalpush should have and marked `xfail(strict=True)` with the finding as its reason: the suite
-stays green, and a fix turns the test into an XPASS, which fails the run until its mark goes.
-Severity in each reason, worst first: exactly-once violation > data loss > stuck run > bad
-message.
+Each test is one finding (its number in the docstring), the smallest deterministic reproduction
+found, written as the behaviour evalpush should have. Each was a strict xfail until its fix
+landed; now each guards its fix. Severity, worst first: exactly-once violation > data loss >
+stuck run > bad message (the sections below).
 
 Real parts throughout: `evalpush` run as a subprocess (the command is the surface the lead's
 refactor keeps), the local platform over loopback with its own faults, a real SQLite ledger,
@@ -286,16 +285,11 @@ def is_evaluation_listing(method: str, path: str) -> bool:
 # ================================================================ exactly-once violations
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F1 exactly-once: a push killed after its create was answered (intent recorded) whose "
-    "trace file is then rewritten restarts the run without reconciling the create intent "
-    "(`_file_replaced` -> `ledger.restart` drops `pending`; `looked_up` stays 1, so no lookup): "
-    "the evaluation the dead push created stays RUNNING forever, empty, beside a second one",
-)
 def test_a_create_intent_left_by_a_killed_push_is_reconciled_even_when_the_file_is_rewritten(
     platform, tmp_path
 ):
+    """F1: the file rewritten after a create-sent crash; the evaluation that create made is closed
+    out."""
     run = write_run(tmp_path / "out", traces(6))
     env = cli_env(platform, tmp_path)
     killed = evalpush(env, "push", str(run), **{CRASH_ENV: "create-sent"})
@@ -310,16 +304,11 @@ def test_a_create_intent_left_by_a_killed_push_is_reconciled_even_when_the_file_
     assert statuses.count("COMPLETED") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F6 exactly-once: a 409 or 404 answer to a samples batch is believed without a read: "
-    "the run restarts as a NEW evaluation and the old one, still RUNNING on the platform with "
-    "the batches it stored, is never closed (a finalize 409 is confirmed by a read; this is not)",
-)
 @pytest.mark.parametrize("status", [409, 404])
 def test_a_samples_refusal_the_evaluation_does_not_bear_out_leaves_one_evaluation(
     platform, tmp_path, status
 ):
+    """F6: a 404/409 on a batch is believed only if a read of the evaluation bears it out."""
     run = write_run(tmp_path / "out", traces(6))
     platform.inject("status", on="samples", status=status, do_work=True)
 
@@ -329,14 +318,8 @@ def test_a_samples_refusal_the_evaluation_does_not_bear_out_leaves_one_evaluatio
     assert_once(platform, 6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F7 exactly-once: after a push died with a create intent recorded, a config.toml whose "
-    "environment name was changed makes the reconciling lookup list the NEW environment (the "
-    "create went to the one resolved before, `env_id` in the ledger): the evaluation created is "
-    "not found, a second is created, the first stays RUNNING forever",
-)
 def test_a_create_intent_is_reconciled_in_the_environment_it_was_sent_to(platform, tmp_path):
+    """F7: the create intent records its environment; the lookup lists that one."""
     run = write_run(tmp_path / "out", traces(4))
     env = cli_env(platform, tmp_path)
     killed = evalpush(env, "push", str(run), **{CRASH_ENV: "create-sent"})
@@ -349,17 +332,10 @@ def test_a_create_intent_is_reconciled_in_the_environment_it_was_sent_to(platfor
     assert [e["status"] for e in evaluations_of(platform)] == ["COMPLETED"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F8 exactly-once: a push keeps writing its progress into a ledger file that was moved "
-    "aside under it (the documented last resort for an unusable ledger); the next push, on the "
-    "new ledger, adopts the same open evaluation and finalizes it, and the first one, on its next "
-    "batch, gets a 409 and starts a SECOND evaluation (or, timed otherwise, sends duplicates "
-    "into the first): nothing checks that state.db is still the file the process has open",
-)
 def test_a_push_whose_ledger_was_moved_aside_stops_instead_of_racing_the_next_push(
     platform, tmp_path, start
 ):
+    """F8: every write checks that state.db is still the file the process opened."""
     run = write_run(tmp_path / "out", traces(12))
     env = cli_env(platform, tmp_path)
     platform.inject("stall", on="samples", seconds=3)  # stored, answered 3 s later
@@ -374,14 +350,8 @@ def test_a_push_whose_ledger_was_moved_aside_stops_instead_of_racing_the_next_pu
     assert_once(platform, 12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F14 exactly-once: a run directory whose name is not a UUID gets the run id "
-    "uuid5(hostname + path), so the same directory on the same state dir is a NEW run once the "
-    "host name changes (a container restarted, `hostnamectl`): uploaded again as a second "
-    "evaluation, though the ledger knows the path",
-)
 def test_a_run_keeps_its_identity_when_the_host_name_changes(platform, tmp_path):
+    """F14: a directory that is not a UUID keeps the run id the ledger knows for its path."""
     run = write_run(tmp_path / "out", traces(4), run_id="my-run")
     env = cli_env(platform, tmp_path)
     assert evalpush(env, "push", str(run)).returncode == 0
@@ -399,14 +369,8 @@ def test_a_run_keeps_its_identity_when_the_host_name_changes(platform, tmp_path)
     assert len(platform.summary()["evaluations"]) == 1, "the platform already has this run"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F18 exactly-once, cross-run: the id a create answer carries is trusted, so a platform "
-    "that answers with ANOTHER evaluation's (well-formed) id gets this run's samples and "
-    "finalize pushed into the other run's open evaluation; the evaluation really created stays "
-    "RUNNING and empty (nothing reads it back to check `metadata.run_id` before pushing)",
-)
 def test_samples_never_land_in_an_evaluation_of_another_run(platform, tmp_path):
+    """F18: a create's answer is trusted only once a read says the evaluation is this run's."""
     env = cli_env(platform, tmp_path)
     other = write_run(tmp_path / "other", traces(6), run_id=OTHER_RUN_ID)
     evalpush(env, "push", str(other), **{CRASH_ENV: "batch-acked:1"})  # its evaluation open
@@ -420,13 +384,8 @@ def test_samples_never_land_in_an_evaluation_of_another_run(platform, tmp_path):
     assert not [s for s in stored if s.startswith("mine-")], stored
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F5a exactly-once: trace ids are sent as they are but `iter_sample_ids` strips the "
-    "ids it lists (`_text`), so after an ambiguous batch an id with a leading or trailing space "
-    "is not found among the stored ones and is sent again: duplicates",
-)
 def test_a_reconciling_read_finds_ids_with_surrounding_spaces(platform, tmp_path):
+    """F5a: listed sample ids are compared exactly as stored, never stripped."""
     run = write_run(tmp_path / "out", [trace(i, sample_id=f"t{i} ") for i in range(6)])
     platform.inject("reset", on="samples")  # stored, then the answer is lost
 
@@ -436,15 +395,8 @@ def test_a_reconciling_read_finds_ids_with_surrounding_spaces(platform, tmp_path
     assert_once(platform, 6)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F16 exactly-once (a cancelled extra evaluation): a run directory moved while its "
-    "upload runs is taken for a deleted trace file: the evaluation is closed CANCELLED with the "
-    "batches sent so far and the run fails ('deleted mid-upload'), so the next push uploads a "
-    "second evaluation; ARCHITECTURE.md says a move mid-upload keeps the upload going (the open "
-    "file still holds the scanned bytes)",
-)
 def test_a_run_directory_moved_while_it_uploads_keeps_its_one_evaluation(platform, tmp_path, start):
+    """F16: a run directory moved mid-upload is not a deleted file: the upload goes on."""
     root = tmp_path / "out"
     run = write_run(root, traces(12))
     env = cli_env(platform, tmp_path)
@@ -464,16 +416,10 @@ def test_a_run_directory_moved_while_it_uploads_keeps_its_one_evaluation(platfor
 # ================================================================ data loss
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F3 data loss: two directories with the same UUID leaf but different traces are "
-    "taken for a run and its copy: the second is reported 'finalized ... a copy of the run at "
-    "...' with exit 0 and its traces are never uploaded (its bytes are never compared with the "
-    "run's fingerprint)",
-)
 def test_a_directory_with_a_colliding_run_id_but_other_traces_is_not_dropped_silently(
     platform, tmp_path
 ):
+    """F3: a directory with a run's id but other bytes is not taken for its copy."""
     write_run(tmp_path / "out", traces(4), group="a")
     collider = write_run(tmp_path / "out", traces(6, start=50), group="b")
 
@@ -486,14 +432,8 @@ def test_a_directory_with_a_colliding_run_id_but_other_traces_is_not_dropped_sil
     assert uploaded or done.returncode == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F9 data loss: a run the ledger never saw adopts a FINALIZED evaluation found by run id "
-    "without comparing its sample count with the run's traces: after the ledger was moved aside, "
-    "a run whose file grew since its upload is reported finalized '4/8 samples' with exit 0, and "
-    "its new lines are never uploaded (the fingerprint recorded is of the whole new file)",
-)
 def test_adopting_a_finalized_evaluation_that_lacks_traces_does_not_lose_them(platform, tmp_path):
+    """F9: a finalized evaluation holding fewer samples than the file is superseded, not adopted."""
     run = write_run(tmp_path / "out", traces(4))
     env = cli_env(platform, tmp_path)
     assert evalpush(env, "push", str(run)).returncode == 0
@@ -510,14 +450,8 @@ def test_adopting_a_finalized_evaluation_that_lacks_traces_does_not_lose_them(pl
 # ================================================================ stuck runs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F2 stuck run: a finalized run whose config.toml fails to load once (an editor "
-    "mid-save, a typo) is overwritten to `failed` (`Uploader.fail` writes FAILED whatever the "
-    "state); once the config is fixed, `_admit` sets it `uploading` with step `done`, the loop "
-    "does nothing, and every later push exits 1 with '(4/4 samples)' forever; `retry` too",
-)
 def test_a_finalized_run_whose_config_broke_for_a_while_stays_finalized(platform, tmp_path):
+    """F2: an error on a finalized run is reported; the run stays finalized."""
     run = write_run(tmp_path / "out", traces(4))
     env = cli_env(platform, tmp_path)
     assert evalpush(env, "push", str(run)).returncode == 0
@@ -535,15 +469,8 @@ def test_a_finalized_run_whose_config_broke_for_a_while_stays_finalized(platform
     assert len(evaluations_of(platform)) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F4 stuck run, and a whole push lost: `_admit` runs outside `_work`'s error handling, "
-    "so a close-out the platform refuses (400/422: e.g. a platform that does not take "
-    "CANCELLED) for a run whose file was rewritten escapes `Service._push_one`: the push prints "
-    "only 'evalpush: close out ...' and exits, the other runs' outcomes are never printed, and "
-    "every later push of the tree ends the same way",
-)
 def test_a_refused_close_out_fails_that_run_alone_and_every_run_is_reported(platform, tmp_path):
+    """F4: admission runs inside the upload's error handling."""
     root = tmp_path / "out"
     run = write_run(root, traces(6))
     other = write_run(root, traces(4), run_id=OTHER_RUN_ID)
@@ -558,14 +485,8 @@ def test_a_refused_close_out_fails_that_run_alone_and_every_run_is_reported(plat
     assert line_of(done.stdout, run).startswith("failed"), done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F5b stuck run: a trace id of spaces only passes `decode_trace` (non-empty) and is "
-    "sent, but the reconciling listing strips it to nothing and calls the page malformed "
-    "('a sample without sample_id'): after one ambiguous batch the run retries that listing "
-    "forever",
-)
 def test_a_blank_trace_id_does_not_wedge_the_reconciling_read(platform, tmp_path, start):
+    """F5b: an id of spaces is an id: the listing is not malformed."""
     run = write_run(tmp_path / "out", [trace(0, sample_id=" "), *traces(5, start=1)])
     platform.inject("reset", on="samples")
     env = cli_env(platform, tmp_path)
@@ -583,6 +504,7 @@ def test_a_blank_trace_id_does_not_wedge_the_reconciling_read(platform, tmp_path
 def test_a_huge_number_from_the_platform_is_a_malformed_answer_not_a_traceback(
     platform, hop, tmp_path
 ):
+    """F10: a sample count past SQLite's integer is no count."""
     run = write_run(tmp_path / "out", traces(4))
     env = cli_env(platform, tmp_path)
     assert evalpush(env, "push", str(run)).returncode == 0
@@ -603,16 +525,10 @@ def test_a_huge_number_from_the_platform_is_a_malformed_answer_not_a_traceback(
     assert line_of(done.stdout, run), done.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F11 stuck runs: one evaluation with an id that is not id-like anywhere in an "
-    "environment's listing (another tool's, a legacy one) makes the whole page malformed, so "
-    "every run the ledger never saw in that environment retries its lookup forever and is never "
-    "created, though that evaluation cannot be the run's (such an id is never adopted)",
-)
 def test_an_odd_evaluation_in_the_listing_does_not_stop_new_runs_of_its_environment(
     platform, hop, tmp_path, start
 ):
+    """F11: an evaluation whose id is not a platform id is listed as unusable, not a bad page."""
     run = write_run(tmp_path / "out", traces(4))
 
     def one_odd_item(method: str, path: str, status: int, body: bytes) -> tuple[int, bytes] | None:
@@ -635,14 +551,8 @@ def test_an_odd_evaluation_in_the_listing_does_not_stop_new_runs_of_its_environm
     assert_once(platform, 4)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F12 stuck run + traceback: a finalized run whose trace file became unreadable "
-    "(chmod, another owner) raises PermissionError from `read.verify` inside `_admit`, outside "
-    "every handler: it escapes `cli.main` as a traceback and no run of the push is reported, on "
-    "every later push of the tree",
-)
 def test_a_trace_file_that_became_unreadable_fails_its_run_alone(platform, shared_dir):
+    """F12: an unreadable trace file is that run's error alone; a finalized run stays finalized."""
     root = shared_dir / "out"
     run = write_run(root, traces(4))
     other = write_run(root, traces(4), run_id=OTHER_RUN_ID)
@@ -673,17 +583,10 @@ def test_a_trace_file_that_became_unreadable_fails_its_run_alone(platform, share
 # ================================================================ stopping
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F13 slow stop: SIGTERM while another process holds the ledger's write lock (an "
-    "evalpush stopped mid-write by Ctrl-Z: measured, a random SIGSTOP of a push lands inside a "
-    "write transaction about 1 time in 4 with 2-sample batches) takes about 20 s to end the push: "
-    "the 'interrupted' write waits out the 10 s busy timeout, then the claim release waits it "
-    "out again; the waits are not stop-aware",
-)
 def test_sigterm_ends_a_push_quickly_while_another_process_holds_the_ledger_lock(
     platform, tmp_path, start
 ):
+    """F13: the ledger's waits for a lock are stop-aware."""
     run = write_run(tmp_path / "out", traces(8))
     platform.inject("stall", on="samples", seconds=30)
     push = start(cli_env(platform, tmp_path), "push", str(run))
@@ -709,14 +612,8 @@ def test_sigterm_ends_a_push_quickly_while_another_process_holds_the_ledger_lock
 # ================================================================ secrets
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F15 secret at rest: the schema-1 -> 2 upgrade keeps every stored text as schema-1 "
-    "evalpush wrote it, and schema 1 wrote echoed keys verbatim into set_aside.reason (the "
-    "defect issue 8.6 fixed for new writes): after `push` upgrades such a ledger, knowing the "
-    "key, state.db still holds it",
-)
 def test_upgrading_a_ledger_that_holds_the_key_leaves_no_trace_of_it(platform, tmp_path):
+    """F15: push scrubs the stored texts of the key, and the file of stale copies."""
     root = tmp_path / "runs"
     ledger_v1.copy_runs(root)
     path = ledger_v1.build(tmp_path / "state", root)
@@ -738,13 +635,8 @@ def test_upgrading_a_ledger_that_holds_the_key_leaves_no_trace_of_it(platform, t
 # ================================================================ messages and tracebacks
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F19 traceback: `push ROOT ROOT/RUN` (overlapping arguments) finds the run twice; "
-    "`Service.push` dedups the dict it uploads but zips it with the list it found, "
-    "`strict=True`: ValueError traceback after the upload, nothing reported",
-)
 def test_overlapping_arguments_to_push_report_each_run_once(platform, tmp_path):
+    """F19: a run found twice is pushed and reported once."""
     run = write_run(tmp_path / "out", traces(4))
 
     done = evalpush(cli_env(platform, tmp_path), "push", str(tmp_path / "out"), str(run))
@@ -753,13 +645,8 @@ def test_overlapping_arguments_to_push_report_each_run_once(platform, tmp_path):
     assert line_of(done.stdout, run).startswith("finalized")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F20 traceback: a run key that is not UTF-8 (the path of a deleted run directory "
-    "named so, given relative) reaches SQLite as text with lone surrogates in `Ledger.match`: "
-    "UnicodeEncodeError traceback instead of 'no run ...'",
-)
 def test_a_run_key_that_is_not_utf8_is_looked_up_without_a_traceback(platform, tmp_path):
+    """F20: a key that is not UTF-8 is matched as a path only."""
     env = cli_env(platform, tmp_path)
 
     done = evalpush(env, "forget", os.fsdecode(b"runs/odd-\xff-run"), "--yes")
@@ -768,13 +655,8 @@ def test_a_run_key_that_is_not_utf8_is_looked_up_without_a_traceback(platform, t
     assert done.returncode == 2 and "no run" in done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F17 bad message: a trace file replaced by a symlink mid-upload (a FIFO or a "
-    "directory alike) fails the run with 'the run's trace file was deleted mid-upload' (the "
-    "file is there, it is a symlink, which evalpush does not follow)",
-)
 def test_a_trace_file_replaced_by_a_symlink_mid_upload_is_named_as_such(platform, tmp_path, start):
+    """F17: what took the trace file's place is named, not called a deletion."""
     run = write_run(tmp_path / "out", traces(8))
     platform.inject("stall", on="samples", seconds=1)
     push = start(cli_env(platform, tmp_path), "push", str(run))

@@ -23,6 +23,7 @@ import pytest
 from evalpush import errors, platform
 from evalpush.config import PlatformConfig
 from evalpush.local_platform import LocalPlatform
+from evalpush.lookup import EvaluationIndex
 from evalpush.platform import PlatformClient, is_platform_id
 from evalpush.retry import Retrier
 
@@ -476,15 +477,38 @@ class TestIdsAreData:
         assert "viewer_url" not in listed[0]
         assert listed[1]["viewer_url"] == "https://app.test/dashboard/evaluations/e2"
 
-    def test_a_listed_evaluation_with_a_malformed_id_makes_the_page_malformed(
+    def test_a_listed_evaluation_with_a_malformed_id_is_listed_as_unusable_beside_the_others(
         self, tmp_path: Path
     ) -> None:
+        items = [{"id": PATH_LIKE_ID, "metadata": {"run_id": "x"}}, {"id": "e2", "metadata": {}}]
+
         def answer(request: httpx.Request) -> httpx.Response:
-            return httpx.Response(200, json={"evaluations": [{"id": PATH_LIKE_ID}]})
+            skip = int(request.url.params["skip"])
+            return httpx.Response(200, json={"evaluations": items if skip == 0 else []})
 
         with mock_client(tmp_path, answer) as client:
-            with pytest.raises(errors.Transient, match="well-formed id"):
-                list(client.iter_evaluations("gsm8k"))
+            listed = [platform.Evaluation.from_answer(e) for e in client.iter_evaluations("gsm8k")]
+
+        assert [(e.id, e.usable) for e in listed] == [(PATH_LIKE_ID, False), ("e2", True)]
+
+    def test_a_runs_own_evaluation_listed_with_a_malformed_id_fails_the_lookup_not_silently(
+        self, tmp_path: Path
+    ) -> None:
+        """Taking it for "not found" would create another evaluation (and again, every time)."""
+        items = [
+            {"id": "e1", "metadata": {"run_id": "r"}},
+            {"id": "e.2", "metadata": {"run_id": "r"}},
+        ]
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            skip = int(request.url.params["skip"])
+            return httpx.Response(200, json={"evaluations": items if skip == 0 else []})
+
+        with mock_client(tmp_path, answer) as client:
+            index = EvaluationIndex(client, lambda fn, _what, _run: fn())
+            with pytest.raises(errors.RunError, match="whose id evalpush cannot use"):
+                index.find("gsm8k", "r", exclude=set(), fresh=True)
+            assert index.find("gsm8k", "r", exclude={"e.2"}, fresh=True).id == "e1"
 
 
 class TestWhatRetryingCannotFix:

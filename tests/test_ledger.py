@@ -12,6 +12,8 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -197,6 +199,46 @@ class TestLocked:
             assert ledger.update(record, acked_offset=5).acked_offset == 5
 
 
+class TestStopWhileLocked:
+    def test_a_write_waiting_for_another_process_ends_soon_after_a_stop(self, tmp_path: Path):
+        path = tmp_path / "state.db"
+        stop = threading.Event()
+        with Ledger(path, busy_timeout_seconds=60.0, stop=stop) as ledger:
+            record = a_run(ledger)
+            other = sqlite3.connect(path, isolation_level=None)
+            other.execute("BEGIN IMMEDIATE")
+            try:
+                threading.Timer(0.3, stop.set).start()
+                started = time.monotonic()
+                with pytest.raises(LedgerError, match="locked"):
+                    ledger.update(record, acked_offset=5)
+                waited = time.monotonic() - started
+            finally:
+                other.execute("ROLLBACK")
+                other.close()
+            assert waited < 30.0, "far less than the minute of busy timeout"
+            assert ledger.update(record, acked_offset=7).acked_offset == 7
+
+
+class TestMovedAside:
+    @pytest.mark.parametrize("how", ["moved", "replaced"])
+    def test_a_ledger_moved_aside_or_replaced_under_a_process_takes_no_more_of_its_writes(
+        self, tmp_path: Path, how: str
+    ):
+        path = tmp_path / "state" / "state.db"
+        with Ledger(path) as ledger:
+            record = ledger.update(a_run(ledger), acked_offset=10)
+            os.rename(tmp_path / "state", tmp_path / "aside")
+            if how == "replaced":
+                Ledger(path).close()
+
+            with pytest.raises(LedgerError, match="no longer the ledger this process opened"):
+                ledger.update(record, acked_offset=20)
+
+        with Ledger(tmp_path / "aside" / "state.db") as aside:
+            assert aside.get(record.id).acked_offset == 10
+
+
 def test_a_secret_quoted_in_an_error_never_reaches_the_ledger(ledger: Ledger):
     secret = "sk-test-secret-0123456789abcdef"
     register_secret(secret)
@@ -220,6 +262,34 @@ def v1_rows(path: Path) -> dict[int, dict]:
 
 
 class TestSchemaUpgrade:
+    def test_the_upgrade_leaves_no_copy_of_a_key_a_schema_1_evalpush_stored_even_deleted(
+        self, tmp_path: Path
+    ):
+        """Schema 1 stored what servers echoed as it was; a row it deleted (a run started over)
+        stays in the free space of its page, with no live text left to scrub."""
+        key = "sk-upgrade-4Rt7Yu1Io9Pa3Sd6Fg2Hj8"
+        path = ledger_v1.build(tmp_path / "state", tmp_path / "runs")
+        db = sqlite3.connect(path, isolation_level=None)
+        db.execute("PRAGMA secure_delete = OFF")  # as most SQLite builds delete (Debian's zero)
+        echoed = f"HTTP 422: you sent {key} " * 20
+        db.executemany(
+            "INSERT INTO set_aside (run, line, offset, size, kind, reason) VALUES (1, ?, ?, 1, "
+            "'rejected', ?)",
+            [(i, 1000 + i, echoed if i == 5 else "not json") for i in range(10)],
+        )
+        db.execute("DELETE FROM set_aside WHERE offset = 1005")  # in free space from now on
+        db.close()
+        parts = {key[i : i + 8].encode() for i in range(len(key) - 7)}
+        stored = b"".join(p.read_bytes() for p in path.parent.iterdir())
+        assert [part for part in parts if part in stored], "deleted rows left it in the file"
+        register_secret(key)
+
+        with Ledger(path) as ledger:
+            assert len(ledger.all()) == ledger_v1.RUNS
+
+        leaking = [p.name for p in path.parent.iterdir() if any(x in p.read_bytes() for x in parts)]
+        assert leaking == []
+
     def test_a_schema_1_ledger_is_upgraded_in_place_keeping_every_run(self, tmp_path: Path):
         root = tmp_path / "runs"
         path = ledger_v1.build(tmp_path / "state", root)
@@ -437,3 +507,13 @@ class TestMatching:
         two = a_run(ledger, path="/runs/b", run_id="abc-2")
 
         assert ledger.match("abc") == [one, two]
+
+    def test_a_key_that_is_not_utf8_matches_the_run_at_that_path_and_nothing_else(
+        self, ledger: Ledger
+    ):
+        odd = os.fsdecode(b"/runs/odd-\xff-run")
+        record = a_run(ledger, path=odd, run_id="abc-1")
+
+        assert ledger.match(odd) == [record]
+        assert ledger.match(os.fsdecode(b"/runs/other-\xfe")) == []
+        assert ledger.match(os.fsdecode(b"abc\xff")) == [], "not a prefix of a run id"

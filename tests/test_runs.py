@@ -66,6 +66,20 @@ class TestRunId:
 
         assert load_run(directory).run_id != on_a
 
+    def test_another_name_keeps_the_id_the_ledger_knows_for_its_path_whatever_the_host(
+        self, tmp_path, monkeypatch
+    ):
+        directory = make_run(tmp_path / "my-run")
+        known = {directory.absolute(): "11111111-2222-4333-8444-555555555555"}
+        monkeypatch.setattr(socket, "gethostname", lambda: "renamed-host")
+
+        assert load_run(directory, known=known.get).run_id == known[directory.absolute()]
+
+    def test_a_uuid_leaf_name_is_the_run_id_whatever_the_ledger_knows(self, tmp_path):
+        directory = make_run(tmp_path / "gsm8k--m--h" / RUN_UUID)
+
+        assert load_run(directory, known=lambda _path: "another-id").run_id == RUN_UUID
+
     def test_a_name_that_is_not_utf8_gets_the_id_of_its_bytes(self, tmp_path):
         directory = make_run(tmp_path / os.fsdecode(b"run-\xff"))
 

@@ -103,6 +103,29 @@ class TestWhereTextLeaves:
         with sqlite3.connect(default_path(tmp_path)) as db:
             assert db.execute("SELECT COUNT(*) FROM set_aside").fetchone() == (1,)
 
+    def test_texts_stored_before_the_key_was_known_are_scrubbed_leaving_no_copy_in_the_file(
+        self, tmp_path: Path
+    ) -> None:
+        """As an older evalpush left them: one set-aside reason per refused sample, an error."""
+        late_key = "pk-9Wq2Lr5Tz8Xc1Vb4Nm7Hs3Jd6Kf0"  # registered only after the writes
+        echoed = f"HTTP 422: echo {late_key} and more text to make it long " * 3
+        with Ledger(default_path(tmp_path)) as ledger:
+            record = ledger.add(path="/runs/r1", run_id="r1", kind="eval", state=State.READY)
+            ledger.add_set_aside(record, [SetAside(i, i, 1, "rejected", echoed) for i in range(50)])
+            ledger.update(record, last_error=f"boom {late_key}")
+        register_secret(late_key)
+
+        with Ledger(default_path(tmp_path)) as ledger:
+            assert ledger.scrub_secrets() == 2
+            assert ledger.scrub_secrets() == 0, "nothing left to scrub"
+            assert len(ledger.set_aside(record)) == 50
+            assert ledger.get(record.id).last_error == f"boom {REDACTED}"
+
+        parts = {late_key[i : i + 8].encode() for i in range(len(late_key) - 7)}
+        for path in tmp_path.iterdir():
+            data = path.read_bytes()
+            assert not [part for part in parts if part in data], path
+
     def test_what_the_command_prints_is_scrubbed_and_the_streams_restored(
         self, capsys: pytest.CaptureFixture[str]
     ) -> None:

@@ -30,7 +30,7 @@ from evalpush.app import App
 from evalpush.claims import Claims
 from evalpush.config import Config, PlatformConfig
 from evalpush.convert import RunTotals, convert_lines, summary, tally
-from evalpush.errors import Busy, ClaimLost, Interrupted, LedgerError
+from evalpush.errors import Busy, ClaimLost, Interrupted, LedgerError, RunIdTaken
 from evalpush.ledger import Ledger, RunRecord, State, Step, default_path
 from evalpush.local_platform import LocalPlatform
 from evalpush.platform import PlatformClient
@@ -43,6 +43,7 @@ from evalpush.scheduler import Scheduler
 from evalpush.setaside import SetAside
 from evalpush.upload import Uploader
 from evalpush.upload.context import Context, no_progress
+from evalpush.upload.steps import MAX_REFUSALS_NOT_BORNE_OUT
 
 MIB = 1024 * 1024
 PLATFORM_LIMIT_BYTES = 25 * MIB
@@ -574,6 +575,18 @@ def close_out(platform: LocalPlatform, client: PlatformClient, run_dir: Path) ->
     return act
 
 
+def delete_evaluation(platform: LocalPlatform, kind: str) -> Callable[[], None]:
+    """An action making the run's evaluation look deleted to the next request of `kind`
+    ("samples" or "finalize") and to the read that checks it: 404 to both, which is how the
+    platform's API shows a deleted evaluation (the local platform keeps it for the test to see)."""
+
+    def act() -> None:
+        platform.inject("status", on=kind, status=404)
+        platform.inject("status", on="read", status=404)
+
+    return act
+
+
 class TestEvaluationGone:
     @pytest.mark.parametrize("batches_before", [1, 3], ids=["mid-run", "at-finalize"])
     def test_a_deleted_evaluation_is_recorded_and_a_new_one_completes(
@@ -581,9 +594,7 @@ class TestEvaluationGone:
     ):
         run_dir = write_run(runs_root, trace_lines(10))
         kind = "samples" if batches_before < 3 else "finalize"
-        uploader.progress = after_batch(
-            batches_before, lambda: local_platform.inject("status", on=kind, status=404)
-        )
+        uploader.progress = after_batch(batches_before, delete_evaluation(local_platform, kind))
 
         record = upload(uploader, run_dir)
 
@@ -598,6 +609,35 @@ class TestEvaluationGone:
         assert record.samples_sent == record.samples_seen == 10
         superseded = [row for row in status_rows(ledger) if row["state"] == State.SUPERSEDED]
         assert [row["evaluation_id"] for row in superseded] == [history.evaluation_id]
+
+    @pytest.mark.parametrize("status", [404, 409])
+    @pytest.mark.parametrize("kind", ["samples", "finalize"])
+    def test_a_refusal_the_open_evaluation_does_not_bear_out_is_reconciled_not_believed(
+        self, local_platform, uploader, ledger, runs_root, status, kind
+    ):
+        run_dir = write_run(runs_root, trace_lines(10))
+        local_platform.inject("status", on=kind, status=status)  # not done; the evaluation open
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FINALIZED
+        assert ledger.history(record) == []
+        assert list(evaluations_of(local_platform, run_dir)) == [record.evaluation_id]
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+
+    def test_a_platform_that_keeps_refusing_an_open_evaluation_fails_the_run_after_a_few_tries(
+        self, local_platform, uploader, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(10))
+        local_platform.inject("status", on="samples", status=409, count=1000)
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FAILED
+        assert "contradicts itself" in record.last_error
+        assert local_platform.summary()["requests"]["samples"] == MAX_REFUSALS_NOT_BORNE_OUT + 1
+        [evaluation] = evaluations_of(local_platform, run_dir).values()
+        assert evaluation["sample_count"] == 0
 
     @pytest.mark.parametrize("batches_before", [1, 3], ids=["mid-run", "at-finalize"])
     def test_an_evaluation_closed_on_the_platform_is_replaced(
@@ -773,6 +813,38 @@ class TestFileChanges:
             assert results[run_dir].ok
             assert_uploaded_once(local_platform, run_dir, results[run_dir].record)
 
+    def test_a_trace_file_moved_out_of_its_run_directory_mid_upload_is_gone_from_the_run(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(12))
+        uploader.progress = after_batch(
+            1, lambda: os.rename(run_dir / "traces.jsonl", runs_root / "elsewhere.jsonl")
+        )
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FAILED
+        assert "deleted mid-upload" in record.last_error
+        [evaluation] = evaluations_of(local_platform, run_dir).values()
+        assert evaluation["status"] == "CANCELLED"
+
+    def test_a_trace_file_replaced_by_a_fifo_mid_upload_fails_naming_what_is_there(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(12))
+
+        def fifo_in_its_place() -> None:
+            (run_dir / "traces.jsonl").unlink()
+            os.mkfifo(run_dir / "traces.jsonl")
+
+        uploader.progress = after_batch(1, fifo_in_its_place)
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FAILED
+        assert "replaced by a FIFO" in record.last_error
+        assert "deleted" not in record.last_error
+
     def test_a_trace_file_deleted_before_the_push_step_fails_the_run_not_the_uploader(
         self, local_platform, uploader, runs_root, monkeypatch
     ):
@@ -896,9 +968,7 @@ class TestBadInput:
         uploader = make_uploader(convert={"on_bad_line": "hold"}, upload={"max_batch_samples": 4})
         held = upload(uploader, run_dir)
         ledger.set_state(held, State.READY, release_hold=1, reason="queued", last_error=None)
-        uploader.progress = after_batch(
-            1, lambda: local_platform.inject("status", on="samples", status=404)
-        )
+        uploader.progress = after_batch(1, delete_evaluation(local_platform, "samples"))
 
         record = upload(uploader, run_dir)
 
@@ -1624,6 +1694,30 @@ class TestRewrittenInPlace:
 # ---------------------------------------------------------------- run identity
 
 
+class TestEnvironmentRenamed:
+    def test_an_upload_resumed_at_create_goes_to_the_environment_the_config_names_now(
+        self, local_platform, uploader, ledger, stop_event, runs_root
+    ):
+        """Its create intent records that environment: a crash after the create is looked up
+        where the create went."""
+        run_dir = write_run(runs_root, trace_lines(4), config=config_toml(env_name="before"))
+        local_platform.inject("status", on="read", status=503, count=1000)  # the lookup waits
+        threading.Timer(0.5, stop_event.set).start()
+        with pytest.raises(Interrupted):
+            upload(uploader, run_dir)
+        stopped = ledger.get(str(run_dir))
+        assert (stopped.step, stopped.pending) == (Step.CREATE, None)
+        local_platform.clear_faults()
+        stop_event.clear()
+        (run_dir / "config.toml").write_text(config_toml(env_name="after"))
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FINALIZED
+        [evaluation] = evaluations_of(local_platform, run_dir).values()
+        assert evaluation["environment"] == "after"
+
+
 class TestRunIdentity:
     def test_a_finalized_run_moved_elsewhere_is_the_same_run_and_nothing_is_sent(
         self, local_platform, uploader, ledger, runs_root
@@ -1657,12 +1751,35 @@ class TestRunIdentity:
         assert (record.state, record.evaluation_id) == (State.FINALIZED, first.evaluation_id)
         assert [r.path for r in ledger.all()] == [str(run_dir)]
 
+    @pytest.mark.parametrize("other", ["rewritten", "grown"])
+    def test_a_directory_with_a_runs_id_but_other_traces_is_refused_and_the_run_left_alone(
+        self, local_platform, uploader, ledger, runs_root, other
+    ):
+        run_dir = write_run(runs_root / "original", trace_lines(6))
+        first = upload(uploader, run_dir)
+        collider = runs_root / "other" / run_dir.name
+        shutil.copytree(run_dir, collider)
+        with (collider / "traces.jsonl").open("r+b" if other == "rewritten" else "ab") as traces:
+            traces.write(b"".join(line + b"\n" for line in trace_lines(6, start=50)))
+        requests = local_platform.summary()["requests"]
+
+        with pytest.raises(RunIdTaken, match=f"{collider}: holds run id .* not the same traces"):
+            upload(uploader, collider)
+
+        assert local_platform.summary()["requests"] == requests
+        assert ledger.all() == [ledger.get(first.id)]
+        assert ledger.get(first.id).state == State.FINALIZED
+        assert ledger.get(first.id).path == str(run_dir)
+
     @pytest.mark.parametrize("finalized", [True, False], ids=["finalized", "open"])
     def test_a_run_the_ledger_never_saw_adopts_its_evaluation_on_the_platform(
         self, local_platform, uploader, platform_client, runs_root, finalized
     ):
         run_dir = write_run(runs_root, trace_lines(8))  # push = false: it did not push itself
-        evaluation_id = push_inline(platform_client, run_dir, samples=5, finalize=finalized)
+        # A finalized one holds every trace (one holding fewer is superseded: see the next test);
+        # an open one is adopted whatever it holds, and the rest is sent.
+        samples = 8 if finalized else 5
+        evaluation_id = push_inline(platform_client, run_dir, samples=samples, finalize=finalized)
         before = local_platform.summary()["requests"]
 
         record = upload(uploader, run_dir)
@@ -1674,6 +1791,21 @@ class TestRunIdentity:
         if not finalized:
             assert_uploaded_once(local_platform, run_dir, record)
 
+    def test_a_finalized_evaluation_holding_fewer_samples_than_the_file_is_superseded_not_adopted(
+        self, local_platform, uploader, ledger, platform_client, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(8))
+        short = push_inline(platform_client, run_dir, samples=5, finalize=True)
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FINALIZED
+        assert record.evaluation_id != short
+        assert [(h.evaluation_id, h.outcome) for h in ledger.history(record)] == [
+            (short, "superseded")
+        ]
+        assert_complete(local_platform, record.evaluation_id, expected(run_dir))
+
     def test_new_runs_list_their_environment_once_per_process_not_once_each(
         self, local_platform, make_service, runs_root
     ):
@@ -1684,8 +1816,10 @@ class TestRunIdentity:
         assert all(result.ok for result in results)
         for result in results:
             assert_uploaded_once(local_platform, result.path, result.record)
-        assert local_platform.summary()["requests"]["read"] == 1, "one listing for 6 runs"
-        assert len(run_dirs) == 6
+        # Every GET counts as a read: one listing for the 6 runs, and one read per create that
+        # confirms the evaluation its answer names is the run's.
+        reads = local_platform.summary()["requests"]["read"]
+        assert reads == 1 + len(run_dirs), "one listing for 6 runs"
 
     def test_a_forgotten_run_pushed_again_gets_a_second_evaluation_not_the_forgotten_one(
         self, local_platform, uploader, ledger, runs_root

@@ -22,6 +22,7 @@ from evalpush.config import Config
 from evalpush.ledger import Ledger, default_path
 from evalpush.platform import PlatformClient
 from evalpush.retry import Gate, Retrier
+from evalpush.runs import Run, derive_run_id, load_run
 from evalpush.upload import Progress, Uploader
 from evalpush.upload.context import Context, no_progress
 
@@ -68,7 +69,7 @@ class App:
         stop = stop or threading.Event()
         owned: list[_Closeable] = []
         if ledger is None:
-            ledger = Ledger(default_path(config.state_dir), clock=clock)
+            ledger = Ledger(default_path(config.state_dir), clock=clock, stop=stop)
             owned.append(ledger)
         if client is None:
             client = PlatformClient(config.platform, environ=environ, home=home, stop=stop)
@@ -80,6 +81,14 @@ class App:
         context = Context(config, ledger, client, retrier, progress=progress, clock=clock)
         uploader = Uploader(context, claims)
         return cls(config, ledger, client, gate, retrier, claims, uploader, stop, owned)
+
+    def load_run(self, directory: Path) -> Run:
+        """The run in `directory`, with the run id this ledger knows for its path."""
+        return load_run(directory, known=self.ledger.run_id_at)
+
+    def run_id_of(self, directory: Path) -> str:
+        """The run id of `directory`, as `load_run` gives it (without reading its config)."""
+        return derive_run_id(directory, known=self.ledger.run_id_at)
 
     def request_stop(self) -> None:
         """Stop taking work: waits end with `Interrupted`, a request in flight is cut off."""

@@ -7,6 +7,8 @@ The tree (what the daemon does about each class in brackets)::
     │   ├── ConfigError       a config file or value; names the key and the file [exit 2]
     │   ├── UsageError        the command line names a run or directory that is not there [exit 2]
     │   ├── RunError          a run directory that cannot be uploaded (no config.toml, no env)
+    │   ├── RunIdTaken        a directory holding another run's run id, not its copy [the run
+    │   │                     it names is left alone; the directory is reported, not uploaded]
     │   └── BadRecord         one trace line or sample; names the line and the reason
     ├── Transient             the platform did not do the work; retry later with backoff
     │   ├── Unreachable       no connection at all; the whole daemon waits on one probe
@@ -55,6 +57,7 @@ __all__ = [
     "NeedsPerson",
     "Refused",
     "RunError",
+    "RunIdTaken",
     "Transient",
     "Unreachable",
     "Unsendable",
@@ -86,6 +89,12 @@ class UsageError(BadInput):
 
 class RunError(BadInput):
     """A run directory cannot be uploaded as it stands (no config.toml, no environment name)."""
+
+
+class RunIdTaken(BadInput):
+    """A directory holds the run id of a run the ledger knows at another path, which is still
+    there, and its traces are not that run's: it is not a copy, and it is not uploaded (one run
+    id names one run); the run the ledger knows is left as it is."""
 
 
 class BadRecord(BadInput):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import math
 import os
 import sqlite3
 import stat
@@ -36,7 +37,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from evalpush import paths, schema
 from evalpush.claims import Holder
@@ -45,8 +46,17 @@ from evalpush.log import scrub
 from evalpush.setaside import SetAside
 from evalpush.states import Outcome, SetAsideKind, State, Step
 
+T = TypeVar("T")
+
 LEDGER_FILE = "state.db"
 WAL_RETRY_SECONDS = 0.01
+BUSY_SLICE_SECONDS = 0.1
+"""With a stop event, SQLite waits this long at a time for another process's lock; between
+slices the stop is looked at."""
+STOP_BUSY_SECONDS = 1.0
+"""Once a stop is requested, this long in all is what the ledger still waits for another
+process's lock (one evalpush stopped mid-write by Ctrl-Z holds it until it continues): the
+writes a stop makes (interrupted, release) are worth a moment, not the busy timeout twice."""
 SCHEMA_VERSION = schema.SCHEMA_VERSION
 
 
@@ -168,17 +178,30 @@ class Ledger:
         clock: Any = time.time,
         busy_timeout_seconds: float = 10.0,
         read_only: bool = False,
+        stop: threading.Event | None = None,
     ):
         """`busy_timeout_seconds`: how long a write waits for another process holding the file
-        (a second `evalpush` on the same state dir) before it is a `LedgerError`. `read_only`
-        opens an existing ledger for reading only (no migration: its schema must be current),
-        which a user without write access may do."""
+        (a second `evalpush` on the same state dir) before it is a `LedgerError`; once `stop`
+        is set, at most `STOP_BUSY_SECONDS` more in all. `read_only` opens an existing ledger
+        for reading only (no migration: its schema must be current), which a user without write
+        access may do."""
         self.path = path
         self.read_only = read_only
         self._clock = clock
         self._busy_timeout_seconds = busy_timeout_seconds
+        self._stop = stop
+        self._stopped_at: float | None = None  # when a wait first saw the stop (monotonic)
         self._lock = threading.RLock()
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
+        self._upgraded_from: int | None = None
         self._db = self._open(path)
+        if stop is not None:
+            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_SLICE_SECONDS * 1000)}")
+        if self._upgraded_from:
+            # An older evalpush stored what servers echoed as it was, and what it deleted stays
+            # in free space: its texts are scrubbed (of the secrets known so far: `push` scrubs
+            # again once it has the key) and the file rebuilt from its live rows.
+            self.scrub_secrets(rewrite=True)
 
     # ------------------------------------------------------------ opening
 
@@ -218,7 +241,7 @@ class Ledger:
             else:
                 self._write_ahead_log(db)
                 db.execute("PRAGMA synchronous=FULL")
-                schema.migrate(db, self.path)
+                self._upgraded_from = schema.migrate(db, self.path)
             db.execute(
                 "PRAGMA foreign_keys=ON"
             )  # after migrating: a table rebuild must not cascade
@@ -276,10 +299,29 @@ class Ledger:
                 raise LedgerError(self._not_a_file(path)) from None
             raise
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 raise LedgerError(self._not_a_file(path))
+            self._file = (st.st_dev, st.st_ino)
         finally:
             os.close(fd)
+
+    def _check_still_the_file(self) -> None:
+        """Inside a write: `path` must still name the file this connection has open. A ledger
+        moved aside (or replaced) under a running process is another process's business from
+        then on: this one writes nothing more to the file it holds, which nobody reads."""
+        try:
+            st = os.stat(self.path)
+            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            now = None
+        if now != self._file:
+            raise LedgerError(
+                f"{self.path} is no longer the ledger this process opened (moved aside or "
+                "replaced while it ran): this process stops here and writes nothing more; the "
+                "runs it was uploading are resumed by whoever uses the ledger at that path, "
+                "reconciling with the platform"
+            )
 
     @staticmethod
     def _not_a_file(path: Path) -> str:
@@ -318,8 +360,9 @@ class Ledger:
             raise LedgerError(f"{self.path}: opened read-only")
         with self._lock:
             try:
-                self._db.execute("BEGIN IMMEDIATE")
+                self._while_busy(lambda: self._db.execute("BEGIN IMMEDIATE"))
                 try:
+                    self._check_still_the_file()
                     yield self._db
                 except BaseException:
                     # SQLite may have rolled back already (SQLITE_FULL does): a second ROLLBACK
@@ -335,18 +378,45 @@ class Ledger:
                     f"{self.path}: cannot write the ledger: {exc}" + self._why_busy(exc)
                 ) from None
 
+    def _while_busy(self, statement: Callable[[], T]) -> T:
+        """`statement()`, tried again while another process holds the lock it needs: until the
+        busy timeout is spent, or `STOP_BUSY_SECONDS` after a stop was first seen. (SQLite's own
+        wait, one slice each try with a stop event, else the whole busy timeout, sees no stop.)"""
+        deadline = time.monotonic() + self._busy_timeout_seconds
+        while True:
+            try:
+                return statement()
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                    raise
+                now = time.monotonic()
+                if now >= min(deadline, self._stop_deadline(now)):
+                    raise
+
+    def _stop_deadline(self, now: float) -> float:
+        if self._stop is None or not self._stop.is_set():
+            return math.inf
+        if self._stopped_at is None:
+            self._stopped_at = now
+        return self._stopped_at + STOP_BUSY_SECONDS
+
     def _why_busy(self, exc: sqlite3.Error) -> str:
         if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
             return ""
+        waited = (
+            f"for over {self._busy_timeout_seconds:g} s"
+            if self._stopped_at is None
+            else "and a stop was requested, which does not wait for it"
+        )
         return (
-            f" (another process held its write lock for over {self._busy_timeout_seconds:g} s: "
-            "an evalpush stopped mid-write, by Ctrl-Z or SIGSTOP, holds it until it continues)"
+            f" (another process held its write lock {waited}: an evalpush stopped mid-write, "
+            "by Ctrl-Z or SIGSTOP, holds it until it continues)"
         )
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
-                return self._db.execute(sql, args).fetchall()
+                return self._while_busy(lambda: self._db.execute(sql, args).fetchall())
             except sqlite3.Error as exc:
                 raise LedgerError(f"{self.path}: cannot read the ledger: {exc}") from None
 
@@ -369,13 +439,24 @@ class Ledger:
         found = self._records("WHERE run_id = ?", (run_id,))
         return found[0] if found else None
 
+    def run_id_at(self, path: Path) -> str | None:
+        """The run id of the run last seen at `path`, if the ledger knows one (the run id of a
+        directory whose name is not a UUID: `runs.derive_run_id`)."""
+        found = self._query(
+            "SELECT run_id FROM runs WHERE path_raw = ? ORDER BY updated_at DESC LIMIT 1",
+            (paths.raw(path),),
+        )
+        return found[0][0] if found else None
+
     def match(self, key: str) -> list[RunRecord]:
         """The runs `key` names: the one at that path, the one with that run id, else every run
         whose id starts with `key` (literally: no wildcards). An empty key names none."""
         if not key:
             return []
         found = self._records("WHERE path_raw = ?", (paths.raw(key),))
-        found = found or self._records("WHERE run_id = ?", (key,))
+        if found or paths.printable(key) != key:
+            return found  # a key with bytes that are not UTF-8 can only be a path
+        found = self._records("WHERE run_id = ?", (key,))
         return found or self._records(
             "WHERE substr(run_id, 1, ?) = ? ORDER BY run_id", (len(key), key)
         )
@@ -595,6 +676,42 @@ class Ledger:
             )
             row = db.execute(f"{_SELECT} WHERE id = ?", (record.id,)).fetchone()
         return RunRecord(*row)
+
+    # ------------------------------------------------------------ secrets at rest
+
+    def scrub_secrets(self, *, rewrite: bool = False) -> int:
+        """Scrub every text the ledger holds of the secrets registered now (`log.scrub`): an
+        older evalpush stored what a server echoed as it was (a 422 quoting the key, one
+        set-aside reason per refused sample). When anything was scrubbed (or with `rewrite`) the
+        file is rebuilt (`VACUUM`) and the write-ahead log emptied: no stale copy is left in the
+        free space of a page.
+        One read of the distinct texts when there is nothing to do; returns how many changed."""
+        rows = self._query(
+            "SELECT reason FROM set_aside UNION SELECT reason FROM runs "
+            "UNION SELECT last_error FROM runs WHERE last_error IS NOT NULL"
+        )
+        changed = {text: _stored_text(text) for (text,) in rows if _stored_text(text) != text}
+        if changed:
+            with self._transaction() as db:
+                for text, scrubbed in changed.items():
+                    db.execute("UPDATE set_aside SET reason = ? WHERE reason = ?", (scrubbed, text))
+                    db.execute("UPDATE runs SET reason = ? WHERE reason = ?", (scrubbed, text))
+                    db.execute(
+                        "UPDATE runs SET last_error = ? WHERE last_error = ?", (scrubbed, text)
+                    )
+        if changed or rewrite:
+            self._rewrite_file()
+        return len(changed)
+
+    def _rewrite_file(self) -> None:
+        """Rebuild the file from its live rows (`VACUUM`) and empty the write-ahead log: what a
+        row held before it was rewritten can linger in free space of any page, or in the log."""
+        with self._lock:
+            try:
+                self._while_busy(lambda: self._db.execute("VACUUM"))
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                raise LedgerError(f"{self.path}: cannot rewrite the ledger: {exc}") from None
 
     # ------------------------------------------------------------ set-aside records and history
 

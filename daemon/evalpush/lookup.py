@@ -16,7 +16,8 @@ O(N^2). So:
   have left an intent, and the run would take the fresh path.
 
 Evaluations the run had before (its history, or forgotten) are never adopted; of the others,
-the newest is.
+the newest is. Evaluations of other runs whose ids are not platform ids (another tool's) are
+listed and ignored; if the newest of this run's is such a one, the run fails with why.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
+from evalpush.errors import RunError
 from evalpush.platform import Evaluation
 
 
@@ -37,12 +39,23 @@ Retry = Callable[[Callable[[], Any], str, str], Any]
 """`retry(fn, what, run)`: `fn()` under the retry policy, as a replayable call."""
 
 
-def _newest(candidates: Iterable[Evaluation], exclude: set[str]) -> Evaluation | None:
-    """The last one listed (the platform lists in creation order) that is not excluded."""
+def _newest(candidates: Iterable[Evaluation], exclude: set[str], run_id: str) -> Evaluation | None:
+    """The last one listed (the platform lists in creation order) that is not excluded.
+
+    `RunError` if that one has an id evalpush cannot use: it may be the one this run created
+    (a create answered with a malformed id is reconciled by this lookup), so it is neither
+    adopted nor taken as "none": creating another could make a second evaluation, over and over.
+    """
     found = None
     for evaluation in candidates:
         if evaluation.id not in exclude:
             found = evaluation
+    if found is not None and not found.usable:
+        raise RunError(
+            f"the platform lists an evaluation of run {run_id} whose id evalpush cannot use "
+            f"({found.id[:40]!r}): it is not adopted, and no other is created beside it; "
+            "delete it on the platform to upload the run again"
+        )
     return found
 
 
@@ -62,8 +75,8 @@ class EvaluationIndex:
         """The run's newest evaluation not in `exclude`: from a listing made now (`fresh`), or
         from this process's listing of the environment."""
         if fresh:
-            return _newest(self._list(env_name, run_id).get(run_id, ()), exclude)
-        return _newest(self._indexed(env_name, run_id).get(run_id, ()), exclude)
+            return _newest(self._list(env_name, run_id).get(run_id, ()), exclude, run_id)
+        return _newest(self._indexed(env_name, run_id).get(run_id, ()), exclude, run_id)
 
     def _indexed(self, env_name: str, run_id: str) -> dict[str, list[Evaluation]]:
         with self._guard:

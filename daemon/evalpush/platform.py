@@ -50,6 +50,7 @@ __all__ = [
     "Credentials",
     "Evaluation",
     "PlatformClient",
+    "is_closed",
     "is_finalized",
     "is_platform_id",
     "load_credentials",
@@ -66,6 +67,8 @@ EVALUATIONS_PAGE_SIZE = 100
 _FINALIZED_STATUSES = frozenset(
     {"COMPLETED", "COMPLETE", "FINALIZED", "DONE", "FINISHED", "SUCCEEDED"}
 )
+_CLOSED_STATUSES = frozenset({"FAILED", "CANCELLED", "CANCELED", "ERROR", "ERRORED", "ABORTED"})
+"""Statuses of an evaluation closed out without being finalized: it takes no more samples."""
 _ERROR_BODY_CHARS = 300
 
 MIB = 1024 * 1024
@@ -264,14 +267,26 @@ def load_credentials(
     )
 
 
-def is_finalized(evaluation: Mapping[str, Any]) -> bool:
-    """Whether an evaluation as read from the platform is finalized, whatever its spelling."""
+def _status(evaluation: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
+    """The evaluation's own fields (unwrapped from `data`) and its status, upper case."""
     if isinstance(evaluation.get("data"), Mapping) and "status" not in evaluation:
         evaluation = evaluation["data"]
+    status = evaluation.get("status")
+    return evaluation, status.strip().upper() if isinstance(status, str) else ""
+
+
+def is_finalized(evaluation: Mapping[str, Any]) -> bool:
+    """Whether an evaluation as read from the platform is finalized, whatever its spelling."""
+    evaluation, status = _status(evaluation)
     if evaluation.get("finalized") is True or evaluation.get("is_finalized") is True:
         return True
-    status = evaluation.get("status")
-    return isinstance(status, str) and status.strip().upper() in _FINALIZED_STATUSES
+    return status in _FINALIZED_STATUSES
+
+
+def is_closed(evaluation: Mapping[str, Any]) -> bool:
+    """Whether an evaluation takes no more samples: finalized, or closed out (failed,
+    cancelled)."""
+    return is_finalized(evaluation) or _status(evaluation)[1] in _CLOSED_STATUSES
 
 
 MAX_SAMPLE_COUNT = 2**63 - 1
@@ -287,9 +302,16 @@ class Evaluation:
 
     id: str
     finalized: bool
+    closed: bool = False  # finalized, or closed out (failed, cancelled): takes no more samples
     run_id: str | None = None
     sample_count: int | None = None
     viewer_url: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        """Whether its id is one evalpush may put into a URL (`is_platform_id`): a listed
+        evaluation without such an id (another tool's, a legacy one) is never adopted."""
+        return is_platform_id(self.id)
 
     @classmethod
     def from_answer(cls, data: Mapping[str, Any], *, id: str | None = None) -> Evaluation:
@@ -300,6 +322,7 @@ class Evaluation:
         return cls(
             id=_first_id(data, ("evaluation_id", "id")) or id or "",
             finalized=is_finalized(data),
+            closed=is_closed(data),
             run_id=run_id if isinstance(run_id, str) else None,
             sample_count=count if count is not None and 0 <= count <= MAX_SAMPLE_COUNT else None,
             viewer_url=_viewer_url_in(data),
@@ -319,12 +342,22 @@ def is_platform_id(value: str) -> bool:
     return _ID.fullmatch(value) is not None and scrub(value) == value
 
 
+def _id_value(value: Any) -> str | None:
+    """An id as the platform wrote it: a string exactly as it is (never stripped: ids are
+    compared with what was sent, spaces and all) or an integer; anything else is no id."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
 def _first_id(data: Any, keys: tuple[str, ...]) -> str | None:
     """The id under the first of `keys` present, at the top level or under `data`."""
     for holder in (data, data.get("data") if isinstance(data, dict) else None):
         if isinstance(holder, dict):
             for key in keys:
-                found = _text(holder.get(key))
+                found = _id_value(holder.get(key))
                 if found:
                     return found
     return None
@@ -724,7 +757,8 @@ class PlatformClient:
         *,
         max_items: int | None = None,
     ) -> Iterator[str]:
-        """Every stored sample id (as a string, duplicates included), page by page.
+        """Every stored sample id exactly as stored (a string, never stripped; duplicates
+        included), page by page.
 
         `max_items`: more ids than this is a malformed listing (`Transient`), as are a page that
         repeats the previous one and more than `MAX_PAGES` pages.
@@ -749,7 +783,7 @@ class PlatformClient:
                 raise errors.Transient(f"{what}: page {page} holds no list of samples")
             ids = []
             for item in items:
-                sample_id = _text(item.get("sample_id")) if isinstance(item, dict) else None
+                sample_id = _id_value(item.get("sample_id")) if isinstance(item, dict) else None
                 if sample_id is None:
                     raise errors.Transient(f"{what}: page {page} has a sample without sample_id")
                 ids.append(sample_id)
@@ -764,10 +798,11 @@ class PlatformClient:
     ) -> Iterator[dict[str, Any]]:
         """Every evaluation of an environment (each with its `metadata`), skip/limit paged.
 
-        Each has a well-formed id under `evaluation_id` (wherever the platform put it) and a
-        `viewer_url` only if it is http(s); an item without a well-formed id makes the page
-        malformed (`Transient`), like a repeated page, more than `MAX_EVALUATIONS_LISTED`
-        evaluations, or more than `MAX_PAGES` pages.
+        Each has its id under `evaluation_id` (wherever the platform put it; None if it has
+        none, and possibly not a platform id: see `Evaluation.usable`) and a `viewer_url` only
+        if it is http(s). A repeated page, more than `MAX_EVALUATIONS_LISTED` evaluations, or
+        more than `MAX_PAGES` pages make the listing malformed (`Transient`). One odd item does
+        not: the other evaluations of the environment are still listed.
         """
         what = f"list evaluations of {environment_name!r}"
         listing, limit = _Listing(what, MAX_EVALUATIONS_LISTED), page_size
@@ -787,7 +822,7 @@ class PlatformClient:
                 raise errors.Transient(
                     f"{what}: the page at skip={skip} holds no list of evaluations"
                 )
-            evaluations = [_checked_evaluation(item, what) for item in items]
+            evaluations = [_checked_evaluation(item) for item in items]
             listing.took(
                 [_first_id(e, ("evaluation_id", "id")) for e in evaluations],
                 asked=skip,
@@ -827,12 +862,11 @@ class PlatformClient:
         )
 
 
-def _checked_evaluation(item: dict[str, Any], what: str) -> dict[str, Any]:
-    """A listed evaluation with a well-formed id, and its viewer URL only if it is http(s)."""
-    evaluation_id = _first_id(item, ("evaluation_id", "id"))
-    if evaluation_id is None or not is_platform_id(evaluation_id):
-        raise errors.Transient(f"{what}: an evaluation without a well-formed id")
-    checked = {**item, "evaluation_id": evaluation_id}  # what the caller reads first
+def _checked_evaluation(item: dict[str, Any]) -> dict[str, Any]:
+    """A listed evaluation with its id under `evaluation_id` (what the caller reads first) and
+    its viewer URL only if it is http(s). An id that is not a platform id is kept as data: the
+    caller (`Evaluation.usable`) never adopts it, and no URL is ever built of it."""
+    checked = {**item, "evaluation_id": _first_id(item, ("evaluation_id", "id"))}
     url = _safe_url(item.get("viewer_url"))
     if url is None:
         checked.pop("viewer_url", None)

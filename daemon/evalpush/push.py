@@ -18,9 +18,9 @@ from pathlib import Path
 
 from evalpush import paths
 from evalpush.app import App
-from evalpush.errors import AuthError, Busy, ClaimLost, Interrupted, RunError
+from evalpush.errors import AuthError, Busy, ClaimLost, Interrupted, RunError, RunIdTaken
 from evalpush.ledger import RunRecord
-from evalpush.runs import derive_run_id, find_run_dirs, load_run
+from evalpush.runs import find_run_dirs
 from evalpush.scheduler import Scheduler
 from evalpush.states import State
 
@@ -56,9 +56,14 @@ class PushResult:
 
 def push(app: App, directories: Sequence[Path], *, wait: bool = True) -> list[PushResult]:
     """Upload every eval run found in `directories`, as finished now, one result per run
-    directory in the order found. Runs other processes hold are waited for (or, with
+    directory in the order first found. Runs other processes hold are waited for (or, with
     `wait=False`, reported busy)."""
-    found = [run_dir for directory in directories for run_dir in find_run_dirs(directory)]
+    # Overlapping arguments (a root and a run under it) find a run twice: it is one run.
+    found = list(
+        dict.fromkeys(run_dir for directory in directories for run_dir in find_run_dirs(directory))
+    )
+    # An older evalpush stored what servers echoed as it was: scrub it of the key in use.
+    app.ledger.scrub_secrets()
     return _Push(app).run(found, wait=wait)
 
 
@@ -108,7 +113,7 @@ class _Push:
         while not self._app.stop.wait(WAIT_POLL_SECONDS):
             released = []
             for directory in busy:
-                record = ledger.get_run(derive_run_id(directory))
+                record = ledger.get_run(self._app.run_id_of(directory))
                 holder = record.holder if record is not None else None
                 if holder is None or not claims.alive(holder):
                     released.append(directory)
@@ -127,7 +132,7 @@ class _Push:
         if self._app.stop.is_set():
             return PushResult(directory, self._row(directory), 0, "interrupted")
         try:
-            run = load_run(directory)
+            run = self._app.load_run(directory)
         except RunError as exc:
             return self._unloadable(directory, exc)
         before = self._app.ledger.get_run(run.run_id)
@@ -139,7 +144,10 @@ class _Push:
             return PushResult(
                 directory, self._row(directory), 0, "interrupted; push again to resume"
             )
-        except (AuthError, ClaimLost) as exc:
+        except RunIdTaken as exc:
+            return PushResult(directory, None, 0, str(exc))
+        except (AuthError, ClaimLost, RunError) as exc:
+            # RunError: the run stays as it was (finalized); only this attempt failed.
             return PushResult(directory, self._row(directory), 0, str(exc))
         return self._result(directory, before, record, waited_for)
 
@@ -173,7 +181,7 @@ class _Push:
         )
 
     def _row(self, directory: Path) -> RunRecord | None:
-        return self._app.ledger.get_run(derive_run_id(directory))
+        return self._app.ledger.get_run(self._app.run_id_of(directory))
 
     def _unloadable(self, directory: Path, exc: RunError) -> PushResult:
         """A run whose config cannot be read still shows in `status`, failed, with why."""

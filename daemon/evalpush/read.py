@@ -66,7 +66,9 @@ class Line(NamedTuple):
     number: int
 
 
-def _open(path: Path) -> int:
+def open_regular(path: Path) -> int:
+    """A descriptor of the regular file at `path` (never through a symlink); OSError if there
+    is none."""
     # O_NONBLOCK: opening a FIFO must not wait for a writer; it has no effect on a regular file.
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -75,12 +77,38 @@ def _open(path: Path) -> int:
     return fd
 
 
+_KINDS = (
+    (stat.S_ISLNK, "a symlink"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a device"),
+)
+
+
+def what_is_at(path: Path) -> str | None:
+    """What `path` names when it is not a regular file ("a symlink", "a directory", "a FIFO",
+    ...; symlinks are not followed), "nothing" when it names nothing; None for a regular file."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "nothing"
+    if stat.S_ISREG(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
+def identity_of(st: os.stat_result) -> FileIdentity:
+    return FileIdentity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def identity(path: Path) -> FileIdentity:
     """The file's identity now; raises OSError if it is missing or not a regular file."""
     st = os.lstat(path)
     if not stat.S_ISREG(st.st_mode):
         raise FileNotFoundError(f"{path}: not a regular file")
-    return FileIdentity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return identity_of(st)
 
 
 def compare(path: Path, known: FileIdentity) -> Change:
@@ -117,19 +145,24 @@ def verify(path: Path, known: Fingerprint) -> tuple[Change, FileIdentity | None]
 
 def digest_of(path: Path, end: int, *, expect: FileIdentity | None = None) -> bytes:
     """SHA-256 of bytes `[0, end)` of the file (`FileChangedError` if it is not `expect`)."""
-    digest = RangeDigest()
-    fd = _open(path)
+    fd = open_regular(path)
     try:
         _check_same(fd, path, expect, end)
-        offset = 0
-        while offset < end:
-            chunk = os.pread(fd, min(CHUNK_BYTES, end - offset), offset)
-            if not chunk:
-                raise FileChangedError(f"{path}: shorter than {end} bytes")
-            digest.update(chunk, complete=len(chunk))
-            offset += len(chunk)
+        return digest_open(fd, end, path)
     finally:
         os.close(fd)
+
+
+def digest_open(fd: int, end: int, path: Path) -> bytes:
+    """SHA-256 of bytes `[0, end)` of the open file `fd` (`path` names it in errors)."""
+    digest = RangeDigest()
+    offset = 0
+    while offset < end:
+        chunk = os.pread(fd, min(CHUNK_BYTES, end - offset), offset)
+        if not chunk:
+            raise FileChangedError(f"{path}: shorter than {end} bytes")
+        digest.update(chunk, complete=len(chunk))
+        offset += len(chunk)
     return digest.digest()
 
 
@@ -170,7 +203,7 @@ def read_lines(
     file (same device and inode), else `FileChangedError` is raised before anything is read.
     With `digest`, every byte read from `offset` on is hashed into it (a byte-order mark too).
     """
-    fd = _open(path)
+    fd = open_regular(path)
     try:
         _check_same(fd, path, expect, offset)
         if offset == 0 and os.pread(fd, len(BOM), 0) == BOM:

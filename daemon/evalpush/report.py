@@ -153,6 +153,8 @@ def _push_line(result: PushResult) -> str:
         where += f", uploaded by pid {result.uploaded_by}"
     if result.copy_of is not None:
         where += f"; a copy of the run at {result.copy_of}, not uploaded on its own"
+    if record.state == State.FINALIZED and result.error:
+        return f"failed     {path}: {result.error}; the run stays finalized -> {record.viewer_url}"
     if record.state == State.FINALIZED:
         done = "already finalized, nothing sent" if result.already else where
         if result.already and result.copy_of is not None:

@@ -2,9 +2,11 @@
 
 A run directory holds `config.toml` and `traces.jsonl` (or the legacy `results.jsonl`), both
 regular files. Its run id is the directory's leaf name when that is a UUID (the default
-layout); otherwise it is `uuid5(NAMESPACE_URL, "evalpush:<hostname>:<absolute path>")`, which
-is stable across restarts and does not collide across hosts (the path taken as the bytes the
-kernel knows it by, so a name that is not UTF-8 has an id too).
+layout); otherwise it is the id the ledger already holds for that path (so the host being
+renamed does not make it another run), and for a path the ledger does not know
+`uuid5(NAMESPACE_URL, "evalpush:<hostname>:<absolute path>")`, which is stable across restarts
+and does not collide across hosts (the path taken as the bytes the kernel knows it by, so a name
+that is not UTF-8 has an id too).
 
 Eval runs are uploaded; debug runs (config has `script_path` or `command`) never are; replay
 runs (config has `num_rescores` and no `model`) only when `runs.upload_replays` is set.
@@ -104,12 +106,24 @@ def find_run_dirs(root: Path) -> Iterator[Path]:
                 yield here / name
 
 
-def derive_run_id(directory: Path) -> str:
+KnownRunId = Callable[[Path], str | None]
+"""The run id a ledger already knows for a directory at this path, if any."""
+
+
+def derive_run_id(directory: Path, known: KnownRunId | None = None) -> str:
+    """The run id of `directory`: its leaf name when that is a UUID; else the id the ledger
+    already knows for this path (`known`), so a run keeps its id when the host is renamed; else
+    `uuid5(hostname + absolute path)`."""
     try:
         return str(uuid.UUID(directory.name))
     except ValueError:
-        key = b"evalpush:%s:%s" % (socket.gethostname().encode(), os.fsencode(directory.absolute()))
-        return str(_uuid5(uuid.NAMESPACE_URL, key))
+        pass
+    absolute = directory.absolute()
+    already = known(absolute) if known is not None else None
+    if already:
+        return already
+    key = b"evalpush:%s:%s" % (socket.gethostname().encode(), os.fsencode(absolute))
+    return str(_uuid5(uuid.NAMESPACE_URL, key))
 
 
 def _uuid5(namespace: uuid.UUID, name: bytes) -> uuid.UUID:
@@ -135,8 +149,9 @@ def _int_key(config: dict[str, Any], key: str, default: int | None, path: Path) 
     return value
 
 
-def load_run(directory: Path) -> Run:
-    """Read a run directory's identity and config; `RunError` names what is wrong."""
+def load_run(directory: Path, known: KnownRunId | None = None) -> Run:
+    """Read a run directory's identity (`derive_run_id`, with `known`) and config; `RunError`
+    names what is wrong."""
     directory = Path(directory)
     config_path = directory / CONFIG_FILE
     traces = traces_file(directory)
@@ -153,7 +168,7 @@ def load_run(directory: Path) -> Run:
         raise RunError(f"{config_path}: 'taskset.id', 'id' and 'model' must be strings")
     return Run(
         path=directory,
-        run_id=derive_run_id(directory),
+        run_id=derive_run_id(directory, known),
         kind=_kind(config),
         traces_path=traces,
         env_name=env_name,

@@ -181,20 +181,26 @@ def version(db: sqlite3.Connection, path: Path) -> int:
     return found
 
 
-def migrate(db: sqlite3.Connection, path: Path) -> None:
-    """Bring the file to `SCHEMA_VERSION` in one write transaction that reads the version first.
-    Foreign keys must be off on `db` (a table rebuilt must not cascade to its references)."""
+def migrate(db: sqlite3.Connection, path: Path) -> int | None:
+    """Bring the file to `SCHEMA_VERSION` in one write transaction that reads the version first;
+    the version it was at (0: a new file), None if it was current. Foreign keys must be off on
+    `db` (a table rebuilt must not cascade to its references)."""
     if version(db, path) == SCHEMA_VERSION:  # versions only rise: no lock needed to see this
-        return
+        return None
     db.execute("BEGIN IMMEDIATE")
     try:
-        for statements in _MIGRATIONS[version(db, path) :]:
+        found = version(db, path)
+        if found == SCHEMA_VERSION:  # another process migrated it meanwhile
+            db.execute("COMMIT")
+            return None
+        for statements in _MIGRATIONS[found:]:
             for statement in statements:
                 db.execute(statement)
         db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         if db.execute("PRAGMA foreign_key_check").fetchall():
             raise sqlite3.IntegrityError("the migration left rows without their run")
         db.execute("COMMIT")
+        return found
     except BaseException:
         if db.in_transaction:
             db.execute("ROLLBACK")

@@ -77,6 +77,13 @@ def finalize(ledger: Ledger, record: RunRecord, *, at: float, **fields: Any) -> 
     )
 
 
+def restore_finalized(ledger: Ledger, record: RunRecord) -> RunRecord:
+    """A run whose upload is done (step `done`) but marked failed: finalized again. (An older
+    evalpush marked a finalized run failed when its config failed to load once; the run then
+    went nowhere, and every push reported it failed.)"""
+    return ledger.set_state(record, State.FINALIZED, last_error=None)
+
+
 def requeue(ledger: Ledger, record: RunRecord) -> RunRecord:
     """`evalpush retry`: a failed or held run back in the queue (a held run then uploads
     without its bad lines). Written only while nobody holds the run."""
@@ -113,6 +120,7 @@ __all__ = [
     "interrupt",
     "queue",
     "requeue",
+    "restore_finalized",
     "skip",
     "start",
     "start_over",

@@ -1,7 +1,8 @@
 """Admission: what a request to upload a run comes to before any step runs.
 
 The policy, in order: a directory holding a run id the ledger knows at another path is the run
-moved (its path is updated) or a copy of it (left alone while the original is still there); a
+moved (its path is updated), a copy of it (the same bytes: left alone while the original is
+still there), or another run under the same id (other bytes: `RunIdTaken`, not uploaded); a
 debug run, or a replay without `runs.upload_replays`, is skipped with why; a trace file that
 changed since it was scanned supersedes a finalized evaluation, cancels an open one (the run
 starts over) or, deleted, fails the upload; a finalized, held or (unless retried) failed run
@@ -11,35 +12,41 @@ stays as it is; anything else starts (or resumes) its upload.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from evalpush import paths, transitions
-from evalpush.errors import Conflict, Gone
-from evalpush.ledger import RunRecord
+from evalpush.errors import Conflict, Gone, RunIdTaken
+from evalpush.ledger import Ledger, RunRecord
 from evalpush.log import get_logger
-from evalpush.read import Change, FileIdentity, digest_of, verify
+from evalpush.read import Change, FileIdentity, digest_of, verify, what_is_at
 from evalpush.runs import Run, RunKind, derive_run_id, is_run_dir
 from evalpush.states import Outcome, State, Step
 from evalpush.upload.context import Context
 from evalpush.upload.files import fingerprint
+from evalpush.upload.reconcile import Reconciler
 
 DEBUG_RUN = "debug run (config has script_path or command): never uploaded"
 REPLAY_RUN = "replay run: set runs.upload_replays = true to upload replays"
 
 
 class Admission:
-    def __init__(self, context: Context):
+    def __init__(self, context: Context, reconciler: Reconciler):
         self._ctx = context
+        self._reconcile = reconciler
 
     def admit(self, record: RunRecord, run: Run, *, retry_failed: bool) -> RunRecord:
         """The run's row after the policy: `uploading` if its upload goes ahead."""
         ledger = self._ctx.ledger
         if record.path_raw != paths.raw(run.path):
-            if _still_there(record):
+            if _still_there(record, ledger):
+                self._check_copy(record, run)
                 return record  # a copy of a run that is still where the ledger knows it
             get_logger(run=run.run_id).info(
                 "run moved", was=record.path, now=paths.display(run.path)
             )
             record = ledger.update(record, path=run.path)
+        if record.step == Step.DONE and record.state == State.FAILED:
+            record = transitions.restore_finalized(ledger, record)
         skip = self._skip_reason(run)
         if skip:
             return transitions.skip(ledger, record, skip)
@@ -51,6 +58,28 @@ class Admission:
         if record.state == State.FAILED and not retry_failed:
             return record
         return transitions.start(ledger, record)
+
+    def _check_copy(self, record: RunRecord, run: Run) -> None:
+        """A directory with the run id of a run still at its own path is a copy of it only if
+        it holds the bytes the run was scanned as; else it is another run under the same id
+        (`RunIdTaken`: reported, never taken for a copy and dropped). A run not scanned yet
+        has nothing to compare with: the copy waits until it is."""
+        known = fingerprint(record)
+        if known is None:
+            return
+        try:
+            change, _ = verify(run.traces_path, known)
+        except OSError as exc:
+            raise RunIdTaken(
+                f"{paths.display(run.path)}: holds run id {run.run_id}, as does the run at "
+                f"{record.path}, and cannot be compared with it ({exc}): not uploaded"
+            ) from None
+        if change != Change.SAME:
+            raise RunIdTaken(
+                f"{paths.display(run.path)}: holds run id {run.run_id}, as does the run at "
+                f"{record.path}, but not the same traces: not uploaded (a run id names one run: "
+                "give one of the two directories another name)"
+            )
 
     def _skip_reason(self, run: Run) -> str:
         if run.kind == RunKind.DEBUG:
@@ -105,8 +134,9 @@ class Admission:
         """The file under an open upload is gone (the upload fails) or is another file now (the
         upload starts over): either way its open evaluation is closed out as cancelled."""
         ledger = self._ctx.ledger
+        record = self._reconcile.settle_create(record, run)
         if change == Change.GONE:
-            message = f"{run.traces_path}: the run's trace file was deleted mid-upload"
+            message = f"{run.traces_path}: the run's trace file {_gone_how(run.traces_path)}"
             self._cancel(record, message)
             record = transitions.start_over(ledger, record, Outcome.CANCELLED)
             return transitions.fail(ledger, record, message)
@@ -131,8 +161,18 @@ class Admission:
             pass  # already closed, or deleted: either way it takes no more samples
 
 
-def _still_there(record: RunRecord) -> bool:
+def _gone_how(path: Path) -> str:
+    """How a trace file is gone: deleted, or something evalpush does not read in its place."""
+    there = what_is_at(path)
+    if there in (None, "nothing"):
+        return "was deleted mid-upload"
+    if there == "a symlink":
+        return "was replaced by a symlink mid-upload (evalpush does not follow symlinks)"
+    return f"was replaced by {there} mid-upload (evalpush reads only regular files)"
+
+
+def _still_there(record: RunRecord, ledger: Ledger) -> bool:
     """Whether the run is still at the path the ledger knows (then another directory with its
     run id is a copy, not the run moved)."""
     directory = record.directory
-    return is_run_dir(directory) and derive_run_id(directory) == record.run_id
+    return is_run_dir(directory) and derive_run_id(directory, ledger.run_id_at) == record.run_id

@@ -4,11 +4,14 @@ The scan records the file's identity (device, inode, size, mtime, ctime) and a S
 bytes it covers. Before each batch the file is looked at: a stat while it is unchanged, its bytes
 when the stat changed (an append, a touch, or a rewrite: only the bytes can tell). When an upload
 resumes (after a crash, a stop, a takeover) the bytes are read whole, whatever the stat says: a
-file rewritten in place within the clock's granularity keeps its mtime.
+file rewritten in place within the clock's granularity keeps its mtime. A run directory moved
+mid-upload keeps its upload going (the file is held open); a trace file deleted, or something
+else put in its place, ends it.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from evalpush.ledger import RunRecord
@@ -18,8 +21,12 @@ from evalpush.read import (
     FileIdentity,
     Fingerprint,
     digest_of,
+    digest_open,
     identity,
+    identity_of,
+    open_regular,
     verify,
+    what_is_at,
 )
 from evalpush.runs import Run
 
@@ -50,18 +57,37 @@ def check_bytes(record: RunRecord, run: Run) -> None:
 
 
 class FileWatch:
-    """Looks at the trace file before each batch (see the module docstring)."""
+    """Looks at the trace file before each batch (see the module docstring). It keeps the file
+    open: when the path names nothing any more but the file still exists (its run directory was
+    moved or renamed) and that directory is gone from where it was, the upload goes on with the
+    same bytes, read through the open file; a file deleted, or moved out of a directory that is
+    still there, is gone. Use as a context manager (it closes the file)."""
 
     def __init__(self, path: Path, known: Fingerprint):
         self._path = path
         self._known = known
         self._seen = known.identity
+        self._fd = open_regular(path)
+        opened = identity_of(os.fstat(self._fd))
+        if (opened.device, opened.inode) != (known.identity.device, known.identity.inode):
+            os.close(self._fd)
+            raise FileChangedError(f"{path}: the file was replaced")
+
+    def __enter__(self) -> FileWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
 
     def check(self) -> None:
         try:
             now = identity(self._path)
-        except OSError:
-            raise FileChangedError(f"{self._path}: deleted mid-upload") from None
+        except FileNotFoundError:
+            if what_is_at(self._path) != "nothing":  # a symlink, a directory... in its place
+                raise FileChangedError(f"{self._path}: replaced mid-upload") from None
+            return self._check_moved()
+        except OSError as exc:
+            raise FileChangedError(f"{self._path}: cannot look at it: {exc}") from None
         if now == self._seen:
             return
         change, now = verify(self._path, self._known)
@@ -69,4 +95,18 @@ class FileWatch:
             raise FileChangedError(f"{self._path}: deleted mid-upload")
         if change == Change.REPLACED:
             raise Rewritten(f"{self._path}: replaced or rewritten mid-upload")
+        self._seen = now
+
+    def _check_moved(self) -> None:
+        """The path names nothing: the run directory moved with its file (go on), or the file
+        was deleted or moved out of it (gone)."""
+        st = os.fstat(self._fd)
+        if st.st_nlink == 0 or os.path.lexists(self._path.parent):
+            raise FileChangedError(f"{self._path}: deleted mid-upload")
+        now = identity_of(st)
+        if now == self._seen:
+            return
+        known = self._known
+        if now.size < known.end or digest_open(self._fd, known.end, self._path) != known.digest:
+            raise Rewritten(f"{self._path}: rewritten mid-upload, after its directory moved")
         self._seen = now

@@ -5,7 +5,9 @@ anything is sent again.
   `adopt` it: a finalized one ends the upload, an open one is reconciled sample by sample);
 - push: which of a batch's samples does the evaluation already hold? (`stored_ids`,
   `without_stored`);
-- finalize: is the evaluation finalized? (`is_finalized`).
+- finalize: is the evaluation finalized? (`is_finalized`);
+- a 404 or 409 about the evaluation (on a batch, on the finalize): is it gone, closed, or still
+  open after all? (`read_after_refusal`).
 """
 
 from __future__ import annotations
@@ -16,17 +18,34 @@ import msgspec
 
 from evalpush import transitions
 from evalpush.batch import Batch
+from evalpush.errors import Ambiguous, Conflict, Gone
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
 from evalpush.platform import Evaluation, most_samples_stored
 from evalpush.runs import Run
-from evalpush.states import Step
+from evalpush.states import Outcome, State, Step
 from evalpush.upload.context import Context
 
 
-def intent(step: Step, **fields: int | None) -> str:
+def intent(step: Step, **fields: int | str | None) -> str:
     """The `pending` column: what may have reached the platform if the process dies now."""
     return msgspec.json.encode({"step": step, **fields}).decode()
+
+
+def create_pending(record: RunRecord) -> dict[str, object] | None:
+    """The run's create intent, if a create may have reached the platform unacknowledged."""
+    if record.pending is None or record.evaluation_id is not None:
+        return None
+    pending = msgspec.json.decode(record.pending)
+    return pending if isinstance(pending, dict) and pending.get("step") == Step.CREATE else None
+
+
+def created_in(record: RunRecord, run: Run) -> str:
+    """The environment a create went to: the one its intent recorded (the config may name
+    another since), else the run's."""
+    pending = create_pending(record)
+    env = pending.get("env") if pending is not None else None
+    return env if isinstance(env, str) and env else run.env_name
 
 
 class Reconciler:
@@ -37,10 +56,29 @@ class Reconciler:
         """This run's evaluation on the platform, if one exists that is not an earlier one of
         this run (`evalpush.lookup` says when a listing made now is needed)."""
         return self._ctx.evaluations.find(
-            run.env_name,
+            created_in(record, run),
             run.run_id,
             exclude=self._ctx.ledger.earlier_evaluations(record),
             fresh=fresh,
+        )
+
+    def settle_create(self, record: RunRecord, run: Run) -> RunRecord:
+        """Before the run's upload is dropped (its file replaced or deleted): a create intent it
+        leaves may have made an evaluation; if the platform holds one, it becomes the run's
+        evaluation (to be closed out), not an orphan left open for ever."""
+        if create_pending(record) is None:
+            return record
+        found = self.find_evaluation(record, run, fresh=True)
+        if found is None:
+            return record
+        get_logger(run=record.run_id).info(
+            "an unacknowledged create made an evaluation", evaluation=found.id
+        )
+        return self._ctx.ledger.update(
+            record,
+            evaluation_id=found.id,
+            viewer_url=found.viewer_url or self._ctx.client.viewer_url(found.id),
+            pending=None,
         )
 
     def adopt(self, record: RunRecord, evaluation: Evaluation) -> RunRecord:
@@ -53,6 +91,8 @@ class Reconciler:
         )
         if evaluation.finalized:
             held = evaluation.sample_count
+            if held is not None and held < record.samples_seen:
+                return self._supersede(record, evaluation, url)
             return transitions.finalize(
                 ctx.ledger,
                 record,
@@ -72,6 +112,24 @@ class Reconciler:
             step=Step.PUSH,
         )
 
+    def _supersede(self, record: RunRecord, evaluation: Evaluation, url: str) -> RunRecord:
+        """A finalized evaluation of this run holding fewer samples than the trace file has
+        traces (the file grew after it was finalized, then the ledger was moved aside): it
+        cannot be appended to, so it is superseded, as if the ledger had seen the file grow,
+        and the whole file uploads as a new evaluation."""
+        get_logger(run=record.run_id).warning(
+            "the run's finalized evaluation holds fewer samples than its trace file has traces: "
+            "it is superseded by a new evaluation of the whole file",
+            evaluation=evaluation.id,
+            held=evaluation.sample_count,
+            traces=record.samples_seen,
+        )
+        ledger = self._ctx.ledger
+        record = ledger.update(record, evaluation_id=evaluation.id, viewer_url=url, looked_up=1)
+        return transitions.start_over(
+            ledger, record, Outcome.SUPERSEDED, state=State.UPLOADING, same_file=True
+        )
+
     def stored_ids(self, record: RunRecord) -> collections.Counter[str]:
         """How many times the evaluation holds each sample id."""
         client, evaluation = self._ctx.client, record.evaluation_id
@@ -83,13 +141,51 @@ class Reconciler:
             run=record.run_id,
         )
 
-    def is_finalized(self, record: RunRecord) -> bool:
-        client, evaluation = self._ctx.client, record.evaluation_id
-        assert evaluation is not None
+    def confirm_created(self, evaluation_id: str, run: Run) -> None:
+        """A create's answer is trusted only once a read of the evaluation it names says it is
+        this run's (`metadata.run_id`): a platform answering with another run's evaluation would
+        otherwise get this run's samples and finalize. `Ambiguous` if the read says otherwise
+        (or that there is no such evaluation), so the create is reconciled by listing, like any
+        create whose answer is unusable. A read without a run id cannot say: it is trusted."""
+        try:
+            found = self._read(evaluation_id, run.run_id)
+        except Gone:
+            raise Ambiguous(
+                f"create evaluation: answered with {evaluation_id}, which the platform does not "
+                "hold"
+            ) from None
+        if found.run_id is not None and found.run_id != run.run_id:
+            raise Ambiguous(
+                f"create evaluation: answered with {evaluation_id}, the evaluation of another "
+                f"run ({found.run_id[:40]!r})"
+            )
+
+    def _read(self, evaluation_id: str, run_id: str) -> Evaluation:
+        client = self._ctx.client
         found = self._ctx.replayable(
-            lambda: client.get_evaluation(evaluation), what="read evaluation", run=record.run_id
+            lambda: client.get_evaluation(evaluation_id), what="read evaluation", run=run_id
         )
-        return Evaluation.from_answer(found, id=evaluation).finalized
+        return Evaluation.from_answer(found, id=evaluation_id)
+
+    def read_after_refusal(self, record: RunRecord, refusal: Gone | Conflict) -> Evaluation:
+        """The run's evaluation, read after the platform answered a request about it with 404
+        or 409. Such an answer is believed only when the read bears it out: `Gone` when the
+        read finds no evaluation either; else the caller weighs what the read says (closed, or
+        still open: then the refusal says nothing of the evaluation, and the request's outcome
+        is unknown, as after an ambiguous failure)."""
+        assert record.evaluation_id is not None
+        found = self._read(record.evaluation_id, record.run_id)
+        get_logger(run=record.run_id).warning(
+            "the platform refused a request about the run's evaluation; read it to see why",
+            refusal=str(refusal),
+            finalized=found.finalized,
+            closed=found.closed,
+        )
+        return found
+
+    def is_finalized(self, record: RunRecord) -> bool:
+        assert record.evaluation_id is not None
+        return self._read(record.evaluation_id, record.run_id).finalized
 
 
 class _SampleId(msgspec.Struct):

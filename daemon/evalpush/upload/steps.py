@@ -11,7 +11,7 @@ import msgspec
 from evalpush import transitions
 from evalpush.batch import Batch, Prefetch, batches
 from evalpush.convert import RunTotals, convert_lines, scan, summary, tally
-from evalpush.errors import Ambiguous, BatchRefused, Conflict, RunError
+from evalpush.errors import Ambiguous, BatchRefused, Conflict, Gone, RunError
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
 from evalpush.read import FileIdentity, RangeDigest, identity, read_lines
@@ -24,6 +24,9 @@ from evalpush.upload.files import FileWatch, check_bytes, fingerprint
 from evalpush.upload.reconcile import Reconciler, intent, without_stored
 
 HOLD_REASON = "{count} bad lines set aside: fix them, or `evalpush retry` uploads the rest"
+MAX_REFUSALS_NOT_BORNE_OUT = 3
+"""A request about an open evaluation answered 404/409 again and again (the read says it is open
+each time) fails the run after this many: a platform contradicting itself is for a person."""
 
 
 class Steps:
@@ -120,7 +123,11 @@ class Steps:
             if found is not None:
                 return self._reconcile.adopt(record, found)
         body = self._create_body(record, run)
-        record = ctx.ledger.update(record, pending=intent(Step.CREATE), looked_up=1)
+        # The intent names the environment: a lookup after a crash must list the one the create
+        # went to, whatever the config says by then.
+        record = ctx.ledger.update(
+            record, pending=intent(Step.CREATE, env=run.env_name), looked_up=1
+        )
         while True:
             try:
                 evaluation_id, url = ctx.once(
@@ -129,6 +136,7 @@ class Steps:
                     run=run.run_id,
                 )
                 crash_point("create-sent")
+                self._reconcile.confirm_created(evaluation_id, run)
                 break
             except Ambiguous:
                 found = self._reconcile.find_evaluation(record, run, fresh=True)
@@ -173,8 +181,10 @@ class Steps:
             max_batch_bytes=ctx.config.upload.max_batch_bytes,
             max_batch_samples=ctx.config.upload.max_batch_samples,
         )
-        watch = FileWatch(run.traces_path, known)
-        with Prefetch(source, name=f"convert-{run.run_id[:8]}") as ahead:
+        with (
+            FileWatch(run.traces_path, known) as watch,
+            Prefetch(source, name=f"convert-{run.run_id[:8]}") as ahead,
+        ):
             for batch in ahead:
                 watch.check()  # the batch was read before this look: it holds the scanned bytes
                 already = 0
@@ -235,8 +245,11 @@ class Steps:
         crash_point("batch-acked")
         return acked
 
-    def _deliver(self, record: RunRecord, batch: Batch, set_aside: list[SetAside]) -> int:
-        """Send `batch` until the platform holds each of its samples once; returns how many."""
+    def _deliver(
+        self, record: RunRecord, batch: Batch, set_aside: list[SetAside], refusals: int = 0
+    ) -> int:
+        """Send `batch` until the platform holds each of its samples once; returns how many.
+        `refusals`: how many 404/409 answers to it a read of the evaluation did not bear out."""
         client, evaluation = self._ctx.client, record.evaluation_id
         assert evaluation is not None
         try:
@@ -246,6 +259,15 @@ class Steps:
                 run=record.run_id,
             )
             return len(batch.samples)
+        except (Gone, Conflict) as exc:
+            # Believed only if the evaluation is gone or closed: a refusal the evaluation does not
+            # bear out leaves the batch's outcome unknown (the samples may be stored).
+            now = self._reconcile.read_after_refusal(record, exc)
+            if now.closed:
+                raise Conflict(
+                    f"{exc} (the evaluation reads as closed)", status=exc.status
+                ) from None
+            refusals = _count_refusal(refusals, exc, evaluation)
         except BatchRefused as exc:
             if len(batch.samples) == 1:
                 size = len(batch.samples[0])
@@ -260,9 +282,12 @@ class Steps:
                 record, second, set_aside
             )
         except Ambiguous:
-            missing = without_stored(batch, self._reconcile.stored_ids(record))
-            already = len(batch.samples) - len(missing.samples)
-            return already + (self._deliver(record, missing, set_aside) if missing.samples else 0)
+            pass
+        missing = without_stored(batch, self._reconcile.stored_ids(record))
+        already = len(batch.samples) - len(missing.samples)
+        if not missing.samples:
+            return already
+        return already + self._deliver(record, missing, set_aside, refusals)
 
     # ------------------------------------------------------------ finalize
 
@@ -286,6 +311,7 @@ class Steps:
     def _send_finalize(self, record: RunRecord, metrics: dict[str, Any]) -> str | None:
         client, evaluation = self._ctx.client, record.evaluation_id
         assert evaluation is not None
+        refusals = 0
         while True:
             try:
                 return self._ctx.once(
@@ -293,10 +319,27 @@ class Steps:
                     what="finalize",
                     run=record.run_id,
                 )
-            except Conflict:
-                if self._reconcile.is_finalized(record):
+            except (Gone, Conflict) as exc:
+                now = self._reconcile.read_after_refusal(record, exc)
+                if now.finalized:
                     return None
-                raise
+                if now.closed:
+                    raise Conflict(
+                        f"{exc} (the evaluation reads as closed)", status=exc.status
+                    ) from None
+                refusals = _count_refusal(refusals, exc, evaluation)
             except Ambiguous:
                 if self._reconcile.is_finalized(record):
                     return None
+
+
+def _count_refusal(refusals: int, refusal: Gone | Conflict, evaluation: str) -> int:
+    """One more 404/409 the evaluation (open, when read) did not bear out; past
+    `MAX_REFUSALS_NOT_BORNE_OUT` the run fails: the platform contradicts itself."""
+    refusals += 1
+    if refusals > MAX_REFUSALS_NOT_BORNE_OUT:
+        raise RunError(
+            f"{refusal}; but evaluation {evaluation} reads as open, {refusals} times: the platform "
+            "contradicts itself; `evalpush retry` tries again"
+        )
+    return refusals

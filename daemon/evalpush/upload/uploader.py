@@ -25,7 +25,7 @@ from evalpush.errors import (
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
 from evalpush.platform import PlatformClient
-from evalpush.read import Change
+from evalpush.read import Change, FileChangedError
 from evalpush.runs import Run, RunKind, derive_run_id
 from evalpush.states import Outcome, State, Step
 from evalpush.upload.admission import Admission
@@ -41,8 +41,9 @@ class Uploader:
     def __init__(self, context: Context, claims: Claims):
         self.context = context
         self.claims = claims
-        self._admission = Admission(context)
-        self._steps = Steps(context, Reconciler(context))
+        reconciler = Reconciler(context)
+        self._admission = Admission(context, reconciler)
+        self._steps = Steps(context, reconciler)
 
     @property
     def progress(self) -> Progress:
@@ -64,10 +65,19 @@ class Uploader:
 
     def fail(self, directory: Path, error: RunError) -> RunRecord:
         """Record a run directory that cannot even be loaded as failed, with why (under its
-        claim, like any write to a run)."""
-        claimed = self._claim(derive_run_id(directory), directory, RunKind.EVAL)
+        claim, like any write to a run). A finalized run stays finalized: what the platform
+        holds has not changed, and a config that fails to load once (an editor mid-save) must
+        not undo it; the caller reports the error."""
+        run_id = derive_run_id(directory, known=self.context.ledger.run_id_at)
+        claimed = self._claim(run_id, directory, RunKind.EVAL)
         ledger = self.context.ledger
-        return self._release_after(claimed, lambda: transitions.fail(ledger, claimed, str(error)))
+
+        def record_failure() -> RunRecord:
+            if claimed.state == State.FINALIZED:
+                return claimed
+            return transitions.fail(ledger, claimed, str(error))
+
+        return self._release_after(claimed, record_failure)
 
     # ------------------------------------------------------------ the claim
 
@@ -105,24 +115,63 @@ class Uploader:
     # ------------------------------------------------------------ the steps
 
     def _work(self, record: RunRecord, run: Run, retry_failed: bool) -> RunRecord:
+        """Admit the run, then drive its steps; the outcome is recorded whatever goes wrong
+        where (in admission too: a close-out refused, a file unreadable)."""
         ledger = self.context.ledger
-        record = self._admission.admit(record, run, retry_failed=retry_failed)
-        if record.state != State.UPLOADING:
-            return record
-        log = get_logger(run=run.run_id, path=paths.display(run.path))
         try:
+            record = self._admission.admit(record, run, retry_failed=retry_failed)
+            if record.state != State.UPLOADING:
+                return record
+            if record.step == Step.CREATE and record.pending is None:
+                # Resolved by an earlier attempt: the config may name another environment by
+                # now, and the create (and the environment its intent records) must agree.
+                record = ledger.update(record, step=Step.RESOLVE)
             while record.step != Step.DONE and record.state == State.UPLOADING:
                 record = self._advance(record, run)
-        except (RunError, Refused) as exc:
-            log.warning("upload failed", error=str(exc))
-            record = transitions.fail(ledger, record, str(exc))
+        except (RunError, Refused, OSError) as exc:
+            return self._failed(record, run, exc)
         except Interrupted:
-            transitions.interrupt(ledger, record)
+            self._interrupted(record)
             raise
         except AuthError as exc:
-            transitions.await_key(ledger, record, str(exc))
+            current = self._current(record)
+            if current.state != State.FINALIZED:
+                transitions.await_key(ledger, current, str(exc))
             raise
         return record
+
+    def _current(self, record: RunRecord) -> RunRecord:
+        """The run's row as the ledger holds it now (a failed step may have written since)."""
+        return self.context.ledger.get_run(record.run_id) or record
+
+    def _failed(self, record: RunRecord, run: Run, exc: Exception) -> RunRecord:
+        """Record an error retrying cannot fix. A finalized run stays finalized (its evaluation
+        on the platform is what it was): the error is this attempt's, raised as `RunError`."""
+        message = str(exc)
+        if isinstance(exc, OSError) and not isinstance(exc, FileChangedError):
+            message = f"{run.traces_path}: cannot read: {exc.strerror or exc}"
+        current = self._current(record)
+        if current.state == State.FINALIZED:
+            raise RunError(message) from None
+        get_logger(run=run.run_id, path=paths.display(run.path)).warning(
+            "upload failed", error=message
+        )
+        return transitions.fail(self.context.ledger, current, message)
+
+    def _interrupted(self, record: RunRecord) -> None:
+        """A stop ended the upload: say so in the ledger if it can be said in time (another
+        process holding the write lock must not hold up the stop; a run left `uploading` that
+        nobody holds shows as interrupted anyway)."""
+        current = self._current(record)
+        if current.state == State.FINALIZED:
+            return
+        try:
+            transitions.interrupt(self.context.ledger, current)
+        except LedgerError as exc:
+            get_logger(run=record.run_id).warning(
+                "stopped; could not record it in the ledger (the run resumes all the same)",
+                error=str(exc),
+            )
 
     def _advance(self, record: RunRecord, run: Run) -> RunRecord:
         """One step, with what the world did meanwhile: the evaluation deleted or closed on the
