@@ -212,11 +212,13 @@ class Daemon:
         return parts
 
     def _check_credentials(self, parts: _Parts) -> None:
-        """Say once, at start, that there is no usable key: uploads wait for one."""
+        """Say at start that there is no usable key, once: the gate is closed with it (and says
+        so), so the first upload waits on the gate for a key instead of saying it again."""
+        app = parts.app
         try:
-            parts.app.client.credentials  # noqa: B018 - read them now to report a missing key
+            app.client.credentials  # noqa: B018 - read them now to report a missing key
         except AuthError as exc:
-            self._log.error("no usable API key: uploads wait until one appears", reason=str(exc))
+            app.gate.report(exc, app.gate.wait_open(app.stop, app.client))  # open: no wait
 
     # ------------------------------------------------------------ the loop
 
