@@ -241,7 +241,10 @@ class Tracker:
             return
         waiting.settles_at = decided.settles_at
         if new:
-            self._record_new(path, waiting, decided.progress)
+            if self._record_new(path, waiting, decided.progress):
+                self._log.info(
+                    "run found: waiting until it is finished", run=waiting.run.run_id, path=path
+                )
         elif waiting.in_ledger and decided.progress != waiting.progress:
             if now - waiting.written_at >= WAIT_WRITE_SECONDS:
                 self._record_progress(path, waiting, decided.progress, now)
@@ -249,8 +252,8 @@ class Tracker:
                 waiting.unwritten = True
 
     def _record_new(self, path: str, waiting: _Waiting, progress: str) -> bool:
-        """Add the run to the ledger, waiting; False if another process added it first (then
-        the next look starts from its row)."""
+        """Add the run to the ledger, waiting (a run found ready is queued right after); False
+        if another process added it first (then the next look starts from its row)."""
         run = waiting.run
         try:
             transitions.discover(
@@ -267,7 +270,6 @@ class Tracker:
             with self._lock:
                 self._waiting.pop(path, None)
             return False
-        self._log.info("run found: waiting until it is finished", run=run.run_id, path=path)
         waiting.in_ledger, waiting.progress, waiting.written_at = True, progress, self._clock()
         return True
 
