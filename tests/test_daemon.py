@@ -276,6 +276,31 @@ class TestSignals:
             assert again.stop() == 0
         assert_run_exactly_once(local_platform, run.path)
 
+    def test_a_restart_after_kill_9_mid_upload_takes_the_run_over_and_finishes_it_once(
+        self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
+    ) -> None:
+        environ = daemon_environ(local_platform, tmp_path, [tree])
+        run = RunDir(tree / "env--model--harness").config(num_tasks=20)
+        run.write(run.lines(40))
+        local_platform.inject("stall", on="samples", seconds=60)  # the first batch hangs
+        with Daemon(environ) as daemon:
+            wait_until(
+                lambda: local_platform.summary()["requests"].get("samples"),
+                "the first batch to be in flight",
+            )
+            daemon.kill()
+        local_platform.clear_faults()
+
+        with Daemon(environ) as again:
+            finalized(again, run)
+            assert again.stop() == 0
+        assert again.find(
+            "took over the claim of a process that is gone: resuming from the "
+            "ledger, reconciling with the platform",
+            run=run.run_id,
+        )
+        assert_run_exactly_once(local_platform, run.path)
+
     def test_sighup_picks_up_a_new_root_and_a_new_marker_without_a_restart(
         self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
     ) -> None:
