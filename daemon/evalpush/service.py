@@ -76,7 +76,9 @@ class _Parts:
         self.config = config
         self.app = App.from_config(config, environ=environ, home=home)
         try:
-            self.tracker = Tracker(self.app.ledger, config, self._submit)
+            self.tracker = Tracker(
+                self.app.ledger, config, self._submit, alive=self.app.claims.alive
+            )
             self.scanner = Scanner.from_config(config.watch, config.runs)
             self.watcher = Watcher.from_config(config.watch, config.runs, hints)
             self.scheduler: Scheduler[str] = Scheduler(

@@ -11,7 +11,8 @@ tracker decides what each one needs:
   file grew or was replaced waits the same way (in memory only: the ledger keeps showing its
   finalized evaluation until the new one starts);
 - a run that is ready, or that the ledger has queued (`ready`: interrupted, or `evalpush
-  retry`), or that the uploader must look at first (a new path for a known run id: moved or
+  retry`; `uploading` with its holder gone: a process killed mid-upload, whose claim the
+  upload takes over), or that the uploader must look at first (a new path for a known run id: moved or
   copied; a config that cannot be read) is handed to `submit`, the scheduler's.
 
 Threads: everything runs on the daemon's loop thread except `finished`, which upload workers
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalpush import paths, transitions
+from evalpush.claims import Holder, Process, holder_alive
 from evalpush.config import Config
 from evalpush.discover import RunDir, look_at
 from evalpush.errors import ClaimLost, LedgerError, RunError
@@ -84,11 +86,13 @@ class Tracker:
         config: Config,
         submit: Callable[[str], object],
         *,
+        alive: Callable[[Holder], bool] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._ledger = ledger
         self._config = config
         self._submit = submit
+        self._alive = alive or (lambda holder: holder_alive(holder, Process.current(), clock()))
         self._clock = clock
         self._rules = ReadinessRules.from_config(config.runs)
         self._lock = threading.Lock()
@@ -114,7 +118,7 @@ class Tracker:
         """Submit what the ledger has queued and nobody holds: a run interrupted by a stop or
         a crash, one `evalpush retry` put back."""
         for record in self._ledger.in_state(*QUEUED_STATES):
-            if record.claim_owner is None:
+            if not self._held(record):
                 self._hand_over(os.fsdecode(record.path_raw))
 
     def counts(self) -> dict[str, int]:
@@ -169,7 +173,7 @@ class Tracker:
         record = self._ledger.get_run(derive_run_id(Path(path)))
         if record is None:
             self._discovered(path, rundir)
-        elif record.claim_owner is not None:
+        elif self._held(record):
             return  # another process (or this one's worker) has it; the next look decides
         elif record.path_raw != paths.raw(path) or record.state in QUEUED_STATES:
             self._hand_over(path)  # moved, copied, interrupted or retried: the uploader decides
@@ -275,7 +279,7 @@ class Tracker:
 
     def _record_progress(self, path: str, waiting: _Waiting, progress: str, now: float) -> None:
         record = self._ledger.get_run(waiting.run.run_id)
-        if record is None or record.claim_owner is not None or record.state != State.WAITING:
+        if record is None or self._held(record) or record.state != State.WAITING:
             with self._lock:  # forgotten, or another process took it over: look again afresh
                 self._waiting.pop(path, None)
             return
@@ -292,12 +296,18 @@ class Tracker:
             return
         if waiting.in_ledger:
             record = self._ledger.get_run(run.run_id)
-            if record is not None and record.claim_owner is None:
+            if record is not None and not self._held(record):
                 try:
                     transitions.queue(self._ledger, record, f"ready: {reason}")
                 except ClaimLost:
                     pass  # another process took it: the upload's claim sorts it out
         self._hand_over(path)
+
+    def _held(self, record: RunRecord) -> bool:
+        """Whether a live process holds the run's claim. A claim left by a process that is gone
+        (SIGKILL, a crash) is nobody's: the upload takes it over and reconciles."""
+        holder = record.holder
+        return holder is not None and self._alive(holder)
 
     def _hand_over(self, path: str) -> None:
         with self._lock:
