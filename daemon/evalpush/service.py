@@ -186,8 +186,10 @@ class Daemon:
         self._hints.put(Hint(HintKind.WAKE, ""))
 
     def run(self, config: Config) -> int:
-        """Run until a stop is requested; 0 then. `ConfigError` if `config` cannot start."""
-        parts = self._build(config)
+        """Run until a stop is requested; 0 then. `ConfigError` if `config` cannot start; an
+        error the loop cannot go on from (an unusable ledger) is raised after every part, the
+        ones a reload built included, is stopped."""
+        self._parts = self._build(config)
         try:
             self._notifier.ready()
             self._log.info(
@@ -195,11 +197,11 @@ class Daemon:
                 roots=[str(root) for root in config.watch.roots],
                 state_dir=str(config.state_dir),
             )
-            parts = self._loop(parts)
+            self._loop()
         finally:
             self._notifier.stopping()
             self._log.info("evalpush daemon stopping")
-            parts.stop()
+            self._parts.stop()
         return 0
 
     def _build(self, config: Config) -> _Parts:
@@ -224,7 +226,10 @@ class Daemon:
 
     # ------------------------------------------------------------ the loop
 
-    def _loop(self, parts: _Parts) -> _Parts:
+    def _loop(self) -> None:
+        """Turn until a stop is requested. `self._parts` is always what runs now (a reload
+        replaces it), so whatever way the loop ends, `run` stops what is running."""
+        parts = self._parts
         now = self._clock()
         next_rescan = now  # the first scan: queued before READY, done on the first turn
         next_poll = now + LEDGER_POLL_SECONDS
@@ -237,9 +242,10 @@ class Daemon:
             hint = self._hints.get(max(0.0, min(wait, MAX_WAIT_SECONDS)))
             requests = self._take_requests()
             if Request.STOP in requests:
-                return parts
+                return
             if Request.RELOAD in requests:
-                parts, next_rescan = self._reload(parts), self._clock()
+                parts = self._parts = self._reload(parts)
+                next_rescan = self._clock()
             while hint is not None:
                 self._follow(parts, hint)
                 hint = self._hints.get(0)
