@@ -22,7 +22,7 @@ so once and probes again as soon as the key changes.
 from __future__ import annotations
 
 import enum
-import threading
+import queue
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -175,14 +175,16 @@ class Daemon:
         self._home = home
         self._clock = clock
         self._hints = HintQueue()
-        self._requests: set[Request] = set()
-        self._requests_lock = threading.Lock()
+        # A signal handler may interrupt the main thread anywhere, another handler included:
+        # SimpleQueue.put is reentrant (a lock taken there would deadlock a second signal that
+        # arrives while the first handler holds it).
+        self._requests: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._log = get_logger(stage="service")
 
     def request(self, what: Request) -> None:
-        """Record what a signal asks; the loop acts on it (safe from a signal handler)."""
-        with self._requests_lock:
-            self._requests.add(what)
+        """Record what a signal asks; the loop acts on it (safe from a signal handler, and
+        from one interrupting another)."""
+        self._requests.put(what)
         self._hints.put(Hint(HintKind.WAKE, ""))
 
     def run(self, config: Config) -> int:
@@ -272,9 +274,12 @@ class Daemon:
                 parts.tracker.seen(parts.scanner.scan_subtree(root), everything=False)
 
     def _take_requests(self) -> set[Request]:
-        with self._requests_lock:
-            taken, self._requests = self._requests, set()
-        return taken
+        taken = set()
+        while True:
+            try:
+                taken.add(self._requests.get_nowait())
+            except queue.Empty:
+                return taken
 
     # ------------------------------------------------------------ SIGHUP
 
