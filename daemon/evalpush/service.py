@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from evalpush import paths
 from evalpush.app import App
 from evalpush.config import Config
 from evalpush.discover import Hint, HintKind, HintQueue, Scanner, Watcher
@@ -42,7 +43,7 @@ from evalpush.errors import (
 )
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
-from evalpush.runs import load_run
+from evalpush.runs import derive_run_id, load_run
 from evalpush.scheduler import Scheduler
 from evalpush.sdnotify import Notifier
 from evalpush.tracker import Tracker
@@ -113,32 +114,41 @@ class _Parts:
         """One scheduler job: take the run as far as it goes now (the uploader decides what it
         needs: nothing, a new path, a skip, an upload), then tell the tracker."""
         record: RunRecord | None = None
-        log = self._log.bind(run=path)
+        log = _run_logger(self._log, path)
         try:
             try:
                 run = load_run(Path(path))
             except RunError as exc:
                 record = self.app.uploader.fail(Path(path), exc)
-                log.warning("run cannot be uploaded", error=str(exc))
+                log.warning("run cannot be uploaded", error=paths.printable(str(exc)))
                 return
-            log.info("upload started", run=run.run_id, path=path)
+            log.info("upload started")
             started = time.monotonic()
             record = self.app.uploader.upload(run, retry_failed=False)
-            _log_outcome(log.bind(run=run.run_id, path=path), record, time.monotonic() - started)
+            _log_outcome(log, record, time.monotonic() - started)
         except Busy as exc:
             log.info("another process is uploading the run: leaving it to it", holder=exc.pid)
         except (Interrupted, AuthError):
             pass  # stopping (the gate waits out a refused key itself): it resumes at its step
         except ClaimLost as exc:
             log.warning(
-                "the run's claim was taken over: leaving the run to its new holder", error=str(exc)
+                "the run's claim was taken over: leaving the run to its new holder",
+                error=paths.printable(str(exc)),
             )
         finally:
             self.tracker.finished(path, record)
 
     def _failed(self, path: str, exc: BaseException) -> None:
         self.tracker.finished(path, None)
-        self._log.error("upload failed unexpectedly", run=path, error=str(exc), exc_info=exc)
+        _run_logger(self._log, path).error(
+            "upload failed unexpectedly", error=paths.printable(str(exc)), exc_info=exc
+        )
+
+
+def _run_logger(log: Any, path: str) -> Any:
+    """`log` bound to a run: its id and its path, shown escaped (a name that is not UTF-8
+    would otherwise reach the JSON line as a lone surrogate)."""
+    return log.bind(run=derive_run_id(Path(path)), path=paths.display(path))
 
 
 def _log_outcome(log: Any, record: RunRecord, seconds: float) -> None:

@@ -180,7 +180,11 @@ class Tracker:
         elif record.state == State.WAITING:
             self._start_waiting(path, rundir, in_ledger=True)
         elif record.state == State.FINALIZED and _changed(record, rundir):
-            self._log.info("finalized run changed: it uploads again once ready", run=path)
+            self._log.info(
+                "finalized run changed: it uploads again once ready",
+                run=record.run_id,
+                path=paths.display(path),
+            )
             self._start_waiting(path, rundir, in_ledger=False)
         else:
             with self._lock:
@@ -247,7 +251,9 @@ class Tracker:
         if new:
             if self._record_new(path, waiting, decided.progress):
                 self._log.info(
-                    "run found: waiting until it is finished", run=waiting.run.run_id, path=path
+                    "run found: waiting until it is finished",
+                    run=waiting.run.run_id,
+                    path=paths.display(path),
                 )
         elif waiting.in_ledger and decided.progress != waiting.progress:
             if now - waiting.written_at >= WAIT_WRITE_SECONDS:
@@ -291,7 +297,7 @@ class Tracker:
 
     def _ready(self, path: str, waiting: _Waiting, reason: str, *, new: bool) -> None:
         run = waiting.run
-        self._log.info("run is ready", run=run.run_id, path=path, why=reason)
+        self._log.info("run is ready", run=run.run_id, path=paths.display(path), why=reason)
         if new and not self._record_new(path, waiting, ""):
             return
         if waiting.in_ledger:
