@@ -486,13 +486,21 @@ class TestSystemd:
                 notify.wait_for("STATUS=")
                 for _ in range(3):
                     notify.wait_for("WATCHDOG=1")
+                daemon.signal(signal.SIGHUP)
+                notify.wait_for("RELOADING=1")
+                notify.wait_for("READY=1")
+                notify.wait_for("WATCHDOG=1")
                 daemon.signal(signal.SIGTERM)
                 notify.wait_for("STOPPING=1")
                 assert daemon.stop() == 0
         kinds = [message.split("=", 1)[0] for message in notify.received]
         assert kinds[0] == "READY"
         assert kinds[-1] == "STOPPING"
-        assert "STOPPING" not in kinds[:-1] and "READY" not in kinds[1:]
+        reloading = kinds.index("RELOADING")
+        assert kinds.count("READY") == 2 and "READY" in kinds[reloading:]
+        assert kinds[1:reloading].count("WATCHDOG") >= 3, "pings before the reload"
+        assert "WATCHDOG" in kinds[reloading:], "and after it"
+        assert "STOPPING" not in kinds[:-1]
         status_line = next(m for m in notify.received if m.startswith("STATUS="))
         assert "finalized" in status_line and "platform" in status_line
 

@@ -136,6 +136,33 @@ class TestKilled:
             assert_run_exactly_once(local_platform, run.path)
 
 
+class TestTwoDaemons:
+    def test_two_daemons_on_one_tree_and_one_state_dir_upload_each_run_once(
+        self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
+    ) -> None:
+        environ = daemon_environ(
+            local_platform, tmp_path, [tree], EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="2"
+        )
+        runs = [RunDir(tree / "env--model--harness").config(num_tasks=5) for _ in range(8)]
+        with Daemon(environ) as one, Daemon(environ) as two:
+            one.started()
+            two.started()
+            for run in runs:
+                run.write(run.lines(10), pause=0.01)
+            wait_until(
+                lambda: (
+                    all(completed(local_platform, run.run_id) for run in runs)
+                    and all(row["state"] == "finalized" for row in status(environ).values())
+                ),
+                "every run finalized",
+            )
+            assert one.stop() == 0
+            assert two.stop() == 0
+        for run in runs:
+            assert_run_exactly_once(local_platform, run.path)
+        assert not [line for line in one.raw + two.raw if b"Traceback" in line]
+
+
 class TestFilesChanging:
     def test_a_trace_file_rewritten_while_the_run_waits_is_counted_afresh(
         self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
