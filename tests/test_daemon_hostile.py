@@ -14,6 +14,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -352,6 +353,93 @@ class TestFilesChanging:
             daemon.wait_for(RUN_FINALIZED, run=run.run_id)
             assert daemon.stop() == 0
         assert_run_exactly_once(local_platform, run.path)
+
+
+class TestConfigWrittenLate:
+    def test_a_config_toml_still_being_written_when_the_run_is_found_is_read_again(
+        self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
+    ) -> None:
+        environ = daemon_environ(
+            local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS="600"
+        )
+        run = RunDir(tree / "env--model--harness")
+        run.path.mkdir(parents=True)
+        whole = run.config(num_tasks=3).path.joinpath("config.toml").read_text()
+        config = run.path / "config.toml"
+        config.write_text(whole[:25])  # cut mid-key: not TOML yet
+        with Daemon(environ) as daemon:
+            daemon.started()
+            run.write(run.lines(2))
+            time.sleep(2 * 2.0)  # two rescans see the half-written config.toml
+            with open(config, "a") as f:
+                f.write(whole[25:])
+            run.write(run.lines(4, start=2))
+            daemon.wait_for(RUN_FINALIZED, run=run.run_id)
+            assert daemon.stop() == 0
+        assert_run_exactly_once(local_platform, run.path)
+
+    def test_a_config_toml_found_empty_is_read_again_for_the_expected_count(
+        self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
+    ) -> None:
+        environ = daemon_environ(
+            local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS="600"
+        )
+        run = RunDir(tree / "env--model--harness")
+        run.path.mkdir(parents=True)
+        (run.path / "config.toml").touch()  # created, not written yet
+        with Daemon(environ) as daemon:
+            daemon.started()
+            run.write(run.lines(2))
+            daemon.wait_for("run found: waiting until it is finished", run=run.run_id)
+            run.config(num_tasks=3)
+            run.write(run.lines(4, start=2))
+            daemon.wait_for(RUN_FINALIZED, run=run.run_id)
+            assert daemon.stop() == 0
+        assert_run_exactly_once(local_platform, run.path)
+
+    def test_a_config_toml_that_stays_bad_fails_the_run_after_settling_and_retry_completes_it(
+        self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
+    ) -> None:
+        environ = daemon_environ(
+            local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS="3"
+        )
+        run = RunDir(tree / "env--model--harness")
+        run.path.mkdir(parents=True)
+        (run.path / "config.toml").write_text('model = "org/model"\nnum_tasks = = 2\n')
+        good = RunDir(tree / "env--model--harness").config(num_tasks=1)
+        with Daemon(environ) as daemon:
+            daemon.started()
+            run.write(run.lines(4))
+            good.write(good.lines(2))
+            waiting = wait_until(
+                lambda: (
+                    status(environ).get(run.run_id, {}).get("state") == "waiting"
+                    and status(environ)[run.run_id]
+                ),
+                "the run to wait, saying why",
+            )
+            failed = wait_until(
+                lambda: (
+                    status(environ).get(run.run_id, {}).get("state") == "failed"
+                    and status(environ)[run.run_id]
+                ),
+                "the run to fail once settled",
+            )
+            run.config(num_tasks=2)
+            retried = subprocess.run(
+                [sys.executable, "-m", "evalpush", "retry", run.run_id],
+                env=environ,
+                capture_output=True,
+                timeout=60,
+                check=False,
+            )
+            assert retried.returncode == 0, retried.stderr
+            daemon.wait_for(RUN_FINALIZED, run=run.run_id)
+            assert daemon.stop() == 0
+        assert "config.toml" in waiting["reason"] and "TOML" in waiting["reason"]
+        assert "config.toml" in failed["last_error"]
+        assert_run_exactly_once(local_platform, run.path)
+        assert_run_exactly_once(local_platform, good.path)
 
 
 class TestOddFiles:

@@ -5,7 +5,10 @@ tracker decides what each one needs:
 
 - a run whose trace file is as the ledger last saw it in a final state (finalized, skipped,
   failed, held) needs nothing: a dict lookup per rescan, no file opened, no row read;
-- a run that is not finished yet is *waiting*: its complete lines are counted as they arrive
+- a run that is not finished yet is *waiting* (so is one whose config.toml cannot be read yet:
+  the producer may still be writing it; config.toml is read again whenever its stat changes,
+  and if it is still unreadable once the run settles or shows its marker, the uploader fails
+  the run saying why): its complete lines are counted as they arrive
   (`runs.LineCounter`, reading only new bytes), `runs.readiness` decides, and the ledger keeps
   how far it is (`reason`) and when it settles (`settles_at`) for `status`. A finalized run whose
   file grew or was replaced waits the same way (in memory only: the ledger keeps showing its
@@ -36,6 +39,7 @@ from evalpush.errors import ClaimLost, LedgerError, RunError
 from evalpush.ledger import Ledger, RunRecord
 from evalpush.log import get_logger
 from evalpush.runs import (
+    CONFIG_FILE,
     LineCounter,
     ReadinessRules,
     Run,
@@ -44,6 +48,7 @@ from evalpush.runs import (
     derive_run_id,
     load_run,
     readiness,
+    traces_file,
 )
 from evalpush.states import State
 
@@ -62,9 +67,24 @@ def _facts(rundir: RunDir) -> Facts:
     return (rundir.device, rundir.inode, rundir.size, rundir.mtime_ns)
 
 
+ConfigFacts = tuple[int, int, int]
+"""(inode, size, mtime_ns) of a run's config.toml: a change means it is read again."""
+
+
+def _config_facts(directory: str) -> ConfigFacts | None:
+    try:
+        st = os.lstat(os.path.join(directory, CONFIG_FILE))
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 @dataclass
 class _Waiting:
-    run: Run
+    run_id: str
+    run: Run | None  # None while config.toml cannot be read (`problem` says why)
+    problem: str
+    config: ConfigFacts | None  # config.toml as it was when `run` (or `problem`) was read
     counter: LineCounter
     in_ledger: bool  # the ledger shows it waiting (a finalized run that changed does not)
     progress: str = ""  # as the ledger shows it
@@ -191,44 +211,54 @@ class Tracker:
                 self._settled[path] = _facts(rundir)
 
     def _discovered(self, path: str, rundir: RunDir) -> None:
-        """A run the ledger has never seen: a run that cannot be loaded or is not an eval run
-        goes to the uploader (which records why it is not uploaded); an eval run waits."""
-        try:
-            run = load_run(Path(path))
-        except RunError:
-            self._hand_over(path)
-            return
-        if run.kind != RunKind.EVAL:
-            self._hand_over(path)
-            return
-        self._start_waiting(path, rundir, in_ledger=False, run=run, new=True)
+        """A run the ledger has never seen: one that is not an eval run goes to the uploader
+        (which records why it is not uploaded); an eval run waits, and so does one whose
+        config.toml cannot be read yet (the producer may be writing it)."""
+        self._start_waiting(path, rundir, in_ledger=False, new=True)
 
     def _start_waiting(
-        self,
-        path: str,
-        rundir: RunDir,
-        *,
-        in_ledger: bool,
-        run: Run | None = None,
-        new: bool = False,
+        self, path: str, rundir: RunDir, *, in_ledger: bool, new: bool = False
     ) -> None:
-        try:
-            run = run or load_run(Path(path))
-        except RunError:
-            self._hand_over(path)
+        config = _config_facts(path)
+        run, problem = _load(path)
+        if run is not None and run.kind != RunKind.EVAL:
+            self._hand_over(path)  # a debug or replay run: the uploader records the skip
             return
+        traces = run.traces_path if run is not None else traces_file(Path(path))
+        if traces is None:
+            return  # no longer a run directory
         counter = LineCounter(
-            run.traces_path, clock=self._clock, max_line_bytes=self._config.read.max_line_bytes
+            traces, clock=self._clock, max_line_bytes=self._config.read.max_line_bytes
         )
-        waiting = _Waiting(run, counter, in_ledger)
+        run_id = run.run_id if run is not None else derive_run_id(Path(path))
+        waiting = _Waiting(run_id, run, problem, config, counter, in_ledger)
         with self._lock:
             self._waiting[path] = waiting
         self._decide(path, waiting, rundir, new=new)
 
+    def _read_config_again(self, path: str, waiting: _Waiting) -> bool:
+        """Read config.toml again if it changed since it was read (one lstat): a producer may
+        have been writing it (not TOML yet, or still empty: no num_tasks). False when the run
+        turned out not to be an eval run (it is handed to the uploader)."""
+        config = _config_facts(path)
+        if config == waiting.config:
+            return True
+        run, problem = _load(path)
+        if run is not None and run.kind != RunKind.EVAL:
+            with self._lock:
+                self._waiting.pop(path, None)
+            self._hand_over(path)
+            return False
+        waiting.run, waiting.problem, waiting.config = run, problem, config
+        return True
+
     def _decide(
         self, path: str, waiting: _Waiting, rundir: RunDir | None, *, new: bool = False
     ) -> None:
-        """Count what arrived, ask readiness; hand over a ready run, record a waiting one."""
+        """Count what arrived, ask readiness; hand over a ready run, record a waiting one.
+
+        A run whose config.toml cannot be read is ready by the marker or the settle rule only
+        (its expected count is unknown); the uploader then records why it cannot be uploaded."""
         try:
             count = waiting.counter.update()
         except OSError:
@@ -237,9 +267,10 @@ class Tracker:
             with self._lock:
                 self._waiting.pop(path, None)
             return
-        facts = RunFacts(
-            count.lines, waiting.run.expected_traces, rundir.marker, count.mtime, count.grown_at
-        )
+        if not self._read_config_again(path, waiting):
+            return
+        expected = waiting.run.expected_traces if waiting.run is not None else None
+        facts = RunFacts(count.lines, expected, rundir.marker, count.mtime, count.grown_at)
         now = self._clock()
         decided = readiness(facts, now, self._rules)
         if decided.ready:
@@ -248,34 +279,37 @@ class Tracker:
             self._ready(path, waiting, decided.reason, new=new)
             return
         waiting.settles_at = decided.settles_at
+        progress = decided.progress
+        if waiting.problem:
+            progress = f"{progress}; {waiting.problem}"
         if new:
-            if self._record_new(path, waiting, decided.progress):
+            if self._record_new(path, waiting, progress):
                 self._log.info(
                     "run found: waiting until it is finished",
-                    run=waiting.run.run_id,
+                    run=waiting.run_id,
                     path=paths.display(path),
+                    **({"problem": waiting.problem} if waiting.problem else {}),
                 )
-        elif waiting.in_ledger and decided.progress != waiting.progress:
+        elif waiting.in_ledger and progress != waiting.progress:
             if now - waiting.written_at >= WAIT_WRITE_SECONDS:
-                self._record_progress(path, waiting, decided.progress, now)
+                self._record_progress(path, waiting, progress, now)
             else:
                 waiting.unwritten = True
 
     def _record_new(self, path: str, waiting: _Waiting, progress: str) -> bool:
         """Add the run to the ledger, waiting (a run found ready is queued right after); False
         if another process added it first (then the next look starts from its row)."""
-        run = waiting.run
         try:
             transitions.discover(
                 self._ledger,
-                path=run.path,
-                run_id=run.run_id,
-                kind=run.kind,
+                path=Path(path),
+                run_id=waiting.run_id,
+                kind=RunKind.EVAL,  # only eval runs wait (or runs whose config is unreadable)
                 reason=progress,
                 settles_at=waiting.settles_at,
             )
         except LedgerError:
-            if self._ledger.get_run(run.run_id) is None:
+            if self._ledger.get_run(waiting.run_id) is None:
                 raise
             with self._lock:
                 self._waiting.pop(path, None)
@@ -284,7 +318,7 @@ class Tracker:
         return True
 
     def _record_progress(self, path: str, waiting: _Waiting, progress: str, now: float) -> None:
-        record = self._ledger.get_run(waiting.run.run_id)
+        record = self._ledger.get_run(waiting.run_id)
         if record is None or self._held(record) or record.state != State.WAITING:
             with self._lock:  # forgotten, or another process took it over: look again afresh
                 self._waiting.pop(path, None)
@@ -296,12 +330,11 @@ class Tracker:
         waiting.progress, waiting.written_at, waiting.unwritten = progress, now, False
 
     def _ready(self, path: str, waiting: _Waiting, reason: str, *, new: bool) -> None:
-        run = waiting.run
-        self._log.info("run is ready", run=run.run_id, path=paths.display(path), why=reason)
+        self._log.info("run is ready", run=waiting.run_id, path=paths.display(path), why=reason)
         if new and not self._record_new(path, waiting, ""):
             return
         if waiting.in_ledger:
-            record = self._ledger.get_run(run.run_id)
+            record = self._ledger.get_run(waiting.run_id)
             if record is not None and not self._held(record):
                 try:
                     transitions.queue(self._ledger, record, f"ready: {reason}")
@@ -352,6 +385,14 @@ class Tracker:
     def waiting(self) -> int:
         with self._lock:
             return len(self._waiting)
+
+
+def _load(path: str) -> tuple[Run | None, str]:
+    """The run at `path`, or None and why its config.toml cannot be read."""
+    try:
+        return load_run(Path(path)), ""
+    except RunError as exc:
+        return None, paths.printable(str(exc))
 
 
 def _changed(record: RunRecord, rundir: RunDir) -> bool:
