@@ -7,9 +7,10 @@
   batches, a 5 s read timeout and warning-level logs.
 - `start_push(roots, environ, *flags)`: `python -m evalpush push ROOTS... FLAGS...`, started.
 - `push_until_done(root, environ)`: pushes until one exits 0 (at most 3).
-- `assert_exactly_once(platform, root)`: every run directory under `root/*/*` has exactly one
-  evaluation on the platform, COMPLETED, finalized once, holding each of its samples once, with
-  the name, metadata and metrics the producer's own push would send.
+- `assert_exactly_once(platform, root)`: every run directory under `root/*/*` passes
+  `assert_run_exactly_once(platform, run_dir)`, and the platform holds no other evaluation:
+  one evaluation on the platform, COMPLETED, finalized once, holding each of its samples once,
+  with the name, metadata and metrics the producer's own push would send.
 """
 
 from __future__ import annotations
@@ -97,36 +98,44 @@ def push_until_done(root: Path, environ: dict[str, str]) -> None:
 
 
 def expected(run_dir: Path) -> tuple[list[str], dict]:
-    """The sample ids in file order and the create summary the producer's push would send."""
+    """The sample ids in file order (of the lines conversion accepts) and the create summary
+    the producer's push would send."""
     run = load_run(run_dir)
     limit = Config().read.max_line_bytes
     found = scan(read_lines(run.traces_path, max_line_bytes=limit), max_line_bytes=limit)
+    refused = {aside.line for aside in found.set_aside}
     ids = [
         orjson.loads(line.data)["id"]
         for line in read_lines(run.traces_path, max_line_bytes=limit)
-        if line.data
+        if line.data and line.number not in refused
     ]
     return ids, summary(run, found.totals)
 
 
 def assert_exactly_once(platform: LocalPlatform, root: Path) -> None:
-    state = platform.summary()
     run_dirs = sorted(p for p in root.glob("*/*") if p.is_dir())
-    assert len(state["evaluations"]) == len(run_dirs)
+    assert len(platform.summary()["evaluations"]) == len(run_dirs)
     for run_dir in run_dirs:
-        ids, expected_summary = expected(run_dir)
-        assert state["runs"][expected_summary["run_id"]] == 1, "one evaluation per run"
-        evaluation_id, evaluation = next(
-            (k, e)
-            for k, e in state["evaluations"].items()
-            if e["metadata"]["run_id"] == expected_summary["run_id"]
-        )
-        assert evaluation["status"] == "COMPLETED"
-        assert evaluation["finalize_count"] == 1
-        assert evaluation["duplicates"] == 0
-        assert evaluation["sample_count"] == len(ids)
-        stored = [s["sample_id"] for s in platform.samples(evaluation_id)]
-        assert sorted(stored) == sorted(ids), "every sample exactly once"
-        assert evaluation["metadata"] == expected_summary["metadata"]
-        assert evaluation["metrics"] == expected_summary["metrics"]
-        assert evaluation["name"] == expected_summary["name"]
+        assert_run_exactly_once(platform, run_dir)
+
+
+def assert_run_exactly_once(platform: LocalPlatform, run_dir: Path) -> None:
+    """`run_dir` has exactly one evaluation on the platform, COMPLETED, finalized once, holding
+    each of its samples once, with the name, metadata and metrics the producer's push sends."""
+    state = platform.summary()
+    ids, expected_summary = expected(run_dir)
+    assert state["runs"][expected_summary["run_id"]] == 1, "one evaluation per run"
+    evaluation_id, evaluation = next(
+        (k, e)
+        for k, e in state["evaluations"].items()
+        if e["metadata"]["run_id"] == expected_summary["run_id"]
+    )
+    assert evaluation["status"] == "COMPLETED"
+    assert evaluation["finalize_count"] == 1
+    assert evaluation["duplicates"] == 0
+    assert evaluation["sample_count"] == len(ids)
+    stored = [s["sample_id"] for s in platform.samples(evaluation_id)]
+    assert sorted(stored) == sorted(ids), "every sample exactly once"
+    assert evaluation["metadata"] == expected_summary["metadata"]
+    assert evaluation["metrics"] == expected_summary["metrics"]
+    assert evaluation["name"] == expected_summary["name"]

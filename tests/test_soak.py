@@ -228,12 +228,7 @@ class TestDaemonConfig:
 SOAK_CASES = [
     pytest.param(Mode.PUSH_ONLY, 0, id="push-only"),
     pytest.param(Mode.PUSH_ONLY, 3, id="push-only-with-overlapping-pushes"),
-    pytest.param(
-        Mode.DAEMON,
-        3,
-        id="daemon",
-        marks=pytest.mark.skip(reason="`evalpush run` does not exist yet (issue 9)"),
-    ),
+    pytest.param(Mode.DAEMON, 3, id="daemon"),
 ]
 
 

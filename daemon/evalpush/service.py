@@ -22,12 +22,13 @@ so once and probes again as soon as the key changes.
 from __future__ import annotations
 
 import enum
-import threading
+import queue
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from evalpush import paths
 from evalpush.app import App
 from evalpush.config import Config
 from evalpush.discover import Hint, HintKind, HintQueue, Scanner, Watcher
@@ -42,7 +43,6 @@ from evalpush.errors import (
 )
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
-from evalpush.runs import load_run
 from evalpush.scheduler import Scheduler
 from evalpush.sdnotify import Notifier
 from evalpush.tracker import Tracker
@@ -76,7 +76,9 @@ class _Parts:
         self.config = config
         self.app = App.from_config(config, environ=environ, home=home)
         try:
-            self.tracker = Tracker(self.app.ledger, config, self._submit)
+            self.tracker = Tracker(
+                self.app.ledger, config, self._submit, alive=self.app.claims.alive
+            )
             self.scanner = Scanner.from_config(config.watch, config.runs)
             self.watcher = Watcher.from_config(config.watch, config.runs, hints)
             self.scheduler: Scheduler[str] = Scheduler(
@@ -111,15 +113,14 @@ class _Parts:
         """One scheduler job: take the run as far as it goes now (the uploader decides what it
         needs: nothing, a new path, a skip, an upload), then tell the tracker."""
         record: RunRecord | None = None
-        log = self._log.bind(path=path)
+        log = self._run_logger(path)
         try:
             try:
-                run = load_run(Path(path))
+                run = self.app.load_run(Path(path))
             except RunError as exc:
                 record = self.app.uploader.fail(Path(path), exc)
-                log.warning("run cannot be uploaded", error=str(exc))
+                log.warning("run cannot be uploaded", error=paths.printable(str(exc)))
                 return
-            log = log.bind(run=run.run_id)
             log.info("upload started")
             started = time.monotonic()
             record = self.app.uploader.upload(run, retry_failed=False)
@@ -130,14 +131,22 @@ class _Parts:
             pass  # stopping (the gate waits out a refused key itself): it resumes at its step
         except ClaimLost as exc:
             log.warning(
-                "the run's claim was taken over: leaving the run to its new holder", error=str(exc)
+                "the run's claim was taken over: leaving the run to its new holder",
+                error=paths.printable(str(exc)),
             )
         finally:
             self.tracker.finished(path, record)
 
     def _failed(self, path: str, exc: BaseException) -> None:
         self.tracker.finished(path, None)
-        self._log.error("upload failed unexpectedly", path=path, error=str(exc), exc_info=exc)
+        self._run_logger(path).error(
+            "upload failed unexpectedly", error=paths.printable(str(exc)), exc_info=exc
+        )
+
+    def _run_logger(self, path: str) -> Any:
+        """The log bound to a run: its id and its path, shown escaped (a name that is not UTF-8
+        would otherwise reach the JSON line as a lone surrogate)."""
+        return self._log.bind(run=self.app.run_id_of(Path(path)), path=paths.display(path))
 
 
 def _log_outcome(log: Any, record: RunRecord, seconds: float) -> None:
@@ -174,19 +183,23 @@ class Daemon:
         self._home = home
         self._clock = clock
         self._hints = HintQueue()
-        self._requests: set[Request] = set()
-        self._requests_lock = threading.Lock()
+        # A signal handler may interrupt the main thread anywhere, another handler included:
+        # SimpleQueue.put is reentrant (a lock taken there would deadlock a second signal that
+        # arrives while the first handler holds it).
+        self._requests: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._log = get_logger(stage="service")
 
     def request(self, what: Request) -> None:
-        """Record what a signal asks; the loop acts on it (safe from a signal handler)."""
-        with self._requests_lock:
-            self._requests.add(what)
+        """Record what a signal asks; the loop acts on it (safe from a signal handler, and
+        from one interrupting another)."""
+        self._requests.put(what)
         self._hints.put(Hint(HintKind.WAKE, ""))
 
     def run(self, config: Config) -> int:
-        """Run until a stop is requested; 0 then. `ConfigError` if `config` cannot start."""
-        parts = self._build(config)
+        """Run until a stop is requested; 0 then. `ConfigError` if `config` cannot start; an
+        error the loop cannot go on from (an unusable ledger) is raised after every part, the
+        ones a reload built included, is stopped."""
+        self._parts = self._build(config)
         try:
             self._notifier.ready()
             self._log.info(
@@ -194,11 +207,11 @@ class Daemon:
                 roots=[str(root) for root in config.watch.roots],
                 state_dir=str(config.state_dir),
             )
-            parts = self._loop(parts)
+            self._loop()
         finally:
             self._notifier.stopping()
             self._log.info("evalpush daemon stopping")
-            parts.stop()
+            self._parts.stop()
         return 0
 
     def _build(self, config: Config) -> _Parts:
@@ -213,15 +226,20 @@ class Daemon:
         return parts
 
     def _check_credentials(self, parts: _Parts) -> None:
-        """Say once, at start, that there is no usable key: uploads wait for one."""
+        """Say at start that there is no usable key, once: the gate is closed with it (and says
+        so), so the first upload waits on the gate for a key instead of saying it again."""
+        app = parts.app
         try:
-            parts.app.client.credentials  # noqa: B018 - read them now to report a missing key
+            app.client.credentials  # noqa: B018 - read them now to report a missing key
         except AuthError as exc:
-            self._log.error("no usable API key: uploads wait until one appears", reason=str(exc))
+            app.gate.report(exc, app.gate.wait_open(app.stop, app.client))  # open: no wait
 
     # ------------------------------------------------------------ the loop
 
-    def _loop(self, parts: _Parts) -> _Parts:
+    def _loop(self) -> None:
+        """Turn until a stop is requested. `self._parts` is always what runs now (a reload
+        replaces it), so whatever way the loop ends, `run` stops what is running."""
+        parts = self._parts
         now = self._clock()
         next_rescan = now  # the first scan: queued before READY, done on the first turn
         next_poll = now + LEDGER_POLL_SECONDS
@@ -234,9 +252,10 @@ class Daemon:
             hint = self._hints.get(max(0.0, min(wait, MAX_WAIT_SECONDS)))
             requests = self._take_requests()
             if Request.STOP in requests:
-                return parts
+                return
             if Request.RELOAD in requests:
-                parts, next_rescan = self._reload(parts), self._clock()
+                parts = self._parts = self._reload(parts)
+                next_rescan = self._clock()
             while hint is not None:
                 self._follow(parts, hint)
                 hint = self._hints.get(0)
@@ -263,9 +282,12 @@ class Daemon:
                 parts.tracker.seen(parts.scanner.scan_subtree(root), everything=False)
 
     def _take_requests(self) -> set[Request]:
-        with self._requests_lock:
-            taken, self._requests = self._requests, set()
-        return taken
+        taken = set()
+        while True:
+            try:
+                taken.add(self._requests.get_nowait())
+            except queue.Empty:
+                return taken
 
     # ------------------------------------------------------------ SIGHUP
 

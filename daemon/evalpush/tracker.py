@@ -5,13 +5,17 @@ tracker decides what each one needs:
 
 - a run whose trace file is as the ledger last saw it in a final state (finalized, skipped,
   failed, held) needs nothing: a dict lookup per rescan, no file opened, no row read;
-- a run that is not finished yet is *waiting*: its complete lines are counted as they arrive
+- a run that is not finished yet is *waiting* (so is one whose config.toml cannot be read yet:
+  the producer may still be writing it; config.toml is read again whenever its stat changes,
+  and if it is still unreadable once the run settles or shows its marker, the uploader fails
+  the run saying why): its complete lines are counted as they arrive
   (`runs.LineCounter`, reading only new bytes), `runs.readiness` decides, and the ledger keeps
   how far it is (`reason`) and when it settles (`settles_at`) for `status`. A finalized run whose
   file grew or was replaced waits the same way (in memory only: the ledger keeps showing its
   finalized evaluation until the new one starts);
 - a run that is ready, or that the ledger has queued (`ready`: interrupted, or `evalpush
-  retry`), or that the uploader must look at first (a new path for a known run id: moved or
+  retry`; `uploading` with its holder gone: a process killed mid-upload, whose claim the
+  upload takes over), or that the uploader must look at first (a new path for a known run id: moved or
   copied; a config that cannot be read) is handed to `submit`, the scheduler's.
 
 Threads: everything runs on the daemon's loop thread except `finished`, which upload workers
@@ -28,12 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalpush import paths, transitions
+from evalpush.claims import Holder, Process, holder_alive
 from evalpush.config import Config
 from evalpush.discover import RunDir, look_at
 from evalpush.errors import ClaimLost, LedgerError, RunError
 from evalpush.ledger import Ledger, RunRecord
 from evalpush.log import get_logger
 from evalpush.runs import (
+    CONFIG_FILE,
     LineCounter,
     ReadinessRules,
     Run,
@@ -42,6 +48,7 @@ from evalpush.runs import (
     derive_run_id,
     load_run,
     readiness,
+    traces_file,
 )
 from evalpush.states import State
 
@@ -60,9 +67,24 @@ def _facts(rundir: RunDir) -> Facts:
     return (rundir.device, rundir.inode, rundir.size, rundir.mtime_ns)
 
 
+ConfigFacts = tuple[int, int, int]
+"""(inode, size, mtime_ns) of a run's config.toml: a change means it is read again."""
+
+
+def _config_facts(directory: str) -> ConfigFacts | None:
+    try:
+        st = os.lstat(os.path.join(directory, CONFIG_FILE))
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 @dataclass
 class _Waiting:
-    run: Run
+    run_id: str
+    run: Run | None  # None while config.toml cannot be read (`problem` says why)
+    problem: str
+    config: ConfigFacts | None  # config.toml as it was when `run` (or `problem`) was read
     counter: LineCounter
     in_ledger: bool  # the ledger shows it waiting (a finalized run that changed does not)
     progress: str = ""  # as the ledger shows it
@@ -84,11 +106,13 @@ class Tracker:
         config: Config,
         submit: Callable[[str], object],
         *,
+        alive: Callable[[Holder], bool] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._ledger = ledger
         self._config = config
         self._submit = submit
+        self._alive = alive or (lambda holder: holder_alive(holder, Process.current(), clock()))
         self._clock = clock
         self._rules = ReadinessRules.from_config(config.runs)
         self._lock = threading.Lock()
@@ -114,7 +138,7 @@ class Tracker:
         """Submit what the ledger has queued and nobody holds: a run interrupted by a stop or
         a crash, one `evalpush retry` put back."""
         for record in self._ledger.in_state(*QUEUED_STATES):
-            if record.claim_owner is None:
+            if not self._held(record):
                 self._hand_over(os.fsdecode(record.path_raw))
 
     def counts(self) -> dict[str, int]:
@@ -166,61 +190,79 @@ class Tracker:
     # ------------------------------------------------------------ deciding
 
     def _first_look(self, path: str, rundir: RunDir) -> None:
-        record = self._ledger.get_run(derive_run_id(Path(path)))
+        record = self._ledger.get_run(derive_run_id(Path(path), known=self._ledger.run_id_at))
         if record is None:
             self._discovered(path, rundir)
-        elif record.claim_owner is not None:
+        elif self._held(record):
             return  # another process (or this one's worker) has it; the next look decides
         elif record.path_raw != paths.raw(path) or record.state in QUEUED_STATES:
             self._hand_over(path)  # moved, copied, interrupted or retried: the uploader decides
         elif record.state == State.WAITING:
             self._start_waiting(path, rundir, in_ledger=True)
         elif record.state == State.FINALIZED and _changed(record, rundir):
-            self._log.info("finalized run changed: it uploads again once ready", path=path)
+            self._log.info(
+                "finalized run changed: it uploads again once ready",
+                run=record.run_id,
+                path=paths.display(path),
+            )
             self._start_waiting(path, rundir, in_ledger=False)
         else:
             with self._lock:
                 self._settled[path] = _facts(rundir)
 
     def _discovered(self, path: str, rundir: RunDir) -> None:
-        """A run the ledger has never seen: a run that cannot be loaded or is not an eval run
-        goes to the uploader (which records why it is not uploaded); an eval run waits."""
-        try:
-            run = load_run(Path(path))
-        except RunError:
-            self._hand_over(path)
-            return
-        if run.kind != RunKind.EVAL:
-            self._hand_over(path)
-            return
-        self._start_waiting(path, rundir, in_ledger=False, run=run, new=True)
+        """A run the ledger has never seen: one that is not an eval run goes to the uploader
+        (which records why it is not uploaded); an eval run waits, and so does one whose
+        config.toml cannot be read yet (the producer may be writing it)."""
+        self._start_waiting(path, rundir, in_ledger=False, new=True)
 
     def _start_waiting(
-        self,
-        path: str,
-        rundir: RunDir,
-        *,
-        in_ledger: bool,
-        run: Run | None = None,
-        new: bool = False,
+        self, path: str, rundir: RunDir, *, in_ledger: bool, new: bool = False
     ) -> None:
-        try:
-            run = run or load_run(Path(path))
-        except RunError:
-            self._hand_over(path)
+        config = _config_facts(path)
+        run, problem = _load(path, self._ledger)
+        if run is not None and run.kind != RunKind.EVAL:
+            self._hand_over(path)  # a debug or replay run: the uploader records the skip
             return
+        traces = run.traces_path if run is not None else traces_file(Path(path))
+        if traces is None:
+            return  # no longer a run directory
         counter = LineCounter(
-            run.traces_path, clock=self._clock, max_line_bytes=self._config.read.max_line_bytes
+            traces, clock=self._clock, max_line_bytes=self._config.read.max_line_bytes
         )
-        waiting = _Waiting(run, counter, in_ledger)
+        run_id = (
+            run.run_id
+            if run is not None
+            else derive_run_id(Path(path), known=self._ledger.run_id_at)
+        )
+        waiting = _Waiting(run_id, run, problem, config, counter, in_ledger)
         with self._lock:
             self._waiting[path] = waiting
         self._decide(path, waiting, rundir, new=new)
 
+    def _read_config_again(self, path: str, waiting: _Waiting) -> bool:
+        """Read config.toml again if it changed since it was read (one lstat): a producer may
+        have been writing it (not TOML yet, or still empty: no num_tasks). False when the run
+        turned out not to be an eval run (it is handed to the uploader)."""
+        config = _config_facts(path)
+        if config == waiting.config:
+            return True
+        run, problem = _load(path, self._ledger)
+        if run is not None and run.kind != RunKind.EVAL:
+            with self._lock:
+                self._waiting.pop(path, None)
+            self._hand_over(path)
+            return False
+        waiting.run, waiting.problem, waiting.config = run, problem, config
+        return True
+
     def _decide(
         self, path: str, waiting: _Waiting, rundir: RunDir | None, *, new: bool = False
     ) -> None:
-        """Count what arrived, ask readiness; hand over a ready run, record a waiting one."""
+        """Count what arrived, ask readiness; hand over a ready run, record a waiting one.
+
+        A run whose config.toml cannot be read is ready by the marker or the settle rule only
+        (its expected count is unknown); the uploader then records why it cannot be uploaded."""
         try:
             count = waiting.counter.update()
         except OSError:
@@ -229,9 +271,10 @@ class Tracker:
             with self._lock:
                 self._waiting.pop(path, None)
             return
-        facts = RunFacts(
-            count.lines, waiting.run.expected_traces, rundir.marker, count.mtime, count.grown_at
-        )
+        if not self._read_config_again(path, waiting):
+            return
+        expected = waiting.run.expected_traces if waiting.run is not None else None
+        facts = RunFacts(count.lines, expected, rundir.marker, count.mtime, count.grown_at)
         now = self._clock()
         decided = readiness(facts, now, self._rules)
         if decided.ready:
@@ -240,40 +283,47 @@ class Tracker:
             self._ready(path, waiting, decided.reason, new=new)
             return
         waiting.settles_at = decided.settles_at
+        progress = decided.progress
+        if waiting.problem:
+            progress = f"{progress}; {waiting.problem}"
         if new:
-            self._record_new(path, waiting, decided.progress)
-        elif waiting.in_ledger and decided.progress != waiting.progress:
+            if self._record_new(path, waiting, progress):
+                self._log.info(
+                    "run found: waiting until it is finished",
+                    run=waiting.run_id,
+                    path=paths.display(path),
+                    **({"problem": waiting.problem} if waiting.problem else {}),
+                )
+        elif waiting.in_ledger and progress != waiting.progress:
             if now - waiting.written_at >= WAIT_WRITE_SECONDS:
-                self._record_progress(path, waiting, decided.progress, now)
+                self._record_progress(path, waiting, progress, now)
             else:
                 waiting.unwritten = True
 
     def _record_new(self, path: str, waiting: _Waiting, progress: str) -> bool:
-        """Add the run to the ledger, waiting; False if another process added it first (then
-        the next look starts from its row)."""
-        run = waiting.run
+        """Add the run to the ledger, waiting (a run found ready is queued right after); False
+        if another process added it first (then the next look starts from its row)."""
         try:
             transitions.discover(
                 self._ledger,
-                path=run.path,
-                run_id=run.run_id,
-                kind=run.kind,
+                path=Path(path),
+                run_id=waiting.run_id,
+                kind=RunKind.EVAL,  # only eval runs wait (or runs whose config is unreadable)
                 reason=progress,
                 settles_at=waiting.settles_at,
             )
         except LedgerError:
-            if self._ledger.get_run(run.run_id) is None:
+            if self._ledger.get_run(waiting.run_id) is None:
                 raise
             with self._lock:
                 self._waiting.pop(path, None)
             return False
-        self._log.info("run found: waiting until it is finished", run=run.run_id, path=path)
         waiting.in_ledger, waiting.progress, waiting.written_at = True, progress, self._clock()
         return True
 
     def _record_progress(self, path: str, waiting: _Waiting, progress: str, now: float) -> None:
-        record = self._ledger.get_run(waiting.run.run_id)
-        if record is None or record.claim_owner is not None or record.state != State.WAITING:
+        record = self._ledger.get_run(waiting.run_id)
+        if record is None or self._held(record) or record.state != State.WAITING:
             with self._lock:  # forgotten, or another process took it over: look again afresh
                 self._waiting.pop(path, None)
             return
@@ -284,18 +334,23 @@ class Tracker:
         waiting.progress, waiting.written_at, waiting.unwritten = progress, now, False
 
     def _ready(self, path: str, waiting: _Waiting, reason: str, *, new: bool) -> None:
-        run = waiting.run
-        self._log.info("run is ready", run=run.run_id, path=path, why=reason)
+        self._log.info("run is ready", run=waiting.run_id, path=paths.display(path), why=reason)
         if new and not self._record_new(path, waiting, ""):
             return
         if waiting.in_ledger:
-            record = self._ledger.get_run(run.run_id)
-            if record is not None and record.claim_owner is None:
+            record = self._ledger.get_run(waiting.run_id)
+            if record is not None and not self._held(record):
                 try:
                     transitions.queue(self._ledger, record, f"ready: {reason}")
                 except ClaimLost:
                     pass  # another process took it: the upload's claim sorts it out
         self._hand_over(path)
+
+    def _held(self, record: RunRecord) -> bool:
+        """Whether a live process holds the run's claim. A claim left by a process that is gone
+        (SIGKILL, a crash) is nobody's: the upload takes it over and reconciles."""
+        holder = record.holder
+        return holder is not None and self._alive(holder)
 
     def _hand_over(self, path: str) -> None:
         with self._lock:
@@ -334,6 +389,15 @@ class Tracker:
     def waiting(self) -> int:
         with self._lock:
             return len(self._waiting)
+
+
+def _load(path: str, ledger: Ledger) -> tuple[Run | None, str]:
+    """The run at `path` (with the run id the ledger knows for it), or None and why its
+    config.toml cannot be read."""
+    try:
+        return load_run(Path(path), known=ledger.run_id_at), ""
+    except RunError as exc:
+        return None, paths.printable(str(exc))
 
 
 def _changed(record: RunRecord, rundir: RunDir) -> bool:

@@ -1,0 +1,331 @@
+"""Helpers for tests of `evalpush run` as a real subprocess on a temporary tree.
+
+- `daemon_environ(platform, tmp_path, roots, **extra)`: this environment less any PRIME_,
+  EVALPUSH_ or systemd variable, pointed at `platform` (its key unless `PRIME_API_KEY=None`),
+  with a state dir and home under `tmp_path`, `roots` watched, a short settle time and rescan,
+  small batches and JSON logs at info level. An `extra` value of None removes that variable.
+- `Daemon(environ, *args)`: `python -m evalpush [ARGS] run`, started at once; a thread reads
+  what it prints (stdout and stderr, merged) into `raw` (bytes, every line) and `events` (the
+  JSON log lines). `wait_for(event, **fields)` waits for a log line; `stop()` sends SIGTERM and
+  returns the exit code; `kill()` SIGKILLs it; as a context manager it is always reaped.
+- `wait_until(condition, what)`: polls `condition` until it returns something truthy, which it
+  returns; fails the test naming `what` after `timeout` seconds.
+- `RunDir`: a run directory (uuid name = run id) whose `config.toml` and `traces.jsonl` a test
+  writes as a producer would: `write(lines, half_pause=...)` appends line by line, each line
+  first cut in two and held half-written for a while.
+- `trace_line(i, idx)`: a small valid trace line.
+- `NotifySocket`: an AF_UNIX datagram socket standing in for systemd's `$NOTIFY_SOCKET`.
+- `status(environ)`: `evalpush status --json` rows, by run id.
+- `evaluations_of(platform, run_id)`: the platform's evaluations of a run (id -> summary).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import pytest
+
+from evalpush.local_platform import LocalPlatform
+
+T = TypeVar("T")
+
+WAIT_SECONDS = 30.0
+"""How long any condition is waited for: generous, CI is a loaded 2-core box."""
+POLL_SECONDS = 0.05
+STOP_SECONDS = 15.0
+"""How long a SIGTERMed daemon may take to exit before the test calls it hung."""
+SETTLE_SECONDS = 1.5
+RESCAN_SECONDS = 2.0
+BATCH_SAMPLES = 5
+NOT_INHERITED = ("PRIME_", "EVALPUSH_", "NOTIFY_SOCKET", "WATCHDOG_", "CREDENTIALS_DIRECTORY")
+RUN_STARTED = "evalpush daemon running"
+RUN_FINALIZED = "run finalized"
+
+
+def daemon_environ(
+    platform: LocalPlatform, tmp_path: Path, roots: Iterable[Path], **extra: str | None
+) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    environ.update(
+        PRIME_API_KEY=platform.api_key or "any-key",
+        PRIME_API_BASE_URL=platform.base_url,
+        HOME=str(home),
+        EVALPUSH_STATE_DIR=str(tmp_path / "state"),
+        EVALPUSH_WATCH__ROOTS=json.dumps([str(root) for root in roots]),
+        EVALPUSH_WATCH__RESCAN_SECONDS=str(RESCAN_SECONDS),
+        EVALPUSH_RUNS__SETTLE_SECONDS=str(SETTLE_SECONDS),
+        EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES=str(BATCH_SAMPLES),
+        EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="5",
+        EVALPUSH_PLATFORM__CONNECT_TIMEOUT_SECONDS="2",
+        EVALPUSH_LOG__LEVEL="info",
+        EVALPUSH_LOG__FORMAT="json",
+    )
+    for key, value in extra.items():
+        if value is None:
+            environ.pop(key, None)
+        else:
+            environ[key] = value
+    return environ
+
+
+def wait_until(condition: Callable[[], T | None], what: str, *, timeout: float = WAIT_SECONDS) -> T:
+    """Poll `condition` until it returns something truthy (returned); fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            pytest.fail(f"waited {timeout:.0f} s for {what}")
+        time.sleep(POLL_SECONDS)
+
+
+class Daemon:
+    """`python -m evalpush [ARGS] run` as a subprocess, and what it printed."""
+
+    def __init__(self, environ: dict[str, str], *args: str) -> None:
+        self.environ = environ
+        self.raw: list[bytes] = []
+        self.events: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "evalpush", *args, "run"],
+            env=environ,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        self._reader = threading.Thread(target=self._read, name="daemon-output", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                event = None
+            with self._cond:
+                self.raw.append(line)
+                if isinstance(event, dict):
+                    self.events.append(event)
+                self._cond.notify_all()
+
+    def find(self, event: str, **fields: Any) -> list[dict[str, Any]]:
+        """The log lines saying `event` whose fields include `fields`."""
+        with self._cond:
+            return [
+                e
+                for e in self.events
+                if e.get("event") == event and all(e.get(k) == v for k, v in fields.items())
+            ]
+
+    def wait_for(
+        self, event: str, *, timeout: float = WAIT_SECONDS, count: int = 1, **fields: Any
+    ) -> dict[str, Any]:
+        """The `count`th log line saying `event` with `fields`, waited for; fails the test
+        (showing what the daemon printed) if it does not come or the daemon exits first."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                found = self.find(event, **fields)
+                if len(found) >= count:
+                    return found[count - 1]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (
+                    self.process.poll() is not None and not self._reader.is_alive()
+                ):
+                    break
+                self._cond.wait(min(remaining, 0.5))
+        pytest.fail(
+            f"the daemon did not log {event!r} {fields or ''} ({count}x) within {timeout:.0f} s; "
+            f"exit {self.process.poll()}; it printed:\n{self.text()}"
+        )
+
+    def started(self) -> Daemon:
+        self.wait_for(RUN_STARTED)
+        return self
+
+    def text(self) -> str:
+        with self._cond:
+            return b"".join(self.raw).decode("utf-8", "replace")
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def stop(self, timeout: float = STOP_SECONDS) -> int:
+        """SIGTERM, then its exit code; fails the test if it does not exit within `timeout`."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"the daemon did not exit within {timeout} s of SIGTERM:\n{self.text()}")
+        self._reader.join()
+        return code
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self._reader.join()
+
+    def __enter__(self) -> Daemon:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+
+def trace_line(i: int, idx: int, *, reward: float | None = None) -> bytes:
+    return orjson.dumps(
+        {
+            "id": f"trace-{i}",
+            "task": {"idx": idx, "prompt": f"{i}+2?", "answer": str(i + 2)},
+            "nodes": [
+                {"message": {"role": "user", "content": f"{i}+2?"}},
+                {
+                    "parent": 0,
+                    "message": {"role": "assistant", "content": str(i + 2)},
+                    "sampled": True,
+                },
+            ],
+            "rewards": {"correct": float(i % 2) if reward is None else reward},
+            "is_completed": True,
+        }
+    )
+
+
+class RunDir:
+    """A run directory written as the producer writes one (see the module docstring)."""
+
+    def __init__(self, parent: Path, *, run_id: str | None = None) -> None:
+        self.run_id = run_id or str(uuid.uuid4())
+        self.path = parent / self.run_id
+        self.traces = self.path / "traces.jsonl"
+
+    def config(
+        self,
+        *,
+        num_tasks: int | None = None,
+        num_rollouts: int = 2,
+        env: str = "gsm8k",
+        extra: str = "",
+    ) -> RunDir:
+        self.path.mkdir(parents=True, exist_ok=True)
+        tasks = "" if num_tasks is None else f"num_tasks = {num_tasks}\n"
+        (self.path / "config.toml").write_text(
+            f'model = "org/model"\nnum_rollouts = {num_rollouts}\n{tasks}push = false\n{extra}'
+            f'[taskset]\nid = "{env}"\n'
+        )
+        return self
+
+    def write(self, lines: Iterable[bytes], *, half_pause: float = 0.0, pause: float = 0.0) -> None:
+        """Append each line and its `\\n`; with `half_pause`, each line is first written cut in
+        two and held half-written that long."""
+        with open(self.traces, "ab") as f:
+            for line in lines:
+                if half_pause:
+                    f.write(line[: len(line) // 2])
+                    f.flush()
+                    time.sleep(half_pause)
+                    f.write(line[len(line) // 2 :] + b"\n")
+                else:
+                    f.write(line + b"\n")
+                f.flush()
+                if pause:
+                    time.sleep(pause)
+
+    def touch_traces(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.traces.touch()
+
+    def lines(self, count: int, *, start: int = 0, rollouts: int = 2) -> list[bytes]:
+        return [trace_line(i, i // rollouts) for i in range(start, start + count)]
+
+
+class NotifySocket:
+    """An AF_UNIX datagram socket bound at a short path, as `$NOTIFY_SOCKET` (systemd's)."""
+
+    def __init__(self) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="ep-", dir="/tmp"))  # AF_UNIX: 107 bytes
+        self.address = str(self._dir / "notify")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.address)
+        self.received: list[str] = []
+
+    def wait_for(self, prefix: str, *, timeout: float = WAIT_SECONDS) -> str:
+        """The next message starting with `prefix` (every message is kept in `received`)."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(remaining)
+            try:
+                message = self.sock.recv(65536).decode("utf-8")
+            except TimeoutError:
+                break
+            self.received.append(message)
+            if message.startswith(prefix):
+                return message
+        pytest.fail(f"no {prefix!r} within {timeout:.0f} s; received {self.received}")
+
+    def close(self) -> None:
+        self.sock.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> NotifySocket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def status(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """`evalpush status --json`, rows by run id (a run's earlier evaluations left out)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "evalpush", "status", "--json"],
+        env=environ,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    return {row["run_id"]: row for row in json.loads(done.stdout) if row["state"] != "superseded"}
+
+
+def evaluations_of(platform: LocalPlatform, run_id: str) -> dict[str, dict[str, Any]]:
+    return {
+        key: evaluation
+        for key, evaluation in platform.summary()["evaluations"].items()
+        if evaluation["metadata"].get("run_id") == run_id
+    }
+
+
+def completed(platform: LocalPlatform, run_id: str) -> dict[str, Any] | None:
+    """The run's COMPLETED evaluation (with its `id`), or None."""
+    for key, evaluation in evaluations_of(platform, run_id).items():
+        if evaluation["status"] == "COMPLETED":
+            return {**evaluation, "id": key}
+    return None
