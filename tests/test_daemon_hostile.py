@@ -263,14 +263,6 @@ class TestFilesChanging:
         assert_run_exactly_once(local_platform, moved.path)
         assert status(environ)[run.run_id]["path"] == str(moved.path)
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="upload layer (not the daemon's): the uploader reads the next batch at the run's "
-        "old path, finds no file, takes the move for a deletion (upload.admission.check_file: "
-        "Change.GONE), cancels the open evaluation and fails the run 'deleted mid-upload'; at "
-        "the new path admission records the move but leaves the run failed. ARCHITECTURE.md's "
-        "table says a run moved mid-upload has its path updated and the upload goes on.",
-    )
     def test_a_run_directory_renamed_mid_upload_is_finalized_once_from_its_new_path(
         self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
     ) -> None:
