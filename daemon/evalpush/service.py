@@ -41,6 +41,7 @@ from evalpush.errors import (
     RunError,
 )
 from evalpush.ledger import RunRecord
+from evalpush.lifecycle import upload_ended, upload_started
 from evalpush.log import get_logger
 from evalpush.runs import load_run
 from evalpush.scheduler import Scheduler
@@ -120,10 +121,10 @@ class _Parts:
                 log.warning("run cannot be uploaded", error=str(exc))
                 return
             log = log.bind(run=run.run_id)
-            log.info("upload started")
+            upload_started(log)
             started = time.monotonic()
             record = self.app.uploader.upload(run, retry_failed=False)
-            _log_outcome(log, record, time.monotonic() - started)
+            upload_ended(log, record, time.monotonic() - started)
         except Busy as exc:
             log.info("another process is uploading the run: leaving it to it", holder=exc.pid)
         except (Interrupted, AuthError):
@@ -138,22 +139,6 @@ class _Parts:
     def _failed(self, path: str, exc: BaseException) -> None:
         self.tracker.finished(path, None)
         self._log.error("upload failed unexpectedly", path=path, error=str(exc), exc_info=exc)
-
-
-def _log_outcome(log: Any, record: RunRecord, seconds: float) -> None:
-    if record.state == "finalized":
-        log.info(
-            "run finalized",
-            evaluation=record.evaluation_id,
-            url=record.viewer_url,
-            samples=record.samples_sent,
-            bytes=record.bytes_sent,
-            seconds=round(seconds, 3),
-        )
-    elif record.state == "failed":
-        log.warning("upload failed", error=record.last_error)
-    else:
-        log.info("upload ended", state=record.state, reason=record.reason)
 
 
 class Daemon:
