@@ -481,6 +481,7 @@ class LiveProgress(PushProgress):
         from rich.table import Column
 
         self._console = Console(file=err, highlight=False)
+
         def fixed() -> Column:  # a column that never wraps (a narrow terminal cuts it short)
             return Column(no_wrap=True)
 
