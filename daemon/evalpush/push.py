@@ -240,6 +240,7 @@ class _Push:
 
     def _unloadable(self, directory: Path, exc: RunError) -> PushResult:
         """A run whose config cannot be read still shows in `status`, failed, with why."""
+        get_logger(path=paths.display(directory)).warning("run cannot be uploaded", error=str(exc))
         try:
             record = self._app.uploader.fail(directory, exc)
         except Busy as busy:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from evalpush import paths, transitions
+from evalpush import transitions
 from evalpush.claims import Claims
 from evalpush.errors import (
     AuthError,
@@ -109,12 +109,10 @@ class Uploader:
         record = self._admission.admit(record, run, retry_failed=retry_failed)
         if record.state != State.UPLOADING:
             return record
-        log = get_logger(run=run.run_id, path=paths.display(run.path))
         try:
             while record.step != Step.DONE and record.state == State.UPLOADING:
                 record = self._advance(record, run)
-        except (RunError, Refused) as exc:
-            log.warning("upload failed", error=str(exc))
+        except (RunError, Refused) as exc:  # its driver logs the outcome (evalpush.lifecycle)
             record = transitions.fail(ledger, record, str(exc))
         except Interrupted:
             transitions.interrupt(ledger, record)
