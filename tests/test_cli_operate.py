@@ -354,7 +354,7 @@ class TestStopping:
 
 
 class TestOutage:
-    OUTAGE_SECONDS = 7.0  # past the first report (5 s), so one line tells how it goes on
+    OUTAGE_SECONDS = 6.0  # past the first report (5 s), so one line tells how it goes on
 
     def test_push_says_when_the_platform_went_away_how_long_it_lasts_and_when_it_came_back(
         self, evalpush, platform, tmp_path

@@ -257,7 +257,8 @@ def daemon_text(view: gatefile.DaemonView | None, now: float | None = None) -> s
         ).message
     else:
         platform = "platform reachable"
-    line = f"daemon:     pid {view.pid}{where}: {platform} ({view.status})"
+    runs = view.status.split(", platform ")[0]  # the STATUS line's counts; its gate is above
+    line = f"daemon:     pid {view.pid}{where}: {platform} ({runs})"
     age = view.age(now)
     if age > gatefile.SILENT_SECONDS:
         line += f"; last heard from {format_duration(age)} ago"
