@@ -368,6 +368,7 @@ class Gate:
         next_key_look = self._clock() + CREDENTIALS_POLL_SECONDS
         with self._cond:
             self._next_probe = deadline
+            self._report_if_due_locked(next_in=seconds)
         while not stop.is_set():
             remaining = deadline - self._clock()
             if remaining <= 0:
@@ -428,13 +429,19 @@ class Gate:
             elif isinstance(exc, errors.Transient) and exc.retry_after:
                 self._pause_locked(exc.retry_after, exc)
 
-    def _outage(self, event: OutageEvent, mode: str, next_in: float | None = None) -> None:
+    def _outage(
+        self,
+        event: OutageEvent,
+        mode: str,
+        next_in: float | None = None,
+        elapsed: float | None = None,
+    ) -> None:
         """Tell `on_outage` (under the lock: the reports of one gate come in order)."""
         self._on_outage(
             Outage(
                 event,
                 mode,
-                self._clock() - self._closed_at,
+                self._clock() - self._closed_at if elapsed is None else elapsed,
                 self._attempts,
                 next_in,
                 self._waiting,
@@ -448,7 +455,7 @@ class Gate:
         elapsed = self._clock() - self._closed_at
         if elapsed < self._next_report:
             return
-        self._outage(OutageEvent.ONGOING, self._mode, next_in)
+        self._outage(OutageEvent.ONGOING, self._mode, next_in, elapsed)
         self._next_report = min(elapsed * 2, elapsed + OUTAGE_REPORT_CAP_SECONDS)
 
     def _begin_outage_locked(self, mode: str, reason: BaseException | None) -> None:
