@@ -10,6 +10,11 @@ What it promises:
   unreachable or refuses the key, every caller waits while ONE of them probes (with backoff
   between probes) and all resume when a probe answers; a `Retry-After` pauses everyone until
   then. The key is re-read before each probe, and `wake()` (SIGHUP) probes at once.
+- Each outage (unreachable, key refused, or a Retry-After pause) is told to `on_outage` as an
+  `Outage`: when it starts, after `OUTAGE_FIRST_REPORT_SECONDS` and then at doubling intervals
+  up to `OUTAGE_REPORT_CAP_SECONDS` apart while it lasts (how long, attempts, the next probe,
+  runs waiting), and when it ends (in all). The daemon logs them; `push` prints them.
+- A one-shot gate (`push`) probes once before the first request, and a refused key is final.
 
 Clock, randomness and sleep are parameters so tests never wait for real.
 """
