@@ -738,12 +738,6 @@ def test_upgrading_a_ledger_that_holds_the_key_leaves_no_trace_of_it(platform, t
 # ================================================================ messages and tracebacks
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F19 traceback: `push ROOT ROOT/RUN` (overlapping arguments) finds the run twice; "
-    "`Service.push` dedups the dict it uploads but zips it with the list it found, "
-    "`strict=True`: ValueError traceback after the upload, nothing reported",
-)
 def test_overlapping_arguments_to_push_report_each_run_once(platform, tmp_path):
     run = write_run(tmp_path / "out", traces(4))
 

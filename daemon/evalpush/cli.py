@@ -292,7 +292,8 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
         document = msgspec.json.encode({"results": objects})
         sys.stdout.buffer.write(msgspec.json.format(document, indent=2) + b"\n")
         sys.stdout.flush()
-    if stopped.code is not None:
+    finished = all(r.ok for r in results)
+    if stopped.code is not None and not finished:  # a stop after the last run changed nothing
         done = sum(1 for r in results if r.ok)
         print(
             f"evalpush push: {stopped.why}: stopped with {done} of {len(results)} runs done; "
@@ -300,7 +301,7 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
             file=sys.stderr,
         )
         return stopped.code
-    return EXIT_OK if all(r.ok for r in results) else EXIT_PARTIAL
+    return EXIT_OK if finished else EXIT_PARTIAL
 
 
 class _Stopped:

@@ -65,8 +65,10 @@ OnResult = Callable[[PushResult], object]
 
 
 def find_runs(directories: Sequence[Path]) -> list[Path]:
-    """Every run directory in `directories` (each a run directory or a root holding them)."""
-    return [run_dir for directory in directories for run_dir in find_run_dirs(directory)]
+    """Every run directory in `directories` (each a run directory or a root holding them), once
+    each, in the order found: overlapping arguments (`push ROOT ROOT/RUN`) name a run twice."""
+    found = (run_dir for directory in directories for run_dir in find_run_dirs(directory))
+    return list(dict.fromkeys(found))
 
 
 def push(

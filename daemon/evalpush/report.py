@@ -8,6 +8,7 @@ shows as `ready`, interrupted: the next push resumes it.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -521,9 +522,7 @@ class LiveProgress(PushProgress):
 
     @property
     def console_stream(self) -> IO[str]:
-        import sys  # rich's stand-in for stderr while the bar shows: lines go above it
-
-        return sys.stderr
+        return sys.stderr  # rich's stand-in for stderr while the bar shows: lines go above it
 
     def _print(self, stream: IO[str], line: str) -> None:
         if stream is self._err or stream.isatty():
