@@ -6,11 +6,16 @@ directory and home, and checks exit codes, what the command prints, and what the
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
+import re
+import struct
 import subprocess
 import sys
+import termios
+import threading
 import time
 from pathlib import Path
 
@@ -135,26 +140,34 @@ class TestPush:
         (row,) = status_json(evalpush)
         assert (row["state"], row["samples_sent"], row["set_aside"]) == ("finalized", 2, 1)
 
-    def test_a_wrong_key_fails_the_push_at_once_with_a_clear_message_and_no_key_shown(
+    def test_a_wrong_key_stops_the_push_before_anything_is_sent_with_one_line_and_exit_2(
         self, evalpush, platform, tmp_path
     ):
+        # Issue 12 changed this from exit 1 and one 401 line per run on stdout: credentials are
+        # checked once, up front, and a refused key is a setup error (2) said in one line.
         write_run(tmp_path / "outputs")
+        write_run(tmp_path / "outputs", run_id=OTHER_RUN_ID)
         wrong_key = "not-the-right-key-0123456789"
 
         done = evalpush("push", str(tmp_path / "outputs"), PRIME_API_KEY=wrong_key)
 
-        assert done.returncode == 1
-        assert "HTTP 401" in done.stdout
+        assert done.returncode == 2
+        (line,) = done.stderr.splitlines()
+        assert "refused the API key from $PRIME_API_KEY" in line and "HTTP 401" in line
         assert wrong_key not in done.stdout + done.stderr
         assert platform.summary()["evaluations"] == {}
+        # The local platform counts only the requests it accepted: none (the probe was refused).
+        assert not any(platform.summary()["requests"].values())
 
-    def test_no_key_at_all_is_one_clear_error(self, evalpush, tmp_path):
+    def test_no_key_at_all_is_one_clear_error_and_exit_2(self, evalpush, tmp_path):
+        # Issue 12: exit 2 (was 1), as for any configuration error.
         write_run(tmp_path / "outputs")
 
         done = evalpush("push", str(tmp_path / "outputs"), PRIME_API_KEY="")
 
-        assert done.returncode == 1
-        assert "PRIME_API_KEY" in done.stderr
+        assert done.returncode == 2
+        (line,) = done.stderr.splitlines()
+        assert "PRIME_API_KEY" in line
 
     def test_a_missing_directory_is_a_usage_error(self, evalpush, tmp_path):
         done = evalpush("push", str(tmp_path / "nowhere"))
@@ -262,21 +275,34 @@ class TestRetryAndForget:
         assert "no run 'no-such-run'" in done.stderr
 
 
+def check_rows(stdout: str) -> dict[str, tuple[str, str]]:
+    """`check`'s table: check -> (result, detail and fix)."""
+    header, *rows = stdout.splitlines()
+    assert header.split() == ["CHECK", "RESULT", "DETAIL"]
+    return {
+        name: (result, detail) for name, result, detail in (row.split(maxsplit=2) for row in rows)
+    }
+
+
 class TestCheck:
     def test_check_reports_each_part_and_exits_0_when_all_work(self, evalpush, platform):
         done = evalpush("check")
 
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "api key:    found in $PRIME_API_KEY" in done.stdout
-        assert f"api base:   {platform.base_url}" in done.stdout
-        assert "reachable, key accepted" in done.stdout
+        rows = check_rows(done.stdout)
+        assert list(rows) == ["config", "ledger", "credentials", "platform"]
+        assert {result for result, _ in rows.values()} == {"OK"}
+        assert f"key from $PRIME_API_KEY; api {platform.base_url}" in rows["credentials"][1]
+        assert "reachable, key accepted" in rows["platform"][1]
         assert platform.api_key not in done.stdout + done.stderr
 
-    def test_check_exits_1_when_the_platform_refuses_the_key(self, evalpush):
+    def test_check_exits_2_when_the_platform_refuses_the_key(self, evalpush):
+        # Issue 12: a refused key is a credentials error, exit 2 (was 1, `NOT OK`).
         done = evalpush("check", PRIME_API_KEY="wrong-key-wrong-key-0000")
 
-        assert done.returncode == 1
-        assert "NOT OK" in done.stdout and "HTTP 401" in done.stdout
+        assert done.returncode == 2
+        result, detail = check_rows(done.stdout)["platform"]
+        assert result == "FAIL" and "HTTP 401" in detail and "fix: " in detail
 
     def test_check_exits_2_on_plain_http_to_a_remote_host(self, evalpush):
         done = evalpush("check", PRIME_API_BASE_URL="http://platform.example.com")
@@ -285,38 +311,80 @@ class TestCheck:
         assert "plain http to a non-loopback host" in done.stderr
 
 
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def on_a_terminal(env: dict[str, str], *args: str, columns: int = 160) -> tuple[int, bytes, bytes]:
+    """`evalpush ARGS` with stderr on a pseudo-terminal `columns` wide (read while it runs, so
+    a full terminal never blocks it); returns its exit code, stdout, and what the terminal got."""
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "evalpush", *args], env=env, stdout=subprocess.PIPE, stderr=secondary
+    )
+    os.close(secondary)
+    chunks: list[bytes] = []
+
+    def read_terminal() -> None:
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:  # the terminal closed: everything is read
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=read_terminal, name="pty-reader")
+    reader.start()
+    out, _ = process.communicate(timeout=60)
+    reader.join(10)
+    os.close(primary)
+    return process.returncode, out, b"".join(chunks)
+
+
+def frames(screen: bytes) -> list[str]:
+    """The bar's frames as drawn one over the other: split where the line is redrawn."""
+    text = ANSI.sub(b"", screen.replace(b"\x1b[2K", b"\r")).decode(errors="replace")
+    return [frame.strip() for frame in re.split(r"[\r\n]+", text) if frame.strip()]
+
+
 class TestProgress:
-    def test_on_a_terminal_push_draws_a_progress_bar_with_samples_and_mb(self, platform, tmp_path):
-        write_run(tmp_path / "outputs", lines=[trace_line(i, i // 2) for i in range(400)])
+    def test_on_a_terminal_the_bar_has_its_totals_from_the_start_and_ends_on_them(
+        self, platform, tmp_path
+    ):
+        run = write_run(tmp_path / "outputs", lines=[trace_line(i, i // 2) for i in range(400)])
+        size = (run / "traces.jsonl").stat().st_size
+        total = f"{size / 1000:.1f} kB"
         env = cli_env(
             platform,
             tmp_path,
             EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="10",
             EVALPUSH_LOG__LEVEL="warning",
         )
-        primary, secondary = pty.openpty()
-        process = subprocess.Popen(
-            [sys.executable, "-m", "evalpush", "push", str(tmp_path / "outputs")],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=secondary,
-        )
-        os.close(secondary)
-        out, _ = process.communicate(timeout=60)
-        screen = b""
-        while True:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:  # the terminal closed: everything is read
-                break
-            if not chunk:
-                break
-            screen += chunk
-        os.close(primary)
 
-        assert process.returncode == 0
-        assert b"\r[" in screen and b"/400 samples" in screen and b" MB" in screen
+        code, out, screen = on_a_terminal(env, "push", str(tmp_path / "outputs"))
+
+        assert code == 0
+        drawn = [frame for frame in frames(screen) if " runs" in frame]
+        assert len(drawn) >= 2, drawn
+        assert f"0.0/{total}" in drawn[0] and "0/1 runs" in drawn[0], "totals before any byte"
+        last = drawn[-1]
+        assert f"{size / 1000:.1f}/{total}" in last, last
+        assert "100%" in last and "400 samples" in last and "1/1 runs" in last, last
+        assert re.search(r"\d[\d.,]* [kM]?B/s", last), "a byte rate"
         assert b"400/400 samples" in out
+
+    def test_without_a_terminal_each_run_is_one_line_as_it_finishes(self, evalpush, tmp_path):
+        write_run(tmp_path / "outputs")
+        write_run(tmp_path / "outputs", run_id=OTHER_RUN_ID)
+
+        done = evalpush("push", str(tmp_path / "outputs"))
+
+        assert done.returncode == 0
+        lines = done.stdout.splitlines()
+        assert len(lines) == 2 and all(line.startswith("finalized ") for line in lines)
+        assert done.stderr == ""
 
 
 # ---------------------------------------------------------------- names that are not UTF-8

@@ -17,10 +17,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from evalpush import __version__, errors
-from evalpush.config import MetricsConfig
+from evalpush.config import MetricsConfig, PlatformConfig
 from evalpush.errors import ConfigError
 from evalpush.metrics import (
     RUN_STATES,
+    DaemonFeed,
     Endpoint,
     Health,
     Metrics,
@@ -32,6 +33,7 @@ from evalpush.metrics import (
     outcome_of,
     server_for,
 )
+from evalpush.platform import PlatformClient
 
 THRESHOLD_SECONDS = 600.0
 NOW = 1_700_000_000.0
@@ -380,3 +382,147 @@ def ipv6_loopback() -> bool:
     except OSError:
         return False
     return True
+
+
+# ---------------------------------------------------------------- the daemon's feed
+
+
+@dataclass
+class Row:
+    """The fields of a ledger row the feed reads."""
+
+    run_id: str
+    samples_sent: int
+    bytes_sent: int
+    state: str = "uploading"
+    updated_at: float = NOW
+
+
+class Recorder:
+    """A RequestObserver that keeps what it heard."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, Outcome]] = []
+
+    def request_done(self, endpoint: Endpoint, error: BaseException | None, seconds: float) -> None:
+        assert seconds >= 0
+        self.heard.append((endpoint, outcome_of(error)))
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+def observed_client(local_platform, tmp_path, recorder) -> Iterator[PlatformClient]:
+    """A client of the local platform that reports every attempt to `recorder`."""
+    home = tmp_path / "home"
+    home.mkdir()
+    config = PlatformConfig(
+        api_base_url=local_platform.base_url, connect_timeout_seconds=2, read_timeout_seconds=5
+    )
+    environ = {"PRIME_API_KEY": local_platform.api_key or "any-key"}
+    with PlatformClient(config, environ=environ, home=home, observer=recorder) as client:
+        yield client
+
+
+class TestTheClientsRequestsAreObserved:
+    def test_each_attempt_is_heard_with_its_endpoint_and_outcome(self, observed_client, recorder):
+        client = observed_client
+        env_id = client.resolve_environment("gsm8k")
+        client.probe()
+        list(client.iter_evaluations("gsm8k"))
+        with pytest.raises(errors.Gone):
+            client.get_evaluation("no-such-evaluation")
+
+        assert recorder.heard == [
+            ("resolve_environment", Outcome.OK),
+            ("probe", Outcome.OK),
+            ("list_evaluations", Outcome.OK),
+            ("get_evaluation", Outcome.REFUSED),
+        ]
+        assert env_id and {endpoint for endpoint, _ in recorder.heard} <= set(Endpoint)
+
+    def test_an_attempt_that_cannot_connect_is_heard_as_unreachable(
+        self, observed_client, recorder, local_platform
+    ):
+        local_platform.inject("refuse", seconds=2)
+        with pytest.raises(errors.Unreachable):
+            observed_client.probe()
+
+        assert recorder.heard == [("probe", Outcome.UNREACHABLE)]
+
+
+class TestDaemonFeed:
+    def test_batches_count_what_was_sent_since_the_last_and_a_restart_counts_from_zero(self):
+        feed = DaemonFeed(clock=lambda: NOW)
+        feed.batch_acked(Row("a", 10, 1000))
+        feed.batch_acked(Row("a", 25, 2500))
+        feed.batch_acked(Row("b", 5, 400))
+        feed.batch_acked(Row("a", 3, 300))  # started over (a replaced file): counts from 0
+        feed.upload_done(Row("a", 3, 300, state="finalized"))
+
+        samples = {
+            s.name: s.value
+            for family in feed.metrics.registry.collect()
+            for s in family.samples
+            if not s.labels
+        }
+        assert samples["evalpush_samples_sent_total"] == 25 + 5 + 3
+        assert samples["evalpush_samples_sent_bytes_total"] == 2500 + 400 + 300
+        assert samples["evalpush_last_upload_success_timestamp_seconds"] == NOW
+
+    def test_refresh_reads_runs_by_state_and_the_oldest_waiting_run_and_a_ledger_failure(
+        self, tmp_path
+    ):
+        class Ledger:
+            fail = False
+
+            def state_counts(self):
+                if self.fail:
+                    raise errors.LedgerError("state.db: disk I/O error")
+                return {"finalized": 3, "ready": 1}
+
+            def in_state(self, *states):
+                return [Row("a", 0, 0, "ready", NOW - 90), Row("b", 0, 0, "uploading", NOW - 5)]
+
+        feed = DaemonFeed(clock=lambda: NOW)
+        ledger = Ledger()
+        feed.refresh(ledger)
+        health = Health(feed.probes, THRESHOLD_SECONDS)
+
+        values = {
+            (s.name, s.labels.get("state")): s.value
+            for family in feed.metrics.registry.collect()
+            for s in family.samples
+        }
+        assert (
+            values[("evalpush_runs", "finalized")] == 3 and values[("evalpush_runs", "ready")] == 1
+        )
+        assert values[("evalpush_oldest_waiting_run_age_seconds", None)] == 90
+        assert health.problems() == []
+        ledger.fail = True
+        feed.refresh(ledger)
+        assert health.problems() == ["ledger: state.db: disk I/O error"]
+
+    def test_attach_serves_where_listen_says_and_moves_when_it_changes(self, tmp_path):
+        class Gate:
+            def unreachable_seconds(self) -> float:
+                return 0.0
+
+        feed = DaemonFeed()
+        try:
+            feed.attach(MetricsConfig(listen="127.0.0.1:0"), Gate(), tmp_path / "state.db")
+            first = feed.url
+            assert first is not None and healthz_at(first).status_code == 200
+            feed.attach(MetricsConfig(listen="127.0.0.1:0"), Gate(), tmp_path / "state.db")
+            assert feed.url == first, "the same configuration keeps the server"
+            feed.attach(MetricsConfig(listen=""), Gate(), tmp_path / "state.db")
+            assert feed.url is None and metrics_threads() == []
+        finally:
+            feed.stop()
+
+
+def healthz_at(url: str) -> httpx.Response:
+    return httpx.get(f"{url}/healthz", timeout=HTTP_TIMEOUT_SECONDS)

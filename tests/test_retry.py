@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -12,7 +13,14 @@ import pytest
 from structlog.testing import capture_logs
 
 from evalpush import errors
-from evalpush.retry import Backoff, Gate, Retrier
+from evalpush.retry import (
+    OUTAGE_FIRST_REPORT_SECONDS,
+    Backoff,
+    Gate,
+    Outage,
+    OutageEvent,
+    Retrier,
+)
 
 BACKOFF = Backoff(base_seconds=0.5, cap_seconds=8.0)
 TINY = Backoff(base_seconds=0.001, cap_seconds=0.005)
@@ -397,3 +405,134 @@ class TestGate:
         assert gate.state == "unreachable since 2025-06-01T12:00:00Z"
         gate.report(errors.AuthError("HTTP 403"), 0)
         assert gate.state == "auth refused since 2025-06-01T12:00:00Z"
+
+
+class TickingClock:
+    """A monotonic clock that moves a millisecond each time it is read, and `advance`s."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self.now += 0.001
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.now += seconds
+
+
+class TestOutageReports:
+    def test_an_outage_is_told_when_it_starts_at_doubling_intervals_and_when_it_ends(self) -> None:
+        clock = TickingClock()
+
+        class SlowProbes(FakePlatform):
+            def probe(self) -> None:
+                clock.advance(1.0)  # each probe stands for a second of the outage
+                super().probe()
+
+        platform = SlowProbes(probe_failures=45)
+        told: list[Outage] = []
+        gate = Gate(backoff=TINY, clock=clock, poll_seconds=0.001, on_outage=told.append)
+        retrier = Retrier(platform, gate, threading.Event(), backoff=TINY)
+
+        def upload() -> None:
+            if not platform.up.is_set():
+                raise errors.Unreachable("ConnectError")
+
+        results, failures = run_in_threads(
+            3, lambda: retrier.call(upload, replayable=True, what="r")
+        )
+
+        assert failures == [] and len(results) == 3
+        events = [o.event for o in told]
+        assert events[0] == OutageEvent.STARTED and events[-1] == OutageEvent.ENDED
+        ongoing = [o for o in told if o.event == OutageEvent.ONGOING]
+        assert len(ongoing) == 4, [o.seconds for o in ongoing]  # at 5 s, 10 s, 20 s and 40 s
+        assert ongoing[0].seconds >= OUTAGE_FIRST_REPORT_SECONDS
+        for earlier, later in zip(ongoing, ongoing[1:], strict=False):
+            assert later.seconds >= 2 * earlier.seconds
+        assert {o.waiting for o in ongoing} == {3}, "every caller waits at the gate"
+        assert re.fullmatch(
+            r"platform unreachable for \d+s, \d+ attempts, next in 1s; 3 runs waiting",
+            ongoing[0].message,
+        ), ongoing[0].message
+        ended = told[-1]
+        assert ended.attempts == platform.probes + 1, "the failed call, then every probe"
+        assert ended.seconds >= 45 and ended.message == "platform answers again: uploads resume"
+
+    def test_a_long_outage_is_told_at_least_every_ten_minutes(self) -> None:
+        clock = TickingClock()
+        told: list[Outage] = []
+        gate = Gate(backoff=TINY, clock=clock, poll_seconds=0.001, on_outage=told.append)
+        gate.report(errors.Unreachable("ConnectError"), 0)
+        for _ in range(200):  # an outage of 200 minutes, seen at each minute
+            clock.advance(60.0)
+            with gate._cond:
+                gate._report_if_due_locked(next_in=30.0)
+
+        at = [round(o.seconds / 60) for o in told if o.event == OutageEvent.ONGOING]
+        gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
+        assert gaps == sorted(gaps) and gaps[-1] == 10, at  # growing, then every 10 minutes
+        assert at[0] == 1 and len(at) >= 200 // 10, at
+
+    def test_a_pause_asked_by_retry_after_is_told_and_so_is_its_end(self) -> None:
+        told: list[Outage] = []
+        gate = Gate(backoff=TINY, poll_seconds=0.01, on_outage=told.append)
+        token = gate.wait_open(threading.Event(), FakePlatform())
+        gate.report(errors.Transient("HTTP 429", retry_after=0.1, status=429), token)
+        gate.wait_open(threading.Event(), FakePlatform())
+
+        assert [(o.event, o.mode) for o in told] == [
+            (OutageEvent.STARTED, "paused"),
+            (OutageEvent.ENDED, "paused"),
+        ]
+        assert told[0].next_in == 0.1
+
+    def test_the_snapshot_says_how_long_how_often_and_when_next(self) -> None:
+        clock = TickingClock()
+        gate = Gate(backoff=TINY, clock=clock, wall_clock=lambda: 1748779200.0)
+        assert gate.snapshot()["mode"] == "open" and gate.unreachable_seconds() == 0
+        gate.report(errors.Unreachable("ConnectError: refused"), 0)
+        clock.advance(30.0)
+
+        snapshot = gate.snapshot()
+
+        assert snapshot["mode"] == "unreachable"
+        assert 1748779200.0 - 31 < snapshot["since"] < 1748779200.0 - 29
+        assert (snapshot["attempts"], snapshot["reason"]) == (1, "ConnectError: refused")
+        assert 29 < gate.unreachable_seconds() < 31
+
+
+class TestOneShotGate:
+    def test_the_first_caller_probes_once_before_anything_is_sent(self) -> None:
+        platform = FakePlatform()
+        gate = Gate(backoff=TINY, poll_seconds=0.01, one_shot=True)
+
+        results, failures = run_in_threads(3, lambda: gate.wait_open(threading.Event(), platform))
+
+        assert failures == [] and len(results) == 3
+        assert platform.probes == 1 and gate.mode == "open"
+
+    def test_a_refused_key_is_raised_to_every_caller_and_never_waited_out(self) -> None:
+        platform = FakePlatform(probe_failures=1, failure=errors.AuthError("probe: HTTP 401"))
+        gate = Gate(backoff=TINY, poll_seconds=0.01, one_shot=True)
+
+        results, failures = run_in_threads(3, lambda: gate.wait_open(threading.Event(), platform))
+
+        assert results == [] and len(failures) == 3
+        assert all(isinstance(f, errors.AuthError) and "401" in str(f) for f in failures)
+        assert platform.probes == 1 and gate.mode == "refused"
+
+    def test_an_unreachable_platform_at_the_first_probe_is_waited_out_as_an_outage(self) -> None:
+        platform = FakePlatform(probe_failures=2)
+        told: list[Outage] = []
+        gate = Gate(backoff=TINY, poll_seconds=0.01, one_shot=True, on_outage=told.append)
+
+        gate.wait_open(threading.Event(), platform)
+
+        assert platform.probes == 3 and gate.mode == "open"
+        assert [o.event for o in told] == [OutageEvent.STARTED, OutageEvent.ENDED]
+        assert told[-1].attempts == 3

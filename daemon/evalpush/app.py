@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from evalpush.claims import Claims
 from evalpush.config import Config
@@ -25,6 +25,9 @@ from evalpush.retry import Gate, Retrier
 from evalpush.runs import Run, derive_run_id, load_run
 from evalpush.upload import Progress, Uploader
 from evalpush.upload.context import Context, no_progress
+
+if TYPE_CHECKING:
+    from evalpush.metrics import RequestObserver
 
 __all__ = ["App"]
 
@@ -61,21 +64,27 @@ class App:
         environ: Mapping[str, str] | None = None,
         home: Path | None = None,
         clock: Callable[[], float] = time.time,
+        observer: RequestObserver | None = None,
+        on_retry: Callable[[], object] | None = None,
     ) -> App:
         """`environ` and `home` replace the process environment and home directory as the
         places credentials are read from (the demo isolates itself with them).
         `wait_on_auth=False` fails a run at once when the platform refuses the key, instead of
-        waiting for a new one (for a one-shot command a person is watching)."""
+        waiting for a new one (for a one-shot command a person is watching). `observer` hears
+        of every request the client makes and `on_retry` of every retry (the daemon's
+        metrics)."""
         stop = stop or threading.Event()
         owned: list[_Closeable] = []
         if ledger is None:
             ledger = Ledger(default_path(config.state_dir), clock=clock, stop=stop)
             owned.append(ledger)
         if client is None:
-            client = PlatformClient(config.platform, environ=environ, home=home, stop=stop)
+            client = PlatformClient(
+                config.platform, environ=environ, home=home, stop=stop, observer=observer
+            )
             owned.append(client)
         gate = gate or Gate()
-        retrier = Retrier(client, gate, stop, wait_on_auth=wait_on_auth)
+        retrier = Retrier(client, gate, stop, wait_on_auth=wait_on_auth, on_retry=on_retry)
         claims = Claims(ledger, clock=clock)
         owned.append(claims)
         context = Context(config, ledger, client, retrier, progress=progress, clock=clock)

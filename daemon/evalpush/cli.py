@@ -1,19 +1,27 @@
 """The `evalpush` command: one entry point, one subcommand per job.
 
-Exit codes: 0 done, 1 the job ran but something was set aside or failed, 2 usage or
-configuration error.
+Exit codes (`EXIT_CODES`, shown by `--help`): 0 every run finalized; 1 some run failed, is held,
+had records set aside, or is busy elsewhere (and `check`: the platform cannot be reached); 2 the
+command line, the configuration or the credentials are wrong (no key, or the platform refused
+it: checked once, before anything is sent, and said in one line); 124 `push --timeout` ran out;
+128 + the signal (130 SIGINT, 143 SIGTERM) when `push` was stopped by one. Progress is kept
+in the ledger in every case: the next push goes on from there.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
 import gc
 import os
+import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
@@ -21,7 +29,7 @@ from typing import IO, TYPE_CHECKING, Any
 from evalpush import __version__
 from evalpush.claims import Process, holder_alive
 from evalpush.config import Config, load_config
-from evalpush.errors import Busy, ConfigError, EvalpushError, RunError, UsageError
+from evalpush.errors import AuthError, Busy, ConfigError, EvalpushError, RunError, UsageError
 from evalpush.ledger import Ledger, RunRecord, default_path
 from evalpush.log import scrubbed_output
 from evalpush.states import State
@@ -30,6 +38,21 @@ if TYPE_CHECKING:
     from evalpush.read import Line
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
+EXIT_TIMEOUT = 124
+"""`push --timeout` ran out: what `timeout(1)` exits with, so a script tells "out of time, push
+again to go on" from "some run needs a person" (1) without parsing the output."""
+EXIT_SIGNAL_BASE = 128
+"""A push stopped by signal N exits 128 + N (130 SIGINT, 143 SIGTERM), as a shell reports it."""
+
+EXIT_CODES = """exit codes:
+  0    every run finalized (or skipped, or finalized before)
+  1    some run failed, is held, had records set aside, or is being uploaded by another
+       process (push --no-wait); check: the platform cannot be reached
+  2    usage, configuration or credentials: no API key, or the platform refused it
+       (checked once before anything is sent; one line says which)
+  124  push --timeout ran out; progress is kept, push again to go on
+  130  stopped by SIGINT (Ctrl-C), 143 by SIGTERM; progress is kept, push again to go on
+"""
 
 GIL_SWITCH_SECONDS = 0.001
 """While one thread converts the next batch, the thread sending the current one needs the GIL
@@ -37,38 +60,96 @@ back after every socket and SQLite call; the default 5 ms hand-over made each ba
 bookkeeping wait behind the converter (measured: the 72 MB push's push step 1.5 s -> 1.3 s)."""
 
 
+_DURATION = re.compile(
+    r"(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s?)?"
+)
+
+
+def parse_duration(text: str) -> float:
+    """`90s`, `5m`, `1h30m`, or plain seconds (`90`), as seconds; argparse's type for it."""
+    match = _DURATION.fullmatch(text.strip())
+    if not text.strip() or match is None or not any(match.groups()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 90s, 5m, 1h30m)")
+    hours, minutes, seconds = (float(match[unit] or 0) for unit in "hms")
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a timeout must be longer than 0")
+    return total
+
+
+def _global_flags(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    """`--config` and `--state-dir`, accepted before the subcommand and after it. On the
+    subcommands they default to SUPPRESS, so one given before the subcommand is not reset."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=default,
+        help="config file (TOML); default $EVALPUSH_CONFIG",
+    )
+    parser.add_argument("--state-dir", type=Path, default=default, help="where the ledger lives")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="evalpush",
         description="Upload verifiers eval runs to the platform, exactly once.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"evalpush {__version__}")
-    parser.add_argument("--config", type=Path, help="config file (TOML); default $EVALPUSH_CONFIG")
-    parser.add_argument("--state-dir", type=Path, help="where the ledger lives")
+    _global_flags(parser, default=None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("convert", help="print a run's samples as JSON lines (no network)")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            help=help,
+            description=help,
+            epilog=EXIT_CODES,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        _global_flags(p, default=argparse.SUPPRESS)
+        return p
+
+    p = command("convert", "print a run's samples as JSON lines (no network)")
     p.add_argument("dir", type=Path, help="the run directory")
 
-    p = sub.add_parser("push", help="upload the given run dirs (or roots holding them) now")
+    p = command("push", "upload the given run dirs (or roots holding them) now")
     p.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
     p.add_argument(
         "--no-wait",
         action="store_true",
         help="do not wait for runs another process is uploading: report them and exit 1",
     )
-
-    sub.add_parser(
-        "run", help="the daemon: watch watch.roots and upload each run once it is finished"
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='one JSON document on stdout: {"results": [one object per run]}',
+    )
+    p.add_argument(
+        "--timeout",
+        type=parse_duration,
+        metavar="DURATION",
+        help="stop cleanly after DURATION (e.g. 90s, 5m, 1h): progress is kept; exit 124",
     )
 
-    p = sub.add_parser("status", help="every run the ledger knows, and how far it got")
-    p.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+    command("run", "the daemon: watch watch.roots and upload each run once it is finished")
 
-    p = sub.add_parser("retry", help="put a failed or held run back in the queue")
+    p = command("status", "every run the ledger knows and how far it got, or one run in full")
+    p.add_argument(
+        "run",
+        metavar="RUN",
+        nargs="?",
+        help="one run in full: run id (or a unique prefix) or path",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="JSON instead of text (a list; one object with RUN)"
+    )
+
+    p = command("retry", "put a failed or held run back in the queue")
     p.add_argument("run", metavar="RUN", help="run id (or a unique prefix) or path")
 
-    p = sub.add_parser("forget", help="drop a run from the ledger (it will be seen as new)")
+    p = command("forget", "drop a run from the ledger (it will be seen as new)")
     p.add_argument("run", metavar="RUN", help="run id (or a unique prefix) or path")
     p.add_argument(
         "--yes",
@@ -76,15 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="forget a run that has an evaluation (the next push creates a second one)",
     )
 
-    sub.add_parser("check", help="validate config and credentials, reach the platform, report")
+    command("check", "check config, ledger, credentials and the platform: one row each")
 
-    p = sub.add_parser(
-        "demo", help="the main job on an embedded default: local platform, sample runs"
-    )
+    p = command("demo", "the main job on an embedded default: local platform, sample runs")
     p.add_argument("--dir", type=Path, default=None, help="scratch dir (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the local platform up until Ctrl-C")
 
-    p = sub.add_parser("local-platform", help="serve the local stand-in of the platform")
+    p = command("local-platform", "serve the local stand-in of the platform")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8700)
     p.add_argument("--api-key", default=None, help="bearer key to require (default: any)")
@@ -162,41 +241,105 @@ def _readable_lines(path: Path, max_line_bytes: int) -> Iterator[Line]:
 def cmd_push(args: argparse.Namespace, config: Config) -> int:
     from evalpush import log
     from evalpush.app import App
-    from evalpush.push import push
-    from evalpush.report import PushProgress, push_line
+    from evalpush.push import find_runs, push_runs
+    from evalpush.report import push_object, push_progress
+    from evalpush.retry import Gate
 
     missing = [str(d) for d in args.dirs if not d.exists()]
     if missing:
         print(f"evalpush push: no such directory: {', '.join(missing)}", file=sys.stderr)
         return EXIT_USAGE
-    log.configure(config.log.level, config.log.format, stream=sys.stderr)
-    progress = PushProgress(sys.stderr)
-    with App.from_config(config, progress=progress.update, wait_on_auth=False) as app:
-        app.client.credentials  # noqa: B018 - no key (or an unusable base URL): one error, up front
-        # What is loaded by now (modules, config, clients) lives as long as the process: keep it
-        # out of every garbage collection to come (about 6% of a push's CPU).
-        gc.freeze()
-        with _stop_on_signals(app.request_stop):
-            results = push(app, [d.resolve() for d in args.dirs], wait=not args.no_wait)
-    progress.finish()
-    if not results:
+    found = find_runs([d.resolve() for d in args.dirs])
+    if not found:
         print(
             "evalpush push: no eval run found (a run dir holds config.toml and traces.jsonl)",
             file=sys.stderr,
         )
         return EXIT_USAGE
-    for result in results:
-        print(push_line(result))
-    return EXIT_OK if all(r.ok for r in results) else EXIT_PARTIAL
+    progress = push_progress(sys.stdout, sys.stderr, found, quiet=args.json)
+    # One-shot: the key is checked by one probe before anything is sent, and a refused key
+    # stops the push (exit 2) instead of waiting for a new one; outages are told on stderr.
+    gate = Gate(one_shot=True, on_outage=progress.outage)
+    stopped = _Stopped()
+    with App.from_config(config, progress=progress.update, gate=gate, wait_on_auth=False) as app:
+        app.client.credentials  # noqa: B018 - no key (or an unusable base URL): one error, up front
+        # What is loaded by now (modules, config, clients) lives as long as the process: keep it
+        # out of every garbage collection to come (about 6% of a push's CPU).
+        gc.freeze()
+        with (
+            progress,
+            _stop_on_signals(stopped.by_signal(app.request_stop)),
+            _stop_after(args.timeout, stopped.by_timeout(app.request_stop)),
+        ):
+            # Set up here so the log's lines print above the bar while it shows. A push logs at
+            # warning unless log.level is set: its own lines say what became of each run.
+            level = config.log.level if "level" in config.log.model_fields_set else "warning"
+            log.configure(level, config.log.format, stream=progress.console_stream)
+            try:
+                results = push_runs(app, found, wait=not args.no_wait, on_result=progress.done)
+            except AuthError as exc:
+                refused = (
+                    f"the platform refused the API key from {app.client.credentials.key_source}"
+                )
+                raise AuthError(f"{refused}: {exc}") from None
+        if args.json:
+            objects = [
+                push_object(r, app.ledger.set_aside(r.record) if r.record else []) for r in results
+            ]
+    if args.json:
+        import msgspec
+
+        document = msgspec.json.encode({"results": objects})
+        sys.stdout.buffer.write(msgspec.json.format(document, indent=2) + b"\n")
+        sys.stdout.flush()
+    finished = all(r.ok for r in results)
+    if stopped.code is not None and not finished:  # a stop after the last run changed nothing
+        done = sum(1 for r in results if r.ok)
+        print(
+            f"evalpush push: {stopped.why}: stopped with {done} of {len(results)} runs done; "
+            "progress is kept, push again to go on",
+            file=sys.stderr,
+        )
+        return stopped.code
+    return EXIT_OK if finished else EXIT_PARTIAL
+
+
+class _Stopped:
+    """Why a push was stopped before it was done (a signal, or its timeout), and the exit code
+    that says so; the first reason wins."""
+
+    def __init__(self) -> None:
+        self.code: int | None = None
+        self.why = ""
+
+    def _set(self, code: int, why: str) -> None:
+        if self.code is None:
+            self.code, self.why = code, why
+
+    def by_signal(self, request_stop: Callable[[], None]) -> Callable[[int], None]:
+        def stop(signum: int) -> None:
+            self._set(EXIT_SIGNAL_BASE + signum, signal.Signals(signum).name)
+            request_stop()
+
+        return stop
+
+    def by_timeout(self, request_stop: Callable[[], None]) -> Callable[[float], None]:
+        def stop(seconds: float) -> None:
+            from evalpush.runs import format_duration
+
+            self._set(EXIT_TIMEOUT, f"--timeout {format_duration(seconds)} ran out")
+            request_stop()
+
+        return stop
 
 
 @contextlib.contextmanager
-def _stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
+def _stop_on_signals(stop: Callable[[int], None]) -> Iterator[None]:
     """SIGTERM and SIGINT request a clean stop while the block runs (the handler only records
     it: the work sees the stop event and winds down)."""
 
-    def handler(_signum: int, _frame: FrameType | None) -> None:
-        request_stop()
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        stop(signum)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -204,6 +347,22 @@ def _stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
     finally:
         for signum, before in previous.items():
             signal.signal(signum, before)
+
+
+@contextlib.contextmanager
+def _stop_after(seconds: float | None, stop: Callable[[float], None]) -> Iterator[None]:
+    """Call `stop(seconds)` once `seconds` have passed while the block runs (None: never)."""
+    if seconds is None:
+        yield
+        return
+    timer = threading.Timer(seconds, stop, args=(seconds,))
+    timer.name = "push-timeout"
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
 
 
 def cmd_run(args: argparse.Namespace, config: Config) -> int:
@@ -237,27 +396,61 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_status(args: argparse.Namespace, config: Config) -> int:
-    from evalpush.report import status_rows, status_table
+    """Read-only: a missing ledger is said (with its path), never created."""
+    from evalpush import gatefile
+    from evalpush.report import (
+        daemon_text,
+        detail_text,
+        run_detail,
+        status_details,
+        status_rows,
+        status_table,
+    )
 
     path = default_path(config.state_dir)
     if not os.path.lexists(path):
-        rows = []
-    else:
-        with Ledger.for_reading(path) as ledger:
-            rows = status_rows(ledger)
-    if args.json:
-        import msgspec
-
-        sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(rows), indent=2) + b"\n")
-    else:
-        print(status_table(rows))
+        if args.run is not None:
+            raise UsageError(f"no run {args.run!r}: there is no ledger at {path} yet")
+        _print_json([]) if args.json else print(f"no runs: there is no ledger at {path} yet")
+        return EXIT_OK
+    with Ledger.for_reading(path) as ledger:
+        if args.run is not None:
+            detail = run_detail(ledger, _find(ledger, args.run, busy_ok=True))
+            _print_json(detail) if args.json else print(detail_text(detail))
+            return EXIT_OK
+        if args.json:
+            _print_json(status_details(ledger))
+            return EXIT_OK
+        rows = status_rows(ledger)
+        count = len(ledger.all())
+    print(f"ledger:     {path}: {count} run{'' if count == 1 else 's'}")
+    daemon = daemon_text(gatefile.read(config.state_dir))
+    if daemon is not None:
+        print(daemon)
+    print(status_table(rows, ledger=path))
     return EXIT_OK
+
+
+def _print_json(value: Any) -> None:
+    import msgspec
+
+    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n")
+    sys.stdout.flush()
+
+
+def _existing_ledger(config: Config, key: str) -> Path:
+    """The ledger `retry` and `forget` change; a UsageError when there is none (they never
+    create one: there is nothing to retry or forget in a ledger that does not exist)."""
+    path = default_path(config.state_dir)
+    if not os.path.lexists(path):
+        raise UsageError(f"no run {key!r}: there is no ledger at {path} yet")
+    return path
 
 
 def cmd_retry(args: argparse.Namespace, config: Config) -> int:
     from evalpush import transitions
 
-    with Ledger(default_path(config.state_dir)) as ledger:
+    with Ledger(_existing_ledger(config, args.run)) as ledger:
         record = _find(ledger, args.run)
         if record.state not in (State.FAILED, State.HELD):
             print(
@@ -272,7 +465,7 @@ def cmd_retry(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_forget(args: argparse.Namespace, config: Config) -> int:
-    with Ledger(default_path(config.state_dir)) as ledger:
+    with Ledger(_existing_ledger(config, args.run)) as ledger:
         record = _find(ledger, args.run)
         if record.evaluation_id is not None and not args.yes and not _confirm_forget(record):
             return EXIT_PARTIAL
@@ -299,9 +492,10 @@ def _confirm_forget(record: RunRecord) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def _find(ledger: Ledger, key: str) -> RunRecord:
+def _find(ledger: Ledger, key: str, *, busy_ok: bool = False) -> RunRecord:
     """The one run `key` names (a path, a run id or a prefix of one), else a `UsageError`
-    saying why: no key, no such run, or which runs an ambiguous prefix could mean."""
+    saying why: no key, no such run, or which runs an ambiguous prefix could mean. A run
+    another live process holds is `Busy`, unless `busy_ok` (to read it)."""
     if not key:
         raise UsageError("an empty run key names no run: give a run id, a prefix or a path")
     path = Path(key)
@@ -314,7 +508,7 @@ def _find(ledger: Ledger, key: str) -> RunRecord:
         raise UsageError(f"{key!r} could be any of {len(found)} runs:\n{candidates}")
     record = found[0]
     holder = record.holder
-    if holder is not None and holder_alive(holder, Process.current(), time.time()):
+    if not busy_ok and holder is not None and holder_alive(holder, Process.current(), time.time()):
         raise Busy(
             f"run {record.run_id} is being uploaded by {holder.describe()}: try again once it is "
             "done",
@@ -325,30 +519,137 @@ def _find(ledger: Ledger, key: str) -> RunRecord:
     return record
 
 
-def cmd_check(args: argparse.Namespace, config: Config) -> int:
-    """Each thing the daemon needs, one line each; exit 0 only if all of them are fine."""
+class Check(enum.StrEnum):
+    """What `check` looks at, in order."""
 
+    CONFIG = "config"
+    LEDGER = "ledger"
+    CREDENTIALS = "credentials"
+    PLATFORM = "platform"
+
+
+@dataclass(frozen=True)
+class _Row:
+    check: Check
+    ok: bool | None  # None: skipped, since what it needs failed
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        result = "SKIP" if self.ok is None else ("OK" if self.ok else "FAIL")
+        fix = f"; fix: {self.fix}" if self.fix else ""
+        return f"{self.check:<12} {result:<6} {self.detail}{fix}"
+
+
+KEY_REFUSED = "the platform refused the key"
+KEY_FIX = (
+    "set PRIME_API_KEY, or platform.api_key_file, or $CREDENTIALS_DIRECTORY/prime-api-key, "
+    "or run `prime login`"
+)
+
+
+def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigError | None) -> int:
+    """Every check, one row each (OK, FAIL with the fix, or SKIP when what it needs failed):
+    exit 2 when the configuration or the credentials are wrong (the platform refusing the key
+    included), 1 when only the ledger or the platform fails, 0 when all pass. Reads only."""
     from evalpush.platform import PlatformClient
 
-    source = args.config or os.environ.get("EVALPUSH_CONFIG") or "(defaults and environment)"
-    print(f"config:     {source}: valid")
-    with Ledger(default_path(config.state_dir)) as ledger:
-        print(f"ledger:     {ledger.path}: writable, {len(ledger.all())} runs known")
+    source = args.config or os.environ.get("EVALPUSH_CONFIG") or "defaults and the environment"
+    if config is None:
+        rows = [
+            _Row(Check.CONFIG, False, str(error), "correct the key it names"),
+            *(_Row(c, None, "needs a valid configuration") for c in list(Check)[1:]),
+        ]
+        return _check_report(rows)
+    rows = [_Row(Check.CONFIG, True, f"{source}: valid")]
+    rows.append(_check_ledger(default_path(config.state_dir)))
     with PlatformClient(config.platform) as client:
+        rows.append(_check_credentials(client))
+        if rows[-1].ok:
+            rows.append(_check_platform(client))
+        else:
+            rows.append(_Row(Check.PLATFORM, None, "needs credentials"))
+    return _check_report(rows)
+
+
+def _check_credentials(client: Any) -> _Row:
+    try:
         creds = client.credentials
-        print(f"api key:    found in {creds.key_source}")
-        print(
-            f"api base:   {creds.api_base}" + (f" (team {creds.team_id})" if creds.team_id else "")
+    except (AuthError, ConfigError) as exc:
+        says_how = "prime login" in str(exc)  # the message of a missing key says where to set one
+        return _Row(Check.CREDENTIALS, False, str(exc), "" if says_how else KEY_FIX)
+    team = f" (team {creds.team_id})" if creds.team_id else ""
+    return _Row(Check.CREDENTIALS, True, f"key from {creds.key_source}; api {creds.api_base}{team}")
+
+
+def _check_ledger(path: Path) -> _Row:
+    """Read-only: a ledger that is not there yet is fine where it can be created."""
+    from evalpush.ledger import OldSchema
+
+    if not os.path.lexists(path):
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if os.access(parent, os.W_OK | os.X_OK):
+            return _Row(Check.LEDGER, True, f"{path}: not created yet; the first push or run will")
+        return _Row(
+            Check.LEDGER,
+            False,
+            f"{path}: cannot be created ({parent} is not writable by this user)",
+            "give this user the directory, or set state.dir / --state-dir",
         )
-        started = time.monotonic()
-        try:
-            client.probe()
-        except EvalpushError as exc:
-            print(f"platform:   NOT OK: {exc}")
-            return EXIT_PARTIAL
-        elapsed_ms = (time.monotonic() - started) * 1000
-        print(f"platform:   reachable, key accepted ({elapsed_ms:.0f} ms)")
-    return EXIT_OK
+    try:
+        with Ledger(path, read_only=True) as ledger:
+            runs = f"{len(ledger.all())} runs known"
+    except OldSchema:
+        runs = "from an older evalpush; the next push or run upgrades it"
+    except EvalpushError as exc:
+        return _Row(Check.LEDGER, False, str(exc), "see the message")
+    if not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+        return _Row(
+            Check.LEDGER,
+            False,
+            f"{path}: {runs}, but not writable by this user (uploads write to it)",
+            "run as its owner, or fix its owner and mode",
+        )
+    return _Row(Check.LEDGER, True, f"{path}: {runs}, writable")
+
+
+def _check_platform(client: Any) -> _Row:
+    started = time.monotonic()
+    try:
+        client.probe()
+    except AuthError as exc:
+        return _Row(Check.PLATFORM, False, f"{KEY_REFUSED}: {exc}", KEY_FIX)
+    except EvalpushError as exc:
+        return _Row(
+            Check.PLATFORM,
+            False,
+            f"cannot be reached: {exc}",
+            "check platform.api_base_url (or PRIME_API_BASE_URL), the network and any proxy",
+        )
+    elapsed_ms = (time.monotonic() - started) * 1000
+    return _Row(Check.PLATFORM, True, f"reachable, key accepted ({elapsed_ms:.0f} ms)")
+
+
+def _check_report(rows: list[_Row]) -> int:
+    print(f"{'CHECK':<12} {'RESULT':<6} DETAIL")
+    for row in rows:
+        print(row.line())
+    failed = [row for row in rows if row.ok is False]
+    if not failed:
+        return EXIT_OK
+    print(
+        f"evalpush check: {len(failed)} failed: "
+        + "; ".join(f"{row.check}: {row.detail}" for row in failed),
+        file=sys.stderr,
+    )
+    setup = any(
+        row.check in (Check.CONFIG, Check.CREDENTIALS)
+        or (row.check == Check.PLATFORM and row.detail.startswith(KEY_REFUSED))
+        for row in failed
+    )
+    return EXIT_USAGE if setup else EXIT_PARTIAL
 
 
 def cmd_demo(args: argparse.Namespace, config: Config) -> int:
@@ -374,7 +675,6 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "status": cmd_status,
     "retry": cmd_retry,
     "forget": cmd_forget,
-    "check": cmd_check,
     "demo": cmd_demo,
     "local-platform": cmd_local_platform,
 }
@@ -395,9 +695,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.setswitchinterval(GIL_SWITCH_SECONDS)
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "check":  # a configuration error is one of its rows
+            try:
+                config: Config | None = _load(args)
+            except ConfigError as exc:
+                return cmd_check(args, None, exc)
+            return cmd_check(args, config, None)
         config = _load(args)
         return _COMMANDS[args.command](args, config)
-    except (ConfigError, UsageError) as exc:
+    except (ConfigError, UsageError, AuthError) as exc:
         print(f"evalpush: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except EvalpushError as exc:

@@ -105,6 +105,7 @@ class RunRecord:
     updated_at: float
     finalized_at: float | None
     settles_at: float | None  # a waiting run: when the settle rule makes it ready
+    last_error_at: float | None  # when `last_error` was written
 
     @property
     def holder(self) -> Holder | None:
@@ -146,6 +147,9 @@ class HistoryRecord:
 
 class _OldSchema(LedgerError):
     """The ledger is from an older evalpush: opening it to write upgrades it."""
+
+
+OldSchema = _OldSchema  # what `check` reports as fine: the next writer upgrades it
 
 
 def default_path(state_dir: Path) -> Path:
@@ -622,6 +626,8 @@ class Ledger:
             if changes[name] is not None:
                 changes[name] = _stored_text(changes[name])
         changes["updated_at"] = self._clock()
+        if "last_error" in changes:
+            changes["last_error_at"] = changes["updated_at"] if changes["last_error"] else None
         assignments = ", ".join(f"{name} = ?" for name in changes)
         with self._transaction() as db:
             cursor = db.execute(

@@ -1,5 +1,10 @@
 """Logging: structlog, JSON lines for journald, console lines on a TTY, secrets redacted.
 
+Under systemd, with the stream going to the journal (`$JOURNAL_STREAM` names the stream's
+device and inode; or `$INVOCATION_ID` is set and the stream is not a terminal), every line
+starts with the syslog priority journald reads (`<3>` error, `<4>` warning, `<6>` info, `<7>`
+debug): `journalctl -p warning` then filters evalpush's lines, and the prefix is not shown.
+
 What it promises: `scrub` is THE one scrubber of secrets, and it runs wherever text leaves the
 process: every log event (`redact`, a structlog processor), every text column the ledger stores,
 and everything the `evalpush` command prints (`scrubbed_output`). It replaces each registered
@@ -14,14 +19,17 @@ holds an ordinary word of that length blanks that word too; secrecy wins over re
 structlog (which imports asyncio) is imported when the first event is logged, not before: a
 `push` that has nothing to say never pays for it (start-up). `configure` keeps its settings until
 then; `get_logger` returns a `Logger` that binds the structlog logger, with the configuration of
-that moment, at each event.
+that moment, at each event. An event below the configured level is dropped before structlog is
+imported, so a debug line in a quiet process costs a dict lookup.
 """
 
 from __future__ import annotations
 
 import functools
 import io
+import os
 import re
+import stat
 import sys
 import threading
 import urllib.parse
@@ -183,15 +191,22 @@ def scrubbed_output(fn: Callable[P, R]) -> Callable[P, R]:
 
 _pending: dict[str, Any] | None = None  # configure()'s settings, until structlog is imported
 _pending_lock = threading.Lock()
+_threshold: int | None = None  # the configured level's number; None: not configured (log all)
+
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "exception": 40}
+LEVELS |= {"critical": 50, "fatal": 50}
+SYSLOG_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
+"""The `<N>` prefix journald reads from a line (sd-daemon(3)): by structlog's level name."""
 
 
 def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
     """Set up structlog once for the process: JSON when not a TTY (or asked), else console.
 
     Applied now if structlog is already imported, else when the first event is logged."""
-    global _pending
+    global _pending, _threshold
     with _pending_lock:
         _pending = {"level": level, "fmt": fmt, "stream": stream or sys.stderr}
+        _threshold = LEVELS[level.lower()]
         if "structlog" in sys.modules:
             _apply_pending()
 
@@ -215,6 +230,8 @@ def _configure_structlog(level: str, fmt: str, stream: Any) -> None:
         if fmt == "console"
         else structlog.processors.JSONRenderer()
     )
+    if to_journal(stream):
+        renderer = _Prioritized(renderer)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -225,11 +242,44 @@ def _configure_structlog(level: str, fmt: str, stream: Any) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
+            logging.getLevelNamesMapping()[level.upper()]  # level names in any case
         ),
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=False,
     )
+
+
+def to_journal(stream: Any, environ: dict[str, str] | None = None) -> bool:
+    """Whether `stream` goes to the journal: `$JOURNAL_STREAM` (`device:inode`, set by systemd
+    for a unit's stdout/stderr) names it, or, without that variable, `$INVOCATION_ID` says
+    systemd started us and the stream is not a terminal."""
+    environ = dict(os.environ) if environ is None else environ
+    journal = environ.get("JOURNAL_STREAM")
+    try:
+        fd = stream.fileno()
+        if journal:
+            device, _, inode = journal.partition(":")
+            st = os.fstat(fd)
+            return (str(st.st_dev), str(st.st_ino)) == (device, inode)
+        return bool(environ.get("INVOCATION_ID")) and not os.isatty(fd) and _not_a_file(fd)
+    except (OSError, ValueError, io.UnsupportedOperation, AttributeError):
+        return False
+
+
+def _not_a_file(fd: int) -> bool:
+    """A unit's `StandardOutput=file:` is not the journal: no prefix there."""
+    return not stat.S_ISREG(os.fstat(fd).st_mode)
+
+
+class _Prioritized:
+    """A structlog renderer wrapped to start each line with its syslog priority, `<N>`."""
+
+    def __init__(self, renderer: Any) -> None:
+        self._renderer = renderer
+
+    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
+        priority = SYSLOG_PRIORITY.get(str(event.get("level", method)), 6)
+        return f"<{priority}>{self._renderer(logger, method, event)}"
 
 
 class Logger:
@@ -245,11 +295,18 @@ class Logger:
         return Logger({**self._context, **context})
 
     def __getattr__(self, method: str) -> Any:
+        threshold = _threshold
+        if threshold is not None and LEVELS.get(method, threshold) < threshold:
+            return _drop
         with _pending_lock:
             _apply_pending()
         import structlog
 
         return getattr(structlog.get_logger("evalpush").bind(**self._context), method)
+
+
+def _drop(*_args: Any, **_kwargs: Any) -> None:
+    """An event below the configured level."""
 
 
 def get_logger(**context: Any) -> Logger:

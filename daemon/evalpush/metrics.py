@@ -21,17 +21,17 @@ reason a line. Probes are read on the server's request threads, so each must be 
 to call from any thread (a `stat`, or a value the daemon's loop keeps), never a SQLite query on
 a connection another thread owns.
 
-Wiring the platform client (the lead's part; `platform.py` does not know this module yet): give
-`PlatformClient` an optional `observer: RequestObserver` and wrap the one exchange in `_send`:
-
-    with observed(self._observer, endpoint):
-        ...  # build, send, classify: exactly the body `_send` has today
-
-where `endpoint` is the `Endpoint` named after the public method calling `_send` (a new
-keyword argument of `_send`; the URL path is no label, it holds evaluation ids). An attempt
-that raises is counted under the `Outcome` of what it raised (`outcome_of`), so the client
-classifies and the metrics only read the class. The retrier's `before_sleep` hook is where
-`Metrics.retried()` goes.
+How the daemon feeds them (`DaemonFeed`, built by `service.Daemon` when `[metrics] listen` is
+set, and kept across reloads so counters do not restart): `PlatformClient(observer=...)`
+reports each attempt with its endpoint (the public method's name, an `Endpoint` value; the
+URL path is no label, it holds evaluation ids), and an attempt that raised is counted under
+the `Outcome` of what it raised (`outcome_of`): the client classifies, the metrics only read
+the class; `Retrier(on_retry=...)` counts retries (tenacity's `before_sleep`); the upload's
+progress hook reports each acknowledged batch (samples and bytes, as deltas of the run's row);
+an upload job's end sets the last success; the daemon's loop refreshes runs by state and the
+oldest waiting run from the ledger every few seconds; the gate answers how long the platform
+has been unreachable. The platform client does not import this module (it would bring
+`prometheus_client` into every `push`): it times the attempt itself and calls the observer.
 """
 
 from __future__ import annotations
@@ -420,6 +420,109 @@ class MetricsServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class _Gate(Protocol):
+    def unreachable_seconds(self) -> float: ...
+
+
+class DaemonFeed:
+    """The daemon's side of the metrics: the hooks its parts report to, what its loop
+    refreshes, the probes `/metrics` and `/healthz` read, and the server on `[metrics] listen`.
+
+    One per daemon: each set of parts built from a configuration (again on SIGHUP) reports to
+    it, so counters survive a reload; `attach` points the probes at the new gate and ledger and
+    moves the server when `listen` changed. Hooks are called from upload threads, `refresh`
+    from the loop, probes from the server's threads: each touches only its own values.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self._gate: _Gate | None = None
+        self._ledger_path: Path | None = None
+        self._ledger_problem: str | None = None
+        self._lock = threading.Lock()
+        self._sent: dict[str, tuple[int, int]] = {}  # run id -> (samples, bytes) counted so far
+        self.probes = Probes(self._unreachable_seconds, self._problem, self._ledger_bytes)
+        self.metrics = Metrics(self.probes, clock=clock)
+        self._server: MetricsServer | None = None
+        self._config: MetricsConfig | None = None
+
+    def attach(self, config: MetricsConfig, gate: _Gate, ledger_path: Path) -> None:
+        """Parts were built: read their gate and ledger; serve where `config` says (a
+        `ConfigError` naming `metrics.listen` when that address cannot be used)."""
+        self._gate, self._ledger_path = gate, ledger_path
+        if config == self._config:
+            return
+        self.stop()
+        server = server_for(config, self.metrics, self.probes)
+        if server is not None:
+            server.start()
+        self._server, self._config = server, config
+
+    @property
+    def url(self) -> str | None:
+        return None if self._server is None else self._server.url
+
+    def stop(self) -> None:
+        server, self._server, self._config = self._server, None, None
+        if server is not None:
+            server.stop()
+
+    # -- hooks (upload threads) ----------------------------------------------------------------
+
+    def request_done(self, endpoint: Endpoint, error: BaseException | None, seconds: float) -> None:
+        self.metrics.request_done(endpoint, error, seconds)
+
+    def retried(self) -> None:
+        self.metrics.retried()
+
+    def batch_acked(self, record: Any) -> None:
+        """A `RunRecord` after an acknowledged batch: what it sent since the last one counted
+        (a run that started over counts from 0 again)."""
+        samples, nbytes = record.samples_sent, record.bytes_sent
+        with self._lock:
+            before = self._sent.get(record.run_id, (0, 0))
+            self._sent[record.run_id] = (samples, nbytes)
+        if samples < before[0] or nbytes < before[1]:
+            before = (0, 0)
+        self.metrics.samples_sent(samples - before[0], nbytes - before[1])
+
+    def upload_done(self, record: Any | None) -> None:
+        """An upload job ended with the run's row (None: it ended without one)."""
+        if record is None:
+            return
+        with self._lock:
+            self._sent.pop(record.run_id, None)
+        if record.state == State.FINALIZED:
+            self.metrics.upload_finalized()
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def refresh(self, ledger: Any) -> None:
+        """Runs by state and the oldest run waiting for upload (ready, or uploading: the time
+        its row last moved), from the ledger; a ledger that fails is a `/healthz` problem."""
+        try:
+            counts = ledger.state_counts()
+            pending = ledger.in_state(State.READY, State.UPLOADING)
+        except errors.LedgerError as exc:
+            self._ledger_problem = str(exc)
+            return
+        self._ledger_problem = None
+        self.metrics.set_runs(counts)
+        self.metrics.set_oldest_waiting(min((r.updated_at for r in pending), default=None))
+
+    # -- probes (server threads) ------------------------------------------------------------------
+
+    def _unreachable_seconds(self) -> float:
+        gate = self._gate
+        return 0.0 if gate is None else gate.unreachable_seconds()
+
+    def _problem(self) -> str | None:
+        return self._ledger_problem
+
+    def _ledger_bytes(self) -> int:
+        path = self._ledger_path
+        return 0 if path is None else ledger_file_bytes(path)
 
 
 def server_for(config: MetricsConfig, metrics: Metrics, probes: Probes) -> MetricsServer | None:

@@ -32,11 +32,12 @@ import math
 import os
 import re
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import httpx
 import msgspec
@@ -45,6 +46,9 @@ from evalpush import __version__, errors
 from evalpush.config import PlatformConfig
 from evalpush.log import register_secret, scrub
 from evalpush.transport import StoppableTransport, request_deadline
+
+if TYPE_CHECKING:  # metrics imports prometheus_client, which a push never needs
+    from evalpush.metrics import RequestObserver
 
 __all__ = [
     "Credentials",
@@ -534,11 +538,16 @@ class PlatformClient:
         home: Path | None = None,
         transport: httpx.BaseTransport | None = None,
         stop: threading.Event | None = None,
+        observer: RequestObserver | None = None,
     ) -> None:
         """`stop`: once set, a request in flight is cut off within `transport.SLICE_SECONDS`
         and raises `Interrupted` (the service's stop event; by default one never set).
-        `transport` replaces the stoppable one (tests feed canned answers through it)."""
+        `transport` replaces the stoppable one (tests feed canned answers through it).
+        `observer` is told of every attempt once it ended: its endpoint (the public method's
+        name, a `metrics.Endpoint` value), what it raised (None: it worked), and how long it
+        took (the daemon's metrics)."""
         self._config = config
+        self._observer = observer
         self._environ = os.environ if environ is None else environ
         self._home = home
         self._stop = threading.Event() if stop is None else stop
@@ -600,13 +609,36 @@ class PlatformClient:
         method: str,
         path: str,
         *,
+        endpoint: str,
         what: str,
         replayable: bool,
         body: bytes | None = None,
         params: Mapping[str, Any] | None = None,
         cap: int = MAX_ANSWER_BYTES,
     ) -> _Answer:
-        """One request; its 2xx answer read under `cap` bytes, or the error it stands for."""
+        """One request; its 2xx answer read under `cap` bytes, or the error it stands for. The
+        observer, if any, hears how it ended."""
+        if self._observer is None:
+            return self._exchange(method, path, what, replayable, body, params, cap)
+        started = time.monotonic()
+        try:
+            answer = self._exchange(method, path, what, replayable, body, params, cap)
+        except BaseException as exc:
+            self._observer.request_done(endpoint, exc, time.monotonic() - started)  # type: ignore[arg-type]
+            raise
+        self._observer.request_done(endpoint, None, time.monotonic() - started)  # type: ignore[arg-type]
+        return answer
+
+    def _exchange(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        replayable: bool,
+        body: bytes | None,
+        params: Mapping[str, Any] | None,
+        cap: int,
+    ) -> _Answer:
         if self._stop.is_set():
             raise errors.Interrupted(f"{what}: stop requested; not sent")
         credentials = self.credentials  # one snapshot, even if another thread reloads
@@ -675,11 +707,14 @@ class PlatformClient:
         self,
         path: str,
         *,
+        endpoint: str,
         what: str,
         params: Mapping[str, Any] | None = None,
         cap: int = MAX_ANSWER_BYTES,
     ) -> Any:
-        answer = self._send("GET", path, what=what, params=params, replayable=True, cap=cap)
+        answer = self._send(
+            "GET", path, endpoint=endpoint, what=what, params=params, replayable=True, cap=cap
+        )
         return self._decode(answer, what=what, replayable=True)
 
     # -- the endpoints ----------------------------------------------------------------------
@@ -693,7 +728,12 @@ class PlatformClient:
         what = f"resolve environment {name!r}"
         body = msgspec.json.encode(self._with_team({"name": name}))
         answer = self._send(
-            "POST", "/environmentshub/resolve", what=what, body=body, replayable=True
+            "POST",
+            "/environmentshub/resolve",
+            endpoint="resolve_environment",
+            what=what,
+            body=body,
+            replayable=True,
         )
         env_id = _first_id(self._decode(answer, what=what, replayable=True), ("id",))
         if env_id is None:
@@ -709,6 +749,7 @@ class PlatformClient:
         answer = self._send(
             "POST",
             "/evaluations/",
+            endpoint="create_evaluation",
             what=what,
             body=msgspec.json.encode(self._with_team(body)),
             replayable=False,
@@ -725,7 +766,9 @@ class PlatformClient:
         """Append one encoded `{"samples": [...]}` batch. NOT replayable."""
         what = f"push samples to {evaluation_id}"
         path = f"/evaluations/{_segment(evaluation_id, what)}/samples"
-        answer = self._send("POST", path, what=what, body=body, replayable=False)
+        answer = self._send(
+            "POST", path, endpoint="push_samples", what=what, body=body, replayable=False
+        )
         if answer.body.strip():
             self._decode(answer, what=what, replayable=False)
 
@@ -734,7 +777,9 @@ class PlatformClient:
         what = f"finalize {evaluation_id}"
         body = msgspec.json.encode({"metrics": metrics})
         path = f"/evaluations/{_segment(evaluation_id, what)}/finalize"
-        answer = self._send("POST", path, what=what, body=body, replayable=False)
+        answer = self._send(
+            "POST", path, endpoint="finalize", what=what, body=body, replayable=False
+        )
         if not answer.body.strip():
             return None
         return _viewer_url_in(self._decode(answer, what=what, replayable=False))
@@ -742,7 +787,7 @@ class PlatformClient:
     def get_evaluation(self, evaluation_id: str) -> dict[str, Any]:
         what = f"read evaluation {evaluation_id}"
         path = f"/evaluations/{_segment(evaluation_id, what)}"
-        answer = self._send("GET", path, what=what, replayable=True)
+        answer = self._send("GET", path, endpoint="get_evaluation", what=what, replayable=True)
         data = self._decode(answer, what=what, replayable=True)
         if isinstance(data, dict) and isinstance(data.get("data"), dict) and "status" not in data:
             data = data["data"]
@@ -770,7 +815,11 @@ class PlatformClient:
             listing.asking()
             try:
                 data = self._get_json(
-                    path, what=what, params={"page": page, "limit": limit}, cap=MAX_PAGE_BYTES
+                    path,
+                    endpoint="list_samples",
+                    what=what,
+                    params={"page": page, "limit": limit},
+                    cap=MAX_PAGE_BYTES,
                 )
             except _TooLarge:
                 if limit == 1:
@@ -811,7 +860,13 @@ class PlatformClient:
             skip = listing.seen
             params = {"environment_name": environment_name, "skip": skip, "limit": limit}
             try:
-                data = self._get_json("/evaluations/", what=what, params=params, cap=MAX_PAGE_BYTES)
+                data = self._get_json(
+                    "/evaluations/",
+                    endpoint="list_evaluations",
+                    what=what,
+                    params=params,
+                    cap=MAX_PAGE_BYTES,
+                )
             except _TooLarge:
                 if limit == 1:
                     raise
@@ -853,12 +908,24 @@ class PlatformClient:
                 body[key] = value
         what = f"close out {evaluation_id} as {status}"
         path = f"/evaluations/{_segment(evaluation_id, what)}"
-        self._send("PUT", path, what=what, body=msgspec.json.encode(body), replayable=True)
+        self._send(
+            "PUT",
+            path,
+            endpoint="close_out",
+            what=what,
+            body=msgspec.json.encode(body),
+            replayable=True,
+        )
 
     def probe(self) -> None:
         """A cheap authenticated read: returns if the platform answers and accepts the key."""
         self._send(
-            "GET", "/evaluations/", what="probe the platform", params={"limit": 1}, replayable=True
+            "GET",
+            "/evaluations/",
+            endpoint="probe",
+            what="probe the platform",
+            params={"limit": 1},
+            replayable=True,
         )
 
 

@@ -6,13 +6,18 @@ same time: a run one of them holds is not touched. `push` first uploads every ru
 then waits for the held ones (polling the ledger, stop-aware) and reports the outcome their
 holder reached, or takes a run over if its holder went away before finishing it. With
 `wait=False` it reports them as busy.
+
+`on_result` hears of each run's final result as it comes (the CLI prints it, and counts it in
+the progress bar). A refused key (or none) stops the whole push: every run in flight is
+interrupted with its progress kept, and `push` raises the `AuthError` once all have stopped.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +25,13 @@ from evalpush import paths
 from evalpush.app import App
 from evalpush.errors import AuthError, Busy, ClaimLost, Interrupted, RunError, RunIdTaken
 from evalpush.ledger import RunRecord
+from evalpush.lifecycle import upload_ended, upload_started
+from evalpush.log import get_logger
 from evalpush.runs import find_run_dirs
 from evalpush.scheduler import Scheduler
 from evalpush.states import State
 
-__all__ = ["PushResult", "push"]
+__all__ = ["PushResult", "find_runs", "push", "push_runs"]
 
 WAIT_POLL_SECONDS = 0.25
 """How often `push` looks at the ledger while another process uploads a run it was given."""
@@ -54,30 +61,54 @@ class PushResult:
         )
 
 
-def push(app: App, directories: Sequence[Path], *, wait: bool = True) -> list[PushResult]:
+OnResult = Callable[[PushResult], object]
+
+
+def find_runs(directories: Sequence[Path]) -> list[Path]:
+    """Every run directory in `directories` (each a run directory or a root holding them), once
+    each, in the order found: overlapping arguments (`push ROOT ROOT/RUN`) name a run twice."""
+    found = (run_dir for directory in directories for run_dir in find_run_dirs(directory))
+    return list(dict.fromkeys(found))
+
+
+def push(
+    app: App,
+    directories: Sequence[Path],
+    *,
+    wait: bool = True,
+    on_result: OnResult | None = None,
+) -> list[PushResult]:
     """Upload every eval run found in `directories`, as finished now, one result per run
     directory in the order first found. Runs other processes hold are waited for (or, with
     `wait=False`, reported busy)."""
-    # Overlapping arguments (a root and a run under it) find a run twice: it is one run.
-    found = list(
-        dict.fromkeys(run_dir for directory in directories for run_dir in find_run_dirs(directory))
-    )
+    return push_runs(app, find_runs(directories), wait=wait, on_result=on_result)
+
+
+def push_runs(
+    app: App, found: list[Path], *, wait: bool = True, on_result: OnResult | None = None
+) -> list[PushResult]:
+    """`push` of run directories already found (`find_runs`)."""
     # An older evalpush stored what servers echoed as it was: scrub it of the key in use.
     app.ledger.scrub_secrets()
-    return _Push(app).run(found, wait=wait)
+    return _Push(app, on_result).run(found, wait=wait)
 
 
 class _Push:
-    def __init__(self, app: App):
+    def __init__(self, app: App, on_result: OnResult | None = None):
         self._app = app
+        self._on_result = on_result
         self._results: dict[Path, PushResult] = {}
+        self._told: set[Path] = set()
         self._waited_for: dict[Path, int] = {}
         self._failures: list[BaseException] = []
+        self._refused: AuthError | None = None
+        self._wait = True
         self._lock = threading.Lock()
 
     def run(self, found: list[Path], *, wait: bool) -> list[PushResult]:
         if not found:
             return []
+        self._wait = wait
         workers = min(self._app.config.upload.max_concurrent_runs, len(found))
         with Scheduler(self._job, workers=workers, on_error=self._failed) as scheduler:
             self._all(scheduler, found)
@@ -88,7 +119,18 @@ class _Push:
                 released = self._wait_for_release(list(busy))
                 self._waited_for.update({path: busy[path] for path in released})
                 self._all(scheduler, released)
-        return [self._interrupted_if_busy(self._results[path]) for path in found]
+        if self._refused is not None:
+            raise self._refused
+        results = [self._interrupted_if_busy(self._results[path]) for path in found]
+        for result in results:
+            if result.path not in self._told:
+                self._tell(result)
+        return results
+
+    def _tell(self, result: PushResult) -> None:
+        self._told.add(result.path)
+        if self._on_result is not None:
+            self._on_result(result)
 
     def _all(self, scheduler: Scheduler[Path], directories: list[Path]) -> None:
         for directory in directories:
@@ -105,6 +147,9 @@ class _Push:
         result = self._push_one(directory, self._waited_for.get(directory))
         with self._lock:
             self._results[directory] = result
+            final = result.busy is None or not self._wait
+            if final and self._refused is None:
+                self._tell(result)
 
     def _wait_for_release(self, busy: list[Path]) -> list[Path]:
         """Poll the ledger until at least one of the `busy` runs is held by nobody alive;
@@ -136,6 +181,9 @@ class _Push:
         except RunError as exc:
             return self._unloadable(directory, exc)
         before = self._app.ledger.get_run(run.run_id)
+        log = get_logger(run=run.run_id, path=paths.display(directory))
+        upload_started(log)
+        started = time.monotonic()
         try:
             record = self._app.uploader.upload(run, retry_failed=waited_for is None)
         except Busy as exc:
@@ -146,10 +194,24 @@ class _Push:
             )
         except RunIdTaken as exc:
             return PushResult(directory, None, 0, str(exc))
-        except (AuthError, ClaimLost, RunError) as exc:
+        except AuthError as exc:
+            self._refuse(exc)
+            return PushResult(directory, self._row(directory), 0, str(exc))
+        except (ClaimLost, RunError) as exc:
             # RunError: the run stays as it was (finalized); only this attempt failed.
             return PushResult(directory, self._row(directory), 0, str(exc))
-        return self._result(directory, before, record, waited_for)
+        result = self._result(directory, before, record, waited_for)
+        if not result.already and result.uploaded_by is None:
+            upload_ended(log, record, time.monotonic() - started)
+        return result
+
+    def _refuse(self, exc: AuthError) -> None:
+        """The platform refused the key (or there is none): nothing else can be sent, so the
+        push stops; every run in flight keeps its progress."""
+        with self._lock:
+            if self._refused is None:
+                self._refused = exc
+        self._app.request_stop()
 
     def _result(
         self,
@@ -185,6 +247,7 @@ class _Push:
 
     def _unloadable(self, directory: Path, exc: RunError) -> PushResult:
         """A run whose config cannot be read still shows in `status`, failed, with why."""
+        get_logger(path=paths.display(directory)).warning("run cannot be uploaded", error=str(exc))
         try:
             record = self._app.uploader.fail(directory, exc)
         except Busy as busy:

@@ -8,18 +8,20 @@ shows as `ready`, interrupted: the next push resumes it.
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
-from evalpush import paths
+from evalpush import gatefile, paths
 from evalpush.claims import Holder, Process, holder_alive
 from evalpush.ledger import Ledger, RunRecord, State
 from evalpush.push import PushResult
-from evalpush.runs import settles_in
-
-MIB = 1024 * 1024
+from evalpush.retry import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
+from evalpush.runs import format_duration, settles_in, traces_file
+from evalpush.setaside import SetAside
 
 Alive = Callable[[Holder], bool]
 
@@ -97,6 +99,173 @@ def status_rows(ledger: Ledger, alive: Alive | None = None) -> list[dict[str, An
     return rows
 
 
+def run_detail(ledger: Ledger, record: RunRecord, alive: Alive | None = None) -> dict[str, Any]:
+    """One run in full: what `status RUN` shows, and each object of `status --json`."""
+    alive = alive or _alive_now()
+    holder = _holder(record, alive)
+    set_aside = ledger.set_aside(record)
+    row = _row(record, len(set_aside), holder)
+    claim = record.holder
+    evaluations = [
+        {
+            "evaluation_id": earlier.evaluation_id,
+            "url": earlier.viewer_url,
+            "outcome": earlier.outcome,
+            "why": _HISTORY_REASONS.get(earlier.outcome, earlier.outcome),
+            "at": earlier.at,
+        }
+        for earlier in ledger.history(record)
+    ]
+    if record.evaluation_id is not None:
+        evaluations.append(
+            {
+                "evaluation_id": record.evaluation_id,
+                "url": record.viewer_url,
+                "outcome": "current",
+                "why": "finalized" if record.state == State.FINALIZED else "open",
+                "at": record.finalized_at,
+            }
+        )
+    return {
+        **row,
+        "kind": record.kind,
+        "step": record.step,
+        "bytes_sent": record.bytes_sent,
+        "trace_bytes": record.upload_end,
+        "acked_bytes": record.acked_offset,
+        "last_error_at": record.last_error_at if record.last_error else None,
+        "claim": None
+        if claim is None
+        else {
+            "pid": claim.pid,
+            "host": claim.host,
+            "since": claim.since,
+            "lease_expires": claim.expires,
+            "alive": holder is not None,
+        },
+        "created_at": record.created_at,
+        "finalized_at": record.finalized_at,
+        "settles_at": record.settles_at,
+        "evaluations": evaluations,
+        "set_aside_records": [
+            {
+                "line": item.line,
+                "offset": item.offset,
+                "size": item.size,
+                "kind": item.kind,
+                "reason": item.reason,
+            }
+            for item in set_aside
+        ],
+    }
+
+
+def status_details(ledger: Ledger, alive: Alive | None = None) -> list[dict[str, Any]]:
+    """`status --json`: every run in full, in the ledger's order."""
+    alive = alive or _alive_now()
+    return [run_detail(ledger, record, alive) for record in ledger.all()]
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(seconds))
+
+
+def _nbytes(count: int | None) -> str:
+    if count is None:
+        return "-"
+    return f"{count:,} B" if count < 1000 else f"{count:,} B ({count / 1e6:.1f} MB)"
+
+
+def detail_text(detail: dict[str, Any]) -> str:
+    """`status RUN`: one run in full, a labelled line per fact, then its evaluations and its
+    set-aside records."""
+    lines = [
+        ("run", detail["run_id"]),
+        ("path", detail["path"]),
+        ("kind", detail["kind"]),
+        ("state", detail["state"] + (f": {detail['reason']}" if detail["reason"] else "")),
+        ("step", detail["step"]),
+        (
+            "samples",
+            f"{detail['samples_sent']:,} sent of {detail['samples_seen']:,} seen, "
+            f"{_nbytes(detail['bytes_sent'])} of requests",
+        ),
+        (
+            "trace file",
+            f"{_nbytes(detail['acked_bytes'])} acknowledged of {_nbytes(detail['trace_bytes'])}"
+            " scanned"
+            if detail["trace_bytes"] is not None
+            else "not scanned yet",
+        ),
+        ("attempts", str(detail["attempts"])),
+    ]
+    if detail["last_error"]:
+        lines.append(
+            ("last error", f"{detail['last_error']} (at {_when(detail['last_error_at'])})")
+        )
+    claim = detail["claim"]
+    if claim is None:
+        lines.append(("claim", "nobody holds it"))
+    else:
+        who = holder_text(claim) if claim["alive"] else f"pid {claim['pid']} on {claim['host']}"
+        lines.append(
+            ("claim", who + ("" if claim["alive"] else " (gone: the next push takes it over)"))
+        )
+    lines += [
+        ("created", _when(detail["created_at"])),
+        ("updated", _when(detail["updated_at"])),
+        ("finalized", _when(detail["finalized_at"])),
+    ]
+    if detail["settles_at"] is not None and detail["state"] == State.WAITING:
+        lines.append(("settles", _when(detail["settles_at"])))
+    out = [f"{label + ':':<12}{value}" for label, value in lines]
+    out.append(f"evaluations: {len(detail['evaluations']) or 'none yet'}")
+    for evaluation in detail["evaluations"]:
+        out.append(
+            f"  {evaluation['outcome']:<11} {evaluation['url'] or evaluation['evaluation_id']}"
+            f"  {evaluation['why']}, {_when(evaluation['at'])}"
+        )
+    records = detail["set_aside_records"]
+    out.append(f"set aside:  {len(records) or 'nothing'}")
+    for item in records:
+        out.append(
+            f"  line {item['line']}, offset {item['offset']}, {item['size']:,} B, "
+            f"{item['kind']}: {item['reason']}"
+        )
+    return paths.printable("\n".join(out))
+
+
+def daemon_text(view: gatefile.DaemonView | None, now: float | None = None) -> str | None:
+    """The running daemon's line for `status`: who it is and what the platform is doing, or
+    None when no daemon runs on this state directory."""
+    if view is None:
+        return None
+    now = time.time() if now is None else now
+    where = "" if view.host == socket.gethostname() else f" on {view.host}"
+    gate = view.gate
+    if gate.get("mode") in (UNREACHABLE, AUTH, PAUSED) and gate.get("since") is not None:
+        next_at = gate.get("next_probe_at")
+        platform = Outage(
+            OutageEvent.ONGOING,
+            gate["mode"],
+            now - float(gate["since"]),
+            int(gate.get("attempts") or 0),
+            None if next_at is None else max(0.0, float(next_at) - now),
+            int(gate.get("runs_waiting") or 0),
+            str(gate.get("reason") or ""),
+        ).message
+    else:
+        platform = "platform reachable"
+    runs = view.status.split(", platform ")[0]  # the STATUS line's counts; its gate is above
+    line = f"daemon:     pid {view.pid}{where}: {platform} ({runs})"
+    age = view.age(now)
+    if age > gatefile.SILENT_SECONDS:
+        line += f"; last heard from {format_duration(age)} ago"
+    return line
+
+
 def holder_text(holder: dict[str, Any] | None) -> str:
     """`pid 123 since 14:02:07` (`on HOST` added for another host), or empty."""
     if holder is None:
@@ -106,9 +275,9 @@ def holder_text(holder: dict[str, Any] | None) -> str:
     return f"pid {holder['pid']}{where} since {since}"
 
 
-def status_table(rows: list[dict[str, Any]]) -> str:
+def status_table(rows: list[dict[str, Any]], *, ledger: Path | None = None) -> str:
     if not rows:
-        return "no runs in the ledger yet"
+        return "no runs in the ledger yet" + (f" ({ledger})" if ledger is not None else "")
     header = ("RUN", "STATE", "SENT/SEEN", "ASIDE", "HOLDER", "EVALUATION", "DETAIL")
     table = [header]
     for row in rows:
@@ -165,36 +334,221 @@ def _push_line(result: PushResult) -> str:
     return f"{record.state:<10} {path}: {result.error or record.reason} ({where})"
 
 
-class PushProgress:
-    """A one-line progress bar on a TTY (samples and MB across runs); silent otherwise."""
+def push_object(result: PushResult, set_aside: list[SetAside]) -> dict[str, Any]:
+    """One run of `push --json` (like `prime eval push -o json`'s results): its path, run id,
+    state, evaluation and viewer URL, samples, what was set aside, and the error if any;
+    `status` is `success` for a finalized or skipped run with nothing set aside."""
+    record = result.record
+    error = result.error
+    if result.busy is not None:
+        error = f"being uploaded by pid {result.busy.pid} on {result.busy.host}"
+    return {
+        "path": paths.printable(paths.display(result.path)),
+        "run_id": None if record is None else record.run_id,
+        "state": "busy" if result.busy is not None else (None if record is None else record.state),
+        "status": "success" if result.ok else "failed",
+        "evaluation_id": None if record is None else record.evaluation_id,
+        "url": None if record is None else record.viewer_url,
+        "samples_sent": None if record is None else record.samples_sent,
+        "samples_seen": None if record is None else record.samples_seen,
+        "already_finalized": result.already,
+        "uploaded_by": result.uploaded_by,
+        "copy_of": result.copy_of,
+        "error": error,
+        "set_aside": len(set_aside),
+        "set_aside_records": [
+            {
+                "line": item.line,
+                "offset": item.offset,
+                "size": item.size,
+                "kind": item.kind,
+                "reason": item.reason,
+            }
+            for item in set_aside
+        ],
+    }
 
-    def __init__(self, stream: IO[str], *, interval_seconds: float = 0.2):
-        self._stream = stream
-        self._enabled = stream.isatty()
-        self._interval = interval_seconds
+
+def trace_sizes(found: list[Path]) -> dict[Path, int]:
+    """Each run directory's trace file size now (`stat`): the progress bar's total, known before
+    the first byte is sent. A file that cannot be looked at counts 0."""
+    sizes = {}
+    for directory in found:
+        traces = traces_file(directory)
+        try:
+            sizes[directory] = traces.stat().st_size if traces is not None else 0
+        except OSError:
+            sizes[directory] = 0
+    return sizes
+
+
+class PushProgress:
+    """What `push` tells a person while it works, on `err` (stderr): outages as they begin, go
+    on and end; and the result of each run on `out` (stdout) as it finishes (unless `quiet`,
+    for `--json`). This base class draws no bar: one line per run, for a stream that is not
+    a terminal. `LiveProgress` adds the bar."""
+
+    def __init__(self, out: IO[str], err: IO[str], sizes: dict[Path, int], *, quiet: bool = False):
+        self._out, self._err = out, err
+        self._quiet = quiet
         self._lock = threading.Lock()
-        self._runs: dict[int, RunRecord] = {}
-        self._last = 0.0
+        self._sizes = sizes
+        self._path_of = {paths.raw(path): path for path in sizes}  # as the ledger records it
+        self._bytes: dict[Path, int] = {}
+        self._samples: dict[Path, int] = {}
+        self._runs_done = 0
+
+    def __enter__(self) -> PushProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    @property
+    def console_stream(self) -> IO[str]:
+        """Where other lines for stderr (the log) go while the progress shows."""
+        return self._err
 
     def update(self, record: RunRecord) -> None:
-        if not self._enabled:
+        """After each acknowledged batch (upload threads): the run's bytes and samples so far."""
+        path = self._path_of.get(record.path_raw)
+        if path is None:
             return
         with self._lock:
-            self._runs[record.id] = record
-            now = time.monotonic()
-            if now - self._last < self._interval:
-                return
-            self._last = now
-            sent = sum(r.samples_sent for r in self._runs.values())
-            seen = sum(r.samples_seen for r in self._runs.values())
-            mb = sum(r.bytes_sent for r in self._runs.values()) / MIB
-            width = 30
-            filled = int(width * sent / seen) if seen else 0
-            bar = "#" * filled + "-" * (width - filled)
-            self._stream.write(f"\r[{bar}] {sent}/{seen} samples  {mb:.1f} MB  ")
-            self._stream.flush()
+            self._bytes[path] = min(record.acked_offset, self._sizes[path])
+            self._samples[path] = record.samples_sent
+        self._draw()
 
-    def finish(self) -> None:
-        if self._enabled and self._runs:
-            self._stream.write("\n")
-            self._stream.flush()
+    def done(self, result: PushResult) -> None:
+        """A run finished: its line, and its bytes counted in full when it needs nothing more."""
+        record = result.record
+        with self._lock:
+            self._runs_done += 1
+            if record is not None and record.state in (State.FINALIZED, State.SKIPPED):
+                self._bytes[result.path] = self._sizes.get(result.path, 0)
+            elif record is not None and result.busy is None:
+                self._bytes[result.path] = min(record.acked_offset, self._sizes.get(result.path, 0))
+            if record is not None and result.busy is None:
+                self._samples[result.path] = record.samples_sent
+        self._draw()
+        if not self._quiet:
+            self._print(self._out, push_line(result))
+
+    def outage(self, outage: Outage) -> None:
+        """The gate's report of an outage: one line on stderr."""
+        line = outage.message
+        if outage.event == OutageEvent.STARTED and outage.reason:
+            line += f" ({outage.reason})"
+        elif outage.event == OutageEvent.ENDED:
+            line += f" after {format_duration(outage.seconds)} ({outage.attempts} attempts)"
+        self._print(self._err, f"evalpush: {line}")
+
+    def _print(self, stream: IO[str], line: str) -> None:
+        with self._lock:
+            stream.write(line + "\n")
+            stream.flush()
+
+    def _draw(self) -> None:
+        """Bring the bar up to date (no bar here)."""
+
+    def totals(self) -> tuple[int, int, int, int, int]:
+        """(bytes done, bytes in all, samples sent, runs done, runs in all)."""
+        with self._lock:
+            return (
+                sum(self._bytes.values()),
+                sum(self._sizes.values()),
+                sum(self._samples.values()),
+                self._runs_done,
+                len(self._sizes),
+            )
+
+
+class LiveProgress(PushProgress):
+    """A `rich.progress` bar on a terminal: trace bytes done of the total (every run's trace
+    file size, from `stat`, before the first byte is sent) with rate and time left, samples sent
+    with their rate, runs done of the total; redrawn ten times a second, and a final frame with
+    the final counts when the push ends, however it ends. Result and outage lines print above
+    the bar (and stdout's through it, when stdout is the same terminal)."""
+
+    def __init__(self, out: IO[str], err: IO[str], sizes: dict[Path, int], *, quiet: bool = False):
+        super().__init__(out, err, sizes, quiet=quiet)
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+        from rich.table import Column
+
+        self._console = Console(file=err, highlight=False)
+
+        def fixed() -> Column:  # a column that never wraps (a narrow terminal cuts it short)
+            return Column(no_wrap=True)
+
+        self._bar = Progress(
+            BarColumn(bar_width=24),
+            TaskProgressColumn(table_column=fixed()),
+            DownloadColumn(table_column=fixed()),
+            TransferSpeedColumn(table_column=fixed()),
+            TextColumn(
+                "{task.fields[samples]} samples {task.fields[sample_rate]}/s",
+                table_column=fixed(),
+            ),
+            TextColumn("{task.fields[runs_done]}/{task.fields[runs]} runs", table_column=fixed()),
+            TimeRemainingColumn(table_column=fixed()),
+            console=self._console,
+            redirect_stdout=out.isatty(),
+            redirect_stderr=True,
+        )
+        self._task = self._bar.add_task(
+            "push",
+            total=sum(sizes.values()),
+            samples="0",
+            sample_rate="0",
+            runs_done=0,
+            runs=len(sizes),
+        )
+        self._started = time.monotonic()
+
+    def __enter__(self) -> LiveProgress:
+        self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._draw()  # the final frame: the counts as they ended
+        self._bar.stop()
+
+    @property
+    def console_stream(self) -> IO[str]:
+        return sys.stderr  # rich's stand-in for stderr while the bar shows: lines go above it
+
+    def _print(self, stream: IO[str], line: str) -> None:
+        if stream is self._err or stream.isatty():
+            self._console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            super()._print(stream, line)
+
+    def _draw(self) -> None:
+        done, _total, samples, runs_done, _runs = self.totals()
+        elapsed = max(time.monotonic() - self._started, 1e-9)
+        self._bar.update(
+            self._task,
+            completed=done,
+            samples=f"{samples:,}",
+            sample_rate=f"{samples / elapsed:,.0f}",
+            runs_done=runs_done,
+        )
+
+
+def push_progress(
+    out: IO[str], err: IO[str], found: list[Path], *, quiet: bool = False
+) -> PushProgress:
+    """A bar on a terminal, lines otherwise."""
+    sizes = trace_sizes(found)
+    if err.isatty():
+        return LiveProgress(out, err, sizes, quiet=quiet)
+    return PushProgress(out, err, sizes, quiet=quiet)

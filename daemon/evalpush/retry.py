@@ -10,27 +10,45 @@ What it promises:
   unreachable or refuses the key, every caller waits while ONE of them probes (with backoff
   between probes) and all resume when a probe answers; a `Retry-After` pauses everyone until
   then. The key is re-read before each probe, and `wake()` (SIGHUP) probes at once.
+- Each outage (unreachable, key refused, or a Retry-After pause) is told to `on_outage` as an
+  `Outage`: when it starts, after `OUTAGE_FIRST_REPORT_SECONDS` and then at doubling intervals
+  up to `OUTAGE_REPORT_CAP_SECONDS` apart while it lasts (how long, attempts, the next probe,
+  runs waiting), and when it ends (in all). The daemon logs them; `push` prints them.
+- A one-shot gate (`push`) probes once before the first request, and a refused key is final.
 
 Clock, randomness and sleep are parameters so tests never wait for real.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from functools import partial
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import tenacity
 
 from evalpush import errors
 from evalpush.log import get_logger
+from evalpush.runs import format_duration
 
-__all__ = ["CALL_BACKOFF", "PROBE_BACKOFF", "Backoff", "Gate", "Probe", "Retrier"]
+__all__ = [
+    "CALL_BACKOFF",
+    "PROBE_BACKOFF",
+    "Backoff",
+    "Gate",
+    "Outage",
+    "OutageEvent",
+    "Probe",
+    "Retrier",
+    "log_outage",
+]
 
 T = TypeVar("T")
 
@@ -70,10 +88,17 @@ class Probe(Protocol):
 
 
 OPEN, PAUSED, UNREACHABLE, AUTH = "open", "paused", "unreachable", "auth"
+UNVERIFIED, REFUSED = "unverified", "refused"
+"""A one-shot gate's extra modes: before its first probe, and after the key was refused."""
 
 CREDENTIALS_POLL_SECONDS = 1.0
 """While the key is refused (or missing), how often it is read again: a key that appears (a
 file written, a systemd credential) is probed within about this long, without a restart."""
+
+OUTAGE_FIRST_REPORT_SECONDS = 5.0
+"""An outage is reported when it starts, then after this long, then at doubling intervals..."""
+OUTAGE_REPORT_CAP_SECONDS = 600.0
+"""... up to one report every 10 minutes: a long outage stays visible without flooding."""
 
 
 def _iso(wall_seconds: float) -> str:
@@ -84,13 +109,100 @@ def _iso(wall_seconds: float) -> str:
     )
 
 
+class OutageEvent(StrEnum):
+    STARTED = "started"
+    ONGOING = "ongoing"
+    ENDED = "ended"
+
+
+_WHAT = {
+    UNREACHABLE: "platform unreachable",
+    AUTH: "API key refused",
+    PAUSED: "platform throttling (Retry-After)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Outage:
+    """What the gate says about a time the platform could not be used: when it starts, at
+    growing intervals while it lasts, and when it ends."""
+
+    event: OutageEvent
+    mode: str  # unreachable, auth (the key refused, or none) or paused (Retry-After)
+    seconds: float  # how long it has lasted (ENDED: in all)
+    attempts: int  # the failed call that began it, and every probe since
+    next_in: float | None  # seconds until the next probe (or the end of a pause)
+    waiting: int  # runs whose upload waits at the gate
+    reason: str
+
+    @property
+    def message(self) -> str:
+        """The line a person reads (the log event of the daemon, stderr of `push`)."""
+        if self.event == OutageEvent.STARTED:
+            return _STARTED[self.mode]
+        if self.event == OutageEvent.ENDED:
+            return _ENDED[self.mode]
+        line = f"{_WHAT[self.mode]} for {format_duration(self.seconds)}"
+        if self.mode != PAUSED:
+            line += f", {self.attempts} attempts"
+        if self.next_in is not None:
+            line += f", next in {format_duration(math.ceil(self.next_in))}"
+        return f"{line}; {self.waiting} run{'s' if self.waiting != 1 else ''} waiting"
+
+    @property
+    def level(self) -> str:
+        if self.event == OutageEvent.ENDED:
+            return "info"
+        return "error" if self.mode == AUTH and self.event == OutageEvent.STARTED else "warning"
+
+    def fields(self) -> dict[str, Any]:
+        """The structured form, for a log line."""
+        fields: dict[str, Any] = {
+            "outage": self.mode,
+            "seconds": round(self.seconds, 3),
+            "attempts": self.attempts,
+            "runs_waiting": self.waiting,
+        }
+        if self.next_in is not None:
+            fields["next_in_seconds"] = round(self.next_in, 3)
+        if self.reason:
+            fields["reason"] = self.reason
+        return fields
+
+
+_STARTED = {
+    UNREACHABLE: "platform unreachable: uploads wait while one probe checks it",
+    AUTH: (
+        "uploads paused: the platform refused the API key (or none is set); fix the key and "
+        "send SIGHUP, it is also re-read before every probe"
+    ),
+    PAUSED: "platform asked to wait (Retry-After): uploads paused",
+}
+_ENDED = {
+    UNREACHABLE: "platform answers again: uploads resume",
+    AUTH: "the platform accepts the API key again: uploads resume",
+    PAUSED: "platform's Retry-After is over: uploads resume",
+}
+
+
+def log_outage(outage: Outage) -> None:
+    """The daemon's way to say it: one structured log line per report."""
+    getattr(get_logger(), outage.level)(outage.message, **outage.fields())
+
+
 class Gate:
     """Whether uploads may talk to the platform now; shared by all of them.
 
     Modes: `open`; `paused` (a Retry-After; opens by itself at the deadline); `unreachable` and
     `auth` (closed until a probe answers). Callers get a token from `wait_open` and hand it back
     with a failure to `report`, so a failure that began before the gate last opened does not
-    close it again.
+    close it again. Each outage is told to `on_outage` (default: the log) when it starts, at
+    growing intervals while it lasts, and when it ends.
+
+    A `one_shot` gate is for a command a person watches (`push`): it starts `unverified`, so
+    the first caller probes once before anything is sent (a wrong key is found before any
+    upload starts, and a push with nothing to send sends nothing), and a refused key is final
+    (`refused`): every caller gets the `AuthError` instead of waiting for a new key.
     """
 
     def __init__(
@@ -101,36 +213,71 @@ class Gate:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         poll_seconds: float = 0.25,
+        on_outage: Callable[[Outage], None] = log_outage,
+        one_shot: bool = False,
     ) -> None:
         self._backoff = backoff
         self._rng = rng
         self._clock = clock
         self._wall_clock = wall_clock
         self._poll_seconds = poll_seconds
+        self._on_outage = on_outage
         self._cond = threading.Condition()
         self._wake = threading.Event()
-        self._mode = OPEN
+        self._mode = UNVERIFIED if one_shot else OPEN
+        self._one_shot = one_shot
+        self._refusal: errors.AuthError | None = None
         self._generation = 0
         self._probing = False
         self._closed_at = 0.0
         self._state_wall = 0.0
         self._paused_until = 0.0
+        self._attempts = 0
+        self._reason = ""
+        self._next_report = 0.0
+        self._next_probe: float | None = None
+        self._waiting = 0
 
     @property
     def mode(self) -> str:
-        """`open`, `paused`, `unreachable` or `auth`."""
+        """`open`, `paused`, `unreachable` or `auth` (a one-shot gate: also `unverified`,
+        `refused`)."""
         return self._mode
 
     @property
     def state(self) -> str:
         """One line for `status`: e.g. `open`, `unreachable since 2025-01-01T00:00:00Z`."""
         with self._cond:
-            if self._mode == OPEN:
+            if self._mode in (OPEN, UNVERIFIED):
                 return OPEN
             if self._mode == PAUSED:
                 return f"paused until {_iso(self._state_wall)} (Retry-After)"
-            label = "auth refused" if self._mode == AUTH else "unreachable"
+            label = "unreachable" if self._mode == UNREACHABLE else "auth refused"
             return f"{label} since {_iso(self._state_wall)}"
+
+    def snapshot(self) -> dict[str, Any]:
+        """The gate as `status` shows it (see `evalpush.gatefile`): its mode, since when (Unix
+        time), attempts, when the next probe is due (Unix time), runs waiting, why."""
+        with self._cond:
+            closed = self._mode in (UNREACHABLE, AUTH, REFUSED, PAUSED)
+            now, wall = self._clock(), self._wall_clock()
+            next_probe = self._paused_until if self._mode == PAUSED else self._next_probe
+            return {
+                "mode": OPEN if self._mode == UNVERIFIED else self._mode,
+                "since": wall - (now - self._closed_at) if closed else None,
+                "attempts": self._attempts if closed else 0,
+                "next_probe_at": (
+                    wall + max(0.0, next_probe - now) if closed and next_probe else None
+                ),
+                "runs_waiting": self._waiting,
+                "reason": self._reason if closed else "",
+            }
+
+    def unreachable_seconds(self) -> float:
+        """How long the platform has been unreachable; 0 while it answers (or only refuses the
+        key, or asked to wait): what `/healthz` and the metrics read."""
+        with self._cond:
+            return self._clock() - self._closed_at if self._mode == UNREACHABLE else 0.0
 
     def wake(self) -> None:
         """Probe now instead of at the end of the current backoff (on SIGHUP)."""
@@ -142,14 +289,20 @@ class Gate:
         """Block until the gate is open; return the token to pass to `report`.
 
         While closed, one waiting caller at a time runs the probes with `client`.
-        Raises `Interrupted` when `stop` is set.
+        Raises `Interrupted` when `stop` is set, and a one-shot gate's refusal once refused.
         """
-        while True:
+        with self._cond:
+            self._waiting += 1
+        try:
+            while True:
+                with self._cond:
+                    token = self._wait_or_take_probe(stop)
+                if token is not None:
+                    return token
+                self._run_probes(stop, client)
+        finally:
             with self._cond:
-                token = self._wait_or_take_probe(stop)
-            if token is not None:
-                return token
-            self._run_probes(stop, client)
+                self._waiting -= 1
 
     def _wait_or_take_probe(self, stop: threading.Event) -> int | None:
         """Under the lock: the token once open, or None when this caller became the prober."""
@@ -158,11 +311,15 @@ class Gate:
                 raise errors.Interrupted("stop requested while waiting for the platform")
             if self._mode == OPEN:
                 return self._generation
+            if self._mode == REFUSED:
+                assert self._refusal is not None
+                raise self._refusal
             if self._mode == PAUSED:
                 remaining = self._paused_until - self._clock()
                 if remaining <= 0:
                     self._open_locked()
                     return self._generation
+                self._report_if_due_locked(next_in=remaining)
                 self._cond.wait(min(remaining, self._poll_seconds))
             elif not self._probing:
                 self._probing = True
@@ -173,20 +330,35 @@ class Gate:
     def _run_probes(self, stop: threading.Event, client: Probe) -> None:
         try:
             attempt = 0
+            if self._mode == UNVERIFIED:  # a one-shot gate's first probe: at once
+                if self._probed(client):
+                    return
             while True:
                 key_changed = self._key_changed(client) if self._mode == AUTH else None
                 self._sleep(self._backoff.delay(attempt, self._rng), stop, key_changed)
-                mode, reason = self._probe_once(client)
-                with self._cond:
-                    if mode == OPEN:
-                        self._open_locked()
-                        return
-                    self._close_locked(mode, reason)
+                if self._probed(client):
+                    return
                 attempt += 1
         finally:
             with self._cond:
                 self._probing = False
+                self._next_probe = None
                 self._cond.notify_all()
+
+    def _probed(self, client: Probe) -> bool:
+        """One probe, and the mode it calls for; True once the gate is open (or refused)."""
+        mode, reason = self._probe_once(client)
+        with self._cond:
+            if self._mode != UNVERIFIED:
+                self._attempts += 1
+            if mode == OPEN:
+                self._open_locked()
+                return True
+            if mode == AUTH and self._one_shot:
+                self._refuse_locked(reason)
+                return True
+            self._close_locked(mode, reason)
+        return False
 
     def _sleep(
         self,
@@ -195,13 +367,19 @@ class Gate:
         key_changed: Callable[[], bool] | None = None,
     ) -> None:
         """Wait `seconds` before the next probe; a wake (SIGHUP), or a new key while the key
-        was refused (`key_changed`, looked at every `CREDENTIALS_POLL_SECONDS`), ends it early."""
+        was refused (`key_changed`, looked at every `CREDENTIALS_POLL_SECONDS`), ends it early.
+        A report of the outage falls due here too."""
         deadline = self._clock() + seconds
         next_key_look = self._clock() + CREDENTIALS_POLL_SECONDS
+        with self._cond:
+            self._next_probe = deadline
+            self._report_if_due_locked(next_in=seconds)
         while not stop.is_set():
             remaining = deadline - self._clock()
             if remaining <= 0:
                 return
+            with self._cond:
+                self._report_if_due_locked(next_in=remaining)
             if self._wake.wait(min(remaining, self._poll_seconds)):
                 self._wake.clear()
                 return
@@ -256,50 +434,83 @@ class Gate:
             elif isinstance(exc, errors.Transient) and exc.retry_after:
                 self._pause_locked(exc.retry_after, exc)
 
+    def _outage(
+        self,
+        event: OutageEvent,
+        mode: str,
+        next_in: float | None = None,
+        elapsed: float | None = None,
+    ) -> None:
+        """Tell `on_outage` (under the lock: the reports of one gate come in order)."""
+        self._on_outage(
+            Outage(
+                event,
+                mode,
+                self._clock() - self._closed_at if elapsed is None else elapsed,
+                self._attempts,
+                next_in,
+                self._waiting,
+                self._reason,
+            )
+        )
+
+    def _report_if_due_locked(self, *, next_in: float) -> None:
+        if self._mode not in (UNREACHABLE, AUTH, PAUSED):
+            return
+        elapsed = self._clock() - self._closed_at
+        if elapsed < self._next_report:
+            return
+        self._outage(OutageEvent.ONGOING, self._mode, next_in, elapsed)
+        self._next_report = min(elapsed * 2, elapsed + OUTAGE_REPORT_CAP_SECONDS)
+
+    def _begin_outage_locked(self, mode: str, reason: BaseException | None) -> None:
+        """The gate closes (or pauses) after being open: an outage starts now."""
+        self._closed_at = self._clock()
+        self._attempts = 1  # the call that failed
+        self._next_report = OUTAGE_FIRST_REPORT_SECONDS
+        self._reason = "" if reason is None else str(reason)
+        self._wake.clear()
+        self._state_wall = self._wall_clock()
+
     def _close_locked(self, mode: str, reason: BaseException | None) -> None:
         if mode == self._mode:
             return
-        if self._mode in (OPEN, PAUSED):
-            self._closed_at = self._clock()
-            self._wake.clear()
+        if self._mode in (OPEN, PAUSED, UNVERIFIED):
+            self._begin_outage_locked(mode, reason)
+        else:  # unreachable <-> auth: the same outage, told anew
+            self._reason = "" if reason is None else str(reason)
         self._mode = mode
         self._state_wall = self._wall_clock()
-        log = get_logger()
-        if mode == AUTH:
-            log.error(
-                "uploads paused: the platform refused the API key (or none is set); fix the key "
-                "and send SIGHUP, it is also re-read before every probe",
-                reason=str(reason),
-            )
+        self._outage(OutageEvent.STARTED, mode)
+        self._cond.notify_all()
+
+    def _refuse_locked(self, reason: errors.EvalpushError | None) -> None:
+        """A one-shot gate: the key is refused (or there is none), for good."""
+        if isinstance(reason, errors.AuthError):
+            self._refusal = reason
         else:
-            log.warning(
-                "platform unreachable: uploads wait while one probe checks it", reason=str(reason)
-            )
+            self._refusal = errors.AuthError(str(reason))
+        self._mode = REFUSED
         self._cond.notify_all()
 
     def _open_locked(self) -> None:
-        if self._mode in (UNREACHABLE, AUTH):
-            get_logger().info(
-                "platform answers again: uploads resume",
-                closed_seconds=round(self._clock() - self._closed_at, 3),
-            )
+        if self._mode in (UNREACHABLE, AUTH, PAUSED):
+            self._outage(OutageEvent.ENDED, self._mode)
         self._mode = OPEN
         self._generation += 1
         self._cond.notify_all()
 
     def _pause_locked(self, seconds: float, reason: BaseException) -> None:
-        if self._mode in (UNREACHABLE, AUTH):
+        if self._mode in (UNREACHABLE, AUTH, REFUSED, UNVERIFIED):
             return
         until = self._clock() + seconds
         if self._mode == PAUSED and until <= self._paused_until:
             return
         if self._mode == OPEN:
-            get_logger().warning(
-                "platform asked to wait (Retry-After): uploads paused",
-                seconds=seconds,
-                reason=str(reason),
-            )
-        self._mode = PAUSED
+            self._begin_outage_locked(PAUSED, reason)
+            self._mode = PAUSED
+            self._outage(OutageEvent.STARTED, PAUSED, seconds)
+        self._mode = PAUSED  # a longer Retry-After while paused extends the pause
         self._paused_until = until
         self._state_wall = self._wall_clock() + seconds
 
@@ -340,10 +551,13 @@ class Retrier:
         rng: Callable[[], float] = random.random,
         sleep: Callable[[float], object] | None = None,
         wait_on_auth: bool = True,
+        on_retry: Callable[[], object] | None = None,
     ) -> None:
         """`wait_on_auth=False` raises `AuthError` instead of waiting for a new key: for a
-        one-shot command a person is watching, where waiting would look like a hang."""
+        one-shot command a person is watching, where waiting would look like a hang.
+        `on_retry` is told of each attempt made again after a failure (the daemon's metrics)."""
         self._wait_on_auth = wait_on_auth
+        self._on_retry = on_retry
         self._client = client
         self._gate = gate
         self._stop = stop
@@ -361,7 +575,7 @@ class Retrier:
             ),
             wait=_FullJitter(self._backoff, self._rng),
             sleep=partial(self._pause, what=what),
-            before_sleep=partial(self._log_retry, what=what, run=run),
+            before_sleep=partial(self._before_retry, what=what, run=run),
             reraise=True,
         )
         return retrying(self._attempt, fn)
@@ -381,8 +595,11 @@ class Retrier:
         if self._stop.is_set():
             raise errors.Interrupted(f"stop requested while waiting to retry {what}")
 
-    @staticmethod
-    def _log_retry(retry_state: tenacity.RetryCallState, *, what: str, run: str | None) -> None:
+    def _before_retry(
+        self, retry_state: tenacity.RetryCallState, *, what: str, run: str | None
+    ) -> None:
+        if self._on_retry is not None:
+            self._on_retry()
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         log = get_logger(run=run) if run else get_logger()
         log.warning(

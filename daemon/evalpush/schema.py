@@ -13,6 +13,7 @@ after it, never half-built (creating a new file is migrating from version 0).
   and the other's evaluation goes to its history as `duplicate`.
 - Version 3: `settles_at`, when a waiting run becomes ready by the settle rule if its file does
   not grow again (the daemon writes it; `status` counts down to it); an index on `state`.
+- Version 4: `last_error_at`, when `last_error` was written (`status RUN` shows it).
 """
 
 from __future__ import annotations
@@ -166,7 +167,9 @@ _V3 = [
     "CREATE INDEX runs_state ON runs (state)",
 ]
 
-_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3]
+_V4 = ["ALTER TABLE runs ADD COLUMN last_error_at REAL"]
+
+_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 

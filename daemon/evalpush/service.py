@@ -13,7 +13,10 @@ the uploader (`App`). One loop, on the main thread, owns all of it:
   part is rebuilt from it (nothing is patched; a bad new configuration is logged and the old
   one kept), and the credentials are read again;
 - sd_notify: READY=1 once the ledger is open and the first scan is queued, STATUS= kept
-  current, WATCHDOG=1 from this loop (a wedged loop is restarted by systemd), STOPPING=1.
+  current, WATCHDOG=1 from this loop (a wedged loop is restarted by systemd), STOPPING=1;
+- with the STATUS line, the gate's state goes to `daemon.json` for `status` (`gatefile`), and,
+  with `[metrics] listen` set, runs by state to the metrics (`metrics.DaemonFeed`, which also
+  serves `/metrics` and `/healthz` and hears of every request, retry and batch).
 
 No key, or a key the platform refuses, does not stop it: uploads wait on the gate, which says
 so once and probes again as soon as the key changes.
@@ -26,9 +29,9 @@ import queue
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from evalpush import paths
+from evalpush import gatefile, paths
 from evalpush.app import App
 from evalpush.config import Config
 from evalpush.discover import Hint, HintKind, HintQueue, Scanner, Watcher
@@ -42,6 +45,7 @@ from evalpush.errors import (
     RunError,
 )
 from evalpush.ledger import RunRecord
+from evalpush.lifecycle import upload_ended, upload_started
 from evalpush.log import get_logger
 from evalpush.scheduler import Scheduler
 from evalpush.sdnotify import Notifier
@@ -50,7 +54,11 @@ from evalpush.tracker import Tracker
 LEDGER_POLL_SECONDS = 2.0
 """How often the ledger is looked at for runs queued by another command (`evalpush retry`)."""
 STATUS_SECONDS = 5.0
-"""How often the STATUS line for systemd is brought up to date."""
+"""How often the STATUS line for systemd (and `daemon.json`, and the metrics' runs by state)
+is brought up to date."""
+
+if TYPE_CHECKING:
+    from evalpush.metrics import DaemonFeed
 MAX_WAIT_SECONDS = 5.0
 """The loop's longest sleep without a hint (a bound on how late anything due can be)."""
 
@@ -72,9 +80,14 @@ class _Parts:
         *,
         environ: Mapping[str, str] | None,
         home: Path | None,
+        feed: DaemonFeed | None = None,
     ) -> None:
         self.config = config
-        self.app = App.from_config(config, environ=environ, home=home)
+        self._feed = feed
+        hooks: dict[str, Any] = {}
+        if feed is not None:  # the metrics hear of every request, retry and batch
+            hooks = {"observer": feed, "on_retry": feed.retried, "progress": feed.batch_acked}
+        self.app = App.from_config(config, environ=environ, home=home, **hooks)
         try:
             self.tracker = Tracker(
                 self.app.ledger, config, self._submit, alive=self.app.claims.alive
@@ -121,10 +134,10 @@ class _Parts:
                 record = self.app.uploader.fail(Path(path), exc)
                 log.warning("run cannot be uploaded", error=paths.printable(str(exc)))
                 return
-            log.info("upload started")
+            upload_started(log)
             started = time.monotonic()
             record = self.app.uploader.upload(run, retry_failed=False)
-            _log_outcome(log, record, time.monotonic() - started)
+            upload_ended(log, record, time.monotonic() - started)
         except Busy as exc:
             log.info("another process is uploading the run: leaving it to it", holder=exc.pid)
         except (Interrupted, AuthError):
@@ -136,6 +149,8 @@ class _Parts:
             )
         finally:
             self.tracker.finished(path, record)
+            if self._feed is not None:
+                self._feed.upload_done(record)
 
     def _failed(self, path: str, exc: BaseException) -> None:
         self.tracker.finished(path, None)
@@ -147,22 +162,6 @@ class _Parts:
         """The log bound to a run: its id and its path, shown escaped (a name that is not UTF-8
         would otherwise reach the JSON line as a lone surrogate)."""
         return self._log.bind(run=self.app.run_id_of(Path(path)), path=paths.display(path))
-
-
-def _log_outcome(log: Any, record: RunRecord, seconds: float) -> None:
-    if record.state == "finalized":
-        log.info(
-            "run finalized",
-            evaluation=record.evaluation_id,
-            url=record.viewer_url,
-            samples=record.samples_sent,
-            bytes=record.bytes_sent,
-            seconds=round(seconds, 3),
-        )
-    elif record.state == "failed":
-        log.warning("upload failed", error=record.last_error)
-    else:
-        log.info("upload ended", state=record.state, reason=record.reason)
 
 
 class Daemon:
@@ -188,6 +187,7 @@ class Daemon:
         # arrives while the first handler holds it).
         self._requests: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._log = get_logger(stage="service")
+        self._feed: DaemonFeed | None = None
 
     def request(self, what: Request) -> None:
         """Record what a signal asks; the loop acts on it (safe from a signal handler, and
@@ -212,13 +212,24 @@ class Daemon:
             self._notifier.stopping()
             self._log.info("evalpush daemon stopping")
             self._parts.stop()
+            if self._feed is not None:
+                self._feed.stop()
+            gatefile.remove(self._parts.config.state_dir)
         return 0
 
     def _build(self, config: Config) -> _Parts:
-        parts = _Parts(config, self._hints, environ=self._environ, home=self._home)
+        if self._feed is None and config.metrics.listen:
+            from evalpush.metrics import DaemonFeed
+
+            self._feed = DaemonFeed()
+        parts = _Parts(config, self._hints, environ=self._environ, home=self._home, feed=self._feed)
         try:
             parts.start()
             parts.tracker.load()
+            if self._feed is not None:
+                self._feed.attach(config.metrics, parts.app.gate, parts.app.ledger.path)
+                if self._feed.url is not None:
+                    self._log.info("serving /metrics and /healthz", url=self._feed.url)
         except BaseException:
             parts.stop()
             raise
@@ -268,7 +279,7 @@ class Daemon:
                 next_poll = now + LEDGER_POLL_SECONDS
             settles = parts.tracker.due()
             if now >= next_status:
-                self._notifier.status(self._status_line(parts))
+                self._publish(parts, self._status_line(parts))
                 next_status = now + STATUS_SECONDS
             self._notifier.ping_if_due(self._clock())
 
@@ -317,6 +328,17 @@ class Daemon:
         return rebuilt
 
     # ------------------------------------------------------------ STATUS
+
+    def _publish(self, parts: _Parts, status: str) -> None:
+        """The STATUS line to systemd, the gate to `daemon.json` (for `status`), runs by state
+        to the metrics."""
+        self._notifier.status(status)
+        try:
+            gatefile.write(parts.config.state_dir, parts.app.gate.snapshot(), status)
+        except OSError as exc:
+            self._log.debug("daemon.json not written", error=str(exc))
+        if self._feed is not None:
+            self._feed.refresh(parts.app.ledger)
 
     @staticmethod
     def _status_line(parts: _Parts) -> str:

@@ -332,6 +332,7 @@ class Tracker:
         except ClaimLost:
             return
         waiting.progress, waiting.written_at, waiting.unwritten = progress, now, False
+        self._log.debug("run still waiting", run=record.run_id, path=path, why=progress)
 
     def _ready(self, path: str, waiting: _Waiting, reason: str, *, new: bool) -> None:
         self._log.info("run is ready", run=waiting.run_id, path=paths.display(path), why=reason)

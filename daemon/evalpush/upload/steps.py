@@ -243,6 +243,14 @@ class Steps:
             bytes_sent=record.bytes_sent + batch.body_bytes,
         )
         crash_point("batch-acked")
+        get_logger(run=record.run_id).debug(
+            "batch acknowledged",
+            samples=delivered,
+            set_aside=len(set_aside),
+            bytes=batch.body_bytes,
+            lines=f"{record.acked_line + 1}-{batch.end_line}",
+            offset=batch.end,
+        )
         return acked
 
     def _deliver(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from evalpush import paths, transitions
+from evalpush import transitions
 from evalpush.claims import Claims
 from evalpush.errors import (
     AuthError,
@@ -128,7 +128,11 @@ class Uploader:
                 record = ledger.update(record, step=Step.RESOLVE)
             while record.step != Step.DONE and record.state == State.UPLOADING:
                 record = self._advance(record, run)
-        except (RunError, Refused, OSError) as exc:
+        except (
+            RunError,
+            Refused,
+            OSError,
+        ) as exc:  # its driver logs the outcome (evalpush.lifecycle)
             return self._failed(record, run, exc)
         except Interrupted:
             self._interrupted(record)
@@ -153,9 +157,6 @@ class Uploader:
         current = self._current(record)
         if current.state == State.FINALIZED:
             raise RunError(message) from None
-        get_logger(run=run.run_id, path=paths.display(run.path)).warning(
-            "upload failed", error=message
-        )
         return transitions.fail(self.context.ledger, current, message)
 
     def _interrupted(self, record: RunRecord) -> None:

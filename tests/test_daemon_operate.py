@@ -1,0 +1,239 @@
+"""The daemon as an operator sees it during a real outage of the local platform and after it:
+`/metrics` and `/healthz` scraped from a running `evalpush run` subprocess, its log (JSON lines
+with the syslog priority journald reads), and `evalpush status` showing its gate.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from evalpush.local_platform import LocalPlatform
+from test_cli_push import RUN_ID, cli_env, write_run
+
+SAFETY_SECONDS = 60.0
+OUTAGE_SECONDS = 6.0
+"""Past the first "still unreachable" report (5 s) and the daemon's STATUS tick (5 s)."""
+
+
+class Daemon:
+    """`python -m evalpush run` with its JSON log lines read as they come (each line under
+    systemd: `<priority>{...}`)."""
+
+    def __init__(self, env: dict[str, str], config: Path) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "evalpush", "--config", str(config), "run"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[tuple[int, dict[str, Any]]] = []
+        self.raw: list[str] = []
+        self._reader = threading.Thread(target=self._read, name="daemon-log")
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.raw.append(line)
+            match = re.fullmatch(r"<(\d)>(\{.*\})\n", line)
+            if match:
+                self.lines.append((int(match[1]), json.loads(match[2])))
+
+    def event(self, name: str) -> tuple[int, dict[str, Any]] | None:
+        return next(((p, e) for p, e in list(self.lines) if e["event"] == name), None)
+
+    def wait_for_event(self, name: str) -> tuple[int, dict[str, Any]]:
+        wait_for(lambda: self.event(name) is not None, f"log event {name!r}", self)
+        found = self.event(name)
+        assert found is not None
+        return found
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(SAFETY_SECONDS)
+        self._reader.join(SAFETY_SECONDS)
+        return code
+
+
+def wait_for(condition: Callable[[], Any], what: str, daemon: Daemon | None = None) -> Any:
+    deadline = time.monotonic() + SAFETY_SECONDS
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            log = "".join(daemon.raw[-30:]) if daemon else ""
+            pytest.fail(f"timed out waiting for {what}\n{log}")
+        time.sleep(0.1)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """`/metrics` as {(sample name, sorted labels): value}."""
+    status, text = get(f"{url}/metrics")
+    assert status == 200
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+@pytest.fixture
+def platform() -> Iterator[LocalPlatform]:
+    with LocalPlatform() as local:
+        yield local
+
+
+@pytest.fixture
+def daemon(platform: LocalPlatform, tmp_path: Path) -> Iterator[Daemon]:
+    root = tmp_path / "outputs"
+    root.mkdir()
+    config = tmp_path / "evalpush.toml"
+    config.write_text(
+        f'[watch]\nroots = ["{root}"]\nrescan_seconds = 1\n'
+        '[metrics]\nlisten = "127.0.0.1:0"\nunhealthy_after_seconds = 1\n'
+    )
+    env = cli_env(platform, tmp_path, INVOCATION_ID="0123456789abcdef")  # as systemd sets it
+    started = Daemon(env, config)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def status(platform: LocalPlatform, tmp_path: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "evalpush", "status"],
+        env=cli_env(platform, tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=SAFETY_SECONDS,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_metrics_health_log_and_status_during_a_real_outage_and_after_it(
+    daemon: Daemon, platform: LocalPlatform, tmp_path: Path
+) -> None:
+    _, serving = daemon.wait_for_event("serving /metrics and /healthz")
+    url = serving["url"]
+    assert get(f"{url}/healthz") == (200, "ok\n")
+
+    platform.inject("refuse", seconds=OUTAGE_SECONDS)
+    write_run(tmp_path / "outputs")  # 4 of 4 expected traces: ready at once
+
+    priority, started = daemon.wait_for_event(
+        "platform unreachable: uploads wait while one probe checks it"
+    )
+    assert priority == 4 and started["outage"] == "unreachable"
+    health = wait_for(
+        lambda: (lambda h: h if h[0] == 503 else None)(get(f"{url}/healthz")),
+        "/healthz to turn 503",
+        daemon,
+    )
+    assert re.fullmatch(
+        r"platform unreachable for 0m0[1-9]s \(over metrics.unhealthy_after_seconds = 1\)\n",
+        health[1],
+    ), health
+    during = scrape(url)
+    assert value(during, "evalpush_platform_unreachable_seconds") > 1
+    unreachable = [
+        v
+        for (name, labels), v in during.items()
+        if name == "evalpush_platform_requests_total" and ("outcome", "unreachable") in labels
+    ]
+    assert sum(unreachable) >= 2, "the failed call and at least one probe"
+    shown = wait_for(
+        lambda: (lambda text: text if "platform unreachable for" in text else None)(
+            status(platform, tmp_path)
+        ),
+        "status to show the daemon's gate",
+        daemon,
+    )
+    assert re.search(
+        rf"^daemon:     pid {daemon.process.pid}: platform unreachable for \d+s, \d+ attempts, "
+        r"next in \d+s; 1 run waiting \(",
+        shown,
+        re.M,
+    ), shown
+    reports = wait_for(
+        lambda: [
+            (p, e)
+            for p, e in list(daemon.lines)
+            if e["event"].startswith("platform unreachable for")
+        ],
+        "a report of the outage going on",
+        daemon,
+    )
+    priority, ongoing = reports[0]
+    assert priority == 4 and ongoing["runs_waiting"] == 1 and ongoing["attempts"] >= 2
+
+    priority, finalized = daemon.wait_for_event("run finalized")
+    priority_ended, ended = daemon.wait_for_event("platform answers again: uploads resume")
+    assert (priority, priority_ended) == (6, 6)
+    assert finalized["samples"] == 4 and finalized["run"] == RUN_ID
+    assert ended["seconds"] >= OUTAGE_SECONDS - 1 and ended["attempts"] >= 2
+
+    assert get(f"{url}/healthz") == (200, "ok\n")
+    after = wait_for(
+        lambda: (lambda s: s if value(s, "evalpush_runs", state="finalized") == 1 else None)(
+            scrape(url)
+        ),
+        "the runs gauge to count the finalized run",
+        daemon,
+    )
+    assert value(after, "evalpush_platform_unreachable_seconds") == 0
+    assert value(after, "evalpush_samples_sent_total") == 4
+    assert value(after, "evalpush_samples_sent_bytes_total") == finalized["bytes"] > 0
+    assert value(after, "evalpush_last_upload_success_timestamp_seconds") > time.time() - 120
+    assert value(after, "evalpush_retries_total") >= 1
+    assert value(after, "evalpush_oldest_waiting_run_age_seconds") == 0
+    assert value(after, "evalpush_ledger_size_bytes") > 0
+    ok = {
+        dict(labels)["endpoint"]
+        for (name, labels), v in after.items()
+        if name == "evalpush_platform_requests_total" and ("outcome", "ok") in labels and v
+    }
+    assert {"resolve_environment", "create_evaluation", "push_samples", "finalize", "probe"} <= ok
+    assert wait_for(
+        lambda: (
+            "daemon:     pid" in (text := status(platform, tmp_path))
+            and "platform reachable" in text
+        ),
+        "status to show the platform reachable again",
+        daemon,
+    )
+
+    assert daemon.stop() == 0
+    assert not (tmp_path / "state" / "daemon.json").exists(), "its view goes with it"
+    assert "daemon:" not in status(platform, tmp_path)
+    assert all(re.match(r"<\d>\{", line) for line in daemon.raw), "every line prefixed"
