@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from evalpush.config import Config
@@ -112,6 +113,11 @@ def expected(run_dir: Path, *, max_line_bytes: int | None = None) -> tuple[list[
     return ids, summary(run, found.totals)
 
 
+def _as_sent(value: Any) -> Any:
+    """`value` as JSON carries it: a value that is not finite (NaN) is sent as null."""
+    return orjson.loads(orjson.dumps(value))
+
+
 def assert_exactly_once(platform: LocalPlatform, root: Path) -> None:
     run_dirs = sorted(p for p in root.glob("*/*") if p.is_dir())
     assert len(platform.summary()["evaluations"]) == len(run_dirs)
@@ -139,6 +145,6 @@ def assert_run_exactly_once(
     assert evaluation["sample_count"] == len(ids)
     stored = [s["sample_id"] for s in platform.samples(evaluation_id)]
     assert sorted(stored) == sorted(ids), "every sample exactly once"
-    assert evaluation["metadata"] == expected_summary["metadata"]
-    assert evaluation["metrics"] == expected_summary["metrics"]
+    assert evaluation["metadata"] == _as_sent(expected_summary["metadata"])
+    assert evaluation["metrics"] == _as_sent(expected_summary["metrics"])
     assert evaluation["name"] == expected_summary["name"]

@@ -61,6 +61,7 @@ from daemon_support import (
     trace_line,
     wait_until,
 )
+from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
 from pushing import assert_run_exactly_once, expected
 
@@ -68,6 +69,8 @@ MAX_LINE_BYTES = 4096
 """`read.max_line_bytes` in these worlds: small, so a line over it is cheap to write."""
 BAD_LINE_NUMBER = 2
 GROUP = "gsm8k--org--model--default"
+BATCH_WAIT_SECONDS = 90.0
+"""How long a whole corpus may take to reach its states: generous, CI is a loaded 2-core box."""
 NO_DAC_OVERRIDE = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
 
 
@@ -158,8 +161,25 @@ class World:
         assert done.returncode == 0, done.stderr
         return done.stdout
 
+    def states(self) -> dict[str, str]:
+        """Each run's state in the ledger, read in this process (polled: no subprocess)."""
+        path = default_path(Path(self.environ["EVALPUSH_STATE_DIR"]))
+        if not path.exists():
+            return {}
+        with Ledger.for_reading(path) as ledger:
+            return {record.run_id: record.state for record in ledger.all()}
+
     def state(self, run: RunDir) -> str | None:
-        return status(self.environ).get(run.run_id, {}).get("state")
+        return self.states().get(run.run_id)
+
+    def reach_all(self, wanted: dict[str, str]) -> None:
+        """Wait until each case's run is in the state `wanted` names for it."""
+        ids = {self.runs[case].run_id: state for case, state in wanted.items()}
+        wait_until(
+            lambda: all(self.states().get(i) == state for i, state in ids.items()),
+            f"each run to reach its state: {wanted}",
+            timeout=BATCH_WAIT_SECONDS,
+        )
 
     def reach(self, run: RunDir, state: str) -> dict[str, Any]:
         """Wait until the run is in `state`; its `status RUN --json` then."""
@@ -272,10 +292,9 @@ def _write_corpus(world: World) -> None:
     changed = world.add("config.toml changed after finalize", num_tasks=1)
     changed.write(changed.lines(2))
 
-    for case in [*LINE_CASES, *VALID_CASES]:
-        world.reach(world.run(case), "finalized")
-    for case, state in SETTLED_STATES.items():
-        world.reach(world.run(case), state)
+    world.reach_all(
+        {**{case: "finalized" for case in [*LINE_CASES, *VALID_CASES]}, **SETTLED_STATES}
+    )
     _good_after(world)
 
 
@@ -303,8 +322,7 @@ def held_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             for case, (bad, _) in LINE_CASES.items():
                 run = world.add(case)
                 run.write(_with_bad_line(run, bad))
-            for case in LINE_CASES:
-                world.reach(world.run(case), "held")
+            world.reach_all({case: "held" for case in LINE_CASES})
             _good_after(world)
             yield world
             assert daemon.stop() == 0
