@@ -42,6 +42,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ MAX_LINE_BYTES = 4096
 """`read.max_line_bytes` in these worlds: small, so a line over it is cheap to write."""
 BAD_LINE_NUMBER = 2
 GROUP = "gsm8k--org--model--default"
+PARALLEL_COMMANDS = 4
+"""`evalpush` commands run at once by a fixture (each is mostly interpreter start-up)."""
 BATCH_WAIT_SECONDS = 90.0
 """How long a whole corpus may take to reach its states: generous, CI is a loaded 2-core box."""
 NO_DAC_OVERRIDE = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
@@ -136,6 +139,9 @@ class World:
     runs: dict[str, RunDir] = field(default_factory=dict)
     good_before: RunDir | None = None
     good_after: RunDir | None = None
+    held: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = field(default_factory=dict)
+    """By case: what `status RUN --json` and `status RUN` said while the run was held, and its
+    evaluations on the platform then."""
 
     def run(self, case: str) -> RunDir:
         return self.runs[case]
@@ -154,6 +160,10 @@ class World:
         done = self.evalpush("status", run.run_id, "--json")
         assert done.returncode == 0, done.stderr
         return orjson.loads(done.stdout)
+
+    def shown(self, run: RunDir) -> tuple[dict[str, Any], str]:
+        """What `status RUN --json` and `status RUN` show of the run."""
+        return self.detail(run), self.text(run)
 
     def text(self, run: RunDir) -> str:
         """`evalpush status RUN`, the table people read."""
@@ -311,7 +321,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 @pytest.fixture(scope="module")
 def held_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    """Every bad line under one daemon with convert.on_bad_line = "hold"."""
+    """Every bad line under one daemon with convert.on_bad_line = "hold": each run is held, what
+    `status` said of it kept in `world.held`; then every file is fixed and every run retried at
+    once (one wait for them all, not one per case)."""
     with LocalPlatform() as platform:
         world, daemon = _open_world(
             tmp_path_factory.mktemp("corpus-held"),
@@ -323,6 +335,18 @@ def held_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 run = world.add(case)
                 run.write(_with_bad_line(run, bad))
             world.reach_all({case: "held" for case in LINE_CASES})
+            with ThreadPoolExecutor(PARALLEL_COMMANDS) as pool:
+                shown = dict(
+                    zip(LINE_CASES, pool.map(world.shown, map(world.run, LINE_CASES)), strict=True)
+                )
+                world.held = {
+                    case: (detail, text, evaluations_of(platform, world.run(case).run_id))
+                    for case, (detail, text) in shown.items()
+                }
+                for case in LINE_CASES:
+                    world.run(case).traces.write_bytes(_fixed(world.run(case)))
+                list(pool.map(world.retry, map(world.run, LINE_CASES)))
+            world.reach_all({case: "finalized" for case in LINE_CASES})
             _good_after(world)
             yield world
             assert daemon.stop() == 0
@@ -377,21 +401,17 @@ class TestBadLinesHeld:
     ) -> None:
         world = held_world
         run, why = world.run(case), LINE_CASES[case][1]
-        detail = world.detail(run)
-        assert detail["state"] == "held"
-        assert evaluations_of(world.platform, run.run_id) == {}
-        assert "bad lines set aside: fix them" in detail["reason"], detail["reason"]
-        (aside,) = detail["set_aside_records"]
+        held, text, evaluations = world.held[case]
+        assert held["state"] == "held"
+        assert evaluations == {}, "nothing was sent while it was held"
+        assert "bad lines set aside: fix them" in held["reason"], held["reason"]
+        (aside,) = held["set_aside_records"]
         assert (aside["line"], aside["kind"]) == (BAD_LINE_NUMBER, "bad_line")
         assert why in aside["reason"]
-        text = world.text(run)
         assert f"line {BAD_LINE_NUMBER}," in text and why in text, text
 
-        run.traces.write_bytes(_fixed(run))
-        world.retry(run)
-        detail = world.reach(run, "finalized")
-
-        assert (detail["samples_sent"], detail["set_aside"]) == (4, 0)
+        detail = world.detail(run)  # fixed in the file and retried (the fixture did both)
+        assert (detail["state"], detail["samples_sent"], detail["set_aside"]) == ("finalized", 4, 0)
         assert_once(world, run)
         world.assert_still_working()
 
