@@ -12,7 +12,8 @@ tracker decides what each one needs:
   (`runs.LineCounter`, reading only new bytes), `runs.readiness` decides, and the ledger keeps
   how far it is (`reason`) and when it settles (`settles_at`) for `status`. A finalized run whose
   file grew or was replaced waits the same way (in memory only: the ledger keeps showing its
-  finalized evaluation until the new one starts);
+  finalized evaluation until the new one starts); a run whose trace file it may not read
+  waits too, its reason naming the file (and one warning), until a rescan can read it;
 - a run that is ready, or that the ledger has queued (`ready`: interrupted, or `evalpush
   retry`; `uploading` with its holder gone: a process killed mid-upload, whose claim the
   upload takes over), or that the uploader must look at first (a new path for a known run id: moved or
