@@ -4,7 +4,8 @@
   EVALPUSH_ or systemd variable, pointed at `platform` (its key unless `PRIME_API_KEY=None`),
   with a state dir and home under `tmp_path`, `roots` watched, a short settle time and rescan,
   small batches and JSON logs at info level. An `extra` value of None removes that variable.
-- `Daemon(environ, *args)`: `python -m evalpush [ARGS] run`, started at once; a thread reads
+- `Daemon(environ, *args, prefix=())`: `[PREFIX...] python -m evalpush [ARGS] run` (a prefix
+  such as `setpriv ...` changes how it runs), started at once; a thread reads
   what it prints (stdout and stderr, merged) into `raw` (bytes, every line) and `events` (the
   JSON log lines). `wait_for(event, **fields)` waits for a log line; `stop()` sends SIGTERM and
   returns the exit code; `kill()` SIGKILLs it; as a context manager it is always reaped.
@@ -32,7 +33,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -99,13 +100,13 @@ def wait_until(condition: Callable[[], T | None], what: str, *, timeout: float =
 class Daemon:
     """`python -m evalpush [ARGS] run` as a subprocess, and what it printed."""
 
-    def __init__(self, environ: dict[str, str], *args: str) -> None:
+    def __init__(self, environ: dict[str, str], *args: str, prefix: Sequence[str] = ()) -> None:
         self.environ = environ
         self.raw: list[bytes] = []
         self.events: list[dict[str, Any]] = []
         self._cond = threading.Condition()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "evalpush", *args, "run"],
+            [*prefix, sys.executable, "-m", "evalpush", *args, "run"],
             env=environ,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

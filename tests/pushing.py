@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -97,19 +98,24 @@ def push_until_done(root: Path, environ: dict[str, str]) -> None:
     pytest.fail(f"push did not finish: exit {process.returncode}\n{out.decode()}\n{err.decode()}")
 
 
-def expected(run_dir: Path) -> tuple[list[str], dict]:
-    """The sample ids in file order (of the lines conversion accepts) and the create summary
-    the producer's push would send."""
+def expected(run_dir: Path, *, max_line_bytes: int | None = None) -> tuple[list[str], dict]:
+    """The sample ids in file order (of the lines conversion accepts, under `max_line_bytes`,
+    the default unless given) and the create summary the producer's push would send."""
     run = load_run(run_dir)
-    limit = Config().read.max_line_bytes
+    limit = max_line_bytes or Config().read.max_line_bytes
     found = scan(read_lines(run.traces_path, max_line_bytes=limit), max_line_bytes=limit)
     refused = {aside.line for aside in found.set_aside}
     ids = [
-        orjson.loads(line.data)["id"]
+        json.loads(line.data)["id"]  # json, not orjson: it reads NaN as the converter does
         for line in read_lines(run.traces_path, max_line_bytes=limit)
         if line.data and line.number not in refused
     ]
     return ids, summary(run, found.totals)
+
+
+def _as_sent(value: Any) -> Any:
+    """`value` as JSON carries it: a value that is not finite (NaN) is sent as null."""
+    return orjson.loads(orjson.dumps(value))
 
 
 def assert_exactly_once(platform: LocalPlatform, root: Path) -> None:
@@ -119,11 +125,14 @@ def assert_exactly_once(platform: LocalPlatform, root: Path) -> None:
         assert_run_exactly_once(platform, run_dir)
 
 
-def assert_run_exactly_once(platform: LocalPlatform, run_dir: Path) -> None:
+def assert_run_exactly_once(
+    platform: LocalPlatform, run_dir: Path, *, max_line_bytes: int | None = None
+) -> None:
     """`run_dir` has exactly one evaluation on the platform, COMPLETED, finalized once, holding
-    each of its samples once, with the name, metadata and metrics the producer's push sends."""
+    each of its samples once, with the name, metadata and metrics the producer's push sends
+    (lines over `max_line_bytes`, the default unless given, left out)."""
     state = platform.summary()
-    ids, expected_summary = expected(run_dir)
+    ids, expected_summary = expected(run_dir, max_line_bytes=max_line_bytes)
     assert state["runs"][expected_summary["run_id"]] == 1, "one evaluation per run"
     evaluation_id, evaluation = next(
         (k, e)
@@ -136,6 +145,6 @@ def assert_run_exactly_once(platform: LocalPlatform, run_dir: Path) -> None:
     assert evaluation["sample_count"] == len(ids)
     stored = [s["sample_id"] for s in platform.samples(evaluation_id)]
     assert sorted(stored) == sorted(ids), "every sample exactly once"
-    assert evaluation["metadata"] == expected_summary["metadata"]
-    assert evaluation["metrics"] == expected_summary["metrics"]
+    assert evaluation["metadata"] == _as_sent(expected_summary["metadata"])
+    assert evaluation["metrics"] == _as_sent(expected_summary["metrics"])
     assert evaluation["name"] == expected_summary["name"]

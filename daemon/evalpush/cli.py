@@ -502,7 +502,12 @@ def _find(ledger: Ledger, key: str, *, busy_ok: bool = False) -> RunRecord:
     found = ledger.match(str(path.resolve())) if path.exists() else []
     found = found or ledger.match(key)
     if not found:
-        raise UsageError(f"no run {key!r} in the ledger (see `evalpush status`)")
+        from evalpush.runs import why_not_a_run
+
+        why = why_not_a_run(path) if path.is_dir() else None
+        raise UsageError(
+            f"no run {key!r} in the ledger (see `evalpush status`)" + (f": {why}" if why else "")
+        )
     if len(found) > 1:
         candidates = "\n".join(f"  {r.run_id}  {r.path}" for r in found)
         raise UsageError(f"{key!r} could be any of {len(found)} runs:\n{candidates}")

@@ -4,6 +4,7 @@ What it promises:
 - Credentials are found with the `prime` CLI's precedence (PLATFORM_API.md), plus a key file
   (`platform.api_key_file`, or systemd's `$CREDENTIALS_DIRECTORY/prime-api-key`). The key is
   registered with `evalpush.log` so no log line can carry it, and `Credentials` never shows it.
+  A key file that users other than its owner may read draws one warning (per file and mode).
 - Plain `http://` is refused unless the host is loopback or `platform.allow_insecure_http` is set.
 - A key that is not printable ASCII (a space, a newline, a control character inside it) is
   refused when it is loaded (`AuthError` naming where it came from, never quoting it).
@@ -31,6 +32,7 @@ import ipaddress
 import math
 import os
 import re
+import stat
 import threading
 import time
 import urllib.parse
@@ -44,7 +46,7 @@ import msgspec
 
 from evalpush import __version__, errors
 from evalpush.config import PlatformConfig
-from evalpush.log import register_secret, scrub
+from evalpush.log import get_logger, register_secret, scrub
 from evalpush.transport import StoppableTransport, request_deadline
 
 if TYPE_CHECKING:  # metrics imports prometheus_client, which a push never needs
@@ -66,6 +68,8 @@ DEFAULT_FRONTEND_URL = "https://app.primeintellect.ai"
 API_PREFIX = "/api/v1"
 SYSTEMD_CREDENTIAL_NAME = "prime-api-key"
 USER_AGENT = f"evalpush/{__version__}"
+OTHERS_READ = stat.S_IRGRP | stat.S_IROTH
+"""A key file with either bit set may be read by users other than its owner: a warning."""
 SAMPLES_PAGE_SIZE = 500
 EVALUATIONS_PAGE_SIZE = 100
 _FINALIZED_STATUSES = frozenset(
@@ -130,13 +134,31 @@ def _read_prime_config(home: Path) -> tuple[dict[str, Any], str]:
 def _read_key_file(path: Path, name: str) -> str:
     try:
         key = path.read_text(encoding="utf-8").strip()
+        mode = stat.S_IMODE(path.stat().st_mode)
     except OSError as exc:
         raise errors.AuthError(
             f"{name}: cannot read the API key from {path}: {exc.strerror}"
         ) from None
     if not key:
         raise errors.AuthError(f"{name}: {path} is empty")
+    _warn_if_others_read(path, mode)
     return key
+
+
+_warned_modes: set[tuple[str, int]] = set()
+"""(key file, mode) pairs already warned of: the key is read again on every reload and probe."""
+
+
+def _warn_if_others_read(path: Path, mode: int) -> None:
+    """One warning (per file and mode) when users other than its owner may read the key file."""
+    if not mode & OTHERS_READ or (str(path), mode) in _warned_modes:
+        return
+    _warned_modes.add((str(path), mode))
+    get_logger(stage="platform").warning(
+        "the API key file is readable by other users: chmod 600 it",
+        path=str(path),
+        mode=f"{mode:04o}",
+    )
 
 
 def _find_key(

@@ -91,6 +91,30 @@ def is_run_dir(directory: Path) -> bool:
     return _regular_file(directory / CONFIG_FILE) and traces_file(directory) is not None
 
 
+def why_not_a_run(directory: Path) -> str | None:
+    """Why `directory` is not a run directory, for people (None when it is one)."""
+    try:
+        directory.stat()
+        os.listdir(directory)
+    except PermissionError:
+        return f"{directory} cannot be read (permission denied)"
+    except NotADirectoryError:
+        return f"{directory} is not a directory"
+    except OSError as exc:
+        return f"{directory}: {exc.strerror}"
+    has_config, traces = _regular_file(directory / CONFIG_FILE), traces_file(directory)
+    if has_config and traces is not None:
+        return None
+    if traces is not None:
+        return (
+            f"{directory} holds {traces.name} but no {CONFIG_FILE}, so it is not a run directory "
+            f"yet: it is one once its {CONFIG_FILE} is written"
+        )
+    if has_config:
+        return f"{directory} holds {CONFIG_FILE} but no {TRACES_FILE} yet"
+    return f"{directory} holds neither {CONFIG_FILE} nor {TRACES_FILE}: not a run directory"
+
+
 def find_run_dirs(root: Path) -> Iterator[Path]:
     """Every run directory at or under `root`, without following symlinks, in sorted order."""
     if is_run_dir(root):

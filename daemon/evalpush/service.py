@@ -230,10 +230,10 @@ class Daemon:
                 self._feed.attach(config.metrics, parts.app.gate, parts.app.ledger.path)
                 if self._feed.url is not None:
                     self._log.info("serving /metrics and /healthz", url=self._feed.url)
+            self._check_credentials(parts)  # a ConfigError (an unusable URL) stops the parts too
         except BaseException:
             parts.stop()
             raise
-        self._check_credentials(parts)
         return parts
 
     def _check_credentials(self, parts: _Parts) -> None:

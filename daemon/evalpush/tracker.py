@@ -12,7 +12,8 @@ tracker decides what each one needs:
   (`runs.LineCounter`, reading only new bytes), `runs.readiness` decides, and the ledger keeps
   how far it is (`reason`) and when it settles (`settles_at`) for `status`. A finalized run whose
   file grew or was replaced waits the same way (in memory only: the ledger keeps showing its
-  finalized evaluation until the new one starts);
+  finalized evaluation until the new one starts); a run whose trace file it may not read
+  waits too, its reason naming the file (and one warning), until a rescan can read it;
 - a run that is ready, or that the ledger has queued (`ready`: interrupted, or `evalpush
   retry`; `uploading` with its holder gone: a process killed mid-upload, whose claim the
   upload takes over), or that the uploader must look at first (a new path for a known run id: moved or
@@ -55,6 +56,9 @@ from evalpush.states import State
 WAIT_WRITE_SECONDS = 1.0
 """A waiting run's progress goes to the ledger at most this often (its reason changes with every
 line a run writes; `status` shows it, and a second behind is near enough)."""
+
+UNSETTLED = float("inf")
+"""The settle time of a run whose trace file cannot be read: none (the ledger shows none)."""
 
 FINAL_STATES = frozenset({State.FINALIZED, State.SKIPPED, State.FAILED, State.HELD})
 QUEUED_STATES = frozenset({State.READY, State.UPLOADING})
@@ -265,6 +269,9 @@ class Tracker:
         (its expected count is unknown); the uploader then records why it cannot be uploaded."""
         try:
             count = waiting.counter.update()
+        except PermissionError:
+            self._unreadable(path, waiting, new=new)
+            return
         except OSError:
             rundir = None
         if rundir is None:  # gone, or no longer a run directory
@@ -300,6 +307,30 @@ class Tracker:
             else:
                 waiting.unwritten = True
 
+    def _unreadable(self, path: str, waiting: _Waiting, *, new: bool) -> None:
+        """A trace file the daemon may not read: the run waits, saying so in the ledger (for
+        `status`) and in one warning; every rescan tries again, so fixing the permissions is
+        enough. Nothing settles it: no line of it was seen."""
+        problem = (
+            f"{paths.display(waiting.counter.path)}: not readable (permission denied); "
+            "make it readable to the daemon's user"
+        )
+        waiting.settles_at = UNSETTLED
+        if problem == waiting.progress:
+            return
+        self._log.warning(
+            "trace file not readable: the run waits",
+            run=waiting.run_id,
+            path=paths.display(path),
+            why=problem,
+        )
+        if new:
+            self._record_new(path, waiting, problem)
+        elif waiting.in_ledger:
+            self._record_progress(path, waiting, problem, self._clock())
+        else:  # a finalized run's changed file: the ledger shows its evaluation meanwhile
+            waiting.progress = problem
+
     def _record_new(self, path: str, waiting: _Waiting, progress: str) -> bool:
         """Add the run to the ledger, waiting (a run found ready is queued right after); False
         if another process added it first (then the next look starts from its row)."""
@@ -310,7 +341,7 @@ class Tracker:
                 run_id=waiting.run_id,
                 kind=RunKind.EVAL,  # only eval runs wait (or runs whose config is unreadable)
                 reason=progress,
-                settles_at=waiting.settles_at,
+                settles_at=_settle_time(waiting),
             )
         except LedgerError:
             if self._ledger.get_run(waiting.run_id) is None:
@@ -328,7 +359,7 @@ class Tracker:
                 self._waiting.pop(path, None)
             return
         try:
-            transitions.wait(self._ledger, record, progress, settles_at=waiting.settles_at)
+            transitions.wait(self._ledger, record, progress, settles_at=_settle_time(waiting))
         except ClaimLost:
             return
         waiting.progress, waiting.written_at, waiting.unwritten = progress, now, False
@@ -399,6 +430,10 @@ def _load(path: str, ledger: Ledger) -> tuple[Run | None, str]:
         return load_run(Path(path), known=ledger.run_id_at), ""
     except RunError as exc:
         return None, paths.printable(str(exc))
+
+
+def _settle_time(waiting: _Waiting) -> float | None:
+    return None if waiting.settles_at == UNSETTLED else waiting.settles_at
 
 
 def _changed(record: RunRecord, rundir: RunDir) -> bool:

@@ -26,14 +26,14 @@ def start(ledger: Ledger, record: RunRecord) -> RunRecord:
 
 
 def discover(
-    ledger: Ledger, *, path: Path, run_id: str, kind: str, reason: str, settles_at: float
+    ledger: Ledger, *, path: Path, run_id: str, kind: str, reason: str, settles_at: float | None
 ) -> RunRecord:
     """A run the daemon found that is not finished yet: added to the ledger, waiting."""
     record = ledger.add(path=path, run_id=run_id, kind=kind, state=State.WAITING, reason=reason)
     return ledger.update(record, settles_at=settles_at)
 
 
-def wait(ledger: Ledger, record: RunRecord, reason: str, *, settles_at: float) -> RunRecord:
+def wait(ledger: Ledger, record: RunRecord, reason: str, *, settles_at: float | None) -> RunRecord:
     """The run is not finished yet: `reason` says how far it is (which traces, which marker),
     `settles_at` when the settle rule makes it ready if its file does not grow again."""
     return ledger.set_state(record, State.WAITING, reason=reason, settles_at=settles_at)
