@@ -409,15 +409,13 @@ class TestConfigWrittenLate:
             good.write(good.lines(2))
             waiting = wait_until(
                 lambda: (
-                    status(environ).get(run.run_id, {}).get("state") == "waiting"
-                    and status(environ)[run.run_id]
+                    (row := status(environ).get(run.run_id, {})).get("state") == "waiting" and row
                 ),
                 "the run to wait, saying why",
             )
             failed = wait_until(
                 lambda: (
-                    status(environ).get(run.run_id, {}).get("state") == "failed"
-                    and status(environ)[run.run_id]
+                    (row := status(environ).get(run.run_id, {})).get("state") == "failed" and row
                 ),
                 "the run to fail once settled",
             )
