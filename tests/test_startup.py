@@ -25,6 +25,9 @@ NEVER_FOR_PUSH = {
     "prometheus_client": "the daemon's metrics",
     "watchdog": "the daemon's file watching",
     "structlog": "logging, until an event is logged",
+    "click": "httpx's command-line client",
+    "pygments": "httpx's command-line client",
+    "rich": "the progress bar, on a terminal only",
 }
 ONLY_FOR_SETTINGS = {
     "pydantic_settings": "reads EVALPUSH_* variables and config files",
