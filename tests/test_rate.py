@@ -26,10 +26,20 @@ from evalpush.push import push
 from evalpush.retry import Gate
 
 ONE_TRACE = (
-    b'{"id": "only", "task": {"idx": 0, "prompt": "2+2?"}, "nodes": [{"message": {"role": '
-    b'"user", "content": "2+2?"}}, {"parent": 0, "message": {"role": "assistant", "content": '
-    b'"4"}, "sampled": True}], "rewards": {"correct": 1.0}, "is_completed": true}\n'
-).replace(b"True", b"true")
+    msgspec.json.encode(
+        {
+            "id": "only",
+            "task": {"idx": 0, "prompt": "2+2?"},
+            "nodes": [
+                {"message": {"role": "user", "content": "2+2?"}},
+                {"parent": 0, "message": {"role": "assistant", "content": "4"}, "sampled": True},
+            ],
+            "rewards": {"correct": 1.0},
+            "is_completed": True,
+        }
+    )
+    + b"\n"
+)
 
 
 def one_trace_run(root: Path, env_name: str) -> Path:
