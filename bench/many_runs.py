@@ -6,9 +6,10 @@ into bench/.cache/many/<N>/. Each repeat pushes them all with one `evalpush push
 fresh state dir, against `evalpush local-platform` started as its own process with a `--db` in
 a temp dir (bench/push.py's `Platform`, a fresh one per repeat), and checks that the platform
 then holds N COMPLETED evaluations with one sample each. Prints wall s, runs/s, CPU s and peak
-RSS (bench/convert.py's `measure`), best of --repeat. Per run this is mostly ledger
-transactions (claim, progress, release; each a `synchronous=FULL` commit) and five small
-requests, so it is what the per-run costs of the exactly-once protocol add up to.
+RSS (bench/convert.py's `measure`), best of --repeat; per run, the requests the platform
+counted by kind, the push's ledger write transactions and syncs of its write-ahead log (counted
+by a `sitecustomize` hook in the child), and the local platform's CPU apart. Per run this is
+what the per-run costs of the exactly-once protocol add up to.
 
     python bench/many_runs.py [--runs 1000] [--repeat 3] [--at REV]
 """
@@ -20,6 +21,7 @@ import json
 import sys
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -27,7 +29,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import push  # noqa: E402 - the sibling bench module: one platform runner and one measure
 from convert import PEAK_HOOK, Measure, measure  # noqa: E402
 
+LEDGER_HOOK = """
+import atexit, os
+import evalpush.ledger as _ledger
+
+_counts = {"writes": 0, "syncs": None}
+_transaction = _ledger.Ledger._transaction
+
+
+def _counted(self, *args, **kwargs):
+    _counts["writes"] += 1
+    return _transaction(self, *args, **kwargs)
+
+
+_ledger.Ledger._transaction = _counted
+_close = _ledger.Ledger.close
+
+
+def _closing(self):
+    _close(self)
+    if hasattr(self, "syncs"):  # the ledger syncs its log itself; before, SQLite did at each commit
+        _counts["syncs"] = (_counts["syncs"] or 0) + self.syncs
+
+
+_ledger.Ledger.close = _closing
+
+
+def _report(path=os.environ.get("BENCH_MANY_RUNS_LEDGER_FILE")):
+    with open(path, "w") as out:
+        out.write(f"{_counts['writes']} {_counts['syncs'] if _counts['syncs'] is not None else -1}")
+
+
+if os.environ.get("BENCH_MANY_RUNS_LEDGER_FILE"):
+    atexit.register(_report)
+"""
+"""Counts the push's ledger write transactions and syncs of its log (written at exit)."""
+
 ENVIRONMENT = "bench-many-runs"
+TARGET_RATE = 300  # runs/s
 NAMESPACE = uuid.UUID("6d2a4c1e-8b3f-4e5a-9c7d-1f0e2b3a4c5d")
 
 
@@ -70,7 +109,16 @@ def check(platform: push.Platform, count: int) -> None:
         raise SystemExit(f"{len(evaluations)} evaluations for {count} runs, {len(wrong)} wrong")
 
 
-def push_all(root: Path, count: int, hook_dir: Path) -> Measure:
+@dataclass
+class ManyRuns:
+    measure: Measure
+    platform_cpu: float
+    requests: dict[str, int]
+    writes: int
+    syncs: int  # -1: SQLite synced at every commit (synchronous=FULL), so syncs = writes
+
+
+def push_all(root: Path, count: int, hook_dir: Path) -> ManyRuns:
     with tempfile.TemporaryDirectory(prefix="bench-many-", dir=push.BENCH / ".cache") as tmp:
         work = Path(tmp)
         platform = push.Platform(work)
@@ -80,13 +128,17 @@ def push_all(root: Path, count: int, hook_dir: Path) -> Measure:
                 "PRIME_API_BASE_URL": platform.base,
                 "EVALPUSH_STATE_DIR": str(work / "state"),
                 "EVALPUSH_LOG__LEVEL": "warning",
+                "BENCH_MANY_RUNS_LEDGER_FILE": str(work / "ledger-counts"),
             }
             with push.child_environ(env):
                 m = measure([sys.executable, "-m", "evalpush", "push", str(root)], hook_dir)
             check(platform, count)
+            requests = platform.get("/_control/summary")["requests"]
+            platform_cpu = platform.cpu_seconds()
+            writes, syncs = map(int, (work / "ledger-counts").read_text().split())
         finally:
             platform.stop()
-    return m
+    return ManyRuns(m, platform_cpu, requests, writes, syncs)
 
 
 def main() -> None:
@@ -99,20 +151,32 @@ def main() -> None:
     args.cache.mkdir(parents=True, exist_ok=True)
     root = the_runs(args.runs, args.cache)
     with tempfile.TemporaryDirectory(prefix="bench-hook-") as hook:
-        (Path(hook) / "sitecustomize.py").write_text(PEAK_HOOK)
+        (Path(hook) / "sitecustomize.py").write_text(PEAK_HOOK + LEDGER_HOOK)
         if args.at:
             push.SOURCE["PYTHONPATH"] = push.checkout(args.at, Path(hook))
         runs = [push_all(root, args.runs, Path(hook)) for _ in range(args.repeat)]
-    best = min(runs, key=lambda m: m.wall_seconds)
+    best = min(runs, key=lambda r: r.measure.wall_seconds)
+    m, n = best.measure, args.runs
     print(
-        f"{args.runs} one-trace runs, best of {args.repeat} (walls: "
-        + ", ".join(f"{m.wall_seconds:.2f}" for m in runs)
-        + ")"
+        f"{n} one-trace runs, best of {args.repeat} (walls: "
+        + ", ".join(f"{r.measure.wall_seconds:.2f}" for r in runs)
+        + f"; CPU: {', '.join(f'{r.measure.cpu_seconds:.2f}' for r in runs)})"
     )
     print(
-        f"wall {best.wall_seconds:.2f} s, {args.runs / best.wall_seconds:.0f} runs/s, "
-        f"CPU {best.cpu_seconds:.2f} s ({best.cpu_seconds / args.runs * 1000:.2f} ms/run), "
-        f"peak RSS {best.peak_rss_bytes / push.MIB:.1f} MiB"
+        f"wall {m.wall_seconds:.2f} s, {n / m.wall_seconds:.0f} runs/s (SPEC >= {TARGET_RATE}), "
+        f"CPU {m.cpu_seconds:.2f} s ({m.cpu_seconds / n * 1000:.2f} ms/run), "
+        f"peak RSS {m.peak_rss_bytes / push.MIB:.1f} MiB"
+    )
+    syncs = best.writes if best.syncs < 0 else best.syncs
+    kinds = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(best.requests.items()) if v)
+    print(
+        f"per run: {sum(best.requests.values()) / n:.2f} requests ({kinds}), "
+        f"{best.writes / n:.2f} ledger write transactions, {syncs / n:.2f} syncs of its log"
+        + (" (SQLite's, one per commit)" if best.syncs < 0 else "")
+    )
+    print(
+        f"the local platform (apart, not ours): CPU {best.platform_cpu:.2f} s "
+        f"({best.platform_cpu / n * 1000:.2f} ms/run)"
     )
 
 

@@ -9,7 +9,7 @@ with its platform URL pointing at a loopback listener in this process, configure
 - "EVALPUSH_STATE_DIR": one setting in the environment, so pydantic-settings is loaded too (as
   it is for any setting variable or config file). The clock starts just
 before the child is spawned and stops when the listener has read the head of the child's first
-request (`POST .../environmentshub/resolve`); the child is then killed (nothing more is needed
+request (the one-shot gate's probe, `GET .../evaluations/?limit=1`); the child is then killed (nothing more is needed
 of it). "Warm cache": the daemon's modules are byte-compiled first (`compileall`; this machine
 sets PYTHONDONTWRITEBYTECODE, which would otherwise recompile every module on every start) and
 one untimed start runs before the measured ones, so the page cache holds every file.
@@ -49,6 +49,9 @@ from push import PLATFORM_KEY, Platform, checkout  # noqa: E402
 TARGET_MS = 150.0
 RUN_BYTES = 15_000  # the smallest run gen_traces writes: 4 traces
 HEAD_END = b"\r\n\r\n"
+FIRST_REQUESTS = (b"GET /api/v1/evaluations/?limit=1 ", b"POST /api/v1/environmentshub/resolve ")
+"""The one-shot gate's probe (since issue 12: the key is checked before anything is sent), or,
+without it, the first run's resolve."""
 CHILD_TIMEOUT_SECONDS = 30.0
 IMPORTS_SHOWN = 15
 
@@ -123,7 +126,7 @@ def first_request_seconds(
             child.send_signal(signal.SIGKILL)
             child.wait()
             listener.close()
-        if b"/environmentshub/resolve" not in listener.request_line:
+        if not listener.request_line.startswith(FIRST_REQUESTS):
             raise SystemExit(f"unexpected first request: {listener.request_line!r}")
         if python_flags:
             stderr.seek(0)

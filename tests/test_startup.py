@@ -25,6 +25,9 @@ NEVER_FOR_PUSH = {
     "prometheus_client": "the daemon's metrics",
     "watchdog": "the daemon's file watching",
     "structlog": "logging, until an event is logged",
+    "click": "httpx's command-line client",
+    "pygments": "httpx's command-line client",
+    "rich": "the progress bar, on a terminal only",
 }
 ONLY_FOR_SETTINGS = {
     "pydantic_settings": "reads EVALPUSH_* variables and config files",
@@ -114,3 +117,29 @@ def test_flags_alone_validate_to_the_config_pydantic_settings_builds_from_them(f
 
     assert type(plain) is type(sourced) is Config
     assert plain == sourced == Config.model_validate(flags)
+
+
+def test_a_client_of_an_http_platform_builds_no_tls_context(
+    local_platform: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading the CA bundle is ~60 ms of a push's start-up; a loopback http:// platform never
+    needs it (an https one builds it at its first request: tests/test_transport_tls.py)."""
+    import httpx
+
+    from evalpush.config import PlatformConfig
+    from evalpush.platform import PlatformClient
+
+    built: list[object] = []
+    real = httpx.create_ssl_context
+
+    def create_ssl_context(*args: object, **kwargs: object) -> object:
+        built.append(args)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(httpx, "create_ssl_context", create_ssl_context)
+    config = PlatformConfig(api_base_url=local_platform.base_url)
+    environ = {"PRIME_API_KEY": local_platform.api_key or "any-key"}
+    (tmp_path / "home").mkdir()
+    with PlatformClient(config, environ=environ, home=tmp_path / "home") as client:
+        assert client.resolve_environment("gsm8k")
+    assert built == []

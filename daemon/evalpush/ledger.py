@@ -15,8 +15,17 @@ one the writer read (`RunRecord.claim_owner`; none for a run nobody holds), else
 Schema creation and every migration run inside one write transaction that reads the schema
 version first, so any number of processes may open a new or an old ledger at once.
 
-Durability: WAL journal with `synchronous=FULL` (a committed step survives power loss, not just
-a crashed process); the file is created with mode 0600 in a 0700 directory, and a `state.db`
+Durability: a WAL journal. A write is durable (it survives power loss, not just a crashed
+process) once the write-ahead log is synced after it: every write is, before the call returns,
+except the claim, its release and the lease's renewal, whose loss to power loss (not to a crash:
+every commit is in the file at once) costs nothing but a takeover. The log is synced by this
+process (`fsync`, the one SQLite's `synchronous=FULL` does) after the commit and outside the
+lock, so writes of several runs committed meanwhile share one sync (a group commit): an intent
+still waits for the disk before its request is sent, without every other run waiting behind it.
+An upload may also hand the ledger a write that is not an intent to carry with the run's next
+write (`update(..., defer=True)`: the step it reached, an acknowledgement), which the protocol
+allows because a crash before that next write leaves the intent before it, reconciled as ever.
+The file is created with mode 0600 in a 0700 directory, and a `state.db`
 that is a symlink or not a regular file is refused. Every SQLite failure (full disk, locked or
 corrupt file) surfaces as `LedgerError` naming the file: the upload stops rather than carry on
 with progress it cannot record.
@@ -198,6 +207,13 @@ class Ledger:
         self._lock = threading.RLock()
         self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
         self._upgraded_from: int | None = None
+        self._deferred: dict[int, dict[str, Any]] = {}  # row id -> changes for its next write
+        self._sync_lock = threading.Lock()
+        self._committed = 0  # write transactions committed by this process
+        self._synced = 0  # of those, how many the last sync of the log covered
+        self._log_fd: int | None = None  # the write-ahead log, opened at the first sync
+        self.writes = 0  # write transactions committed (what bench/many_runs.py counts)
+        self.syncs = 0  # syncs of the write-ahead log
         self._db = self._open(path)
         if stop is not None:
             self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_SLICE_SECONDS * 1000)}")
@@ -244,8 +260,12 @@ class Ledger:
                 self._check_version(db)
             else:
                 self._write_ahead_log(db)
-                db.execute("PRAGMA synchronous=FULL")
+                # No sync by SQLite at each commit: `_sync` does it after the commit, outside
+                # the lock, for every write that must be durable (see the module's docstring).
+                # A checkpoint still syncs the log before and the database after.
+                db.execute("PRAGMA synchronous=NORMAL")
                 self._upgraded_from = schema.migrate(db, self.path)
+                self._committed = int(db.total_changes > 0)  # synced with the next write
             db.execute(
                 "PRAGMA foreign_keys=ON"
             )  # after migrating: a table rebuild must not cascade
@@ -349,8 +369,15 @@ class Ledger:
             )
 
     def close(self) -> None:
+        """Close the file; whatever this process committed is durable first."""
         with self._lock:
+            if not self.read_only and self._committed > self._synced:
+                with contextlib.suppress(OSError):  # the next writer recovers what is lost
+                    self._sync(self._committed)
             self._db.close()
+            if self._log_fd is not None:
+                os.close(self._log_fd)
+                self._log_fd = None
 
     def __enter__(self) -> Ledger:
         return self
@@ -359,7 +386,9 @@ class Ledger:
         self.close()
 
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
+    def _transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction (`BEGIN IMMEDIATE`). `durable`: before this returns, the log is
+        synced (`_sync`) after the commit, outside the lock."""
         if self.read_only:
             raise LedgerError(f"{self.path}: opened read-only")
         with self._lock:
@@ -381,6 +410,41 @@ class Ledger:
                 raise LedgerError(
                     f"{self.path}: cannot write the ledger: {exc}" + self._why_busy(exc)
                 ) from None
+            self.writes += 1
+            self._committed = committed = self._committed + 1
+        if durable:
+            try:
+                self._sync(committed)
+            except OSError as exc:
+                raise LedgerError(f"{self.path}: cannot sync the ledger: {exc}") from None
+
+    def _sync(self, committed: int) -> None:
+        """Make this process's first `committed` write transactions durable: one `fsync` of the
+        write-ahead log (what `synchronous=FULL` does at each commit), shared by every
+        transaction committed before it starts. The log holds commits in order, each frame
+        checksummed on the one before, so a commit never outlives an earlier one in a crash;
+        and a checkpoint (which moves frames into the database and may start the log over)
+        syncs the log before and the database after, so a commit it moved is durable too."""
+        with self._sync_lock:
+            if self._synced >= committed:
+                return  # a sync that started after this commit covered it
+            covered = self._committed
+            os.fsync(self._log())
+            self._synced = max(self._synced, covered)
+            self.syncs += 1
+
+    def _log(self) -> int:
+        """The write-ahead log's descriptor (it exists after the first commit, and lives while
+        this connection does: SQLite removes it only when the last connection closes). The
+        first time, its directory is synced too, as SQLite does for a log it created."""
+        if self._log_fd is None:
+            self._log_fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+            directory = os.open(self.path.parent, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        return self._log_fd
 
     def _while_busy(self, statement: Callable[[], T]) -> T:
         """`statement()`, tried again while another process holds the lock it needs: until the
@@ -425,7 +489,15 @@ class Ledger:
                 raise LedgerError(f"{self.path}: cannot read the ledger: {exc}") from None
 
     def _records(self, where: str, args: tuple[Any, ...] = ()) -> list[RunRecord]:
-        return [RunRecord(*row) for row in self._query(f"{_SELECT} {where}", args)]
+        """Rows as this process knows them: with their deferred writes."""
+        records = [RunRecord(*row) for row in self._query(f"{_SELECT} {where}", args)]
+        if not self._deferred:
+            return records
+        with self._lock:
+            return [
+                dataclasses.replace(r, **self._deferred[r.id]) if r.id in self._deferred else r
+                for r in records
+            ]
 
     # ------------------------------------------------------------ finding runs
 
@@ -531,7 +603,9 @@ class Ledger:
         LOCKED` on the row, then the same judgement.)
         """
         now = self._clock()
-        with self._transaction() as db:
+        # Not synced: a claim lost to power loss was never held (nothing is sent before the
+        # run's first intent, whose sync makes the claim durable too).
+        with self._transaction(durable=False) as db:
             row = db.execute(f"{_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 row_id = self._insert(
@@ -564,13 +638,20 @@ class Ledger:
                 ),
             )
             claimed = RunRecord(*db.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone())
+            self._deferred.pop(row_id, None)  # a write left over from a claim given up
         return claimed, previous
 
     def release(self, record: RunRecord) -> RunRecord:
-        """Give up the claim `record` holds; returns the run as nobody's. Releasing a claim that
-        is no longer held (taken over) changes nothing."""
+        """Give up the claim `record` holds, with the run's deferred write; returns the run as
+        nobody's. Releasing a claim that is no longer held (taken over) changes nothing.
+        Not synced before it returns (a claim lost to power loss is taken over; a deferred
+        acknowledgement lost to it leaves its intent, reconciled): the next durable write, or
+        `close`, syncs it."""
         cleared = dict.fromkeys(sorted(_CLAIM_COLUMNS))
-        with self._transaction() as db:
+        with self._transaction(durable=False) as db:
+            deferred = self._take_deferred(record)
+            if deferred:
+                self._update_row(db, record, deferred)
             db.execute(
                 f"UPDATE runs SET {', '.join(f'{c} = NULL' for c in cleared)} "
                 "WHERE id = ? AND claim_owner = ?",
@@ -581,7 +662,7 @@ class Ledger:
     def renew(self, owners: list[str], expires: float) -> set[str]:
         """Push the leases of `owners`' claims to `expires`; returns those still held."""
         marks = ", ".join("?" * len(owners))
-        with self._transaction() as db:
+        with self._transaction(durable=False) as db:  # a lease lost to power loss: a reboot
             db.execute(
                 f"UPDATE runs SET claim_expires = ? WHERE claim_owner IN ({marks})",
                 (expires, *owners),
@@ -592,7 +673,12 @@ class Ledger:
         return {owner for (owner,) in rows}
 
     def _fence(self, db: sqlite3.Connection, record: RunRecord) -> None:
-        """Inside a write: the run must still be held as `record` says, else nothing is written."""
+        """Inside a write: the run must still be held as `record` says, else nothing is written.
+        The run's deferred write goes first, under the same fence."""
+        deferred = self._take_deferred(record)
+        if deferred:
+            self._update_row(db, record, deferred)
+            return
         row = db.execute("SELECT claim_owner FROM runs WHERE id = ?", (record.id,)).fetchone()
         if row is None:
             raise LedgerError(f"{self.path}: run {record.run_id} vanished from the ledger")
@@ -604,18 +690,48 @@ class Ledger:
 
     # ------------------------------------------------------------ writing runs
 
-    def update(self, record: RunRecord, **changes: Any) -> RunRecord:
+    def update(
+        self, record: RunRecord, *, defer: bool = False, durable: bool = True, **changes: Any
+    ) -> RunRecord:
         """Write `changes` to the run's row in one transaction, fenced by `record`'s claim;
-        returns the new row. A run's `state` is written only by `evalpush.transitions`."""
+        returns the new row. A run's `state` is written only by `evalpush.transitions`.
+
+        `defer`: not written now, but with the run's next write (its next intent, or its
+        release), in that write's transaction; meanwhile this process reads the row with them.
+        For a write that is not an intent, made under the run's claim, whose loss in a crash
+        before the next write only sends the run back to an earlier step or to the intent before
+        it (reconciled as after any crash): nothing may be sent on the strength of it alone.
+        `durable=False`: written now but not synced before this returns (an acknowledgement:
+        a crash keeps it, power loss may take it back to its intent); the next sync covers it."""
         if "state" in changes:
             raise ValueError("a run's state changes only through evalpush.transitions")
-        return self._write(record, changes)
+        return self._write(record, changes, defer=defer, durable=durable)
 
-    def set_state(self, record: RunRecord, state: State, **changes: Any) -> RunRecord:
+    def set_state(
+        self, record: RunRecord, state: State, *, defer: bool = False, **changes: Any
+    ) -> RunRecord:
         """`update` with a new `state`: for `evalpush.transitions` alone."""
-        return self._write(record, {**changes, "state": State(state)})
+        return self._write(record, {**changes, "state": State(state)}, defer=defer, durable=True)
 
-    def _write(self, record: RunRecord, changes: dict[str, Any]) -> RunRecord:
+    def _take_deferred(self, record: RunRecord) -> dict[str, Any]:
+        """The run's deferred write, taken (inside the write that carries it, under the lock)."""
+        return self._deferred.pop(record.id, None) or {}
+
+    def _update_row(
+        self, db: sqlite3.Connection, record: RunRecord, changes: dict[str, Any]
+    ) -> None:
+        """Inside a write: `changes` to the run's row, fenced by `record`'s claim."""
+        assignments = ", ".join(f"{name} = ?" for name in changes)
+        cursor = db.execute(
+            f"UPDATE runs SET {assignments} WHERE id = ? AND claim_owner IS ?",
+            (*changes.values(), record.id, record.claim_owner),
+        )
+        if cursor.rowcount == 0:
+            self._fence(db, record)
+
+    def _write(
+        self, record: RunRecord, changes: dict[str, Any], *, defer: bool, durable: bool
+    ) -> RunRecord:
         unknown = changes.keys() - _WRITABLE_COLUMNS
         if unknown:
             raise ValueError(f"unknown ledger columns: {sorted(unknown)}")
@@ -628,14 +744,12 @@ class Ledger:
         changes["updated_at"] = self._clock()
         if "last_error" in changes:
             changes["last_error_at"] = changes["updated_at"] if changes["last_error"] else None
-        assignments = ", ".join(f"{name} = ?" for name in changes)
-        with self._transaction() as db:
-            cursor = db.execute(
-                f"UPDATE runs SET {assignments} WHERE id = ? AND claim_owner IS ?",
-                (*changes.values(), record.id, record.claim_owner),
-            )
-            if cursor.rowcount == 0:
-                self._fence(db, record)
+        if defer:
+            with self._lock:
+                self._deferred.setdefault(record.id, {}).update(changes)
+            return dataclasses.replace(record, **changes)
+        with self._transaction(durable=durable) as db:
+            self._update_row(db, record, {**self._take_deferred(record), **changes})
         return dataclasses.replace(record, **changes)
 
     def forget(self, record: RunRecord) -> None:

@@ -1,4 +1,12 @@
-"""Finding a run's evaluation on the platform by its run id (`metadata.run_id`).
+"""Finding a run's environment and its evaluation on the platform, at most once per process
+where once is enough.
+
+An environment's id (`resolve`, get-or-create) is asked once per process and name
+(`Environments`): 10,000 runs of one environment need one resolve, not 10,000. A create the
+platform refuses (the environment may have been deleted since) drops the name's id, so the next
+run asks again.
+
+A run's evaluation is found by its run id (`metadata.run_id`).
 
 Before the upload creates an evaluation it looks for one the run already has: after a crash or
 an ambiguous create (an intent is recorded), when the eval may have pushed itself (`push = true`
@@ -57,6 +65,42 @@ def _newest(candidates: Iterable[Evaluation], exclude: set[str], run_id: str) ->
             "delete it on the platform to upload the run again"
         )
     return found
+
+
+class Resolver(Protocol):
+    def resolve_environment(self, name: str) -> str: ...
+
+
+class Environments:
+    """Environment ids by name, resolved once per process (thread-safe: runs of one environment
+    starting together wait for one resolve)."""
+
+    def __init__(self, client: Resolver, retry: Retry):
+        self._client = client
+        self._retry = retry
+        self._guard = threading.Lock()
+        self._name_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._ids: dict[str, str] = {}
+
+    def id_of(self, name: str, run_id: str) -> str:
+        with self._guard:
+            name_lock = self._name_locks[name]
+        with name_lock:
+            with self._guard:
+                known = self._ids.get(name)
+            if known is not None:
+                return known
+            env_id = self._retry(
+                lambda: self._client.resolve_environment(name), "resolve environment", run_id
+            )
+            with self._guard:
+                self._ids[name] = env_id
+            return env_id
+
+    def forget(self, name: str) -> None:
+        """The platform refused a create in this environment: resolve it again next time."""
+        with self._guard:
+            self._ids.pop(name, None)
 
 
 class EvaluationIndex:

@@ -28,6 +28,7 @@ What it promises:
 
 from __future__ import annotations
 
+import http.cookiejar
 import ipaddress
 import math
 import os
@@ -549,6 +550,15 @@ class _Listing:
             )
 
 
+class _NoCookies(http.cookiejar.CookieJar):
+    """A jar that keeps nothing: the platform authenticates by bearer key, never by cookie, and
+    httpx's jar read every answer's headers through `http.cookiejar` (about a tenth of the
+    client's CPU per request, measured on many one-trace runs)."""
+
+    def extract_cookies(self, response: object, request: object) -> None:
+        pass
+
+
 class PlatformClient:
     """One attempt per call to each endpoint of PLATFORM_API.md, errors already classified."""
 
@@ -586,6 +596,7 @@ class PlatformClient:
             ),
             follow_redirects=False,
             trust_env=False,  # the transport reads the proxy variables; certificates as httpx does
+            cookies=_NoCookies(),
         )
 
     @property

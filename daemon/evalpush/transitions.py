@@ -2,7 +2,8 @@
 
 Each function is one named change of state with what goes with it (reason, error, attempts),
 written in one fenced ledger transaction (the caller holds the run's claim, except where a
-function says otherwise), and returns the run's new row. The upload steps write their own
+function says otherwise; `start`, and `finalize` when asked, go with the run's next write),
+and returns the run's new row. The upload steps write their own
 progress (`step`, offsets, intents) with `Ledger.update`, which refuses `state`.
 """
 
@@ -19,9 +20,15 @@ QUEUED_BY_RETRY = "queued by `evalpush retry`"
 
 
 def start(ledger: Ledger, record: RunRecord) -> RunRecord:
-    """An upload begins (or resumes at its step): a new attempt, the last error cleared."""
+    """An upload begins (or resumes at its step): a new attempt, the last error cleared.
+    Written with the run's next write (deferred: the claim says the run is being worked on)."""
     return ledger.set_state(
-        record, State.UPLOADING, reason="", attempts=record.attempts + 1, last_error=None
+        record,
+        State.UPLOADING,
+        defer=True,
+        reason="",
+        attempts=record.attempts + 1,
+        last_error=None,
     )
 
 
@@ -70,10 +77,19 @@ def skip(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
     return ledger.set_state(record, State.SKIPPED, reason=reason)
 
 
-def finalize(ledger: Ledger, record: RunRecord, *, at: float, **fields: Any) -> RunRecord:
-    """The platform holds the run's evaluation, finalized (sent now, or adopted)."""
+def finalize(
+    ledger: Ledger, record: RunRecord, *, at: float, defer: bool = False, **fields: Any
+) -> RunRecord:
+    """The platform holds the run's evaluation, finalized (sent now, or adopted). `defer`:
+    written with the run's release (an acknowledgement: see `Ledger.update`)."""
     return ledger.set_state(
-        record, State.FINALIZED, step=Step.DONE, pending=None, finalized_at=at, **fields
+        record,
+        State.FINALIZED,
+        defer=defer,
+        step=Step.DONE,
+        pending=None,
+        finalized_at=at,
+        **fields,
     )
 
 

@@ -315,24 +315,30 @@ class StoppableTransport(httpx.BaseTransport):
     def __init__(self, stop: threading.Event, limits: httpx.Limits = _LIMITS) -> None:
         self._backend = _SlicedBackend(stop)
         self._limits = limits
-        self._ssl_context = httpx.create_ssl_context(verify=True, trust_env=True)
+        self._ssl_context: ssl.SSLContext | None = None  # built for the first https pool
         self._proxies = urllib.request.getproxies_environment()
-        self._pools: dict[str, httpcore.ConnectionPool] = {}
+        self._pools: dict[tuple[str, bool], httpcore.ConnectionPool] = {}
         self._lock = threading.Lock()
 
     def _pool_for(self, url: httpx.URL) -> httpcore.ConnectionPool:
+        """The pool for `url`'s proxy (none: "") and scheme: an https URL's pool carries the TLS
+        context (built once, at the first: loading the CA bundle costs ~60 ms of start-up that
+        a loopback http:// platform never needs); an http URL's pool has none."""
         proxy = self._proxies.get(url.scheme)
         if proxy and urllib.request.proxy_bypass_environment(url.host, self._proxies):
             proxy = None
+        tls = url.scheme == "https"
         with self._lock:
-            pool = self._pools.get(proxy or "")
+            pool = self._pools.get((proxy or "", tls))
             if pool is None:
-                pool = self._pools[proxy or ""] = self._new_pool(proxy)
+                pool = self._pools[(proxy or "", tls)] = self._new_pool(proxy, tls)
             return pool
 
-    def _new_pool(self, proxy: str | None) -> httpcore.ConnectionPool:
+    def _new_pool(self, proxy: str | None, tls: bool) -> httpcore.ConnectionPool:
+        if tls and self._ssl_context is None:
+            self._ssl_context = httpx.create_ssl_context(verify=True, trust_env=True)
         common: dict[str, Any] = {
-            "ssl_context": self._ssl_context,
+            "ssl_context": self._ssl_context if tls else None,
             "max_connections": self._limits.max_connections,
             "max_keepalive_connections": self._limits.max_keepalive_connections,
             "keepalive_expiry": self._limits.keepalive_expiry,

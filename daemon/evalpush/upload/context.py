@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from evalpush.config import Config
 from evalpush.ledger import Ledger, RunRecord
-from evalpush.lookup import EvaluationIndex
+from evalpush.lookup import Environments, EvaluationIndex
 from evalpush.platform import PlatformClient
 from evalpush.retry import Retrier
 
@@ -32,9 +32,11 @@ class Context:
     retrier: Retrier
     progress: Progress = no_progress
     clock: Callable[[], float] = time.time
+    environments: Environments = field(init=False)
     evaluations: EvaluationIndex = field(init=False)
 
     def __post_init__(self) -> None:
+        self.environments = Environments(self.client, self._replayable_call)
         self.evaluations = EvaluationIndex(self.client, self._replayable_call)
 
     def replayable(self, fn: Callable[[], T], *, what: str, run: str) -> T:

@@ -11,7 +11,7 @@ import msgspec
 from evalpush import transitions
 from evalpush.batch import Batch, Prefetch, batches
 from evalpush.convert import RunTotals, convert_lines, scan, summary, tally
-from evalpush.errors import Ambiguous, BatchRefused, Conflict, Gone, RunError
+from evalpush.errors import Ambiguous, BatchRefused, Conflict, Gone, Refused, RunError
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
 from evalpush.read import FileIdentity, RangeDigest, identity, read_lines
@@ -87,19 +87,13 @@ class Steps:
             return transitions.hold(
                 ctx.ledger, record, HOLD_REASON.format(count=len(bad)), **scanned
             )
-        return ctx.ledger.update(record, **scanned)
+        return ctx.ledger.update(record, defer=True, **scanned)  # goes with the create intent
 
     # ------------------------------------------------------------ resolve and create
 
     def resolve(self, record: RunRecord, run: Run) -> RunRecord:
-        env_name = require_env_name(run)
-        client = self._ctx.client
-        env_id = self._ctx.replayable(
-            lambda: client.resolve_environment(env_name),
-            what="resolve environment",
-            run=run.run_id,
-        )
-        return self._ctx.ledger.update(record, env_id=env_id, step=Step.CREATE)
+        env_id = self._ctx.environments.id_of(require_env_name(run), run.run_id)
+        return self._ctx.ledger.update(record, defer=True, env_id=env_id, step=Step.CREATE)
 
     def _create_body(self, record: RunRecord, run: Run) -> dict[str, Any]:
         report = summary(run, RunTotals.from_json(record.totals))
@@ -142,8 +136,15 @@ class Steps:
                 found = self._reconcile.find_evaluation(record, run, fresh=True)
                 if found is not None:
                     return self._reconcile.adopt(record, found)
+            except Refused:
+                # The environment id is this process's since its first resolve: it may be gone.
+                ctx.environments.forget(run.env_name)
+                raise
+        # The acknowledgement goes with the next intent (the first batch's): until then nothing
+        # is sent, and a crash before it leaves the create intent, reconciled by a lookup.
         return ctx.ledger.update(
             record,
+            defer=True,
             evaluation_id=evaluation_id,
             viewer_url=url or ctx.client.viewer_url(evaluation_id),
             pending=None,
@@ -206,7 +207,11 @@ class Steps:
                 converted=totals.traces,
             )
         return self._ctx.ledger.update(
-            record, step=Step.FINALIZE, totals=totals.to_json(), samples_seen=totals.traces
+            record,
+            defer=True,
+            step=Step.FINALIZE,
+            totals=totals.to_json(),
+            samples_seen=totals.traces,
         )
 
     def _totals_before(self, record: RunRecord, run: Run, known: FileIdentity) -> RunTotals:
@@ -234,8 +239,15 @@ class Steps:
             delivered += self._deliver(record, batch, set_aside)
             crash_point("batch-sent")
         ledger.add_set_aside(record, set_aside)
+        # Not synced: a crash keeps it, power loss may leave this batch's intent, reconciled by
+        # listing the samples stored. The last batch's goes with the finalize intent, which
+        # follows with no request between; another batch's is written now, so the file shows
+        # the progress while the next batch is read, whatever becomes of its intent's write.
+        last = batch.end == record.upload_end
         acked = ledger.update(
             record,
+            defer=last,
+            durable=False,
             pending=None,
             acked_offset=batch.end,
             acked_line=batch.end_line,
@@ -309,10 +321,11 @@ class Steps:
             crash_point("finalize-sent")
         else:
             url = None
-        return transitions.finalize(
+        return transitions.finalize(  # written with the release
             ctx.ledger,
             record,
             at=ctx.clock(),
+            defer=True,
             viewer_url=url or record.viewer_url or ctx.client.viewer_url(record.evaluation_id),
         )
 
