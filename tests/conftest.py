@@ -24,6 +24,7 @@ Fixtures for tests that talk to the platform:
   replaces the environment it reads credentials from; mutate that dict and the next
   `reload_credentials()` sees it. Clients are closed after the test.
 - `platform_client`: `make_platform_client()` with the defaults.
+- `ledger`: a real ledger file, `tmp_path/state/state.db`, closed after the test.
 - `stop_event`: a `threading.Event` set after the test, so nothing keeps waiting on it.
 - `fast_gate`: a `retry.Gate` whose probes back off by milliseconds.
 - `make_retrier(client)`: a `retry.Retrier(client, fast_gate, stop_event)` with millisecond
@@ -53,6 +54,7 @@ from typing import Any
 import pytest
 
 from evalpush.config import PlatformConfig
+from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
 from evalpush.platform import PlatformClient
 from evalpush.retry import Backoff, Gate, Retrier
@@ -142,6 +144,12 @@ def make_platform_client(
 @pytest.fixture
 def platform_client(make_platform_client: Callable[..., PlatformClient]) -> PlatformClient:
     return make_platform_client()
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    with Ledger(default_path(tmp_path / "state")) as opened:
+        yield opened
 
 
 @pytest.fixture

@@ -299,12 +299,6 @@ class TestKilledHolder:
 RUN_ID = "7a0c4b1e-2d3f-4a5b-8c6d-9e0f1a2b3c4d"
 
 
-@pytest.fixture
-def ledger(tmp_path: Path):
-    with Ledger(tmp_path / "state" / "state.db") as opened:
-        yield opened
-
-
 class Clock:
     def __init__(self) -> None:
         self.now = time.time()

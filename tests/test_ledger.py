@@ -28,12 +28,6 @@ from evalpush.setaside import SetAside
 from evalpush.states import Outcome
 
 
-@pytest.fixture
-def ledger(tmp_path: Path):
-    with Ledger(tmp_path / "state" / "state.db") as opened:
-        yield opened
-
-
 def a_run(ledger: Ledger, path: str = "/runs/a", run_id: str = "0f1e2d3c-aaaa"):
     return ledger.add(path=path, run_id=run_id, kind="eval", state=State.READY)
 

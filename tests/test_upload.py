@@ -30,7 +30,7 @@ from evalpush.claims import Claims
 from evalpush.config import Config, PlatformConfig
 from evalpush.convert import RunTotals, convert_lines, summary, tally
 from evalpush.errors import Busy, ClaimLost, Interrupted, LedgerError, RunIdTaken
-from evalpush.ledger import Ledger, RunRecord, State, Step, default_path
+from evalpush.ledger import Ledger, RunRecord, State, Step
 from evalpush.local_platform import LocalPlatform
 from evalpush.platform import PlatformClient
 from evalpush.push import push
@@ -209,12 +209,6 @@ def runs_root(tmp_path: Path) -> Path:
     root = tmp_path / "outputs"
     root.mkdir()
     return root
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(default_path(tmp_path / "state")) as opened:
-        yield opened
 
 
 @pytest.fixture
