@@ -40,6 +40,7 @@ Fixtures for tests that run `python -m evalpush ...` (support/commands.py, suppo
   tmp_path)` (the platform's key and URL, a private state dir and home) plus `env`.
 - `start_evalpush(environ, *args)`: `evalpush ARGS...` started (output piped); any still running
   when the test ends is continued and killed.
+- `tree`: an empty outputs root, `tmp_path/outputs`, for a daemon to watch.
 - `open_dir`: a directory every user may enter (for tests that drop to user `nobody`).
 """
 
@@ -196,6 +197,13 @@ def start_evalpush() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     started = commands.Started()
     yield started.start
     started.reap()
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "outputs"
+    root.mkdir()
+    return root
 
 
 @pytest.fixture
