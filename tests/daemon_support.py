@@ -46,10 +46,10 @@ from support import runs
 from support.commands import evalpush, status_json
 from support.environ import NOT_INHERITED, cli_environ
 from support.platform_view import evaluations_of
-from support.waiting import WAIT_SECONDS, wait_until
+from support.waiting import POLL_SECONDS, WAIT_SECONDS, wait_until
 
 # re-exported: the daemon's tests import these from here
-__all__ = ["NOT_INHERITED", "WAIT_SECONDS", "evaluations_of", "wait_until"]
+__all__ = ["NOT_INHERITED", "POLL_SECONDS", "WAIT_SECONDS", "evaluations_of", "wait_until"]
 
 STOP_SECONDS = 15.0
 """How long a SIGTERMed daemon may take to exit before the test calls it hung."""

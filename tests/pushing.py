@@ -33,6 +33,8 @@ from support.producer import generated_run
 
 __all__ = ["generated_run"]  # re-exported: the tests of push import it from here
 
+ROOT = Path(__file__).resolve().parents[1]
+"""The repository's root (kept for the tests that import it from here)."""
 PUSH_TIMEOUT_SECONDS = 60
 
 
