@@ -205,10 +205,9 @@ class RecordingTransport(httpx.HTTPTransport):
 
 
 @pytest.fixture
-def runs_root(tmp_path: Path) -> Path:
-    root = tmp_path / "outputs"
-    root.mkdir()
-    return root
+def runs_root(tree: Path) -> Path:
+    """The outputs root these tests write runs under (conftest.py's `tree`)."""
+    return tree
 
 
 @pytest.fixture
