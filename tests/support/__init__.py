@@ -13,3 +13,15 @@ Built on these (names kept for the tests that import them): `pushing` (`push` su
 the exactly-once check), `daemon_support` (`evalpush run` subprocesses, `RunDir`), `demo_push`,
 `disks`, `as_nobody`, `browser`, `ledger_v1`, `inotify_limited`. Fixtures are in conftest.py.
 """
+
+import pytest
+
+# Assertions in the helpers are rewritten as a test's are, so a failing one shows its values (a
+# helper module imported before this line could not be: conftest.py imports this package first).
+pytest.register_assert_rewrite(
+    "support.commands",
+    "support.producer",
+    "pushing",
+    "daemon_support",
+    "demo_push",
+)
