@@ -1,7 +1,10 @@
-"""Shared fixtures: a real local platform on loopback, clients pointed at it, fast retries.
+"""Shared fixtures: a real local platform on loopback, clients pointed at it, fast retries,
+`evalpush` as a subprocess. The helpers behind them are in `support/` (builders of runs and
+environments, the producer's run generator, waiting, the thread check): import from there.
 
 Every test runs under `no_thread_outlives_its_test` (autouse): a test that leaves a thread
-running fails, daemon threads (watchdog's) included, so whatever starts a thread must stop it.
+running fails, daemon threads (watchdog's) included, so whatever starts a thread must stop it;
+`no_thread_outlives_its_module` (autouse) does the same for module-scoped fixtures.
 `--viewer-screenshot PNG` saves the viewer page's browser-test screenshot there
 (tests/test_dashboard.py).
 
@@ -21,18 +24,30 @@ Fixtures for tests that talk to the platform:
   replaces the environment it reads credentials from; mutate that dict and the next
   `reload_credentials()` sees it. Clients are closed after the test.
 - `platform_client`: `make_platform_client()` with the defaults.
+- `ledger`: a real ledger file, `tmp_path/state/state.db`, closed after the test.
 - `stop_event`: a `threading.Event` set after the test, so nothing keeps waiting on it.
 - `fast_gate`: a `retry.Gate` whose probes back off by milliseconds.
 - `make_retrier(client)`: a `retry.Retrier(client, fast_gate, stop_event)` with millisecond
   backoff, for a client made with `make_platform_client`.
 - `retrier`: `make_retrier(platform_client)`:
   `retrier.call(lambda: platform_client.create_evaluation(body), replayable=False, what=..., run=...)`.
+
+Fixtures for tests that run `python -m evalpush ...` (support/commands.py, support/environ.py):
+
+- `platform`: `local_platform` by the name the subprocess tests use (a module overrides it for a
+  platform of its own, e.g. one with a known key).
+- `evalpush(*args, **env)`: `evalpush ARGS...` run to its end with `cli_environ(platform,
+  tmp_path)` (the platform's key and URL, a private state dir and home) plus `env`.
+- `start_evalpush(environ, *args)`: `evalpush ARGS...` started (output piped); any still running
+  when the test ends is continued and killed.
+- `tree`: an empty outputs root, `tmp_path/outputs`, for a daemon to watch.
+- `open_dir`: a directory every user may enter (for tests that drop to user `nobody`).
 """
 
 from __future__ import annotations
 
+import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,11 +55,16 @@ from typing import Any
 import pytest
 
 from evalpush.config import PlatformConfig
+from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
 from evalpush.platform import PlatformClient
 from evalpush.retry import Backoff, Gate, Retrier
+from support import commands, threads
+from support.environ import cli_environ
+from support.files import open_directory
 
-THREAD_JOIN_GRACE_SECONDS = 2.0
+pytest_plugins = ["pytester"]  # test_thread_guard.py runs a session of leaky tests
+
 FAST_BACKOFF = Backoff(base_seconds=0.002, cap_seconds=0.02)
 
 
@@ -57,29 +77,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+_REPORTED: set[threading.Thread] = set()
+"""Threads a test's guard already failed it for: its module's guard does not name them again."""
+
+
 @pytest.fixture(autouse=True)
 def no_thread_outlives_its_test() -> Iterator[None]:
     """Fail a test that leaves a thread alive (after a short grace to finish).
 
-    Daemon threads count too: watchdog's observer, emitter and inotify threads are all daemon
-    threads, and one left running keeps its inotify watches and reads for the rest of the session.
-    No thread is exempt: nothing in evalpush is meant to outlive the part that started it.
+    Daemon threads count too (`support.threads`). No thread is exempt: nothing in evalpush is
+    meant to outlive the part that started it. Threads of module-scoped fixtures were started
+    before this snapshot; `no_thread_outlives_its_module` checks them.
     """
-    before = set(threading.enumerate())
+    before = threads.alive()
     yield
-    deadline = time.monotonic() + THREAD_JOIN_GRACE_SECONDS
-    leaked = []
-    for thread in threading.enumerate():
-        if thread in before:
-            continue
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():
-            kind = "daemon " if thread.daemon else ""
-            leaked.append(
-                f"{thread.name} ({kind}{type(thread).__module__}.{type(thread).__name__})"
-            )
-    if leaked:
-        pytest.fail(f"threads outlived the test: {', '.join(leaked)}")
+    if leaked := threads.outliving(before):
+        _REPORTED.update(leaked)
+        pytest.fail(f"threads outlived the test: {', '.join(map(threads.describe, leaked))}")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_thread_outlives_its_module() -> Iterator[None]:
+    """Fail the module's last test when a module-scoped fixture leaves a thread alive (e.g. a
+    shared local platform not stopped)."""
+    before = threads.alive()
+    yield
+    if leaked := threads.outliving(before | _REPORTED):
+        _REPORTED.update(leaked)
+        pytest.fail(f"threads outlived the module: {', '.join(map(threads.describe, leaked))}")
 
 
 @pytest.fixture
@@ -123,6 +148,12 @@ def platform_client(make_platform_client: Callable[..., PlatformClient]) -> Plat
 
 
 @pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    with Ledger(default_path(tmp_path / "state")) as opened:
+        yield opened
+
+
+@pytest.fixture
 def stop_event() -> Iterator[threading.Event]:
     stop = threading.Event()
     yield stop
@@ -146,3 +177,36 @@ def retrier(
     make_retrier: Callable[[PlatformClient], Retrier], platform_client: PlatformClient
 ) -> Retrier:
     return make_retrier(platform_client)
+
+
+@pytest.fixture
+def platform(local_platform: LocalPlatform) -> LocalPlatform:
+    return local_platform
+
+
+@pytest.fixture
+def evalpush(
+    platform: LocalPlatform, tmp_path: Path
+) -> Callable[..., subprocess.CompletedProcess[str]]:
+    environ = cli_environ(platform, tmp_path)
+    return lambda *args, **env: commands.evalpush(environ, *args, **env)
+
+
+@pytest.fixture
+def start_evalpush() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    started = commands.Started()
+    yield started.start
+    started.reap()
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "outputs"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    with open_directory() as path:
+        yield path

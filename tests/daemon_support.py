@@ -1,29 +1,31 @@
 """Helpers for tests of `evalpush run` as a real subprocess on a temporary tree.
 
-- `daemon_environ(platform, tmp_path, roots, **extra)`: this environment less any PRIME_,
-  EVALPUSH_ or systemd variable, pointed at `platform` (its key unless `PRIME_API_KEY=None`),
-  with a state dir and home under `tmp_path`, `roots` watched, a short settle time and rescan,
-  small batches and JSON logs at info level. An `extra` value of None removes that variable.
+- `daemon_environ(platform, tmp_path, roots, **extra)`: `support.environ.cli_environ` (this
+  environment less any PRIME_, EVALPUSH_ or systemd variable, pointed at `platform`: its key
+  unless `PRIME_API_KEY=None`, with a state dir and home under `tmp_path`) with `roots`
+  watched, a short settle time and rescan, small batches and JSON logs at info level. An
+  `extra` value of None removes that variable.
 - `Daemon(environ, *args, prefix=())`: `[PREFIX...] python -m evalpush [ARGS] run` (a prefix
   such as `setpriv ...` changes how it runs), started at once; a thread reads
   what it prints (stdout and stderr, merged) into `raw` (bytes, every line) and `events` (the
   JSON log lines). `wait_for(event, **fields)` waits for a log line; `stop()` sends SIGTERM and
   returns the exit code; `kill()` SIGKILLs it; as a context manager it is always reaped.
 - `wait_until(condition, what)`: polls `condition` until it returns something truthy, which it
-  returns; fails the test naming `what` after `timeout` seconds.
+  returns; fails the test naming `what` after `timeout` seconds (`support.waiting`).
 - `RunDir`: a run directory (uuid name = run id) whose `config.toml` and `traces.jsonl` a test
   writes as a producer would: `write(lines, half_pause=...)` appends line by line, each line
   first cut in two and held half-written for a while.
 - `trace_line(i, idx)`: a small valid trace line.
 - `NotifySocket`: an AF_UNIX datagram socket standing in for systemd's `$NOTIFY_SOCKET`.
 - `status(environ)`: `evalpush status --json` rows, by run id.
-- `evaluations_of(platform, run_id)`: the platform's evaluations of a run (id -> summary).
+- `evaluations_of(platform, run_id)`: the platform's evaluations of a run (id -> summary;
+  `support.platform_view`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import shutil
 import signal
 import socket
@@ -33,26 +35,28 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 import pytest
 
 from evalpush.local_platform import LocalPlatform
+from support import runs
+from support.commands import evalpush, status_json
+from support.environ import NOT_INHERITED, cli_environ
+from support.platform_view import evaluations_of
+from support.waiting import POLL_SECONDS, WAIT_SECONDS, wait_until
 
-T = TypeVar("T")
+# re-exported: the daemon's tests import these from here
+__all__ = ["NOT_INHERITED", "POLL_SECONDS", "WAIT_SECONDS", "evaluations_of", "wait_until"]
 
-WAIT_SECONDS = 30.0
-"""How long any condition is waited for: generous, CI is a loaded 2-core box."""
-POLL_SECONDS = 0.05
 STOP_SECONDS = 15.0
 """How long a SIGTERMed daemon may take to exit before the test calls it hung."""
 SETTLE_SECONDS = 1.5
 RESCAN_SECONDS = 2.0
 BATCH_SAMPLES = 5
-NOT_INHERITED = ("PRIME_", "EVALPUSH_", "NOTIFY_SOCKET", "WATCHDOG_", "CREDENTIALS_DIRECTORY")
 RUN_STARTED = "evalpush daemon running"
 RUN_FINALIZED = "run finalized"
 
@@ -60,41 +64,17 @@ RUN_FINALIZED = "run finalized"
 def daemon_environ(
     platform: LocalPlatform, tmp_path: Path, roots: Iterable[Path], **extra: str | None
 ) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(NOT_INHERITED)}
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
-    environ.update(
-        PRIME_API_KEY=platform.api_key or "any-key",
-        PRIME_API_BASE_URL=platform.base_url,
-        HOME=str(home),
-        EVALPUSH_STATE_DIR=str(tmp_path / "state"),
-        EVALPUSH_WATCH__ROOTS=json.dumps([str(root) for root in roots]),
-        EVALPUSH_WATCH__RESCAN_SECONDS=str(RESCAN_SECONDS),
-        EVALPUSH_RUNS__SETTLE_SECONDS=str(SETTLE_SECONDS),
-        EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES=str(BATCH_SAMPLES),
-        EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="5",
-        EVALPUSH_PLATFORM__CONNECT_TIMEOUT_SECONDS="2",
-        EVALPUSH_LOG__LEVEL="info",
-        EVALPUSH_LOG__FORMAT="json",
-    )
-    for key, value in extra.items():
-        if value is None:
-            environ.pop(key, None)
-        else:
-            environ[key] = value
-    return environ
-
-
-def wait_until(condition: Callable[[], T | None], what: str, *, timeout: float = WAIT_SECONDS) -> T:
-    """Poll `condition` until it returns something truthy (returned); fail naming `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            pytest.fail(f"waited {timeout:.0f} s for {what}")
-        time.sleep(POLL_SECONDS)
+    settings: dict[str, str | None] = {
+        "EVALPUSH_WATCH__ROOTS": json.dumps([str(root) for root in roots]),
+        "EVALPUSH_WATCH__RESCAN_SECONDS": str(RESCAN_SECONDS),
+        "EVALPUSH_RUNS__SETTLE_SECONDS": str(SETTLE_SECONDS),
+        "EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES": str(BATCH_SAMPLES),
+        "EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS": "5",
+        "EVALPUSH_PLATFORM__CONNECT_TIMEOUT_SECONDS": "2",
+        "EVALPUSH_LOG__LEVEL": "info",
+        "EVALPUSH_LOG__FORMAT": "json",
+    }
+    return cli_environ(platform, tmp_path, **{**settings, **extra})
 
 
 class Daemon:
@@ -202,22 +182,7 @@ class Daemon:
 
 
 def trace_line(i: int, idx: int, *, reward: float | None = None) -> bytes:
-    return orjson.dumps(
-        {
-            "id": f"trace-{i}",
-            "task": {"idx": idx, "prompt": f"{i}+2?", "answer": str(i + 2)},
-            "nodes": [
-                {"message": {"role": "user", "content": f"{i}+2?"}},
-                {
-                    "parent": 0,
-                    "message": {"role": "assistant", "content": str(i + 2)},
-                    "sampled": True,
-                },
-            ],
-            "rewards": {"correct": float(i % 2) if reward is None else reward},
-            "is_completed": True,
-        }
-    )
+    return runs.trace_line(i, idx, prompt=f"{i}+2?", answer=str(i + 2), reward=reward)
 
 
 class RunDir:
@@ -237,10 +202,8 @@ class RunDir:
         extra: str = "",
     ) -> RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
-        tasks = "" if num_tasks is None else f"num_tasks = {num_tasks}\n"
         (self.path / "config.toml").write_text(
-            f'model = "org/model"\nnum_rollouts = {num_rollouts}\n{tasks}push = false\n{extra}'
-            f'[taskset]\nid = "{env}"\n'
+            runs.config_toml(env=env, num_rollouts=num_rollouts, num_tasks=num_tasks, extra=extra)
         )
         return self
 
@@ -305,23 +268,8 @@ class NotifySocket:
 
 def status(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
     """`evalpush status --json`, rows by run id (a run's earlier evaluations left out)."""
-    done = subprocess.run(
-        [sys.executable, "-m", "evalpush", "status", "--json"],
-        env=environ,
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr.decode()
-    return {row["run_id"]: row for row in json.loads(done.stdout) if row["state"] != "superseded"}
-
-
-def evaluations_of(platform: LocalPlatform, run_id: str) -> dict[str, dict[str, Any]]:
-    return {
-        key: evaluation
-        for key, evaluation in platform.summary()["evaluations"].items()
-        if evaluation["metadata"].get("run_id") == run_id
-    }
+    rows = status_json(functools.partial(evalpush, environ))
+    return {row["run_id"]: row for row in rows if row["state"] != "superseded"}
 
 
 def completed(platform: LocalPlatform, run_id: str) -> dict[str, Any] | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 from evalpush.demo import write_sample_runs
 from evalpush.local_platform import LocalPlatform
+from support.environ import cli_environ
 
 PUSH_SECONDS = 120
 
@@ -32,17 +32,9 @@ def push_demo_runs(platform: LocalPlatform, scratch: Path) -> Pushed:
     put more) to `platform` with `python -m evalpush push`, as an operator would."""
     outputs = scratch / "outputs"
     write_sample_runs(outputs)
-    (scratch / "home").mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "EVALPUSH_"))}
-    env.update(
-        PRIME_API_KEY=platform.api_key or "any-key",
-        PRIME_API_BASE_URL=platform.base_url,
-        HOME=str(scratch / "home"),
-        EVALPUSH_STATE_DIR=str(scratch / "state"),
-    )
     done = subprocess.run(
         [sys.executable, "-m", "evalpush", "push", str(outputs)],
-        env=env,
+        env=cli_environ(platform, scratch),
         capture_output=True,
         text=True,
         timeout=PUSH_SECONDS,

@@ -1,10 +1,11 @@
 """Test helpers for `evalpush push` as real subprocesses against a local platform.
 
-- `generated_run(out, size_bytes, seed)`: a realistic run directory from bench/gen_traces.py.
+- `generated_run(out, size_bytes, seed)`: a realistic run directory from bench/gen_traces.py
+  (`support.producer`).
 - `outputs(tmp_path, sources, group=...)`: copies of run directories under `tmp_path/outputs/<group>/`.
-- `push_environ(platform, tmp_path, **extra)`: this environment less any PRIME_/EVALPUSH_
-  variable, pointed at `platform`, with a state dir and home under `tmp_path`, 20-sample
-  batches, a 5 s read timeout and warning-level logs.
+- `push_environ(platform, tmp_path, **extra)`: `support.environ.cli_environ` (pointed at
+  `platform`, with a state dir and home under `tmp_path`) with 20-sample batches, a 5 s read
+  timeout and warning-level logs.
 - `start_push(roots, environ, *flags)`: `python -m evalpush push ROOTS... FLAGS...`, started.
 - `push_until_done(root, environ)`: pushes until one exits 0 (at most 3).
 - `assert_exactly_once(platform, root)`: every run directory under `root/*/*` passes
@@ -15,9 +16,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,21 +30,14 @@ from evalpush.convert import scan, summary
 from evalpush.local_platform import LocalPlatform
 from evalpush.read import read_lines
 from evalpush.runs import load_run
+from support.environ import cli_environ
+from support.producer import generated_run
+
+__all__ = ["generated_run"]  # re-exported: the tests of push import it from here
 
 ROOT = Path(__file__).resolve().parents[1]
+"""The repository's root (kept for the tests that import it from here)."""
 PUSH_TIMEOUT_SECONDS = 60
-
-
-def _gen_traces() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_traces", ROOT / "bench" / "gen_traces.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def generated_run(out: Path, size_bytes: int, seed: int) -> Path:
-    return _gen_traces().generate(out, size_bytes, seed=seed)
 
 
 def outputs(tmp_path: Path, sources: list[Path], *, group: str = "env--model--harness") -> Path:
@@ -59,22 +51,12 @@ def outputs(tmp_path: Path, sources: list[Path], *, group: str = "env--model--ha
 
 
 def push_environ(platform: LocalPlatform, tmp_path: Path, **extra: str) -> dict[str, str]:
-    environ = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("PRIME_", "EVALPUSH_"))
+    settings = {
+        "EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES": "20",
+        "EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS": "5",
+        "EVALPUSH_LOG__LEVEL": "warning",
     }
-    environ.update(
-        PRIME_API_KEY=platform.api_key or "any-key",
-        PRIME_API_BASE_URL=platform.base_url,
-        HOME=str(tmp_path / "home"),
-        EVALPUSH_STATE_DIR=str(tmp_path / "state"),
-        EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="20",
-        EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="5",
-        EVALPUSH_LOG__LEVEL="warning",
-    )
-    environ.update(extra)
-    return environ
+    return cli_environ(platform, tmp_path, **{**settings, **extra})
 
 
 def start_push(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures.thread
 import contextlib
 import encodings.idna
+import functools
 import io
 import json
 import os
@@ -25,7 +26,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,17 +34,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
-import evalpush.push
-import evalpush.report
 import ledger_v1
 from as_nobody import NOBODY, as_nobody
-from evalpush import cli
+from evalpush import cli, push, report
 from evalpush.local_platform import LocalPlatform
+from support import platform_view, runs
+from support.commands import evalpush
+from support.environ import cli_environ
+from support.platform_view import requests
+from support.runs import config_toml, rewrite_in_place, trace_line, traces
+from support.waiting import wait_until
 
-PRELOADED_FOR_PUSH = (encodings.idna, concurrent.futures.thread, evalpush.report, evalpush.push)
+PRELOADED_FOR_PUSH = (encodings.idna, concurrent.futures.thread, report, push)
 """What `push` imports as it runs, imported before `as_nobody` forks: a child that became
 `nobody` may not read this interpreter's library (under /root) to import it then."""
 CRASH_ENV = "EVALPUSH_CRASH_AT"  # upload.py's crash points: `<point>` or `<point>:<n>`
@@ -53,56 +56,18 @@ RUN_ID = "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0"
 OTHER_RUN_ID = "11111111-2222-4333-8444-555555555555"
 SECRET_KEY = "sk-live-7Hw2Qp9Zx4Lm1Rv8Tn3Kb6Jd0Fc5Ys"
 TIMEOUT_SECONDS = 60
-WAIT_SECONDS = 20.0
 EXIT_BOUND_SECONDS = 5.0
 """SIGTERM to exit, asserted (issue 8's target is two seconds)."""
 STUCK_READS = 4
 """A push that lists this many times without creating anything is going round in circles."""
-CONFIG = 'model = "org/model"\nnum_rollouts = 2\npush = false\n[taskset]\nid = "{env}"\n'
 
 
 # ---------------------------------------------------------------- runs on disk
 
 
-def trace(i: int, *, sample_id: str | None = None) -> bytes:
-    return orjson.dumps(
-        {
-            "id": f"trace-{i}" if sample_id is None else sample_id,
-            "task": {"idx": i // 2, "prompt": "2+2?", "answer": "4"},
-            "nodes": [
-                {"message": {"role": "user", "content": "2+2?"}},
-                {"parent": 0, "message": {"role": "assistant", "content": "4"}, "sampled": True},
-            ],
-            "rewards": {"correct": float(i % 2)},
-            "is_completed": True,
-        }
-    )
-
-
-def traces(count: int, *, start: int = 0) -> list[bytes]:
-    return [trace(i) for i in range(start, start + count)]
-
-
-def write_run(
-    root: Path,
-    lines: list[bytes],
-    *,
-    run_id: str = RUN_ID,
-    group: str = "gsm8k--org--model--default",
-) -> Path:
-    """`root/group/run_id` with a config.toml (env `gsm8k`) and `lines` as traces.jsonl."""
-    run = root / group / run_id
-    run.mkdir(parents=True)
-    (run / "config.toml").write_text(CONFIG.format(env="gsm8k"))
-    (run / "traces.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
-    return run
-
-
-def rewrite_in_place(run: Path, lines: list[bytes]) -> None:
-    """Truncate traces.jsonl and write `lines` into the same inode."""
-    with (run / "traces.jsonl").open("r+b") as f:
-        f.truncate(0)
-        f.write(b"".join(line + b"\n" for line in lines))
+write_run = functools.partial(runs.write_run, run_id=RUN_ID, config=config_toml())
+"""`write_run(root, lines, run_id=RUN_ID, group=...)`: `root/group/run_id`, env `gsm8k`, with no
+`num_tasks` (`support.runs.write_run`)."""
 
 
 # ---------------------------------------------------------------- evalpush and the platform
@@ -115,72 +80,17 @@ def platform() -> Iterator[LocalPlatform]:
 
 
 def cli_env(platform: LocalPlatform, tmp_path: Path, **extra: str) -> dict[str, str]:
-    """This environment less any PRIME_/EVALPUSH_ variable, pointed at `platform`, with a private
-    state dir and home, 2-sample batches and warning-level logs."""
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "EVALPUSH_"))}
-    env.update(
-        PRIME_API_KEY=SECRET_KEY,
-        PRIME_API_BASE_URL=platform.base_url,
-        HOME=str(home),
-        EVALPUSH_STATE_DIR=str(tmp_path / "state"),
-        EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="2",
-        EVALPUSH_LOG__LEVEL="warning",
-    )
-    return {**env, **extra}
-
-
-def evalpush(environ: dict[str, str], *args: str, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "evalpush", *args],
-        env={**environ, **extra},
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_SECONDS,
-    )
-
-
-@pytest.fixture
-def start() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    """`start(environ, *args)`: `evalpush ARGS...` started; killed at the end if still running."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def run(environ: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "evalpush", *args],
-            env=environ,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        started.append(process)
-        return process
-
-    yield run
-    for process in started:
-        if process.poll() is None:
-            process.send_signal(signal.SIGCONT)
-            process.kill()
-        process.communicate()
-
-
-def requests(platform: LocalPlatform, kind: str) -> int:
-    return platform.summary()["requests"][kind]
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    """`cli_environ` (pointed at `platform`, a private state dir and home) with 2-sample batches
+    and warning-level logs."""
+    settings = {"EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES": "2", "EVALPUSH_LOG__LEVEL": "warning"}
+    return cli_environ(platform, tmp_path, **{**settings, **extra})
 
 
 def evaluations_of(platform: LocalPlatform, run_id: str = RUN_ID) -> list[dict[str, Any]]:
+    """The run's evaluations on the platform, each with its `id`."""
     return [
         {"id": evaluation_id, **evaluation}
-        for evaluation_id, evaluation in platform.summary()["evaluations"].items()
-        if evaluation["metadata"].get("run_id") == run_id
+        for evaluation_id, evaluation in platform_view.evaluations_of(platform, run_id).items()
     ]
 
 
@@ -269,15 +179,6 @@ def hop(platform: LocalPlatform) -> Iterator[Callable[..., Hop]]:
         each.close()
 
 
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A directory user `nobody` may enter (pytest's tmp_path is inside root's 0700 tree)."""
-    path = Path(tempfile.mkdtemp(prefix="evalpush-attack-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
-
-
 def is_evaluation_listing(method: str, path: str) -> bool:
     return method == "GET" and path.startswith("/api/v1/evaluations/?")
 
@@ -324,7 +225,7 @@ def test_a_create_intent_is_reconciled_in_the_environment_it_was_sent_to(platfor
     env = cli_env(platform, tmp_path)
     killed = evalpush(env, "push", str(run), **{CRASH_ENV: "create-sent"})
     assert killed.returncode == -signal.SIGKILL
-    (run / "config.toml").write_text(CONFIG.format(env="gsm8k-renamed"))
+    (run / "config.toml").write_text(config_toml(env="gsm8k-renamed"))
 
     done = evalpush(env, "push", str(run))
 
@@ -333,14 +234,14 @@ def test_a_create_intent_is_reconciled_in_the_environment_it_was_sent_to(platfor
 
 
 def test_a_push_whose_ledger_was_moved_aside_stops_instead_of_racing_the_next_push(
-    platform, tmp_path, start
+    platform, tmp_path, start_evalpush
 ):
     """F8: every write checks that state.db is still the file the process opened."""
     run = write_run(tmp_path / "out", traces(12))
     env = cli_env(platform, tmp_path)
     platform.inject("stall", on="samples", seconds=3)  # stored, answered 3 s later
-    first = start(env, "push", str(run))
-    wait_for(lambda: requests(platform, "samples") >= 1, "the first batch")
+    first = start_evalpush(env, "push", str(run))
+    wait_until(lambda: requests(platform, "samples") >= 1, "the first batch")
     os.rename(tmp_path / "state", tmp_path / "state.moved-aside")
 
     second = evalpush(env, "push", str(run))
@@ -375,7 +276,7 @@ def test_samples_never_land_in_an_evaluation_of_another_run(platform, tmp_path):
     other = write_run(tmp_path / "other", traces(6), run_id=OTHER_RUN_ID)
     evalpush(env, "push", str(other), **{CRASH_ENV: "batch-acked:1"})  # its evaluation open
     [open_one] = evaluations_of(platform, OTHER_RUN_ID)
-    run = write_run(tmp_path / "out", [trace(i, sample_id=f"mine-{i}") for i in range(4)])
+    run = write_run(tmp_path / "out", [trace_line(i, sample_id=f"mine-{i}") for i in range(4)])
     platform.inject("bad_id", on="create", value=open_one["id"])
 
     evalpush(env, "push", str(run))
@@ -386,7 +287,7 @@ def test_samples_never_land_in_an_evaluation_of_another_run(platform, tmp_path):
 
 def test_a_reconciling_read_finds_ids_with_surrounding_spaces(platform, tmp_path):
     """F5a: listed sample ids are compared exactly as stored, never stripped."""
-    run = write_run(tmp_path / "out", [trace(i, sample_id=f"t{i} ") for i in range(6)])
+    run = write_run(tmp_path / "out", [trace_line(i, sample_id=f"t{i} ") for i in range(6)])
     platform.inject("reset", on="samples")  # stored, then the answer is lost
 
     done = evalpush(cli_env(platform, tmp_path), "push", str(run))
@@ -395,14 +296,16 @@ def test_a_reconciling_read_finds_ids_with_surrounding_spaces(platform, tmp_path
     assert_once(platform, 6)
 
 
-def test_a_run_directory_moved_while_it_uploads_keeps_its_one_evaluation(platform, tmp_path, start):
+def test_a_run_directory_moved_while_it_uploads_keeps_its_one_evaluation(
+    platform, tmp_path, start_evalpush
+):
     """F16: a run directory moved mid-upload is not a deleted file: the upload goes on."""
     root = tmp_path / "out"
     run = write_run(root, traces(12))
     env = cli_env(platform, tmp_path)
     platform.inject("stall", on="samples", seconds=1)
-    first = start(env, "push", str(root))
-    wait_for(lambda: requests(platform, "samples") >= 1, "the first batch")
+    first = start_evalpush(env, "push", str(root))
+    wait_until(lambda: requests(platform, "samples") >= 1, "the first batch")
     (root / "elsewhere").mkdir()
     os.rename(run, root / "elsewhere" / run.name)
     first.communicate(timeout=TIMEOUT_SECONDS)
@@ -485,14 +388,14 @@ def test_a_refused_close_out_fails_that_run_alone_and_every_run_is_reported(plat
     assert line_of(done.stdout, run).startswith("failed"), done.stdout
 
 
-def test_a_blank_trace_id_does_not_wedge_the_reconciling_read(platform, tmp_path, start):
+def test_a_blank_trace_id_does_not_wedge_the_reconciling_read(platform, tmp_path, start_evalpush):
     """F5b: an id of spaces is an id: the listing is not malformed."""
-    run = write_run(tmp_path / "out", [trace(0, sample_id=" "), *traces(5, start=1)])
+    run = write_run(tmp_path / "out", [trace_line(0, sample_id=" "), *traces(5, start=1)])
     platform.inject("reset", on="samples")
     env = cli_env(platform, tmp_path)
 
-    push = start(env, "push", str(run))
-    wait_for(
+    push = start_evalpush(env, "push", str(run))
+    wait_until(
         lambda: push.poll() is not None or requests(platform, "read") >= 1 + STUCK_READS,
         "the push to end or to list again and again",
     )
@@ -526,7 +429,7 @@ def test_a_huge_number_from_the_platform_is_a_malformed_answer_not_a_traceback(
 
 
 def test_an_odd_evaluation_in_the_listing_does_not_stop_new_runs_of_its_environment(
-    platform, hop, tmp_path, start
+    platform, hop, tmp_path, start_evalpush
 ):
     """F11: an evaluation whose id is not a platform id is listed as unusable, not a bad page."""
     run = write_run(tmp_path / "out", traces(4))
@@ -540,8 +443,10 @@ def test_an_odd_evaluation_in_the_listing_does_not_stop_new_runs_of_its_environm
         return status, json.dumps(page).encode()
 
     via = hop(one_odd_item)
-    push = start(cli_env(platform, tmp_path, PRIME_API_BASE_URL=via.base_url), "push", str(run))
-    wait_for(
+    push = start_evalpush(
+        cli_env(platform, tmp_path, PRIME_API_BASE_URL=via.base_url), "push", str(run)
+    )
+    wait_until(
         lambda: push.poll() is not None or requests(platform, "read") >= STUCK_READS,
         "the push to end or to list again and again",
     )
@@ -551,14 +456,14 @@ def test_an_odd_evaluation_in_the_listing_does_not_stop_new_runs_of_its_environm
     assert_once(platform, 4)
 
 
-def test_a_trace_file_that_became_unreadable_fails_its_run_alone(platform, shared_dir):
+def test_a_trace_file_that_became_unreadable_fails_its_run_alone(platform, open_dir):
     """F12: an unreadable trace file is that run's error alone; a finalized run stays finalized."""
-    root = shared_dir / "out"
+    root = open_dir / "out"
     run = write_run(root, traces(4))
     other = write_run(root, traces(4), run_id=OTHER_RUN_ID)
-    env = cli_env(platform, shared_dir)
+    env = cli_env(platform, open_dir)
     assert evalpush(env, "push", str(root)).returncode == 0
-    for path in [shared_dir, *shared_dir.rglob("*")]:
+    for path in [open_dir, *open_dir.rglob("*")]:
         os.chown(path, NOBODY, NOBODY)
     (run / "traces.jsonl").chmod(0)
 
@@ -584,13 +489,13 @@ def test_a_trace_file_that_became_unreadable_fails_its_run_alone(platform, share
 
 
 def test_sigterm_ends_a_push_quickly_while_another_process_holds_the_ledger_lock(
-    platform, tmp_path, start
+    platform, tmp_path, start_evalpush
 ):
     """F13: the ledger's waits for a lock are stop-aware."""
     run = write_run(tmp_path / "out", traces(8))
     platform.inject("stall", on="samples", seconds=30)
-    push = start(cli_env(platform, tmp_path), "push", str(run))
-    wait_for(lambda: requests(platform, "samples") >= 1, "the first batch")
+    push = start_evalpush(cli_env(platform, tmp_path), "push", str(run))
+    wait_until(lambda: requests(platform, "samples") >= 1, "the first batch")
     holder = sqlite3.connect(tmp_path / "state" / "state.db", isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
@@ -655,12 +560,14 @@ def test_a_run_key_that_is_not_utf8_is_looked_up_without_a_traceback(platform, t
     assert done.returncode == 2 and "no run" in done.stderr
 
 
-def test_a_trace_file_replaced_by_a_symlink_mid_upload_is_named_as_such(platform, tmp_path, start):
+def test_a_trace_file_replaced_by_a_symlink_mid_upload_is_named_as_such(
+    platform, tmp_path, start_evalpush
+):
     """F17: what took the trace file's place is named, not called a deletion."""
     run = write_run(tmp_path / "out", traces(8))
     platform.inject("stall", on="samples", seconds=1)
-    push = start(cli_env(platform, tmp_path), "push", str(run))
-    wait_for(lambda: requests(platform, "samples") >= 1, "the first batch")
+    push = start_evalpush(cli_env(platform, tmp_path), "push", str(run))
+    wait_until(lambda: requests(platform, "samples") >= 1, "the first batch")
     os.rename(run / "traces.jsonl", tmp_path / "real.jsonl")
     os.symlink(tmp_path / "real.jsonl", run / "traces.jsonl")
 

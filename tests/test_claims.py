@@ -37,6 +37,8 @@ from pushing import (
     push_environ,
     start_push,
 )
+from support.commands import evalpush
+from support.platform_view import requests
 
 KILL_ROUNDS = 4
 FINAL_ROUNDS = 3
@@ -57,16 +59,6 @@ def source_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     ]
 
 
-@pytest.fixture
-def platform() -> LocalPlatform:
-    with LocalPlatform() as local:
-        yield local
-
-
-def samples_requests(platform: LocalPlatform) -> int:
-    return platform.summary()["requests"].get("samples", 0)
-
-
 def inject_faults(platform: LocalPlatform) -> None:
     """A few of everything an upload must get through: 503s, resets after the work, a 502 on
     create after the work."""
@@ -81,11 +73,11 @@ def kill_some_at_random(
     """Once the platform saw a random number of further batches, SIGKILL each process still
     running with a 3 in 4 chance, a random instant apart; the rest run to their end. Returns
     how many were killed."""
-    target = samples_requests(platform) + rng.randint(1, 20)
+    target = requests(platform, "samples") + rng.randint(1, 20)
     deadline = time.monotonic() + PUSH_TIMEOUT_SECONDS
     while (
         any(p.poll() is None for p in processes)
-        and samples_requests(platform) < target
+        and requests(platform, "samples") < target
         and time.monotonic() < deadline
     ):
         time.sleep(POLL_SECONDS)
@@ -224,16 +216,6 @@ def wait_for_holder(state: Path, pid: int) -> RunRecord:
     pytest.fail(f"pid {pid} never held a run")
 
 
-def evalpush(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "evalpush", *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=PUSH_TIMEOUT_SECONDS,
-    )
-
-
 class TestBesideARunningPush:
     @pytest.fixture
     def holding(self, source_runs, platform, tmp_path):
@@ -316,12 +298,6 @@ class TestKilledHolder:
 
 
 RUN_ID = "7a0c4b1e-2d3f-4a5b-8c6d-9e0f1a2b3c4d"
-
-
-@pytest.fixture
-def ledger(tmp_path: Path):
-    with Ledger(tmp_path / "state" / "state.db") as opened:
-        yield opened
 
 
 class Clock:

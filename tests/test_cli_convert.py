@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
 from as_nobody import without_read_access
 from evalpush import cli
+from support.environ import clean_environ
+from support.runs import config_toml, write_run
 
 RUN_UUID = "3b8e1f20-7c4d-4e5a-9f6b-1a2c3d4e5f60"
-CONFIG = 'model = "org/model"\nnum_rollouts = 2\n[taskset]\nid = "gsm8k"\n'
+CONFIG = config_toml(push=None)
 
 
 def trace(id: str, idx: int = 0, **fields: Any) -> bytes:
@@ -27,17 +25,8 @@ def trace(id: str, idx: int = 0, **fields: Any) -> bytes:
 
 
 def make_run(parent: Path, lines: list[bytes], config: str = CONFIG) -> Path:
-    directory = parent / RUN_UUID
-    directory.mkdir(parents=True)
-    (directory / "config.toml").write_text(config)
-    (directory / "traces.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
-    return directory
-
-
-def clean_environ(**overrides: str) -> dict[str, str]:
-    """This process's environment without any evalpush or platform setting, plus `overrides`."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("EVALPUSH_", "PRIME_"))}
-    return {**environ, **overrides}
+    """`parent/RUN_UUID` with `config` and `lines` as traces.jsonl."""
+    return write_run(parent, lines, run_id=RUN_UUID, group="", config=config)
 
 
 def evalpush_convert(directory: Path, *args: str, **env: str) -> subprocess.CompletedProcess[bytes]:
@@ -190,15 +179,6 @@ class TestConvertCommand:
                 "size": len(long_line) + 1,
             }
         ]
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory every user may enter (pytest's tmp_path is inside root's 0700 tree)."""
-    path = Path(tempfile.mkdtemp(prefix="evalpush-test-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
 
 
 def convert_without_read_access(directory: Path) -> Any:

@@ -3,7 +3,7 @@ JSON of `status` and `push`, exit codes (credentials, --timeout, signals), outag
 they last, `check`, read-only commands, logs and their journald priorities.
 
 Each test runs `python -m evalpush ...` as a subprocess against a local platform on loopback,
-with its own state directory and home (the fixtures of tests/test_cli_push.py).
+with its own state directory and home (the `platform` and `evalpush` fixtures of conftest.py).
 """
 
 from __future__ import annotations
@@ -15,59 +15,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from evalpush.local_platform import LocalPlatform
-from test_cli_push import (
-    OTHER_RUN_ID,
-    RUN_ID,
-    check_rows,
-    cli_env,
-    status_json,
-    trace_line,
-    write_run,
-)
+from support.commands import check_rows, status_json
+from support.environ import cli_environ
+from support.runs import OTHER_RUN_ID, RUN_ID, append_lines, trace_line, write_run
+from support.waiting import wait_until
 
 SAFETY_SECONDS = 60.0
 """A bound on waits that normally take a second or two (a loaded 2-core CI box)."""
-
-
-@pytest.fixture
-def platform() -> Iterator[LocalPlatform]:
-    with LocalPlatform() as local:
-        yield local
-
-
-@pytest.fixture
-def evalpush(platform: LocalPlatform, tmp_path: Path) -> Callable[..., subprocess.CompletedProcess]:
-    """Run `evalpush ARGS...` with the platform's key and a private state dir and home."""
-    base_env = cli_env(platform, tmp_path)
-
-    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "evalpush", *args],
-            env={**base_env, **env},
-            capture_output=True,
-            text=True,
-            timeout=SAFETY_SECONDS,
-        )
-
-    return run
-
-
-def append(run: Path, *lines: bytes) -> None:
-    with (run / "traces.jsonl").open("ab") as f:
-        f.write(b"".join(line + b"\n" for line in lines))
-
-
-def wait_for(condition, what: str, timeout: float = SAFETY_SECONDS) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------- status RUN, --json
@@ -81,7 +40,7 @@ class TestStatusOfOneRun:
         bad = b"{not json"
         run = write_run(tmp_path / "outputs", lines=[trace_line(0, 0), bad, trace_line(1, 0)])
         assert evalpush("push", str(tmp_path / "outputs")).returncode == 1
-        append(run, trace_line(2, 1))
+        append_lines(run, trace_line(2, 1))
         assert evalpush("push", str(tmp_path / "outputs")).returncode == 1
         return run
 
@@ -297,7 +256,7 @@ def stalled_push(platform: LocalPlatform, tmp_path: Path, *flags: str) -> subpro
     platform.inject("stall", on="samples", seconds=SAFETY_SECONDS, count=1)
     return subprocess.Popen(
         [sys.executable, "-m", "evalpush", "push", str(tmp_path / "outputs"), *flags],
-        env=cli_env(platform, tmp_path),
+        env=cli_environ(platform, tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -334,7 +293,11 @@ class TestStopping:
         self, evalpush, platform, tmp_path, signum
     ):
         push = stalled_push(platform, tmp_path)
-        wait_for(lambda: platform.summary()["requests"]["samples"] >= 1, "the samples request")
+        wait_until(
+            lambda: platform.summary()["requests"]["samples"] >= 1,
+            "the samples request",
+            timeout=SAFETY_SECONDS,
+        )
         push.send_signal(signum)
         out, err = push.communicate(timeout=SAFETY_SECONDS)
 
@@ -454,7 +417,7 @@ class TestLogs:
         self, platform, tmp_path
     ):
         write_run(tmp_path / "outputs")
-        env = cli_env(platform, tmp_path, EVALPUSH_LOG__LEVEL="info")
+        env = cli_environ(platform, tmp_path, EVALPUSH_LOG__LEVEL="info")
         read_end, write_end = os.pipe()
         st = os.fstat(write_end)
         outputs = []

@@ -17,86 +17,13 @@ import sys
 import termios
 import threading
 import time
-from pathlib import Path
 
-import orjson
 import pytest
 
 import disks
-from evalpush.local_platform import LocalPlatform
-
-RUN_ID = "5b0c7f3e-1d2a-4c3b-9e8f-7a6b5c4d3e2f"
-
-
-def trace_line(i: int, idx: int) -> bytes:
-    return orjson.dumps(
-        {
-            "id": f"trace-{i}",
-            "task": {"idx": idx, "prompt": "2+2?", "answer": "4"},
-            "nodes": [
-                {"message": {"role": "user", "content": "2+2?"}},
-                {"parent": 0, "message": {"role": "assistant", "content": "4"}, "sampled": True},
-            ],
-            "rewards": {"correct": float(i % 2)},
-            "is_completed": True,
-        }
-    )
-
-
-def write_run(root: Path, *, lines: list[bytes] | None = None, run_id: str = RUN_ID) -> Path:
-    run = root / "gsm8k--org--model--default" / run_id
-    run.mkdir(parents=True)
-    (run / "config.toml").write_text(
-        'model = "org/model"\nnum_rollouts = 2\nnum_tasks = 2\npush = false\n'
-        '[taskset]\nid = "gsm8k"\n'
-    )
-    lines = lines if lines is not None else [trace_line(i, i // 2) for i in range(4)]
-    (run / "traces.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
-    return run
-
-
-@pytest.fixture
-def platform() -> LocalPlatform:
-    with LocalPlatform() as local:
-        yield local
-
-
-def cli_env(platform: LocalPlatform, tmp_path: Path, **extra: str) -> dict[str, str]:
-    """This environment less any PRIME_/EVALPUSH_ variable, pointed at `platform`, with a
-    private state dir and home."""
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "EVALPUSH_"))}
-    env.update(
-        PRIME_API_KEY=platform.api_key,
-        PRIME_API_BASE_URL=platform.base_url,
-        HOME=str(home),
-        EVALPUSH_STATE_DIR=str(tmp_path / "state"),
-    )
-    return {**env, **extra}
-
-
-@pytest.fixture
-def evalpush(platform: LocalPlatform, tmp_path: Path):
-    """Run `evalpush ARGS...` with the platform's key and a private state dir and home."""
-    base_env = cli_env(platform, tmp_path)
-
-    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "evalpush", *args],
-            env={**base_env, **env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    return run
-
-
-def status_json(evalpush) -> list[dict]:
-    done = evalpush("status", "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+from support.commands import check_rows, status_json
+from support.environ import cli_environ
+from support.runs import OTHER_RUN_ID, RUN_ID, trace_line, write_run
 
 
 class TestPush:
@@ -275,15 +202,6 @@ class TestRetryAndForget:
         assert "no run 'no-such-run'" in done.stderr
 
 
-def check_rows(stdout: str) -> dict[str, tuple[str, str]]:
-    """`check`'s table: check -> (result, detail and fix)."""
-    header, *rows = stdout.splitlines()
-    assert header.split() == ["CHECK", "RESULT", "DETAIL"]
-    return {
-        name: (result, detail) for name, result, detail in (row.split(maxsplit=2) for row in rows)
-    }
-
-
 class TestCheck:
     def test_check_reports_each_part_and_exits_0_when_all_work(self, evalpush, platform):
         done = evalpush("check")
@@ -356,7 +274,7 @@ class TestProgress:
         run = write_run(tmp_path / "outputs", lines=[trace_line(i, i // 2) for i in range(400)])
         size = (run / "traces.jsonl").stat().st_size
         total = f"{size / 1000:.1f} kB"
-        env = cli_env(
+        env = cli_environ(
             platform,
             tmp_path,
             EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="10",
@@ -388,8 +306,6 @@ class TestProgress:
 
 
 # ---------------------------------------------------------------- names that are not UTF-8
-
-OTHER_RUN_ID = "9d8c7b6a-5f4e-4d3c-8b2a-1f0e9d8c7b6a"
 
 
 class TestNamesThatAreNotUtf8:
@@ -474,7 +390,7 @@ class TestForgettingAnUploadedRun:
     @pytest.mark.parametrize(("answer", "forgotten"), [(b"y\n", True), (b"\n", False)])
     def test_forget_on_a_terminal_asks_first(self, platform, tmp_path, answer, forgotten):
         write_run(tmp_path / "outputs")
-        env = cli_env(platform, tmp_path)
+        env = cli_environ(platform, tmp_path)
         subprocess.run(
             [sys.executable, "-m", "evalpush", "push", str(tmp_path / "outputs")],
             env=env,
@@ -528,7 +444,7 @@ class TestAfterALedgerError:
         lines = [trace_line(i, i) for i in range(600)]
         write_run(tmp_path / "outputs", lines=lines)
         with disks.tiny_disk(tmp_path / "disk") as disk:
-            env = cli_env(
+            env = cli_environ(
                 platform,
                 tmp_path,
                 EVALPUSH_STATE_DIR=str(disk / "state"),

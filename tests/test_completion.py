@@ -17,6 +17,7 @@ from evalpush.runs import (
     format_duration,
     readiness,
 )
+from support.files import append, write
 
 NOW = 1_700_000_000.0
 SETTLE = 300.0
@@ -192,16 +193,6 @@ class RecordingSink:
 
     def line(self, line: Line) -> None:
         self.events.append(line)
-
-
-def write(path: Path, data: bytes) -> Path:
-    path.write_bytes(data)
-    return path
-
-
-def append(path: Path, data: bytes) -> None:
-    with path.open("ab") as f:
-        f.write(data)
 
 
 def overwrite_in_place(path: Path, offset: int, data: bytes) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import random
@@ -32,6 +31,7 @@ from evalpush.errors import BadRecord
 from evalpush.read import read_lines
 from evalpush.runs import Run, RunKind
 from evalpush.setaside import SetAside, SetAsideKind
+from support.producer import gen_traces
 
 MIB = 1024 * 1024
 MANGLED_LINES = 3000
@@ -66,16 +66,6 @@ CORE_KEYS = {
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _bench_generator() -> Any:
-    """bench/gen_traces.py, the realistic run generator."""
-    spec = importlib.util.spec_from_file_location(
-        "gen_traces", Path(__file__).resolve().parents[1] / "bench" / "gen_traces.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def node(content: str = "", *, role: str = "assistant", parent: int | None = None, **fields):
@@ -989,7 +979,7 @@ class TestTheTally:
     def test_no_mangled_line_is_refused_by_the_tally_and_taken_by_the_full_check(self, tmp_path):
         """Thousands of random one-edit corruptions of realistic lines (a byte dropped, doubled
         or replaced by JSON punctuation, a digit, a letter or a non-UTF-8 byte)."""
-        gen = _bench_generator()
+        gen = gen_traces()
         lines = (gen.generate(tmp_path, 60_000, seed=9) / "traces.jsonl").read_bytes().split()
         rng = random.Random(10)
         edits = [b"", b"{", b"}", b"[", b"]", b",", b":", b'"', b"1", b"-", b"x", b"\xff", b"null"]
@@ -1007,7 +997,7 @@ class TestTheTally:
         assert tried == MANGLED_LINES and refused_by_both > MANGLED_LINES // 10
 
     def test_the_tally_of_a_good_run_is_the_checked_scan_exactly(self, tmp_path: Path) -> None:
-        gen = _bench_generator()
+        gen = gen_traces()
         run_dir = gen.generate(tmp_path, 400_000, seed=5)
         path = run_dir / "traces.jsonl"
         with path.open("ab") as f:  # non-finite and null scores, an idx only seen once

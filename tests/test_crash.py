@@ -53,12 +53,6 @@ def runs(source_runs: list[Path], tmp_path: Path) -> Path:
     return outputs(tmp_path, source_runs)
 
 
-@pytest.fixture
-def platform() -> LocalPlatform:
-    with LocalPlatform() as local:
-        yield local
-
-
 CRASH_POINTS = [
     "create-sent",  # the evaluation exists, the ledger does not know its id
     "batch-intent:1",  # intent recorded, nothing sent

@@ -38,13 +38,6 @@ STOP_BOUND_SECONDS = 10.0
 """"Exits within a few seconds" of SIGTERM, with room for a loaded CI box."""
 
 
-@pytest.fixture
-def tree(tmp_path: Path) -> Path:
-    root = tmp_path / "outputs"
-    root.mkdir()
-    return root
-
-
 def finalized(daemon: Daemon, run: RunDir) -> dict:
     return daemon.wait_for(RUN_FINALIZED, run=run.run_id)
 

@@ -40,13 +40,6 @@ MANY_RUNS = 1000
 MANY_SECONDS = 300.0  # a generous bound: about 30 s on a quiet 2-core box
 
 
-@pytest.fixture
-def tree(tmp_path: Path) -> Path:
-    root = tmp_path / "outputs"
-    root.mkdir()
-    return root
-
-
 def _break_ledger(state: Path) -> None:
     """Overwrite the ledger's header and its WAL: every later query fails."""
     with open(state / "state.db", "r+b") as f:

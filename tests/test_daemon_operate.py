@@ -22,7 +22,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from evalpush.local_platform import LocalPlatform
-from test_cli_push import RUN_ID, cli_env, write_run
+from support.environ import cli_environ
+from support.runs import RUN_ID, write_run
+from support.waiting import wait_until
 
 SAFETY_SECONDS = 60.0
 OUTAGE_SECONDS = 6.0
@@ -72,15 +74,9 @@ class Daemon:
 
 
 def wait_for(condition: Callable[[], Any], what: str, daemon: Daemon | None = None) -> Any:
-    deadline = time.monotonic() + SAFETY_SECONDS
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            log = "".join(daemon.raw[-30:]) if daemon else ""
-            pytest.fail(f"timed out waiting for {what}\n{log}")
-        time.sleep(0.1)
+    """`wait_until` within SAFETY_SECONDS, showing the daemon's last lines if it times out."""
+    explain = (lambda: "".join(daemon.raw[-30:])) if daemon else None
+    return wait_until(condition, what, timeout=SAFETY_SECONDS, explain=explain)
 
 
 def get(url: str) -> tuple[int, str]:
@@ -107,12 +103,6 @@ def value(samples: dict, name: str, **labels: str) -> float:
 
 
 @pytest.fixture
-def platform() -> Iterator[LocalPlatform]:
-    with LocalPlatform() as local:
-        yield local
-
-
-@pytest.fixture
 def daemon(platform: LocalPlatform, tmp_path: Path) -> Iterator[Daemon]:
     root = tmp_path / "outputs"
     root.mkdir()
@@ -121,7 +111,7 @@ def daemon(platform: LocalPlatform, tmp_path: Path) -> Iterator[Daemon]:
         f'[watch]\nroots = ["{root}"]\nrescan_seconds = 1\n'
         '[metrics]\nlisten = "127.0.0.1:0"\nunhealthy_after_seconds = 1\n'
     )
-    env = cli_env(platform, tmp_path, INVOCATION_ID="0123456789abcdef")  # as systemd sets it
+    env = cli_environ(platform, tmp_path, INVOCATION_ID="0123456789abcdef")  # as systemd sets it
     started = Daemon(env, config)
     try:
         yield started
@@ -132,7 +122,7 @@ def daemon(platform: LocalPlatform, tmp_path: Path) -> Iterator[Daemon]:
 def status(platform: LocalPlatform, tmp_path: Path) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "evalpush", "status"],
-        env=cli_env(platform, tmp_path),
+        env=cli_environ(platform, tmp_path),
         capture_output=True,
         text=True,
         timeout=SAFETY_SECONDS,

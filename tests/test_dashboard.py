@@ -33,6 +33,7 @@ from evalpush.local_platform._dashboard import (
     histogram,
 )
 from evalpush.local_platform._store import Store
+from support.runs import config_toml, trace_line, write_run
 
 SCRIPT = "<script>document.body.setAttribute('data-pwned', '1')</script>"
 IMG = "\"><img src=x onerror=\"document.body.setAttribute('data-pwned', '2')\">"
@@ -366,23 +367,14 @@ HOSTILE_TASKSET = "hostile-env"
 
 def write_hostile_run(root: Path) -> Path:
     """A run whose one trace's prompt and completion hold markup that would run as script."""
-    run = root / f"{HOSTILE_TASKSET}--m" / "0f0e0d0c-0b0a-4908-8706-050403020100"
-    run.mkdir(parents=True)
-    (run / "config.toml").write_text(
-        f'model = "org/model"\nnum_rollouts = 1\nnum_tasks = 1\n[taskset]\nid = "{HOSTILE_TASKSET}"\n'
+    trace = trace_line(0, sample_id="hostile-trace", prompt=HOSTILE, answer=HOSTILE, reward=1.0)
+    return write_run(
+        root,
+        [trace],
+        run_id="0f0e0d0c-0b0a-4908-8706-050403020100",
+        group=f"{HOSTILE_TASKSET}--m",
+        config=config_toml(env=HOSTILE_TASKSET, num_rollouts=1, num_tasks=1, push=None),
     )
-    trace = {
-        "id": "hostile-trace",
-        "task": {"idx": 0, "prompt": HOSTILE, "answer": HOSTILE},
-        "nodes": [
-            {"message": {"role": "user", "content": HOSTILE}},
-            {"parent": 0, "message": {"role": "assistant", "content": HOSTILE}, "sampled": True},
-        ],
-        "rewards": {"correct": 1.0},
-        "is_completed": True,
-    }
-    (run / "traces.jsonl").write_bytes(orjson.dumps(trace) + b"\n")
-    return run
 
 
 @pytest.fixture(scope="module")

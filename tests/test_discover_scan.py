@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,15 +34,9 @@ from evalpush.discover import (
     walk,
 )
 from evalpush.runs import find_run_dirs, is_run_dir
+from support.runs import make_run
 
 RUN_UUID = "6f1c9a52-0d3e-4b7a-9c1e-2f8d4a6b3c10"
-
-
-def make_run(directory: Path, traces: str = "traces.jsonl", data: bytes = b"") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.toml").write_text('[taskset]\nid = "gsm8k"\n')
-    (directory / traces).write_bytes(data)
-    return directory
 
 
 def paths(found: dict[str, object]) -> list[str]:
@@ -229,15 +220,6 @@ def test_a_root_the_daemon_may_not_enter_is_said_to_be_so_not_missing(open_dir):
     events = without_read_access(locked, scan)
 
     assert events == ["watch root cannot be reached (permission denied); waiting for access"]
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory every user may enter (pytest's tmp_path is 0700 to root's tree)."""
-    path = Path(tempfile.mkdtemp(prefix="evalpush-test-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
 
 
 def test_an_unreadable_directory_is_reported_once_and_the_rest_is_scanned(open_dir):

@@ -30,6 +30,7 @@ from evalpush.discover import (
 from evalpush.discover._poll import ScanPoller
 from evalpush.errors import ConfigError
 from inotify_limited import limited_namespaces_available, run_limited
+from support.runs import make_run
 
 HINT_WAIT_SECONDS = 10.0
 QUIET_SECONDS = 0.3  # how long "no hint came" is watched for (six polls)
@@ -39,13 +40,6 @@ KINDS = [
     pytest.param(ObserverKind.INOTIFY, id="inotify"),
     pytest.param(ObserverKind.POLLING, id="polling"),
 ]
-
-
-def make_run(directory: Path, data: bytes = b"") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.toml").write_text('[taskset]\nid = "gsm8k"\n')
-    (directory / "traces.jsonl").write_bytes(data)
-    return directory
 
 
 class Daemonish:

@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +55,8 @@ def evaluation(platform_client: PlatformClient) -> str:
 
 
 @pytest.fixture
-def stop() -> Iterator[threading.Event]:
-    event = threading.Event()
-    yield event
-    event.set()
+def stop(stop_event: threading.Event) -> threading.Event:
+    return stop_event
 
 
 def timed(call: Callable[[], Any]) -> tuple[BaseException | None, float]:

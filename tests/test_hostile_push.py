@@ -8,6 +8,7 @@ measured are in bench/hostile.py and the report.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,11 @@ import pytest
 from evalpush.local_platform import LocalPlatform
 from evalpush.log import REDACTED
 from evalpush.upload import CRASH_ENV
-from test_cli_push import cli_env, trace_line, write_run
+from support.commands import evalpush, status_json
+from support.environ import cli_environ
+from support.platform_view import requests
+from support.runs import trace_line, write_run
+from support.waiting import wait_until
 
 EXIT_BOUND_SECONDS = 5.0
 """SIGTERM to exit, asserted (the design target is within two seconds)."""
@@ -35,12 +40,6 @@ StartPush = Callable[[Path, dict[str, str]], subprocess.Popen[bytes]]
 
 
 @pytest.fixture
-def platform() -> LocalPlatform:
-    with LocalPlatform() as local:
-        yield local
-
-
-@pytest.fixture
 def runs(tmp_path: Path) -> Path:
     root = tmp_path / "outputs"
     write_run(root, lines=[trace_line(i, i // 2) for i in range(TRACES)])
@@ -48,38 +47,14 @@ def runs(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def start_push() -> Iterator[Callable[[Path, dict[str, str]], subprocess.Popen[bytes]]]:
+def start_push(start_evalpush: Callable[..., subprocess.Popen[bytes]]) -> StartPush:
     """Start `evalpush push ROOT`; whatever is still running when the test ends is killed."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start(root: Path, environ: dict[str, str]) -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "evalpush", "push", str(root)],
-            env=environ,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
+    return lambda root, environ: start_evalpush(environ, "push", str(root))
 
 
 def push_env(platform: LocalPlatform, tmp_path: Path, **extra: str) -> dict[str, str]:
     settings = {"EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES": "3", "EVALPUSH_LOG__LEVEL": "warning"}
-    return cli_env(platform, tmp_path, **{**settings, **extra})
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + START_SECONDS
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
+    return cli_environ(platform, tmp_path, **{**settings, **extra})
 
 
 def sigterm_and_time(process: subprocess.Popen[bytes]) -> tuple[float, bytes, bytes]:
@@ -110,10 +85,6 @@ def assert_uploaded_once(platform: LocalPlatform) -> None:
     (evaluation,) = platform.summary()["evaluations"].values()
     assert evaluation["status"] == "COMPLETED" and evaluation["finalize_count"] == 1
     assert evaluation["sample_count"] == TRACES and evaluation["duplicates"] == 0
-
-
-def requests(platform: LocalPlatform, kind: str) -> int:
-    return platform.summary()["requests"][kind]
 
 
 class TestSigtermEndsThePushWhateverTheSocketDoes:
@@ -201,17 +172,6 @@ def _peak_rss_bytes(pid: int) -> int:
     pytest.fail("no VmHWM in /proc/PID/status")
 
 
-def status_json(environ: dict[str, str]) -> list[dict]:
-    done = subprocess.run(
-        [sys.executable, "-m", "evalpush", "status", "--json"],
-        env=environ,
-        capture_output=True,
-        timeout=60,
-        check=True,
-    )
-    return json.loads(done.stdout)
-
-
 class TestIdsFromThePlatformAreData:
     @pytest.mark.parametrize(
         "bad_id", ["../../../environmentshub/resolve?x=", "e1\nX-Evil: 1"], ids=["path", "newline"]
@@ -224,7 +184,7 @@ class TestIdsFromThePlatformAreData:
         done = finish_push(runs, environ)
         assert_uploaded_once(platform)
         (evaluation_id,) = platform.summary()["evaluations"]
-        (row,) = status_json(environ)
+        (row,) = status_json(functools.partial(evalpush, environ))
         assert row["state"] == "finalized"
         assert row["evaluation_id"] == evaluation_id
         assert row["url"] == f"{platform.base_url}/dashboard/evaluations/{evaluation_id}"

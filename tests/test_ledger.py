@@ -6,12 +6,10 @@ import contextlib
 import io
 import json
 import os
-import shutil
 import sqlite3
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -28,12 +26,6 @@ from evalpush.ledger import SCHEMA_VERSION, Ledger, State, Step
 from evalpush.log import register_secret
 from evalpush.setaside import SetAside
 from evalpush.states import Outcome
-
-
-@pytest.fixture
-def ledger(tmp_path: Path):
-    with Ledger(tmp_path / "state" / "state.db") as opened:
-        yield opened
 
 
 def a_run(ledger: Ledger, path: str = "/runs/a", run_id: str = "0f1e2d3c-aaaa"):
@@ -448,15 +440,6 @@ class TestWhatTheLedgerFileMayBe:
         assert "uploaded again, a second evaluation" in message[aside:]
 
 
-@pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A directory every user may enter (pytest's tmp_path is 0700 to root's tree)."""
-    path = Path(tempfile.mkdtemp(prefix="evalpush-test-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
-
-
 # What `status` imports when it runs, imported before the fork: a child that became `nobody`
 # may not read this interpreter's library to import it then.
 PRELOADED_FOR_STATUS = (msgspec.json, report.status_rows)
@@ -477,9 +460,9 @@ def status_as_reader(state: Path) -> tuple[int, str, str]:
 
 class TestReadOnly:
     @pytest.fixture
-    def readable_only(self, shared_dir: Path) -> Iterator[Path]:
+    def readable_only(self, open_dir: Path) -> Iterator[Path]:
         """A ledger with one run that others may read but not write (nor its directory)."""
-        state = shared_dir / "state"
+        state = open_dir / "state"
         with Ledger(state / "state.db") as ledger:
             a_run(ledger, run_id="0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9")
         (state / "state.db").chmod(0o644)

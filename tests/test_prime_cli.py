@@ -9,7 +9,6 @@ and `PRIME_DISABLE_VERSION_CHECK=1` (otherwise each command asks pypi.org for a 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from prime_evals.models import Evaluation, EvaluationListResponse, SamplesRespon
 
 from demo_push import Pushed, push_demo_runs
 from evalpush.local_platform import LocalPlatform
+from support.environ import clean_environ
 
 PRIME = Path(sys.executable).with_name("prime")
 PRIME_SECONDS = 60
@@ -40,8 +40,7 @@ def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pushed]:
 def prime(pushed: Pushed, tmp_path: Path):
     """Run `prime ARGS...` against the pushed platform; its stdout, after checking its exit."""
     assert PRIME.exists(), f"no {PRIME}: install the test extra (pip install -e '.[test]')"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
-    env.update(
+    env = clean_environ(
         PRIME_API_BASE_URL=pushed.platform.base_url,
         PRIME_API_KEY=pushed.platform.api_key or "any-key",
         PRIME_DISABLE_VERSION_CHECK="1",

@@ -5,10 +5,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import shutil
-import tempfile
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +26,9 @@ from evalpush.read import (
     read_lines,
     verify,
 )
+from support.files import append, write
 
 MIB = 1024 * 1024
-
-
-def write(path: Path, data: bytes) -> Path:
-    path.write_bytes(data)
-    return path
-
-
-def append(path: Path, data: bytes) -> None:
-    with path.open("ab") as f:
-        f.write(data)
 
 
 def read_all(path: Path, *, max_line_bytes: int = MIB, **kwargs: Any) -> list[Line]:
@@ -56,15 +45,6 @@ def _outcome(fn: Callable[[], Any]) -> tuple[str, str]:
         return ("ok", repr(fn()))
     except Exception as exc:  # noqa: BLE001 - the test asserts on which one
         return (type(exc).__name__, str(exc))
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """A directory every user may enter (pytest's tmp_path is 0700 to root's tree)."""
-    path = Path(tempfile.mkdtemp(prefix="evalpush-test-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
 
 
 class TestLines:

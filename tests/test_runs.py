@@ -12,22 +12,9 @@ import pytest
 
 from evalpush.errors import RunError
 from evalpush.runs import RunKind, find_run_dirs, load_run, require_env_name
+from support.runs import make_run
 
 RUN_UUID = "6f1c9a52-0d3e-4b7a-9c1e-2f8d4a6b3c10"
-
-
-def make_run(
-    directory: Path,
-    config: str | None = '[taskset]\nid = "gsm8k"\n',
-    traces: str | None = "traces.jsonl",
-) -> Path:
-    """A run directory with `config` as config.toml (None: none) and an empty trace file."""
-    directory.mkdir(parents=True, exist_ok=True)
-    if config is not None:
-        (directory / "config.toml").write_text(config)
-    if traces is not None:
-        (directory / traces).write_bytes(b"")
-    return directory
 
 
 class TestRunId:

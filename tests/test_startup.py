@@ -7,7 +7,6 @@ business; these tests only say which heavy modules a push must not load.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,8 @@ import pytest
 
 from evalpush.config import Config, load_config
 from evalpush.local_platform import LocalPlatform
+from support.environ import clean_environ
+from support.runs import config_toml, write_run
 
 RUN_ID = "9d5b7e1c-3f2a-4b6c-8d0e-1a2b3c4d5e6f"
 PUSH_TIMEOUT_SECONDS = 60
@@ -35,29 +36,21 @@ ONLY_FOR_SETTINGS = {
 }
 
 
-def write_run(root: Path) -> Path:
-    run = root / "gsm8k--org--model--default" / RUN_ID
-    run.mkdir(parents=True)
-    (run / "config.toml").write_text(
-        'model = "org/model"\nnum_rollouts = 1\npush = false\n[taskset]\nid = "gsm8k"\n'
-    )
+def write_one_trace_run(root: Path) -> Path:
     trace = {"id": "t-1", "task": {"idx": 0}, "rewards": {"r": 1.0}, "nodes": []}
-    (run / "traces.jsonl").write_bytes(orjson.dumps(trace) + b"\n")
-    return run
+    return write_run(root, [orjson.dumps(trace)], run_id=RUN_ID, config=config_toml(num_rollouts=1))
 
 
 def imported_by_push(platform: LocalPlatform, tmp_path: Path, **extra: str) -> set[str]:
     """The top-level packages a successful `evalpush push` of one run imported."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRIME_", "EVALPUSH_"))}
-    for name in ("XDG_STATE_HOME", "STATE_DIRECTORY"):
-        env.pop(name, None)
-    env.update(
+    env = clean_environ(
+        XDG_STATE_HOME=None,  # the state dir is the default (systemd's STATE_DIRECTORY goes too)
         PRIME_API_KEY=platform.api_key or "any-key",
         PRIME_API_BASE_URL=platform.base_url,
         HOME=str(tmp_path / "home"),
         **extra,
     )
-    run = write_run(tmp_path / "outputs")
+    run = write_one_trace_run(tmp_path / "outputs")
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "evalpush", "push", str(run)],
         env=env,
@@ -71,12 +64,6 @@ def imported_by_push(platform: LocalPlatform, tmp_path: Path, **extra: str) -> s
         for line in log.splitlines()
         if line.startswith("import time:") and "self [us]" not in line
     }
-
-
-@pytest.fixture
-def platform() -> LocalPlatform:
-    with LocalPlatform() as local:
-        yield local
 
 
 def test_a_push_with_no_setting_to_read_imports_none_of_the_heavy_modules_it_does_not_use(

@@ -9,7 +9,6 @@ that says so.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import sqlite3
@@ -31,7 +30,7 @@ from evalpush.claims import Claims
 from evalpush.config import Config, PlatformConfig
 from evalpush.convert import RunTotals, convert_lines, summary, tally
 from evalpush.errors import Busy, ClaimLost, Interrupted, LedgerError, RunIdTaken
-from evalpush.ledger import Ledger, RunRecord, State, Step, default_path
+from evalpush.ledger import Ledger, RunRecord, State, Step
 from evalpush.local_platform import LocalPlatform
 from evalpush.platform import PlatformClient
 from evalpush.push import push
@@ -44,6 +43,8 @@ from evalpush.setaside import SetAside
 from evalpush.upload import Uploader
 from evalpush.upload.context import Context, no_progress
 from evalpush.upload.steps import MAX_REFUSALS_NOT_BORNE_OUT
+from support import platform_view, producer, runs
+from support.runs import rewrite_in_place
 
 MIB = 1024 * 1024
 PLATFORM_LIMIT_BYTES = 25 * MIB
@@ -52,18 +53,8 @@ ENV_NAME = "reverse-text"
 MODEL = "org/model-7b"
 ROLLOUTS = 2
 SHORT_READ_TIMEOUT_SECONDS = 0.5
-BENCH = Path(__file__).resolve().parent.parent / "bench"
 
-
-def _bench_generator() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_traces", BENCH / "gen_traces.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gen_traces = _bench_generator()
+gen_traces = producer.gen_traces()
 
 
 # ---------------------------------------------------------------- run directories
@@ -112,11 +103,8 @@ def write_run(
     root: Path, lines: list[bytes], *, config: str | None = None, name: str | None = None
 ) -> Path:
     """A run directory `root/<uuid>` with its config.toml and traces.jsonl."""
-    run_dir = root / (name or str(uuid.uuid4()))
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.toml").write_text(config if config is not None else config_toml())
-    (run_dir / "traces.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
-    return run_dir
+    config = config if config is not None else config_toml()
+    return runs.write_run(root, lines, run_id=name or str(uuid.uuid4()), group="", config=config)
 
 
 def replace_traces(run_dir: Path, lines: list[bytes]) -> None:
@@ -149,12 +137,7 @@ def expected(run_dir: Path) -> Expected:
 
 
 def evaluations_of(platform: LocalPlatform, run_dir: Path) -> dict[str, dict[str, Any]]:
-    run_id = derive_run_id(run_dir)
-    return {
-        evaluation_id: evaluation
-        for evaluation_id, evaluation in platform.summary()["evaluations"].items()
-        if evaluation["metadata"].get("run_id") == run_id
-    }
+    return platform_view.evaluations_of(platform, derive_run_id(run_dir))
 
 
 def assert_complete(
@@ -222,16 +205,9 @@ class RecordingTransport(httpx.HTTPTransport):
 
 
 @pytest.fixture
-def runs_root(tmp_path: Path) -> Path:
-    root = tmp_path / "outputs"
-    root.mkdir()
-    return root
-
-
-@pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
-    with Ledger(default_path(tmp_path / "state")) as opened:
-        yield opened
+def runs_root(tree: Path) -> Path:
+    """The outputs root these tests write runs under (conftest.py's `tree`)."""
+    return tree
 
 
 @pytest.fixture
@@ -1591,13 +1567,6 @@ class TestClaimsInOneProcess:
 
 
 # ---------------------------------------------------------------- a trace file rewritten in place
-
-
-def rewrite_in_place(run_dir: Path, lines: list[bytes]) -> None:
-    """Truncate traces.jsonl and write `lines` into the same file (same inode)."""
-    with (run_dir / "traces.jsonl").open("r+b") as traces:
-        traces.truncate(0)
-        traces.write(b"".join(line + b"\n" for line in lines))
 
 
 def same_size_other_traces(lines: list[bytes]) -> list[bytes]:
