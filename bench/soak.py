@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--overlaps", type=int, default=10, help="overlapping pushes")
     parser.add_argument("--overlap-interval", type=float, default=8.0, help="mean seconds")
+    parser.add_argument(
+        "--overlap-kill-share", type=float, default=0.25, help="of the overlapping pushes"
+    )
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument(
         "--pause-seconds",
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         kill_after_seconds=tuple(args.kill_after),
         overlaps=args.overlaps,
         overlap_interval_seconds=args.overlap_interval,
+        overlap_kill_share=args.overlap_kill_share,
         chaos=ChaosParams(
             fault_share=args.fault_share,
             outage_interval_seconds=args.outage_interval,
@@ -126,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                     "violations": report.violations,
                     "kills": report.kills,
                     "overlaps": report.overlaps,
+                    "overlap_kills": report.overlap_kills,
                     "faults": dict(report.faults),
                     "outages": report.outages,
                     "samples_written": report.accounting.total("samples_written"),

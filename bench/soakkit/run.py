@@ -40,7 +40,8 @@ from soakkit.uploaders import (
 from soakkit.writers import ManifestReader, read_manifests
 
 BENCH = Path(__file__).resolve().parents[1]
-POLL_SECONDS = 1.0  # how often the platform's summary is read during the chaos phase
+POLL_SECONDS = 1.0  # how often the platform's summary is read during the chaos phase, at most
+POLL_SHARE = 0.1  # of the platform's time its summary may take (it holds the store's lock)
 LOOP_SECONDS = 0.05
 WRITER_STOP_SECONDS = 10.0
 
@@ -57,6 +58,7 @@ class SoakParams:
     kill_after_seconds: tuple[float, float] = (0.5, 4.0)
     overlaps: int = 10
     overlap_interval_seconds: float = 8.0
+    overlap_kill_share: float = 0.25  # of the overlapping pushes, SIGKILLed at a random moment
     chaos: ChaosParams = field(default_factory=ChaosParams)
     mix: Mix = field(default_factory=Mix)
     batch_samples: int = 50
@@ -78,6 +80,7 @@ class SoakReport:
     uploader_exits: Counter[int]
     daemon_stop_exit: int | None
     overlaps: int
+    overlap_kills: int
     overlap_exits: Counter[int]
     overlap_timeouts: int
     faults: Counter[str]
@@ -140,7 +143,12 @@ class _Soak:
         uploader_type = Daemon if self.params.mode == Mode.DAEMON else PushOnly
         self.uploader = uploader_type(self.world, kills)
         self.overlaps = OverlappingPushes(
-            self.world, self.params.overlaps, self.params.overlap_interval_seconds, self.rng
+            self.world,
+            self.params.overlaps,
+            self.params.overlap_interval_seconds,
+            self.rng,
+            kill_share=self.params.overlap_kill_share,
+            kill_after_seconds=self.params.kill_after_seconds,
         )
         self.chaos = Chaos(self.platform, self.params.chaos, self.rng)
         try:
@@ -174,6 +182,7 @@ class _Soak:
             uploader_exits=self.uploader.exits,
             daemon_stop_exit=daemon_stop_exit,
             overlaps=self.overlaps.started,
+            overlap_kills=self.overlaps.killed,
             overlap_exits=self.overlaps.exits,
             overlap_timeouts=self.overlaps.timed_out,
             faults=self.chaos.injected,
@@ -215,15 +224,17 @@ class _Soak:
         """Until every run is written and held by the platform; False if time ran out."""
         deadline = time.monotonic() + self.params.max_seconds
         manifests = ManifestReader(self.manifests)
-        last_poll = 0.0
+        next_poll = 0.0
         while time.monotonic() < deadline:
             self.chaos.tick()
             finished = manifests.read()
-            if not self.chaos.in_outage() and time.monotonic() - last_poll >= POLL_SECONDS:
+            if not self.chaos.in_outage() and time.monotonic() >= next_poll:
+                polled = time.monotonic()
                 summary = self.platform.summary()
                 self.completed = _completed_runs(summary)
                 self.chaos.observe(summary["requests"])
-                last_poll = time.monotonic()
+                took = time.monotonic() - polled
+                next_poll = polled + max(POLL_SECONDS, took / POLL_SHARE)
             todo, finished_dirs = self._work(finished)
             self.uploader.step(todo)
             self.overlaps.step(todo, finished_dirs)

@@ -58,8 +58,8 @@ def table(report: SoakReport) -> str:
         ),
         (
             "overlapping pushes",
-            f"{report.overlaps} (exits {_counts(report.overlap_exits)}; "
-            f"{report.overlap_timeouts} timed out)",
+            f"{report.overlaps} ({report.overlap_kills} SIGKILLed; other exits "
+            f"{_counts(report.overlap_exits)}; {report.overlap_timeouts} timed out)",
         ),
         (
             "wall time",
