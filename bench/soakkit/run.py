@@ -7,8 +7,9 @@
    holds a COMPLETED evaluation for every run that should have one, or `max_seconds` pass.
 3. Drain: faults cleared, no more kills; the uploader finishes (push-only: `push` of every run;
    daemon: it works until the platform holds everything, then SIGTERM, which must exit 0).
-4. Accounting from the platform's stored state (`accounting`), and the secret searched for in
-   every log, the ledger and the platform's stored state.
+4. Accounting from the platform's stored state (`accounting`); evalpush's own view (`evalpush
+   status`) held against it (`ledgerview`); the secret searched for in every log, the ledger
+   and the platform's stored state.
 
 Bounded in time (each phase has a deadline) and count; every process it starts is stopped by
 pid in `finally`, whatever happened.
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from soakkit.accounting import Accounting, account
 from soakkit.chaos import Chaos, ChaosParams
+from soakkit.ledgerview import LedgerView, compare, ledger_status
 from soakkit.plan import Mix, RunPlan, plan_runs, save_plans
 from soakkit.platform import PLATFORM_LOG, PlatformProcess, clean_environ
 from soakkit.uploaders import (
@@ -75,6 +77,7 @@ class SoakReport:
     params: SoakParams
     plans: list[RunPlan]
     accounting: Accounting
+    ledger: LedgerView
     kills: int
     uploader_starts: int
     uploader_exits: Counter[int]
@@ -99,6 +102,7 @@ class SoakReport:
     @property
     def violations(self) -> list[str]:
         found = list(self.accounting.problems)
+        found += self.ledger.problems
         found += [f"the API key appears in {place}" for place in self.secret_found_in]
         found += [f"a Python traceback in {log}" for log in self.tracebacks_in]
         found += self.writer_failures
@@ -172,11 +176,13 @@ class _Soak:
         accounting = account(
             self.platform, self.plans, read_manifests(self.manifests), self.world.tree
         )
+        ledger = compare(ledger_status(self.world.environ()), accounting, self.platform.summary())
         account_end = time.monotonic()
         return SoakReport(
             params=self.params,
             plans=self.plans,
             accounting=accounting,
+            ledger=ledger,
             kills=self.uploader.killed,
             uploader_starts=self.uploader.starts,
             uploader_exits=self.uploader.exits,
