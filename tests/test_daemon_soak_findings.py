@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 from daemon_support import Daemon, RunDir, daemon_environ, status, wait_until
+from evalpush import transitions
+from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
 from pushing import assert_run_exactly_once, start_push
 
@@ -52,4 +54,36 @@ class TestPushBesideAWaitingRun:
 
         assert row["state"] == "finalized", row
         assert len(started) <= 1, f"the daemon started {len(started)} uploads of a finalized run"
+        assert_run_exactly_once(local_platform, run.path)
+
+
+class TestAFinishedUploadIsFinished:
+    def test_a_finalized_row_queued_again_by_a_racing_write_is_finalized_by_the_next_upload(
+        self, local_platform: LocalPlatform, tmp_path: Path
+    ) -> None:
+        """The tracker reads a run's row, then writes it (its progress, or `ready`) under no
+        claim; a push that finalizes the run between the read and the write is overwritten.
+        However the row came to be queued again, an upload done to its last step is finalized:
+        the uploader does not leave it `uploading` for the daemon to take up again and again."""
+        tree = tmp_path / "outputs"
+        environ = daemon_environ(local_platform, tmp_path, [tree])
+        run = RunDir(tree / "env--model--harness").config(num_tasks=2)
+        run.write(run.lines(4))
+        push = start_push(run.path, environ)
+        out, err = push.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert push.returncode == 0, (out, err)
+        with Ledger(default_path(tmp_path / "state")) as ledger:
+            record = ledger.get_run(run.run_id)
+            assert record is not None and record.state == "finalized"
+            transitions.queue(ledger, record, "ready: the racing write")
+
+        with Daemon(environ) as daemon:
+            daemon.wait_for("upload started", run=run.run_id)
+            time.sleep(LEDGER_POLL_SECONDS * LEDGER_POLLS)  # would it take the run up again?
+            row = status(environ)[run.run_id]
+            started = daemon.find("upload started", run=run.run_id)
+            assert daemon.stop() == 0
+
+        assert row["state"] == "finalized", row
+        assert len(started) == 1, f"the daemon started {len(started)} uploads of a finalized run"
         assert_run_exactly_once(local_platform, run.path)
