@@ -42,7 +42,8 @@ KILL_ROUNDS = 4
 FINAL_ROUNDS = 3
 SEED = int(os.environ.get("EVALPUSH_TEST_SEED", "1234"))
 POLL_SECONDS = 0.02
-HOLD_SECONDS = 4.0  # how long a stalled samples request keeps a push holding its run
+HOLD_SECONDS = 8.0  # how long a stalled samples request keeps a push holding its run (long
+# enough for two `status` processes to start on a loaded CI box while it holds)
 WAIT_BOUND_SECONDS = 20.0
 
 

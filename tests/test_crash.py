@@ -181,7 +181,7 @@ class TestStoppedWithSigterm:
             time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
         out, _ = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
-        assert process.returncode == 1
+        assert process.returncode == 128 + signal.SIGTERM
         assert b"interrupted" in out
         platform.clear_faults()
         push_until_done(runs, environ)

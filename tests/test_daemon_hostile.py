@@ -280,9 +280,13 @@ class TestFilesChanging:
             moved = RunDir(tree / "renamed", run_id=run.run_id)
             moved.path.parent.mkdir()
             run.path.rename(moved.path)
+            # The upload goes on from the open file; the next rescan records the new path.
             wait_until(
-                lambda: status(environ)[run.run_id]["state"] in ("finalized", "failed"),
-                "the upload to end",
+                lambda: (
+                    (row := status(environ)[run.run_id])["state"] == "failed"
+                    or (row["state"] == "finalized" and row["path"] == str(moved.path))
+                ),
+                "the upload to end and the new path to be recorded",
             )
             assert daemon.stop() == 0
         row = status(environ)[run.run_id]

@@ -137,7 +137,7 @@ class TestSigtermEndsThePushWhateverTheSocketDoes:
         wait_until(lambda: requests(platform, on) > before, f"a {on} request")
         time.sleep(0.5)  # the request is now held by the server
         took, out, _ = sigterm_and_time(process)
-        assert process.returncode == 1 and b"interrupted" in out
+        assert process.returncode == 128 + signal.SIGTERM and b"interrupted" in out
         assert took < EXIT_BOUND_SECONDS
         platform.clear_faults()
         finish_push(runs, environ)
@@ -170,7 +170,7 @@ class TestListingsThatNeverEnd:
         # Each attempt reads at most a few pages, then waits 0.5 s, 1 s, 2 s... (full jitter).
         assert listed < 100, f"{listed} listing requests in 3 s: not backing off"
         took, out, _ = sigterm_and_time(process)
-        assert process.returncode == 1 and b"interrupted" in out
+        assert process.returncode == 128 + signal.SIGTERM and b"interrupted" in out
         platform.clear_faults()
         finish_push(runs, environ)
         assert_uploaded_once(platform)
@@ -291,7 +291,7 @@ class TestTheKeyNeverLeaves:
         done = subprocess.run(
             [sys.executable, "-m", "evalpush", "check"], env=environ, capture_output=True
         )
-        assert done.returncode == 1 and b"NOT OK" in done.stdout
+        assert done.returncode == 2 and b"FAIL" in done.stdout  # the key refused: credentials
         assert_no_part_of(SECRET_KEY, done.stdout + done.stderr, "check output")
 
     @pytest.mark.parametrize("command", ["check", "push"])

@@ -1557,7 +1557,9 @@ class TestClaimsInOneProcess:
     ):
         run_dir = write_run(runs_root, trace_lines(12))
         uploader = make_uploader(upload={"max_batch_samples": 4})
-        uploader.claims = Claims(ledger, lease_seconds=0.4)
+        # A lease renewed 4 times per lease: 1 s leaves a renewal 0.75 s late (a loaded CI box)
+        # before it lapses, and the outage below lasts well past it.
+        uploader.claims = Claims(ledger, lease_seconds=1.0)
         lapses: list[float] = []
         watching = threading.Event()
 
@@ -1573,7 +1575,7 @@ class TestClaimsInOneProcess:
         watcher = threading.Thread(target=watch)
 
         def outage() -> None:
-            local_platform.inject("refuse", seconds=1.5)
+            local_platform.inject("refuse", seconds=3.0)
             watching.set()
             watcher.start()
 
