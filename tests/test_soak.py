@@ -3,7 +3,9 @@
 - The writers record exactly what they wrote: the accounting's truth is theirs, not evalpush's.
 - The accounting finds every kind of violation it claims to (a second evaluation, one left
   open, a duplicated or lost sample, a finalize sent twice, metrics that differ, an evaluation
-  of a run that cannot upload, one of no run at all), so a clean soak means something.
+  of a run that cannot upload, one of no run at all), so a clean soak means something; and
+  evalpush's own view (`evalpush status`) is held against the platform's (a run left
+  unfinished, or naming another evaluation, is found).
 - A short soak: runs written line by line while the platform injects faults and outages and the
   uploader is SIGKILLed at random, ends with every run exactly once on the platform.
 """
