@@ -4,10 +4,12 @@ Writer processes write `--runs` runs (about `--samples` trace lines in all) line
 under a watched tree: some finish by the expected count, some by a marker file, some by
 settling; some hold bad lines, name no environment or have an unparsable config.toml; some are
 replaced mid-way by an atomic rename, as `--resume` does. Meanwhile the local platform (its own
-process, SQLite db) injects faults into a set share of requests (5xx, 429 with Retry-After, resets and stalls
-after the work, malformed bodies) and refuses connections for seconds at a time; the uploader is
-SIGKILLed at random moments and started again; `evalpush push` of a few finished runs starts
-beside it now and then, sharing its state dir.
+process, SQLite db) injects faults into a set share of requests (5xx, 429 with Retry-After,
+resets and stalls after the work, malformed bodies, a connection refused for half a second) and
+refuses connections for seconds at a time (outages); the uploader is SIGKILLed at random moments
+(`--kill-after` seconds after each start) and started again; `evalpush push` of a few finished
+runs starts beside it now and then, sharing its state dir, and a share of those pushes
+(`--overlap-kill-share`) is SIGKILLed too.
 
 Uploader (`--mode`):
 - `push-only`: `evalpush push` of the finished runs the platform does not hold yet, again and
@@ -22,7 +24,8 @@ duplicated or never written, each stored sample and the metrics equal to a fresh
 evaluation. It prints the table and exits 1 on any violation (0 otherwise).
 
     .venv/bin/python bench/soak.py [--mode push-only|daemon] [--runs 100] [--samples 40000]
-        [--kills 30] [--overlaps 10] [--writers 4] [--seed 0] [--workdir DIR] [--keep]
+        [--kills 30] [--kill-after LOW HIGH] [--overlaps 10] [--overlap-kill-share 0.25]
+        [--writers 4] [--seed 0] [--workdir DIR] [--keep] [--json FILE]
 
 Only loopback. Bounded: `--max-seconds` for the chaos phase, `--drain-seconds` for the drain.
 The work dir (default a temp dir under bench/.cache/) holds the tree, manifests, every
@@ -65,6 +68,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--overlaps", type=int, default=10, help="overlapping pushes")
     parser.add_argument("--overlap-interval", type=float, default=8.0, help="mean seconds")
+    parser.add_argument(
+        "--overlap-kill-share", type=float, default=0.25, help="of the overlapping pushes"
+    )
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument(
         "--pause-seconds",
@@ -107,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         kill_after_seconds=tuple(args.kill_after),
         overlaps=args.overlaps,
         overlap_interval_seconds=args.overlap_interval,
+        overlap_kill_share=args.overlap_kill_share,
         chaos=ChaosParams(
             fault_share=args.fault_share,
             outage_interval_seconds=args.outage_interval,
@@ -126,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                     "violations": report.violations,
                     "kills": report.kills,
                     "overlaps": report.overlaps,
+                    "overlap_kills": report.overlap_kills,
                     "faults": dict(report.faults),
                     "outages": report.outages,
                     "samples_written": report.accounting.total("samples_written"),

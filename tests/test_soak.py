@@ -3,7 +3,9 @@
 - The writers record exactly what they wrote: the accounting's truth is theirs, not evalpush's.
 - The accounting finds every kind of violation it claims to (a second evaluation, one left
   open, a duplicated or lost sample, a finalize sent twice, metrics that differ, an evaluation
-  of a run that cannot upload, one of no run at all), so a clean soak means something.
+  of a run that cannot upload, one of no run at all), so a clean soak means something; and
+  evalpush's own view (`evalpush status`) is held against the platform's (a run left
+  unfinished, or naming another evaluation, is found).
 - A short soak: runs written line by line while the platform injects faults and outages and the
   uploader is SIGKILLed at random, ends with every run exactly once on the platform.
 """
@@ -26,8 +28,9 @@ from evalpush.local_platform import LocalPlatform
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from soakkit.accounting import account, convert  # noqa: E402 - bench/ on the path first
+from soakkit.accounting import Accounting, RunAccount, account, convert  # noqa: E402 - bench/ first
 from soakkit.chaos import ChaosParams  # noqa: E402
+from soakkit.ledgerview import compare  # noqa: E402
 from soakkit.plan import BadLine, Flaw, Readiness, RunPlan, plan_one  # noqa: E402
 from soakkit.platform import clean_environ  # noqa: E402
 from soakkit.run import SoakParams, run_soak  # noqa: E402
@@ -208,6 +211,37 @@ class TestAccounting:
         assert runs[lost.run_id].lost == 1
         assert "cannot upload has evaluations" in " ".join(runs[cannot.run_id].problems)
         assert accounting.strays == [stray]
+
+
+class TestLedgerView:
+    def test_a_ledger_that_disagrees_with_the_platform_is_found(self) -> None:
+        pushed, unfinished, other, cannot = plans = [
+            _plan(30),
+            _plan(31),
+            _plan(32),
+            _plan(33, flaw=Flaw.NO_ENV),
+        ]
+        summary = {
+            "evaluations": {
+                f"eval-{p.index}": {"status": "COMPLETED", "metadata": {"run_id": p.run_id}}
+                for p in plans[:3]
+            }
+        }
+        rows = [
+            {"run_id": pushed.run_id, "state": "finalized", "evaluation_id": "eval-30"},
+            {"run_id": pushed.run_id, "state": "superseded", "evaluation_id": "eval-old"},
+            {"run_id": unfinished.run_id, "state": "uploading", "evaluation_id": "eval-31"},
+            {"run_id": other.run_id, "state": "finalized", "evaluation_id": "eval-30"},
+            {"run_id": cannot.run_id, "state": "ready", "evaluation_id": None},
+        ]
+        view = compare(rows, Accounting([RunAccount(p) for p in plans], []), summary)
+        assert view.states == {"finalized": 2, "uploading": 1, "ready": 1}
+        found = " | ".join(view.problems)
+        assert pushed.run_id not in found, "the superseded row is an earlier evaluation"
+        assert f"run {unfinished.run_id}: the ledger says uploading, not finalized" in found
+        assert f"run {other.run_id}: the ledger names evaluation eval-30" in found
+        assert f"run {cannot.run_id} (no_env): the ledger says ready" in found
+        assert len(view.problems) == 3
 
 
 class TestDaemonConfig:

@@ -8,6 +8,10 @@ off sends few requests and so meets few faults, as with a real flaky server; a r
 would queue faults faster than a backing-off client consumes them and starve it. Outages close
 the platform's port for a few seconds (`refuse`) at random times (`tick`). Everything injected
 is counted by kind; at the end the faults still queued are dropped and counted apart.
+
+Refused connections come two ways: as a fault of the menu (the port closed for under a second,
+every open connection dropped: whatever request is in flight at that moment meets it) and as the
+outages (the port closed for several seconds, counted apart).
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ class FaultKind:
     weight: int = 1
 
 
-def fault_menu(stall_seconds: float) -> list[FaultKind]:
-    """Every fault kind the local platform has (refuse is the outage, scheduled apart)."""
+def fault_menu(stall_seconds: float, refused_seconds: float) -> list[FaultKind]:
+    """Every fault kind of the issue: statuses, 429 with Retry-After, resets and stalls after
+    the work, malformed bodies, and a short refusal (`refuse` is not tied to a request kind)."""
     return [
         FaultKind("500", {"fault": "status", "status": 500}, 2),
         FaultKind("502 after work", {"fault": "status", "status": 502, "do_work": True}, 2),
@@ -39,6 +44,7 @@ def fault_menu(stall_seconds: float) -> list[FaultKind]:
         FaultKind("reset after work", {"fault": "reset"}, 3),
         FaultKind("stall after work", {"fault": "stall", "seconds": stall_seconds}, 1),
         FaultKind("malformed body", {"fault": "malformed"}, 2),
+        FaultKind("refused connection", {"fault": "refuse", "seconds": refused_seconds}, 1),
     ]
 
 
@@ -55,6 +61,7 @@ class ChaosParams:
     first_outage_seconds: float = 5.0  # after the start: even a short soak meets one
     outage_seconds: tuple[float, float] = (2.0, 6.0)
     stall_seconds: float = 4.0  # past the uploaders' read timeout
+    refused_seconds: float = 0.5  # a refused-connection fault: far shorter than an outage
 
 
 @dataclass
@@ -75,7 +82,7 @@ class Chaos:
     _stopped: bool = False
 
     def __post_init__(self) -> None:
-        self._menu = fault_menu(self.params.stall_seconds)
+        self._menu = fault_menu(self.params.stall_seconds, self.params.refused_seconds)
         self._next_outage = time.monotonic() + self.params.first_outage_seconds
 
     def in_outage(self) -> bool:
@@ -106,7 +113,8 @@ class Chaos:
 
     def _inject_fault(self, on: str) -> None:
         kind = self.rng.choices(self._menu, weights=[k.weight for k in self._menu])[0]
-        self.platform.inject({**kind.fields, "on": on})
+        on_kind = {} if kind.fields["fault"] == "refuse" else {"on": on}
+        self.platform.inject({**kind.fields, **on_kind})
         self.injected[kind.label] += 1
 
     def finish(self) -> None:

@@ -7,8 +7,9 @@
    holds a COMPLETED evaluation for every run that should have one, or `max_seconds` pass.
 3. Drain: faults cleared, no more kills; the uploader finishes (push-only: `push` of every run;
    daemon: it works until the platform holds everything, then SIGTERM, which must exit 0).
-4. Accounting from the platform's stored state (`accounting`), and the secret searched for in
-   every log, the ledger and the platform's stored state.
+4. Accounting from the platform's stored state (`accounting`); evalpush's own view (`evalpush
+   status`) held against it (`ledgerview`); the secret searched for in every log, the ledger
+   and the platform's stored state.
 
 Bounded in time (each phase has a deadline) and count; every process it starts is stopped by
 pid in `finally`, whatever happened.
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from soakkit.accounting import Accounting, account
 from soakkit.chaos import Chaos, ChaosParams
+from soakkit.ledgerview import LedgerView, compare, ledger_status
 from soakkit.plan import Mix, RunPlan, plan_runs, save_plans
 from soakkit.platform import PLATFORM_LOG, PlatformProcess, clean_environ
 from soakkit.uploaders import (
@@ -40,7 +42,8 @@ from soakkit.uploaders import (
 from soakkit.writers import ManifestReader, read_manifests
 
 BENCH = Path(__file__).resolve().parents[1]
-POLL_SECONDS = 1.0  # how often the platform's summary is read during the chaos phase
+POLL_SECONDS = 1.0  # how often the platform's summary is read during the chaos phase, at most
+POLL_SHARE = 0.1  # of the platform's time its summary may take (it holds the store's lock)
 LOOP_SECONDS = 0.05
 WRITER_STOP_SECONDS = 10.0
 
@@ -57,6 +60,7 @@ class SoakParams:
     kill_after_seconds: tuple[float, float] = (0.5, 4.0)
     overlaps: int = 10
     overlap_interval_seconds: float = 8.0
+    overlap_kill_share: float = 0.25  # of the overlapping pushes, SIGKILLed at a random moment
     chaos: ChaosParams = field(default_factory=ChaosParams)
     mix: Mix = field(default_factory=Mix)
     batch_samples: int = 50
@@ -73,11 +77,13 @@ class SoakReport:
     params: SoakParams
     plans: list[RunPlan]
     accounting: Accounting
+    ledger: LedgerView
     kills: int
     uploader_starts: int
     uploader_exits: Counter[int]
     daemon_stop_exit: int | None
     overlaps: int
+    overlap_kills: int
     overlap_exits: Counter[int]
     overlap_timeouts: int
     faults: Counter[str]
@@ -96,6 +102,7 @@ class SoakReport:
     @property
     def violations(self) -> list[str]:
         found = list(self.accounting.problems)
+        found += self.ledger.problems
         found += [f"the API key appears in {place}" for place in self.secret_found_in]
         found += [f"a Python traceback in {log}" for log in self.tracebacks_in]
         found += self.writer_failures
@@ -140,7 +147,12 @@ class _Soak:
         uploader_type = Daemon if self.params.mode == Mode.DAEMON else PushOnly
         self.uploader = uploader_type(self.world, kills)
         self.overlaps = OverlappingPushes(
-            self.world, self.params.overlaps, self.params.overlap_interval_seconds, self.rng
+            self.world,
+            self.params.overlaps,
+            self.params.overlap_interval_seconds,
+            self.rng,
+            kill_share=self.params.overlap_kill_share,
+            kill_after_seconds=self.params.kill_after_seconds,
         )
         self.chaos = Chaos(self.platform, self.params.chaos, self.rng)
         try:
@@ -164,16 +176,19 @@ class _Soak:
         accounting = account(
             self.platform, self.plans, read_manifests(self.manifests), self.world.tree
         )
+        ledger = compare(ledger_status(self.world.environ()), accounting, self.platform.summary())
         account_end = time.monotonic()
         return SoakReport(
             params=self.params,
             plans=self.plans,
             accounting=accounting,
+            ledger=ledger,
             kills=self.uploader.killed,
             uploader_starts=self.uploader.starts,
             uploader_exits=self.uploader.exits,
             daemon_stop_exit=daemon_stop_exit,
             overlaps=self.overlaps.started,
+            overlap_kills=self.overlaps.killed,
             overlap_exits=self.overlaps.exits,
             overlap_timeouts=self.overlaps.timed_out,
             faults=self.chaos.injected,
@@ -215,15 +230,17 @@ class _Soak:
         """Until every run is written and held by the platform; False if time ran out."""
         deadline = time.monotonic() + self.params.max_seconds
         manifests = ManifestReader(self.manifests)
-        last_poll = 0.0
+        next_poll = 0.0
         while time.monotonic() < deadline:
             self.chaos.tick()
             finished = manifests.read()
-            if not self.chaos.in_outage() and time.monotonic() - last_poll >= POLL_SECONDS:
+            if not self.chaos.in_outage() and time.monotonic() >= next_poll:
+                polled = time.monotonic()
                 summary = self.platform.summary()
                 self.completed = _completed_runs(summary)
                 self.chaos.observe(summary["requests"])
-                last_poll = time.monotonic()
+                took = time.monotonic() - polled
+                next_poll = polled + max(POLL_SECONDS, took / POLL_SHARE)
             todo, finished_dirs = self._work(finished)
             self.uploader.step(todo)
             self.overlaps.step(todo, finished_dirs)

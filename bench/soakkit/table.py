@@ -46,6 +46,11 @@ def table(report: SoakReport) -> str:
         ("metrics equal to convert", f"{metrics_equal}/{len(uploading)} runs"),
         ("samples equal to convert", f"{samples_equal}/{len(uploading)} runs"),
         (
+            "ledger at the end",
+            f"{_counts(report.ledger.states)} (`evalpush status`; "
+            f"{len(report.ledger.problems)} disagree with the platform)",
+        ),
+        (
             "kills (SIGKILL)",
             f"{report.kills} of {report.uploader_starts} uploader starts; "
             f"other exits {_counts(report.uploader_exits)}",
@@ -58,8 +63,8 @@ def table(report: SoakReport) -> str:
         ),
         (
             "overlapping pushes",
-            f"{report.overlaps} (exits {_counts(report.overlap_exits)}; "
-            f"{report.overlap_timeouts} timed out)",
+            f"{report.overlaps} ({report.overlap_kills} SIGKILLed; other exits "
+            f"{_counts(report.overlap_exits)}; {report.overlap_timeouts} timed out)",
         ),
         (
             "wall time",

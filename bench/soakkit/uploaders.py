@@ -236,20 +236,33 @@ class Daemon(_KilledAtRandom):
 
 
 @dataclass
+class _Overlap:
+    """One overlapping push: its process, when it times out, and when it is killed (if ever)."""
+
+    process: subprocess.Popen[bytes]
+    deadline: float
+    kill_at: float | None
+
+
+@dataclass
 class OverlappingPushes:
-    """`evalpush push` of a few finished runs now and then, beside the uploader."""
+    """`evalpush push` of a few finished runs now and then, beside the uploader; a share of
+    them SIGKILLed at a random moment (`kill_share`, `kill_after_seconds` after the start)."""
 
     world: EvalpushWorld
     budget: int
     interval_seconds: float
     rng: random.Random
+    kill_share: float = 0.0
+    kill_after_seconds: tuple[float, float] = (0.5, 4.0)
     max_at_once: int = 2
     max_runs: int = 8
     timeout_seconds: float = 300.0
     started: int = 0
+    killed: int = 0
     timed_out: int = 0
-    exits: Counter[int] = field(default_factory=Counter)
-    _running: list[tuple[subprocess.Popen[bytes], float]] = field(default_factory=list)
+    exits: Counter[int] = field(default_factory=Counter)  # exits the soak did not cause
+    _running: list[_Overlap] = field(default_factory=list)
     _next_at: float = 0.0
 
     def __post_init__(self) -> None:
@@ -266,21 +279,28 @@ class OverlappingPushes:
         pool = todo if todo and self.rng.random() < 0.5 else finished
         chosen = self.rng.sample(pool, k=self.rng.randint(1, min(self.max_runs, len(pool))))
         process = self.world.start("overlap-push", ["push", *map(str, chosen)])
-        self._running.append((process, now + self.timeout_seconds))
+        killed = self.rng.random() < self.kill_share
+        kill_at = now + self.rng.uniform(*self.kill_after_seconds) if killed else None
+        self._running.append(_Overlap(process, now + self.timeout_seconds, kill_at))
         self.started += 1
         self._next_at = now + self.rng.expovariate(1.0 / self.interval_seconds)
 
     def _reap(self, *, wait: bool) -> None:
         for entry in list(self._running):
-            process, deadline = entry
+            process = entry.process
             if wait:
+                entry.kill_at = None  # the drain: every one left runs to its end
                 try:
-                    process.wait(max(0.0, deadline - time.monotonic()))
+                    process.wait(max(0.0, entry.deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
+            now = time.monotonic()
             if process.poll() is not None:
                 self.exits[process.returncode] += 1
-            elif time.monotonic() >= deadline:
+            elif entry.kill_at is not None and now >= entry.kill_at:
+                kill(process)
+                self.killed += 1
+            elif now >= entry.deadline:
                 kill(process)
                 self.timed_out += 1
             else:
@@ -292,6 +312,6 @@ class OverlappingPushes:
         self._reap(wait=True)
 
     def close(self) -> None:
-        for process, _ in self._running:
-            if process.poll() is None:
-                kill(process)
+        for entry in self._running:
+            if entry.process.poll() is None:
+                kill(entry.process)

@@ -371,7 +371,12 @@ class Tracker:
             return
         if waiting.in_ledger:
             record = self._ledger.get_run(waiting.run_id)
-            if record is not None and not self._held(record):
+            # Only a row still waiting is queued: one another process moved on while this one
+            # waited (a push finalized, failed or held it) keeps its state, and the uploader
+            # judges it as it is (queueing a finalized row left it `uploading` at step done,
+            # taken up again at every ledger poll; a failed or held one was tried again as
+            # if `evalpush retry` had queued it).
+            if record is not None and record.state == State.WAITING and not self._held(record):
                 try:
                     transitions.queue(self._ledger, record, f"ready: {reason}")
                 except ClaimLost:

@@ -94,10 +94,11 @@ def finalize(
 
 
 def restore_finalized(ledger: Ledger, record: RunRecord) -> RunRecord:
-    """A run whose upload is done (step `done`) but marked failed: finalized again. (An older
+    """A run whose upload is done (step `done`) but marked otherwise: finalized again. (An older
     evalpush marked a finalized run failed when its config failed to load once; the run then
-    went nowhere, and every push reported it failed.)"""
-    return ledger.set_state(record, State.FINALIZED, last_error=None)
+    went nowhere, and every push reported it failed. A write under no claim that raced a
+    finalize, the daemon's tracker queueing the run, left it ready.)"""
+    return ledger.set_state(record, State.FINALIZED, reason="", last_error=None)
 
 
 def requeue(ledger: Ledger, record: RunRecord) -> RunRecord:

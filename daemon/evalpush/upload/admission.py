@@ -25,6 +25,12 @@ from evalpush.upload.context import Context
 from evalpush.upload.files import fingerprint
 from evalpush.upload.reconcile import Reconciler
 
+_DONE_BUT_NOT_FINALIZED = frozenset({State.FAILED, State.READY, State.UPLOADING})
+"""States a row whose upload is done (step `done`: its evaluation was finalized) can only be in
+by a write that raced or an older evalpush: failed by an old config error, queued again by the
+daemon's tracker over a push's finalize. Such a row is finalized again before anything else
+(a changed file then supersedes it as usual); without it the row stayed `uploading` at step
+`done`, and the daemon took it up at every ledger poll."""
 DEBUG_RUN = "debug run (config has script_path or command): never uploaded"
 REPLAY_RUN = "replay run: set runs.upload_replays = true to upload replays"
 
@@ -45,7 +51,7 @@ class Admission:
                 "run moved", was=record.path, now=paths.display(run.path)
             )
             record = ledger.update(record, path=run.path)
-        if record.step == Step.DONE and record.state == State.FAILED:
+        if record.step == Step.DONE and record.state in _DONE_BUT_NOT_FINALIZED:
             record = transitions.restore_finalized(ledger, record)
         skip = self._skip_reason(run)
         if skip:

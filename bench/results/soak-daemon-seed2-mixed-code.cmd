@@ -1,0 +1,1 @@
+cd /work/wt/h13-soak && .venv/bin/python bench/soak.py --mode daemon --runs 500 --samples 200000 --kills 150 --kill-after 0.5 8 --overlaps 30 --overlap-interval 20 --seed 2 --max-seconds 3600 --drain-seconds 900 --keep --workdir /tmp/soak-full1 --json bench/results/soak-full1.json

@@ -1,0 +1,1 @@
+cd /tmp/soakcode-ae6ef65 && PYTHONPATH=/tmp/soakcode-ae6ef65/daemon /work/wt/h13-soak/.venv/bin/python bench/soak.py --mode daemon --runs 500 --samples 206000 --kills 150 --kill-after 0.5 8 --overlaps 30 --overlap-interval 20 --seed 6 --max-seconds 3600 --drain-seconds 900 --keep --workdir /tmp/soak-full3 --json /work/wt/h13-soak/bench/results/soak-daemon-3.json
