@@ -10,9 +10,12 @@ tracker decides what each one needs:
   and if it is still unreadable once the run settles or shows its marker, the uploader fails
   the run saying why): its complete lines are counted as they arrive
   (`runs.LineCounter`, reading only new bytes), `runs.readiness` decides, and the ledger keeps
-  how far it is (`reason`) and when it settles (`settles_at`) for `status`. A finalized run whose
+  how far it is (`reason`) and when it settles (`settles_at`) for `status`. From its second
+  look on, each new line is also fed to a `prescan.RunningScan` (decoded once, as the upload's
+  scan would): when the run is ready, the scan's results go to the ledger with its queueing and
+  its upload starts at resolve, reading the file once more, to push. A finalized run whose
   file grew or was replaced waits the same way (in memory only: the ledger keeps showing its
-  finalized evaluation until the new one starts);
+  finalized evaluation until the new one starts; its upload scans);
 - a run that is ready, or that the ledger has queued (`ready`: interrupted, or `evalpush
   retry`; `uploading` with its holder gone: a process killed mid-upload, whose claim the
   upload takes over), or that the uploader must look at first (a new path for a known run id: moved or
@@ -38,8 +41,10 @@ from evalpush.discover import RunDir, look_at
 from evalpush.errors import ClaimLost, LedgerError, RunError
 from evalpush.ledger import Ledger, RunRecord
 from evalpush.log import get_logger
+from evalpush.prescan import Prescan, RunningScan
 from evalpush.runs import (
     CONFIG_FILE,
+    LineCount,
     LineCounter,
     ReadinessRules,
     Run,
@@ -50,7 +55,7 @@ from evalpush.runs import (
     readiness,
     traces_file,
 )
-from evalpush.states import State
+from evalpush.states import State, Step
 
 WAIT_WRITE_SECONDS = 1.0
 """A waiting run's progress goes to the ledger at most this often (its reason changes with every
@@ -91,6 +96,8 @@ class _Waiting:
     settles_at: float = 0.0
     written_at: float = float("-inf")
     unwritten: bool = False  # progress changed within WAIT_WRITE_SECONDS of the last write
+    scan: RunningScan | None = None  # the lines fed so far, once the run was seen waiting
+    count: LineCount | None = None  # the trace file as the counter last saw it
 
     def due_at(self) -> float:
         """When the tracker must look again: at the settle time, or to write its progress."""
@@ -238,7 +245,7 @@ class Tracker:
         waiting = _Waiting(run_id, run, problem, config, counter, in_ledger)
         with self._lock:
             self._waiting[path] = waiting
-        self._decide(path, waiting, rundir, new=new)
+        self._decide(path, waiting, rundir, new=new, first=True)
 
     def _read_config_again(self, path: str, waiting: _Waiting) -> bool:
         """Read config.toml again if it changed since it was read (one lstat): a producer may
@@ -257,14 +264,32 @@ class Tracker:
         return True
 
     def _decide(
-        self, path: str, waiting: _Waiting, rundir: RunDir | None, *, new: bool = False
+        self,
+        path: str,
+        waiting: _Waiting,
+        rundir: RunDir | None,
+        *,
+        new: bool = False,
+        first: bool = False,
     ) -> None:
         """Count what arrived, ask readiness; hand over a ready run, record a waiting one.
 
         A run whose config.toml cannot be read is ready by the marker or the settle rule only
-        (its expected count is unknown); the uploader then records why it cannot be uploaded."""
+        (its expected count is unknown); the uploader then records why it cannot be uploaded.
+
+        The first look only counts: a run found finished (the daemon's first scan, a run
+        written while it was down) is scanned by its upload, on an upload worker. A run seen
+        waiting has its lines fed to a running scan from its next look on (the lines counted
+        before are read once more then, from the start)."""
+        if waiting.scan is None and not first and waiting.run is not None:
+            waiting.scan = RunningScan(
+                checked=self._config.convert.on_bad_line == "hold",
+                max_line_bytes=self._config.read.max_line_bytes,
+            )
+            waiting.counter.rewind()
         try:
-            count = waiting.counter.update()
+            count = waiting.counter.update(waiting.scan)
+            waiting.count = count
         except OSError:
             rundir = None
         if rundir is None:  # gone, or no longer a run directory
@@ -341,11 +366,43 @@ class Tracker:
         if waiting.in_ledger:
             record = self._ledger.get_run(waiting.run_id)
             if record is not None and not self._held(record):
+                scanned = self._scanned(waiting, record)
                 try:
-                    transitions.queue(self._ledger, record, f"ready: {reason}")
+                    if scanned is not None:  # as the scan step records it, in its order
+                        self._ledger.add_set_aside(record, scanned.found.set_aside)
+                    columns = scanned.columns() if scanned is not None else {}
+                    transitions.queue(self._ledger, record, f"ready: {reason}", **columns)
                 except ClaimLost:
                     pass  # another process took it: the upload's claim sorts it out
         self._hand_over(path)
+
+    def _scanned(self, waiting: _Waiting, record: RunRecord) -> Prescan | None:
+        """The scan step's results for the run, from its running scan; None when the upload
+        must scan: nothing was fed (found ready at its first look), the running scan cannot
+        stand for the file (`RunningScan.result`), the row is not a waiting one at its scan, or
+        the scan step would stop there (no environment name, no traces, bad lines to hold)."""
+        if waiting.scan is None or waiting.count is None or waiting.run is None:
+            return None
+        if not waiting.run.env_name:
+            return None
+        if record.state != State.WAITING or record.step != Step.SCAN or record.upload_end:
+            return None
+        scanned = waiting.scan.result(waiting.count.file)
+        if scanned is None or scanned.found.end != waiting.count.offset:
+            return None
+        found = scanned.found
+        if not found.totals.traces and not found.set_aside:
+            return None
+        hold = self._config.convert.on_bad_line == "hold"
+        if found.set_aside and hold and not record.release_hold:
+            return None
+        self._log.debug(
+            "run scanned while it was written: its upload starts at resolve",
+            run=record.run_id,
+            traces=found.totals.traces,
+            set_aside=len(found.set_aside),
+        )
+        return scanned
 
     def _held(self, record: RunRecord) -> bool:
         """Whether a live process holds the run's claim. A claim left by a process that is gone
