@@ -374,6 +374,14 @@ class Tracker:
                     transitions.queue(self._ledger, record, f"ready: {reason}", **columns)
                 except ClaimLost:
                     pass  # another process took it: the upload's claim sorts it out
+                else:
+                    if scanned is not None:
+                        self._log.debug(
+                            "run scanned while it was written: its upload starts at resolve",
+                            run=record.run_id,
+                            traces=scanned.found.totals.traces,
+                            set_aside=len(scanned.found.set_aside),
+                        )
         self._hand_over(path)
 
     def _scanned(self, waiting: _Waiting, record: RunRecord) -> Prescan | None:
@@ -396,12 +404,6 @@ class Tracker:
         hold = self._config.convert.on_bad_line == "hold"
         if found.set_aside and hold and not record.release_hold:
             return None
-        self._log.debug(
-            "run scanned while it was written: its upload starts at resolve",
-            run=record.run_id,
-            traces=found.totals.traces,
-            set_aside=len(found.set_aside),
-        )
         return scanned
 
     def _held(self, record: RunRecord) -> bool:
