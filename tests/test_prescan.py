@@ -33,7 +33,7 @@ from evalpush.read import BOM
 from evalpush.retry import Retrier
 from evalpush.runs import LineCounter, load_run
 from evalpush.setaside import SetAside
-from evalpush.tracker import Tracker
+from evalpush.tracker import FEED_BYTES, Tracker
 from evalpush.upload import Uploader
 from evalpush.upload.context import Context
 from evalpush.upload.reconcile import Reconciler
@@ -396,6 +396,7 @@ class Watching:
 
 
 class TestTheTrackerAndTheUpload:
+    @pytest.mark.parametrize("feed_bytes", [1, FEED_BYTES], ids=["fed each look", "fed at ready"])
     def test_a_run_written_while_watched_is_queued_at_resolve_with_the_scan_steps_columns(
         self,
         tmp_path: Path,
@@ -403,7 +404,9 @@ class TestTheTrackerAndTheUpload:
         local_platform: LocalPlatform,
         make_context: Callable[..., Context],
         monkeypatch: pytest.MonkeyPatch,
+        feed_bytes: int,
     ):
+        monkeypatch.setattr("evalpush.tracker.FEED_BYTES", feed_bytes)
         config = config_of()
         # Lines the first pass and conversion both refuse: the create's metadata is then exact.
         refused = [b'{"id": "a", oops}', b"", orjson.dumps({"id": "no-task"})]
@@ -452,8 +455,13 @@ class TestTheTrackerAndTheUpload:
         assert row.upload_end is None
 
     def test_after_a_restart_the_run_is_fed_again_from_its_start_and_equals_the_scan_step(
-        self, tmp_path: Path, ledger: Ledger, make_context: Callable[..., Context]
+        self,
+        tmp_path: Path,
+        ledger: Ledger,
+        make_context: Callable[..., Context],
+        monkeypatch: pytest.MonkeyPatch,
     ):
+        monkeypatch.setattr("evalpush.tracker.FEED_BYTES", 1)  # fed at each look
         config = config_of()
         lines = [tool_calls(n) for n in range(40)]
         data = file_bytes(lines)
@@ -472,10 +480,18 @@ class TestTheTrackerAndTheUpload:
             columns, _ = scan_step(make_context(other, config), run_dir)
         assert columns_of(row) == columns
 
+    @pytest.mark.parametrize("feed_bytes", [1, FEED_BYTES], ids=["fed each look", "fed at ready"])
     @pytest.mark.parametrize("change", sorted(CHANGES))
     def test_a_file_changed_while_watched_is_queued_with_the_scan_of_the_file_as_it_is(
-        self, tmp_path: Path, ledger: Ledger, make_context: Callable[..., Context], change: str
+        self,
+        tmp_path: Path,
+        ledger: Ledger,
+        make_context: Callable[..., Context],
+        monkeypatch: pytest.MonkeyPatch,
+        change: str,
+        feed_bytes: int,
     ):
+        monkeypatch.setattr("evalpush.tracker.FEED_BYTES", feed_bytes)
         config = config_of()
         run_dir = new_run(tmp_path / "runs", num_tasks=25)
         watching = Watching(ledger, config, run_dir)

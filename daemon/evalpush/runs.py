@@ -339,9 +339,7 @@ class LineCounter:
     is gone or not a regular file. No I/O until `update()`; one counter per file, one thread.
 
     A new counter's first `update()` reads the whole file; `resume()` starts from a point known
-    from before (the ledger's), so a restarted daemon does not re-read what it already counted;
-    `rewind()` makes the next update read the file from its start again (to feed a sink attached
-    after lines were only counted).
+    from before (the ledger's), so a restarted daemon does not re-read what it already counted.
     """
 
     def __init__(
@@ -374,12 +372,6 @@ class LineCounter:
         counter._offset = counter._scanned = offset
         counter._lines = lines
         return counter
-
-    def rewind(self) -> None:
-        """Forget the lines counted (not the file, nor when it was seen growing): the next
-        `update()` reads the file from its start."""
-        self._lines = self._offset = self._scanned = 0
-        self._windows = None
 
     def update(self, sink: LineSink | None = None) -> LineCount:
         fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)

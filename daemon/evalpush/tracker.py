@@ -57,6 +57,11 @@ from evalpush.runs import (
 )
 from evalpush.states import State, Step
 
+FEED_BYTES = 4 << 20
+"""A waiting run's new lines go to its running scan once this many bytes wait to be fed (and
+when it is ready): decoded in runs of thousands of lines, not a few at each look, which costs
+less CPU per line; the catch-up at readiness is at most this much."""
+
 WAIT_WRITE_SECONDS = 1.0
 """A waiting run's progress goes to the ledger at most this often (its reason changes with every
 line a run writes; `status` shows it, and a second behind is near enough)."""
@@ -97,7 +102,8 @@ class _Waiting:
     written_at: float = float("-inf")
     unwritten: bool = False  # progress changed within WAIT_WRITE_SECONDS of the last write
     scan: RunningScan | None = None  # the lines fed so far, once the run was seen waiting
-    count: LineCount | None = None  # the trace file as the counter last saw it
+    feeder: LineCounter | None = None  # feeds `scan`, FEED_BYTES at a time (or when ready)
+    fed: LineCount | None = None  # the trace file as the feeder last saw it
 
     def due_at(self) -> float:
         """When the tracker must look again: at the settle time, or to write its progress."""
@@ -279,17 +285,10 @@ class Tracker:
 
         The first look only counts: a run found finished (the daemon's first scan, a run
         written while it was down) is scanned by its upload, on an upload worker. A run seen
-        waiting has its lines fed to a running scan from its next look on (the lines counted
-        before are read once more then, from the start)."""
-        if waiting.scan is None and not first and waiting.run is not None:
-            waiting.scan = RunningScan(
-                checked=self._config.convert.on_bad_line == "hold",
-                max_line_bytes=self._config.read.max_line_bytes,
-            )
-            waiting.counter.rewind()
+        waiting gets a running scan at its next look, fed by a counter of its own from byte 0
+        (`_feed`)."""
         try:
-            count = waiting.counter.update(waiting.scan)
-            waiting.count = count
+            count = waiting.counter.update()
         except OSError:
             rundir = None
         if rundir is None:  # gone, or no longer a run directory
@@ -302,6 +301,8 @@ class Tracker:
         facts = RunFacts(count.lines, expected, rundir.marker, count.mtime, count.grown_at)
         now = self._clock()
         decided = readiness(facts, now, self._rules)
+        if not first and waiting.run is not None:
+            self._feed(waiting, count, ready=decided.ready)
         if decided.ready:
             with self._lock:
                 self._waiting.pop(path, None)
@@ -324,6 +325,29 @@ class Tracker:
                 self._record_progress(path, waiting, progress, now)
             else:
                 waiting.unwritten = True
+
+    def _feed(self, waiting: _Waiting, count: LineCount, *, ready: bool) -> None:
+        """Feed the run's new lines to its running scan once FEED_BYTES of them wait, or now
+        that it is ready (its own counter: a replacement, a shrink or a rewrite in place
+        restarts it, see `LineCounter`)."""
+        if waiting.scan is None or waiting.feeder is None:
+            waiting.scan = RunningScan(
+                checked=self._config.convert.on_bad_line == "hold",
+                max_line_bytes=self._config.read.max_line_bytes,
+            )
+            waiting.feeder = LineCounter(
+                waiting.counter.path,
+                clock=self._clock,
+                max_line_bytes=self._config.read.max_line_bytes,
+            )
+            waiting.fed = None
+        fed_to = waiting.fed.offset if waiting.fed is not None else 0
+        if not ready and count.offset - fed_to < FEED_BYTES and not count.replaced:
+            return
+        try:
+            waiting.fed = waiting.feeder.update(waiting.scan)
+        except OSError:  # gone since the count: the next look decides; nothing fed stands
+            waiting.scan = waiting.feeder = waiting.fed = None
 
     def _record_new(self, path: str, waiting: _Waiting, progress: str) -> bool:
         """Add the run to the ledger, waiting (a run found ready is queued right after); False
@@ -389,14 +413,14 @@ class Tracker:
         must scan: nothing was fed (found ready at its first look), the running scan cannot
         stand for the file (`RunningScan.result`), the row is not a waiting one at its scan, or
         the scan step would stop there (no environment name, no traces, bad lines to hold)."""
-        if waiting.scan is None or waiting.count is None or waiting.run is None:
+        if waiting.scan is None or waiting.fed is None or waiting.run is None:
             return None
         if not waiting.run.env_name:
             return None
         if record.state != State.WAITING or record.step != Step.SCAN or record.upload_end:
             return None
-        scanned = waiting.scan.result(waiting.count.file)
-        if scanned is None or scanned.found.end != waiting.count.offset:
+        scanned = waiting.scan.result(waiting.fed.file)
+        if scanned is None or scanned.found.end != waiting.fed.offset:
             return None
         found = scanned.found
         if not found.totals.traces and not found.set_aside:
