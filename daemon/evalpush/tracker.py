@@ -11,8 +11,8 @@ tracker decides what each one needs:
   the run saying why): its complete lines are counted as they arrive
   (`runs.LineCounter`, reading only new bytes), `runs.readiness` decides, and the ledger keeps
   how far it is (`reason`) and when it settles (`settles_at`) for `status`. From its second
-  look on, each new line is also fed to a `prescan.RunningScan` (decoded once, as the upload's
-  scan would): when the run is ready, the scan's results go to the ledger with its queueing and
+  look on, its new lines are also fed to a `prescan.RunningScan` (decoded once, as the upload's
+  scan would; by a counter of its own, `FEED_BYTES` at a time and when the run is ready): when the run is ready, the scan's results go to the ledger with its queueing and
   its upload starts at resolve, reading the file once more, to push. A finalized run whose
   file grew or was replaced waits the same way (in memory only: the ledger keeps showing its
   finalized evaluation until the new one starts; its upload scans);
