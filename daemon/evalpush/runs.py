@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from evalpush.config import ReadConfig, RunsConfig, read_toml
 from evalpush.errors import RunError
-from evalpush.read import CHUNK_BYTES, FileIdentity, Line, read_lines
+from evalpush.read import CHUNK_BYTES, FileIdentity, Line, identity_of, read_lines
 
 CONFIG_FILE = "config.toml"
 TRACES_FILE = "traces.jsonl"
@@ -328,7 +328,8 @@ class LineCount:
     size: int  # the file's size when looked at (bytes past `offset` are a half-written line)
     mtime: float  # its modification time, epoch seconds
     grown_at: float | None  # when it was seen growing (the counter's clock); None: not yet
-    replaced: bool  # replaced or shrunk since the last look: the count restarted from 0
+    replaced: bool  # replaced, shrunk or rewritten since the last look: restarted from 0
+    file: FileIdentity  # the file looked at (device, inode, size, mtime, ctime), as it was then
 
 
 class LineSink(Protocol):
@@ -341,6 +342,12 @@ class LineSink(Protocol):
         """The next complete line, in file order (`line.data` None: over `max_line_bytes`)."""
 
 
+REWRITE_WINDOW_BYTES = 4096
+"""Feeding a sink, the counter keeps this many bytes from the file's start and from just before
+the end of what it fed, and reads them back whenever the file's stat changed: different bytes
+there mean the file was rewritten in place (its inode kept), and what was fed is void."""
+
+
 class LineCounter:
     """Counts the complete lines of a growing trace file, reading only bytes it has not seen.
 
@@ -348,7 +355,11 @@ class LineCounter:
     stopped: counting `\\n` bytes in 1 MiB chunks with no decoding, or, given a `LineSink`, handing
     every new complete line to it (through `read.read_lines`). A half-written last line is not
     counted until its `\\n` arrives. Another inode at the path, or a file smaller than last time,
-    restarts the count from 0 (and calls `sink.restart()` first). Raises `OSError` when the file
+    restarts the count from 0 (and calls `sink.restart()` first). Feeding a sink, so does a file
+    rewritten in place: whenever the file's stat changed, `REWRITE_WINDOW_BYTES` at its start
+    and just before the end of what was fed are read back and must be the bytes fed. (A rewrite
+    that keeps both windows and changes only bytes between them goes unseen: an append-only
+    producer never does that, and `--resume` replaces the file.) Raises `OSError` when the file
     is gone or not a regular file. No I/O until `update()`; one counter per file, one thread.
 
     A new counter's first `update()` reads the whole file; `resume()` starts from a point known
@@ -367,11 +378,13 @@ class LineCounter:
         self._max_line_bytes = max_line_bytes
         self._identity: tuple[int, int] | None = None  # (device, inode) of the file counted
         self._size = 0  # its size at the last look
+        self._stat: tuple[int, int, int] | None = None  # (size, mtime_ns, ctime_ns) then
         self._lines = 0
         self._offset = 0  # just past the last complete line counted
         self._scanned = 0  # bytes already looked at (>= offset: a half-written line's bytes)
         self._looked = False  # an update() ran: from then on, a change of size is growth seen
         self._grown_at: float | None = None
+        self._windows: tuple[bytes, bytes] | None = None  # fed bytes: the head, before offset
 
     @classmethod
     def resume(
@@ -390,29 +403,54 @@ class LineCounter:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise FileNotFoundError(f"{self.path}: not a regular file")
-            replaced = self._notice(st, sink)
+            file = identity_of(st)
+            replaced = self._notice(st, sink, fd)
             if sink is None:
+                self._windows = None  # bytes counted but not fed: nothing to compare later
                 self._count(fd, st.st_size)
             else:
-                self._feed(sink, FileIdentity(st.st_dev, st.st_ino, st.st_size))
+                self._feed(sink, file)
+                self._windows = self._read_windows(fd)
         finally:
             os.close(fd)
         mtime = st.st_mtime_ns / 1e9
-        return LineCount(self._lines, self._offset, st.st_size, mtime, self._grown_at, replaced)
+        return LineCount(
+            self._lines, self._offset, st.st_size, mtime, self._grown_at, replaced, file
+        )
 
-    def _notice(self, st: os.stat_result, sink: LineSink | None) -> bool:
-        """Take in the file's stat: restart on a replacement, time growth; whether it was replaced."""
+    def _notice(self, st: os.stat_result, sink: LineSink | None, fd: int) -> bool:
+        """Take in the file's stat: restart on a replacement (or, feeding a sink, a rewrite in
+        place), time growth; whether it was replaced."""
+        now = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         replaced = self._identity is not None and (
-            (st.st_dev, st.st_ino) != self._identity or st.st_size < self._size
+            (st.st_dev, st.st_ino) != self._identity
+            or st.st_size < self._size
+            or (sink is not None and now != self._stat and self._rewritten(fd))
         )
         if replaced:
             self._lines = self._offset = self._scanned = 0
+            self._windows = None
             if sink is not None:
                 sink.restart()
         if self._looked and (replaced or st.st_size != self._size):
             self._grown_at = self._clock()
         self._identity, self._size, self._looked = (st.st_dev, st.st_ino), st.st_size, True
+        self._stat = now
         return replaced
+
+    def _read_windows(self, fd: int) -> tuple[bytes, bytes] | None:
+        """The fed bytes kept to tell a rewrite in place: the file's first ones and the last
+        ones before the offset (None: nothing fed yet)."""
+        if not self._offset:
+            return None
+        width = min(REWRITE_WINDOW_BYTES, self._offset)
+        return os.pread(fd, width, 0), os.pread(fd, width, self._offset - width)
+
+    def _rewritten(self, fd: int) -> bool:
+        """Whether the bytes kept from the last feed are other bytes now."""
+        if self._windows is None:
+            return False
+        return self._read_windows(fd) != self._windows
 
     def _count(self, fd: int, size: int) -> None:
         position = self._scanned

@@ -10,10 +10,15 @@ tracker decides what each one needs:
   and if it is still unreadable once the run settles or shows its marker, the uploader fails
   the run saying why): its complete lines are counted as they arrive
   (`runs.LineCounter`, reading only new bytes), `runs.readiness` decides, and the ledger keeps
-  how far it is (`reason`) and when it settles (`settles_at`) for `status`. A finalized run whose
+  how far it is (`reason`) and when it settles (`settles_at`) for `status`. From its second
+  look on, its new lines are also fed to a `prescan.RunningScan` (decoded once, as the upload's
+  scan would; by a counter of its own, `FEED_BYTES` at a time and when the run is ready): when
+  the run is ready, the scan's results go to the ledger with its queueing and its upload starts
+  at resolve, reading the file once more, to push. A finalized run whose
   file grew or was replaced waits the same way (in memory only: the ledger keeps showing its
-  finalized evaluation until the new one starts); a run whose trace file it may not read
-  waits too, its reason naming the file (and one warning), until a rescan can read it;
+  finalized evaluation until the new one starts; its upload scans); a run whose trace file it
+  may not read waits too, its reason naming the file (and one warning), until a rescan can read
+  it;
 - a run that is ready, or that the ledger has queued (`ready`: interrupted, or `evalpush
   retry`; `uploading` with its holder gone: a process killed mid-upload, whose claim the
   upload takes over), or that the uploader must look at first (a new path for a known run id: moved or
@@ -39,8 +44,10 @@ from evalpush.discover import RunDir, look_at
 from evalpush.errors import ClaimLost, LedgerError, RunError
 from evalpush.ledger import Ledger, RunRecord
 from evalpush.log import get_logger
+from evalpush.prescan import Prescan, RunningScan
 from evalpush.runs import (
     CONFIG_FILE,
+    LineCount,
     LineCounter,
     ReadinessRules,
     Run,
@@ -51,7 +58,12 @@ from evalpush.runs import (
     readiness,
     traces_file,
 )
-from evalpush.states import State
+from evalpush.states import State, Step
+
+FEED_BYTES = 4 << 20
+"""A waiting run's new lines go to its running scan once this many bytes wait to be fed (and
+when it is ready): decoded in runs of thousands of lines, not a few at each look, which costs
+less CPU per line; the catch-up at readiness is at most this much."""
 
 WAIT_WRITE_SECONDS = 1.0
 """A waiting run's progress goes to the ledger at most this often (its reason changes with every
@@ -95,6 +107,9 @@ class _Waiting:
     settles_at: float = 0.0
     written_at: float = float("-inf")
     unwritten: bool = False  # progress changed within WAIT_WRITE_SECONDS of the last write
+    scan: RunningScan | None = None  # the lines fed so far, once the run was seen waiting
+    feeder: LineCounter | None = None  # feeds `scan`, FEED_BYTES at a time (or when ready)
+    fed: LineCount | None = None  # the trace file as the feeder last saw it
 
     def due_at(self) -> float:
         """When the tracker must look again: at the settle time, or to write its progress."""
@@ -242,7 +257,7 @@ class Tracker:
         waiting = _Waiting(run_id, run, problem, config, counter, in_ledger)
         with self._lock:
             self._waiting[path] = waiting
-        self._decide(path, waiting, rundir, new=new)
+        self._decide(path, waiting, rundir, new=new, first=True)
 
     def _read_config_again(self, path: str, waiting: _Waiting) -> bool:
         """Read config.toml again if it changed since it was read (one lstat): a producer may
@@ -261,12 +276,23 @@ class Tracker:
         return True
 
     def _decide(
-        self, path: str, waiting: _Waiting, rundir: RunDir | None, *, new: bool = False
+        self,
+        path: str,
+        waiting: _Waiting,
+        rundir: RunDir | None,
+        *,
+        new: bool = False,
+        first: bool = False,
     ) -> None:
         """Count what arrived, ask readiness; hand over a ready run, record a waiting one.
 
         A run whose config.toml cannot be read is ready by the marker or the settle rule only
-        (its expected count is unknown); the uploader then records why it cannot be uploaded."""
+        (its expected count is unknown); the uploader then records why it cannot be uploaded.
+
+        The first look only counts: a run found finished (the daemon's first scan, a run
+        written while it was down) is scanned by its upload, on an upload worker. A run seen
+        waiting gets a running scan at its next look, fed by a counter of its own from byte 0
+        (`_feed`)."""
         try:
             count = waiting.counter.update()
         except PermissionError:
@@ -284,6 +310,8 @@ class Tracker:
         facts = RunFacts(count.lines, expected, rundir.marker, count.mtime, count.grown_at)
         now = self._clock()
         decided = readiness(facts, now, self._rules)
+        if not first and waiting.run is not None:
+            self._feed(waiting, count, ready=decided.ready)
         if decided.ready:
             with self._lock:
                 self._waiting.pop(path, None)
@@ -331,6 +359,29 @@ class Tracker:
         else:  # a finalized run's changed file: the ledger shows its evaluation meanwhile
             waiting.progress = problem
 
+    def _feed(self, waiting: _Waiting, count: LineCount, *, ready: bool) -> None:
+        """Feed the run's new lines to its running scan once FEED_BYTES of them wait, or now
+        that it is ready (its own counter: a replacement, a shrink or a rewrite in place
+        restarts it, see `LineCounter`)."""
+        if waiting.scan is None or waiting.feeder is None:
+            waiting.scan = RunningScan(
+                checked=self._config.convert.on_bad_line == "hold",
+                max_line_bytes=self._config.read.max_line_bytes,
+            )
+            waiting.feeder = LineCounter(
+                waiting.counter.path,
+                clock=self._clock,
+                max_line_bytes=self._config.read.max_line_bytes,
+            )
+            waiting.fed = None
+        fed_to = waiting.fed.offset if waiting.fed is not None else 0
+        if not ready and count.offset - fed_to < FEED_BYTES and not count.replaced:
+            return
+        try:
+            waiting.fed = waiting.feeder.update(waiting.scan)
+        except OSError:  # gone since the count: the next look decides; nothing fed stands
+            waiting.scan = waiting.feeder = waiting.fed = None
+
     def _record_new(self, path: str, waiting: _Waiting, progress: str) -> bool:
         """Add the run to the ledger, waiting (a run found ready is queued right after); False
         if another process added it first (then the next look starts from its row)."""
@@ -377,11 +428,45 @@ class Tracker:
             # taken up again at every ledger poll; a failed or held one was tried again as
             # if `evalpush retry` had queued it).
             if record is not None and record.state == State.WAITING and not self._held(record):
+                scanned = self._scanned(waiting, record)
                 try:
-                    transitions.queue(self._ledger, record, f"ready: {reason}")
+                    if scanned is not None:  # as the scan step records it, in its order
+                        self._ledger.add_set_aside(record, scanned.found.set_aside)
+                    columns = scanned.columns() if scanned is not None else {}
+                    transitions.queue(self._ledger, record, f"ready: {reason}", **columns)
                 except ClaimLost:
                     pass  # another process took it: the upload's claim sorts it out
+                else:
+                    if scanned is not None:
+                        self._log.debug(
+                            "run scanned while it was written: its upload starts at resolve",
+                            run=record.run_id,
+                            traces=scanned.found.totals.traces,
+                            set_aside=len(scanned.found.set_aside),
+                        )
         self._hand_over(path)
+
+    def _scanned(self, waiting: _Waiting, record: RunRecord) -> Prescan | None:
+        """The scan step's results for the run, from its running scan; None when the upload
+        must scan: nothing was fed (found ready at its first look), the running scan cannot
+        stand for the file (`RunningScan.result`), the row is not a waiting one at its scan, or
+        the scan step would stop there (no environment name, no traces, bad lines to hold)."""
+        if waiting.scan is None or waiting.fed is None or waiting.run is None:
+            return None
+        if not waiting.run.env_name:
+            return None
+        if record.state != State.WAITING or record.step != Step.SCAN or record.upload_end:
+            return None
+        scanned = waiting.scan.result(waiting.fed.file)
+        if scanned is None or scanned.found.end != waiting.fed.offset:
+            return None
+        found = scanned.found
+        if not found.totals.traces and not found.set_aside:
+            return None
+        hold = self._config.convert.on_bad_line == "hold"
+        if found.set_aside and hold and not record.release_hold:
+            return None
+        return scanned
 
     def _held(self, record: RunRecord) -> bool:
         """Whether a live process holds the run's claim. A claim left by a process that is gone

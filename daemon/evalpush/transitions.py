@@ -46,9 +46,10 @@ def wait(ledger: Ledger, record: RunRecord, reason: str, *, settles_at: float | 
     return ledger.set_state(record, State.WAITING, reason=reason, settles_at=settles_at)
 
 
-def queue(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
-    """The run is ready: queued for upload."""
-    return ledger.set_state(record, State.READY, reason=reason, settles_at=None)
+def queue(ledger: Ledger, record: RunRecord, reason: str, **scanned: Any) -> RunRecord:
+    """The run is ready: queued for upload (with `scanned`, what its scan step records: the
+    daemon scanned it while watching it being written, and the upload starts at resolve)."""
+    return ledger.set_state(record, State.READY, reason=reason, settles_at=None, **scanned)
 
 
 def interrupt(ledger: Ledger, record: RunRecord) -> RunRecord:

@@ -8,16 +8,17 @@ run uploaded by evalpush looks exactly like one the eval pushed itself. One modu
 - `sample`: the derived views and the sample built from a checked trace;
 - `totals`: the run's aggregates as running sums (`RunTotals`) and its `summary`;
 - `lines`: a run's lines as encoded samples or `SetAside` records (`convert_lines`), and the
-  first passes that only sum them (`tally`, cheap; `scan`, fully checked).
+  first passes that only sum them (`tally`, cheap; `scan`, fully checked), line by line (`Pass`).
 """
 
-from evalpush.convert.lines import Converted, Scan, convert_lines, scan, tally
+from evalpush.convert.lines import Converted, Pass, Scan, convert_lines, scan, tally
 from evalpush.convert.sample import build_sample, encode_sample
 from evalpush.convert.totals import RolloutCounter, RunTotals, summary
 from evalpush.convert.trace import Tally, Trace, decode_tally, decode_trace
 
 __all__ = [
     "Converted",
+    "Pass",
     "RolloutCounter",
     "RunTotals",
     "Scan",

@@ -6,6 +6,7 @@ any sample goes out, so an upload first passes over the run once without buildin
   subset of the lines the full check refuses, never a line the full check takes;
 - `scan`, the checked pass: every line through the full check (`decode_trace`), so it takes and
   refuses exactly the lines `convert_lines` does, and its totals are exactly conversion's.
+Both are a `Pass` fed every line at once; the daemon feeds one as the lines arrive.
 """
 
 from __future__ import annotations
@@ -83,23 +84,43 @@ class Scan:
 
 def scan(lines: Iterator[Line], *, max_line_bytes: int) -> Scan:
     """Check every line as conversion does and sum the good ones."""
-    return _pass(lines, max_line_bytes, decode_trace)
+    return _pass(lines, Pass(decode_trace, max_line_bytes))
 
 
 def tally(lines: Iterator[Line], *, max_line_bytes: int) -> Scan:
     """Sum the lines, decoding only what the totals need; the cheap first pass."""
-    return _pass(lines, max_line_bytes, decode_tally)
+    return _pass(lines, Pass(decode_tally, max_line_bytes))
 
 
-def _pass(
-    lines: Iterator[Line], max_line_bytes: int, decode: Callable[[bytes, int], Trace | Tally]
-) -> Scan:
-    result = Scan(RunTotals(), [], 0)
-    for line in lines:
+class Pass:
+    """One first pass taken a line at a time: `scan` and `tally` feed it a file's lines in one
+    go, the daemon's tracker (`evalpush.prescan`) as they arrive; either way the same lines in
+    the same order make the same `Scan`, bit for bit."""
+
+    __slots__ = ("_decode", "_max_line_bytes", "result")
+
+    def __init__(self, decode: Callable[[bytes, int], Trace | Tally], max_line_bytes: int):
+        self._decode = decode
+        self._max_line_bytes = max_line_bytes
+        self.result = Scan(RunTotals(), [], 0)
+
+    @classmethod
+    def like(cls, *, checked: bool, max_line_bytes: int) -> Pass:
+        """The pass of `scan` (`checked`: every line fully checked) or of `tally`."""
+        return cls(decode_trace if checked else decode_tally, max_line_bytes)
+
+    def add(self, line: Line) -> None:
+        result = self.result
         result.end = line.end
-        checked = _checked(line, max_line_bytes, decode)
+        checked = _checked(line, self._max_line_bytes, self._decode)
         if isinstance(checked, SetAside):
             result.set_aside.append(checked)
         elif checked is not None:
             result.totals.add(checked)
-    return result
+
+
+def _pass(lines: Iterator[Line], taken: Pass) -> Scan:
+    add = taken.add
+    for line in lines:
+        add(line)
+    return taken.result

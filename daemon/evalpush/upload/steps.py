@@ -14,6 +14,7 @@ from evalpush.convert import RunTotals, convert_lines, scan, summary, tally
 from evalpush.errors import Ambiguous, BatchRefused, Conflict, Gone, Refused, RunError
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
+from evalpush.prescan import Prescan
 from evalpush.read import FileIdentity, RangeDigest, identity, read_lines
 from evalpush.runs import Run, require_env_name
 from evalpush.setaside import SetAside
@@ -49,7 +50,9 @@ class Steps:
 
     def scan(self, record: RunRecord, run: Run) -> RunRecord:
         """One cheap pass fixes what the upload covers: the byte range, its fingerprint, its
-        totals and its bad lines (held for a person with `convert.on_bad_line = "hold"`)."""
+        totals and its bad lines (held for a person with `convert.on_bad_line = "hold"`). A run
+        the daemon watched while it was written comes queued at resolve instead: its tracker
+        kept this step's results as the lines arrived (`evalpush.prescan`)."""
         ctx = self._ctx
         require_env_name(run)
         try:
@@ -71,18 +74,8 @@ class Steps:
         if totals.traces == 0 and not bad:
             raise RunError(f"{run.traces_path}: no traces in the file: nothing to upload")
         ctx.ledger.add_set_aside(record, bad)
-        scanned: dict[str, Any] = {
-            "step": Step.RESOLVE,
-            "file_device": ident.device,
-            "file_inode": ident.inode,
-            "file_size": ident.size,
-            "file_mtime_ns": ident.mtime_ns,
-            "file_ctime_ns": ident.ctime_ns,
-            "file_digest": digest.digest(),
-            "upload_end": found.end,
-            "totals": totals.to_json(),
-            "samples_seen": totals.traces,
-        }
+        # The same columns the daemon's tracker writes for a run it scanned while watching it.
+        scanned = Prescan(ident, digest.digest(), found).columns()
         if bad and ctx.config.convert.on_bad_line == "hold" and not record.release_hold:
             return transitions.hold(
                 ctx.ledger, record, HOLD_REASON.format(count=len(bad)), **scanned
