@@ -372,6 +372,7 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
     from evalpush.service import Daemon, Request
 
     log.configure(config.log.level, config.log.format, stream=sys.stdout)
+    log.capture_warnings()
 
     def reload_config() -> Config:
         again = _load(args)

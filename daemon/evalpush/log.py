@@ -211,6 +211,38 @@ def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> Non
             _apply_pending()
 
 
+def capture_warnings() -> None:
+    """Python warnings (a library's `warnings.warn`) become log lines at warning level, so a
+    daemon's output stays one JSON object per line for the journal; for the process (main).
+
+    watchdog's notice that a directory's inotify watch was registered twice (a directory made
+    while its parent's watch was being added: the second registration replaces the first with
+    the same callback) is dropped: nothing is lost, and it is not something an operator can act
+    on."""
+    import warnings
+
+    warnings.filterwarnings(
+        "ignore", message=r"Callback with id .* already exists", category=RuntimeWarning
+    )
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
+        get_logger(stage="python").warning(
+            "python warning",
+            category=category.__name__,
+            where=f"{filename}:{lineno}",
+            warning=str(message),
+        )
+
+    warnings.showwarning = show
+
+
 def _apply_pending() -> None:
     global _pending
     if _pending is not None:

@@ -147,16 +147,7 @@ def run_detail(ledger: Ledger, record: RunRecord, alive: Alive | None = None) ->
         "finalized_at": record.finalized_at,
         "settles_at": record.settles_at,
         "evaluations": evaluations,
-        "set_aside_records": [
-            {
-                "line": item.line,
-                "offset": item.offset,
-                "size": item.size,
-                "kind": item.kind,
-                "reason": item.reason,
-            }
-            for item in set_aside
-        ],
+        "set_aside_records": [item.as_json() for item in set_aside],
     }
 
 
@@ -356,16 +347,7 @@ def push_object(result: PushResult, set_aside: list[SetAside]) -> dict[str, Any]
         "copy_of": result.copy_of,
         "error": error,
         "set_aside": len(set_aside),
-        "set_aside_records": [
-            {
-                "line": item.line,
-                "offset": item.offset,
-                "size": item.size,
-                "kind": item.kind,
-                "reason": item.reason,
-            }
-            for item in set_aside
-        ],
+        "set_aside_records": [item.as_json() for item in set_aside],
     }
 
 

@@ -19,5 +19,15 @@ class SetAside:
     kind: SetAsideKind
     reason: str
 
+    def as_json(self) -> dict[str, object]:
+        """The record as `status --json` and `push --json` show it."""
+        return {
+            "line": self.line,
+            "offset": self.offset,
+            "size": self.size,
+            "kind": self.kind,
+            "reason": self.reason,
+        }
+
 
 __all__ = ["SetAside", "SetAsideKind"]

@@ -1,0 +1,35 @@
+"""The daemon's log: Python warnings from libraries become JSON log lines (journald reads one
+JSON object per line), and watchdog's double-registration notice is dropped."""
+
+from __future__ import annotations
+
+import io
+import json
+import warnings
+
+import structlog
+
+from evalpush import log
+
+
+def test_a_library_warning_is_a_json_log_line_and_watchdogs_double_watch_notice_is_dropped():
+    saved = structlog.get_config()
+    out = io.StringIO()
+    try:
+        with warnings.catch_warnings():  # restores the filters and showwarning after
+            warnings.simplefilter("always")
+            log.configure(level="info", fmt="json", stream=out)
+            log.capture_warnings()
+            warnings.warn("a deprecated call", DeprecationWarning, stacklevel=1)
+            warnings.warn(
+                "Callback with id '1' already exists for watch b'/x'. It will be Overwritten.",
+                RuntimeWarning,
+                stacklevel=1,
+            )
+    finally:
+        structlog.configure(**saved)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(line["event"], line["category"], line["warning"]) for line in lines] == [
+        ("python warning", "DeprecationWarning", "a deprecated call")
+    ]
+    assert lines[0]["level"] == "warning" and "test_log.py:" in lines[0]["where"]
