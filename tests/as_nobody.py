@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
+import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,9 +18,12 @@ def as_nobody(fn: Callable[[], Any]) -> Any:
 
     Root reads and writes any file, so as root `fn` runs in a forked child that became `nobody`
     (the interpreter under /root cannot be started by nobody, hence a fork, not a subprocess).
+    Nobody may not read the checkout either (a clone under a 0700 directory), so every evalpush
+    module, and the libraries they import lazily, are imported before the fork.
     """
     if os.geteuid() != 0:
         return fn()
+    _import_everything()
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: drop to nobody, report, leave without running pytest's exit
@@ -37,6 +42,30 @@ def as_nobody(fn: Callable[[], Any]) -> Any:
         data = f.read()
     os.waitpid(pid, 0)
     return pickle.loads(data)
+
+
+def _import_everything() -> None:
+    """Import every evalpush module and the libraries evalpush imports only when first used."""
+    import evalpush
+
+    for module in pkgutil.walk_packages(evalpush.__path__, "evalpush."):
+        if not module.name.endswith(".__main__"):  # a command: importing it runs it
+            importlib.import_module(module.name)
+    for name in LAZY_LIBRARIES:
+        importlib.import_module(name)
+
+
+LAZY_LIBRARIES = (
+    "msgspec",
+    "orjson",
+    "pydantic_settings",
+    "rich.console",
+    "rich.progress",
+    "structlog",
+    "structlog.dev",
+    "structlog.processors",
+)
+"""Libraries (and submodules) evalpush imports inside functions, at first use."""
 
 
 def without_read_access(locked: Path, fn: Callable[[], Any]) -> Any:

@@ -461,7 +461,13 @@ class Gate:
         if elapsed < self._next_report:
             return
         self._outage(OutageEvent.ONGOING, self._mode, next_in, elapsed)
-        self._next_report = min(elapsed * 2, elapsed + OUTAGE_REPORT_CAP_SECONDS)
+        # The next report is due at twice this one's due time (5 s, 10 s, 20 s, ...), not at
+        # twice the time it was made: a report made late (at the next probe) must not push every
+        # later one back. Reports missed by a long wait are not made up for.
+        due = self._next_report
+        while due <= elapsed:
+            due = min(due * 2, due + OUTAGE_REPORT_CAP_SECONDS)
+        self._next_report = due
 
     def _begin_outage_locked(self, mode: str, reason: BaseException | None) -> None:
         """The gate closes (or pauses) after being open: an outage starts now."""
