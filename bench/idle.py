@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -42,7 +41,6 @@ import push  # noqa: E402
 LATENCY_ENVIRONMENT = "bench-idle-latency"
 START_TIMEOUT_SECONDS = 60.0
 FINALIZE_TIMEOUT_SECONDS = 60.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def prepared(count: int, cache: Path) -> Path:
@@ -113,23 +111,13 @@ class Daemon:
                 return time.perf_counter()
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        return push.proc_cpu_seconds(self.proc.pid)
 
     def rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
+        return push.proc_status_bytes(self.proc.pid, "VmRSS")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        push.terminate(self.proc)
         self.socket.close()
         self.log.close()
 

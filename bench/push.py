@@ -150,16 +150,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _proc_cpu_seconds(pid: int) -> float:
+def proc_cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def _proc_peak_rss(pid: int) -> int:
+def proc_status_bytes(pid: int, key: str) -> int:
+    """A size from /proc/PID/status (`VmHWM`: peak RSS, `VmRSS`: RSS now), in bytes."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{key}:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def terminate(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 30 s; reaped either way."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 class Platform:
@@ -215,19 +227,13 @@ class Platform:
             return json.loads(response.read())
 
     def cpu_seconds(self) -> float:
-        return _proc_cpu_seconds(self.proc.pid)
+        return proc_cpu_seconds(self.proc.pid)
 
     def peak_rss(self) -> int:
-        return _proc_peak_rss(self.proc.pid)
+        return proc_status_bytes(self.proc.pid, "VmHWM")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self._log.close()
 
 

@@ -278,3 +278,25 @@ def completed(platform: LocalPlatform, run_id: str) -> dict[str, Any] | None:
         if evaluation["status"] == "COMPLETED":
             return {**evaluation, "id": key}
     return None
+
+
+def slow_run(
+    platform: LocalPlatform,
+    group: Path,
+    *,
+    traces: int = 40,
+    stalls: int = 5,
+    seconds: float = 0.3,
+) -> RunDir:
+    """A finished run under `group` whose upload (one sample a batch:
+    `EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES=1`) is kept mid-way: the platform holds each of the next
+    `stalls` samples requests for `seconds`."""
+    run = RunDir(group).config(num_tasks=traces // 2)
+    run.write(run.lines(traces))
+    platform.inject("stall", on="samples", count=stalls, seconds=seconds)
+    return run
+
+
+def upload_under_way(platform: LocalPlatform) -> None:
+    """Wait until the platform has seen a samples request."""
+    wait_until(lambda: platform.summary()["requests"].get("samples"), "the upload to be under way")

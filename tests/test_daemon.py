@@ -25,7 +25,9 @@ from daemon_support import (
     completed,
     daemon_environ,
     evaluations_of,
+    slow_run,
     status,
+    upload_under_way,
     wait_until,
 )
 from evalpush.ledger import Ledger, default_path
@@ -446,14 +448,10 @@ class TestPlatformTrouble:
         environ = daemon_environ(
             local_platform, tmp_path, [tree], EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="1"
         )
-        run = RunDir(tree / "env--model--harness").config(num_tasks=30)
-        run.write(run.lines(60))
-        local_platform.inject("stall", on="samples", count=3, seconds=0.2)  # keep it mid-way
+        group = tree / "env--model--harness"
+        run = slow_run(local_platform, group, traces=60, stalls=3, seconds=0.2)
         with Daemon(environ) as daemon:
-            wait_until(
-                lambda: local_platform.summary()["requests"].get("samples"),
-                "the upload to be under way",
-            )
+            upload_under_way(local_platform)
             local_platform.inject("refuse", seconds=4)
             daemon.wait_for("platform unreachable: uploads wait while one probe checks it")
             finalized(daemon, run)

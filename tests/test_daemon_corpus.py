@@ -59,8 +59,10 @@ from daemon_support import (
     completed,
     daemon_environ,
     evaluations_of,
+    slow_run,
     status,
     trace_line,
+    upload_under_way,
     wait_until,
 )
 from evalpush.ledger import Ledger, default_path
@@ -591,14 +593,9 @@ class TestDeletedMidUpload:
         environ = daemon_environ(
             local_platform, tmp_path, [tree], EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="1"
         )
-        doomed = RunDir(tree / GROUP).config(num_tasks=20)
-        doomed.write(doomed.lines(40))
-        local_platform.inject("stall", on="samples", count=5, seconds=0.3)  # keep it mid-way
+        doomed = slow_run(local_platform, tree / GROUP)  # kept mid-upload
         with Daemon(environ) as daemon:
-            wait_until(
-                lambda: local_platform.summary()["requests"].get("samples"),
-                "the upload to be under way",
-            )
+            upload_under_way(local_platform)
             shutil.rmtree(doomed.path)
             failed = wait_until(
                 lambda: (

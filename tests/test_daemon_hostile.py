@@ -28,8 +28,10 @@ from daemon_support import (
     completed,
     daemon_environ,
     evaluations_of,
+    slow_run,
     status,
     trace_line,
+    upload_under_way,
     wait_until,
 )
 from evalpush.local_platform import LocalPlatform
@@ -212,14 +214,9 @@ class TestFilesChanging:
         environ = daemon_environ(
             local_platform, tmp_path, [tree], EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="1"
         )
-        run = RunDir(tree / "env--model--harness").config(num_tasks=20)
-        run.write(run.lines(40))
-        local_platform.inject("stall", on="samples", count=5, seconds=0.3)  # keep it mid-way
+        run = slow_run(local_platform, tree / "env--model--harness")  # kept mid-upload
         with Daemon(environ) as daemon:
-            wait_until(
-                lambda: local_platform.summary()["requests"].get("samples"),
-                "the upload to be under way",
-            )
+            upload_under_way(local_platform)
             replacement = run.path / "traces.jsonl.tmp"
             replacement.write_bytes(b"".join(line + b"\n" for line in run.lines(40, start=500)))
             replacement.rename(run.traces)
@@ -262,14 +259,9 @@ class TestFilesChanging:
         environ = daemon_environ(
             local_platform, tmp_path, [tree], EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="1"
         )
-        run = RunDir(tree / "env--model--harness").config(num_tasks=20)
-        run.write(run.lines(40))
-        local_platform.inject("stall", on="samples", count=5, seconds=0.3)  # keep it mid-way
+        run = slow_run(local_platform, tree / "env--model--harness")  # kept mid-upload
         with Daemon(environ) as daemon:
-            wait_until(
-                lambda: local_platform.summary()["requests"].get("samples"),
-                "the upload to be under way",
-            )
+            upload_under_way(local_platform)
             moved = RunDir(tree / "renamed", run_id=run.run_id)
             moved.path.parent.mkdir()
             run.path.rename(moved.path)
