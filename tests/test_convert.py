@@ -668,6 +668,33 @@ class TestNonFinite:
 
         assert orjson.loads(item.sample)["completion"] == [{"role": "assistant", "content": "hi"}]
 
+    @pytest.mark.parametrize("literal", [b"Infinity", b"-Infinity"])
+    def test_an_infinity_literal_in_an_error_or_timing_is_dropped_like_a_null(
+        self, tmp_path, literal
+    ):
+        raw = orjson.dumps(
+            trace(id="i", errors=[{"error": "E", "code": 1}], timing={"total": 1.0, "model": 2.0})
+        )
+        raw = raw.replace(b'"code":1', b'"code":' + literal).replace(
+            b'"model":2.0', b'"model":' + literal
+        )
+
+        [item], _ = convert_file(tmp_path / "traces.jsonl", [raw])
+
+        sample = orjson.loads(item.sample)
+        assert (sample["error"], sample["timing"]) == ({"error": "E"}, {"total": 1.0})
+
+    def test_a_line_without_null_passes_its_messages_through_byte_for_byte(self, tmp_path):
+        # no null anywhere: no message is searched for one, each goes out exactly as written
+        raw = orjson.dumps(trace(id="b", nodes=[node("say hi, \u00e9")])).replace(
+            b'"content":', b'"content" :'
+        )
+        assert b"null" not in raw
+
+        [item], _ = convert_file(tmp_path / "traces.jsonl", [raw])
+
+        assert b'{"role":"assistant","content" :"say hi, \xc3\xa9"}' in item.sample
+
     def test_a_null_reward_counts_as_nan_and_is_sent_as_null(self, tmp_path):
         raw = orjson.dumps(trace(rewards={"r": None, "s": 1.0}))
 

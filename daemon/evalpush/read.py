@@ -248,9 +248,14 @@ def _lines(
         read_at += len(chunk)
         if digest is not None:
             digest.update(chunk, complete=chunk.rfind(b"\n") + 1)
-        pieces = chunk.split(b"\n")
-        tail = pieces.pop()
-        for piece in pieces:
+        # find (memchr) rather than split: split walks the chunk a byte at a time, and this
+        # loop runs over every byte of every pass (measured: split was a fifth of the tally's
+        # instructions).
+        find = chunk.find
+        begin = 0
+        while (newline := find(b"\n", begin)) >= 0:
+            piece = chunk[begin:newline]
+            begin = newline + 1
             number += 1
             length += len(piece)
             stop = line_start + length + 1
@@ -262,6 +267,7 @@ def _lines(
             else:
                 yield Line(piece, line_start, stop, number)
             line_start, length, parts = stop, 0, []
+        tail = chunk[begin:]
         length += len(tail)
         if length > max_line_bytes:
             parts = []
