@@ -17,7 +17,7 @@ from typing import NamedTuple, TypeVar
 
 from evalpush.convert.sample import build_sample, encode_sample
 from evalpush.convert.totals import RunTotals
-from evalpush.convert.trace import Tally, Trace, decode_tally, decode_trace, may_hold_null
+from evalpush.convert.trace import Tally, Trace, decode_tally, decode_trace
 from evalpush.errors import BadRecord
 from evalpush.read import Line
 from evalpush.setaside import SetAside
@@ -64,7 +64,7 @@ def convert_lines(
             continue
         try:
             number = totals.rollouts.count(trace.idx) + 1
-            sample = build_sample(trace, number, nulls=may_hold_null(line.data))
+            sample = build_sample(trace, number)
             encoded = encode_sample(sample, line.number)
         except BadRecord as exc:
             yield SetAside(line.number, line.start, line.end - line.start, BAD_LINE, exc.reason)

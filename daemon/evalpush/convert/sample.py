@@ -80,16 +80,11 @@ def _branch(nodes: list[Node], messages: list[Any], tokens: list[int], masked: l
     return {"messages": messages, "num_input_tokens": inputs, "num_output_tokens": outputs}
 
 
-def trajectory(nodes: list[Node], *, nulls: bool = True) -> list[dict[str, Any]]:
-    """One entry per branch (root -> leaf path), in ascending leaf order (section 4).
-
-    `nulls` False: the line holds no `null` anywhere, so no message needs looking at."""
+def trajectory(nodes: list[Node]) -> list[dict[str, Any]]:
+    """One entry per branch (root -> leaf path), in ascending leaf order (section 4)."""
     if not nodes:
         return []
-    if nulls:
-        messages = [_top_level_without_nulls(node.message) for node in nodes]
-    else:
-        messages = [node.message for node in nodes]
+    messages = [_top_level_without_nulls(node.message) for node in nodes]
     tokens = [len(node.token_ids) for node in nodes]
     masked = [node.mask.count(True) for node in nodes]
     parents = [node.parent for node in nodes]
@@ -156,12 +151,9 @@ def is_truncated(trace: Trace) -> bool:
     return False
 
 
-def build_sample(trace: Trace, rollout_number: int, *, nulls: bool = True) -> dict[str, Any]:
-    """The platform sample of a checked trace (TRACE_FORMAT.md section 5).
-
-    `nulls` False says the trace's line holds no `null` at all (`may_hold_null`): then no raw
-    object has a null to drop and none is searched for one, a search per message otherwise."""
-    branches = trajectory(trace.nodes, nulls=nulls)
+def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
+    """The platform sample of a checked trace (TRACE_FORMAT.md section 5)."""
+    branches = trajectory(trace.nodes)
     task = trace.task
     if None in task.values():
         task = {k: v for k, v in task.items() if v is not None}
@@ -176,13 +168,11 @@ def build_sample(trace: Trace, rollout_number: int, *, nulls: bool = True) -> di
         "completion": branches[-1]["messages"] if branches else [],
         "answer": task.get("answer"),
         "reward": sum(rewards.values()),
-        "timing": _all_without_nulls(trace.timing) if nulls else trace.timing,
+        "timing": _all_without_nulls(trace.timing),
         "is_completed": trace.is_completed,
         "is_truncated": is_truncated(trace),
         "metrics": trace.metrics,
-        "error": (_top_level_without_nulls(errors[-1]) if nulls else errors[-1])
-        if errors
-        else None,
+        "error": _top_level_without_nulls(errors[-1]) if errors else None,
         "stop_condition": trace.stop_condition,
         "trajectory": branches,
         "token_usage": usage_total([n.usage for n in trace.nodes if n.usage is not None]),

@@ -215,13 +215,6 @@ def _decode_lenient(decoder: msgspec.json.Decoder, data: bytes, number: int) -> 
         raise BadRecord(f"invalid JSON: {exc}", line=number) from None
 
 
-def may_hold_null(line: bytes) -> bool:
-    """Whether a raw value decoded from `line` can hold a null: only if the line has the bytes
-    `null` (inside a string too: then the search per object decides), or a NaN/Infinity literal,
-    which the lenient decode turns into null."""
-    return b"null" in line or b"NaN" in line or b"Infinity" in line
-
-
 def _deeper_than(value: Any, limit: int) -> bool:
     """Whether `value` nests containers more than `limit` deep (iterative: no recursion)."""
     stack = [(value, 1)]
