@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import random
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -118,6 +119,33 @@ class TestLines:
             Line(b"k", 11, 13, 2),
             Line(b"lmnopq", 13, 20, 3),
         ]
+
+
+class TestAnyFile:
+    @pytest.mark.parametrize("seed", range(20))
+    def test_every_chunk_size_finds_the_lines_a_plain_split_finds(
+        self, tmp_path, monkeypatch, seed
+    ):
+        # Random lines (empty ones, ones longer than a chunk or than max_line_bytes, a last one
+        # left unterminated) read in random small chunks: the lines, their byte ranges, numbers
+        # and the over-long ones match what splitting the whole file at once says.
+        rng = random.Random(seed)
+        max_line_bytes = rng.randint(1, 12)
+        data = b"".join(
+            bytes(rng.choice(b"ab{}") for _ in range(rng.choice([0, 1, 3, 8, 13, 30]))) + b"\n"
+            for _ in range(rng.randint(0, 40))
+        ) + bytes(rng.choice(b"ab") for _ in range(rng.randint(0, 5)))
+        path = write(tmp_path / "t.jsonl", data)
+        expected, start = [], 0
+        for number, piece in enumerate(data.split(b"\n")[:-1], start=1):
+            end = start + len(piece) + 1
+            expected.append(
+                Line(piece if len(piece) <= max_line_bytes else None, start, end, number)
+            )
+            start = end
+        monkeypatch.setattr(read, "CHUNK_BYTES", rng.randint(1, 16))
+
+        assert read_all(path, max_line_bytes=max_line_bytes) == expected
 
 
 class TestLongLines:
