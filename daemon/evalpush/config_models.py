@@ -8,7 +8,7 @@ Imported only when there is something to validate: pydantic is half of `evalpush
 
 from __future__ import annotations
 
-import functools
+import threading
 import typing
 from dataclasses import MISSING, fields
 from typing import Annotated, Any, TypeVar
@@ -24,10 +24,21 @@ VALIDATORS = {"before": BeforeValidator, "after": AfterValidator}
 
 S = TypeVar("S", bound=_Settings)
 
+_models: dict[type[_Settings], type[BaseModel]] = {}
+# One model per dataclass even when two threads validate first at once: pydantic takes a
+# section's model instance only where the field's model is that very class.
+_building = threading.RLock()
 
-@functools.cache
+
 def model_of(settings: type[_Settings]) -> type[BaseModel]:
     """The pydantic model of one dataclass of settings (a section, or `Config`)."""
+    with _building:
+        if settings not in _models:
+            _models[settings] = _generated(settings)
+        return _models[settings]
+
+
+def _generated(settings: type[_Settings]) -> type[BaseModel]:
     hints = typing.get_type_hints(settings)
     definitions: dict[str, Any] = {}
     for f in fields(settings):  # type: ignore[arg-type]
@@ -83,9 +94,11 @@ def validate(settings: type[S], values: dict[str, Any]) -> S:
 
 
 def validate_data(settings: type[S], data: Any) -> S:
-    """`settings.model_validate(data)`: `data` a mapping of keys to values."""
+    """`settings.model_validate(data)`: `data` a mapping of keys to values (or settings)."""
     if isinstance(data, dict):
         data = _as_models(data)
+    elif isinstance(data, _Settings):
+        data = as_model(data)
     return as_settings(settings, model_of(settings).model_validate(data))
 
 
