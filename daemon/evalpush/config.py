@@ -4,7 +4,7 @@ Each section is a frozen, slotted dataclass whose fields carry their defaults an
 (`_setting`); `evalpush.config_models` generates the pydantic models that validate them, and is
 imported only when there is something to validate (keyword arguments, flags, a file, a setting
 variable): `evalpush push` with none of these, or with only `EVALPUSH_STATE_DIR`, imports no
-pydantic (it was half of its start-up).
+pydantic (it was a third of the instructions to its first request).
 
 Precedence, highest first: command-line flag > environment variable > config file > default
 (`evalpush.config_sources`, which holds pydantic-settings' part and is imported only when there
@@ -116,7 +116,7 @@ class _Settings:
 
     def __init__(self, **values: Any) -> None:
         if values:
-            # pydantic only when there is something to validate: it is half of `push`'s imports.
+            # pydantic only when there is something to validate: a third of `push`'s start-up.
             from evalpush.config_models import validate
 
             self._fill(validate(type(self), values))
@@ -493,8 +493,8 @@ def load_config(
         path, what = Path(environ[CONFIG_VARIABLE]), f"config file (named by {CONFIG_VARIABLE})"
     variables = _sort_variables(environ)
     if path is None and not flags and variables.values.keys() <= {_STATE_DIR_KEY}:
-        # Nothing for pydantic to validate (it and pydantic-settings are two thirds of
-        # `evalpush push`'s imports): the defaults, and the state dir taken as it is.
+        # Nothing for pydantic to validate (it and pydantic-settings were over a third of what
+        # `evalpush push` ran before its first request): the defaults, and the state dir as is.
         if variables.problems:
             raise _invalid(variables.problems)
         return _with_state_dir(variables.values.get(_STATE_DIR_KEY))
