@@ -203,7 +203,7 @@ def _dumped(value: Any, mode: str) -> Any:
 
 
 _SECTION = dataclass(slots=True, init=False, repr=False, eq=False)
-"""Every section: no per-instance dict; `_Settings` validates, compares and keeps it frozen."""
+"""Every section, and `Config`: no per-instance dict; `_Settings` validates, compares, freezes."""
 
 
 @_SECTION
