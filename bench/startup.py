@@ -3,12 +3,13 @@
 SPEC (issue 10): `evalpush push` sends its first request within 150 ms of start on a warm cache.
 
 Each repeat starts `python -m evalpush push RUN_DIR` (a 4-trace run, fresh HOME, fresh state dir)
-with its platform URL pointing at a loopback listener in this process, configured two ways:
+with its platform URL pointing at a loopback listener in this process, configured three ways:
 - "no config": no config file and no `EVALPUSH_*` setting (the state dir is the default under
-  HOME), the usual `push` from a shell: pydantic validates the defaults and flags alone;
-- "EVALPUSH_STATE_DIR": one setting in the environment, so pydantic-settings is loaded too (as
-  it is for any setting variable or config file). The clock starts just
-before the child is spawned and stops when the listener has read the head of the child's first
+  HOME), the usual `push` from a shell: nothing to validate, so no pydantic is imported;
+- "EVALPUSH_STATE_DIR": the state dir from the environment, taken as it is (no pydantic either);
+- "a setting variable": `EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES` at its default, so pydantic and
+  pydantic-settings are loaded (as for any other setting variable or a config file).
+The clock starts just before the child is spawned and stops when the listener has read the head of the child's first
 request (the one-shot gate's probe, `GET .../evaluations/?limit=1`); the child is then killed (nothing more is needed
 of it). "Warm cache": the daemon's modules are byte-compiled first (`compileall`; this machine
 sets PYTHONDONTWRITEBYTECODE, which would otherwise recompile every module on every start) and
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from enum import StrEnum
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -85,30 +87,45 @@ class FirstRequest:
         self._server.close()
 
 
+class Case(StrEnum):
+    """How the push is configured (see the module docstring)."""
+
+    NO_CONFIG = "no config"
+    STATE_DIR = "EVALPUSH_STATE_DIR"
+    SETTING = "a setting variable"
+
+
+SETTING_VARIABLE = ("EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES", "1000")  # the default: nothing changes
+
+
 def child_env(
-    base_url: str, work: Path, *, setting: bool = True, daemon: str | None = None
+    base_url: str, work: Path, *, case: Case = Case.STATE_DIR, daemon: str | None = None
 ) -> dict[str, str]:
-    """The push's environment; `setting`: the state dir comes from EVALPUSH_STATE_DIR;
-    `daemon`: a checkout of the daemon to run instead of the working tree."""
+    """The push's environment, configured as `case` says (the state dir is under `work`
+    except with no config); `daemon`: a checkout of the daemon to run instead of the working
+    tree."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("EVALPUSH_", "PRIME_"))}
     if daemon:
         env["PYTHONPATH"] = daemon
     for name in ("XDG_STATE_HOME", "STATE_DIRECTORY"):
         env.pop(name, None)
     env.update(PRIME_API_KEY=PLATFORM_KEY, PRIME_API_BASE_URL=base_url, HOME=str(work / "home"))
-    if setting:
+    if case != Case.NO_CONFIG:
         env["EVALPUSH_STATE_DIR"] = str(work / "state")
+    if case == Case.SETTING:
+        name, value = SETTING_VARIABLE
+        env[name] = value
     return env
 
 
 def first_request_seconds(
-    run_dir: Path, *, setting: bool, daemon: str | None = None, python_flags: tuple[str, ...] = ()
+    run_dir: Path, *, case: Case, daemon: str | None = None, python_flags: tuple[str, ...] = ()
 ) -> float:
     """Spawn a push, wait for its first request, kill it; seconds from spawn to request."""
     listener = FirstRequest()
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
         base_url = f"http://127.0.0.1:{listener.port}"
-        env = child_env(base_url, Path(tmp), setting=setting, daemon=daemon)
+        env = child_env(base_url, Path(tmp), case=case, daemon=daemon)
         stderr = open(Path(tmp) / "stderr", "w+b")  # noqa: SIM115 - closed below
         started = time.perf_counter()
         child = subprocess.Popen(
@@ -201,18 +218,18 @@ def measure_all(args: argparse.Namespace, daemon: str | None) -> None:
     run_dir = generate(BENCH / ".cache" / "startup", RUN_BYTES, reuse=True)
     trees = {"ours": None, f"at {args.at}": daemon} if daemon else {"ours": None}
     for tree in trees.values():  # warm-up: page cache, bytecode
-        for setting in (False, True):
-            first_request_seconds(run_dir, setting=setting, daemon=tree)
+        for case in Case:
+            first_request_seconds(run_dir, case=case, daemon=tree)
     if args.importtime:
-        first_request_seconds(run_dir, setting=False, python_flags=("-X", "importtime"))
+        first_request_seconds(run_dir, case=Case.NO_CONFIG, python_flags=("-X", "importtime"))
 
     rows: dict[str, list[float]] = {"python -c pass": []}
     for _ in range(args.repeat):  # interleaved, so a load swing hits every figure alike
         rows["python -c pass"].append(bare_python_seconds())
         for name, tree in trees.items():
-            for setting in (False, True):
-                label = f"{name}: first request, {'EVALPUSH_STATE_DIR' if setting else 'no config'}"
-                seconds = first_request_seconds(run_dir, setting=setting, daemon=tree)
+            for case in Case:
+                label = f"{name}: first request, {case}"
+                seconds = first_request_seconds(run_dir, case=case, daemon=tree)
                 rows.setdefault(label, []).append(seconds)
     rows["ours: whole push to exit (4 samples)"] = [
         whole_push_seconds(run_dir) for _ in range(max(3, args.repeat // 3))

@@ -53,6 +53,9 @@ def _import_everything() -> None:
             importlib.import_module(module.name)
     for name in LAZY_LIBRARIES:
         importlib.import_module(name)
+    from evalpush.config import Config
+
+    Config.model_validate({})  # the pydantic models are generated (pydantic's imports) at first use
 
 
 LAZY_LIBRARIES = (

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import copy
 import os
+import pickle
 import subprocess
 import sys
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from evalpush.config import NOT_SETTINGS, Config, load_config
+from evalpush.config import (
+    NOT_SETTINGS,
+    Config,
+    LogConfig,
+    MetricsConfig,
+    UploadConfig,
+    WatchConfig,
+    load_config,
+)
 from evalpush.errors import ConfigError
 from evalpush.upload import CRASH_ENV
 
@@ -442,3 +454,55 @@ class TestThroughTheCommand:
         assert done.returncode == 2
         assert "did you mean EVALPUSH_UPLOAD__MAX_CONCURRENT_RUNS?" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+class TestSettingsValues:
+    """The sections are dataclasses validated by generated pydantic models: keyword arguments
+    are validated as before, and a value is immutable and compares by its keys."""
+
+    @pytest.mark.parametrize(
+        "build",
+        [
+            lambda: Config(upload={"max_concurrent_runs": 0}),
+            lambda: Config(nope=1),
+            lambda: UploadConfig(max_concurrent_runs=65),
+            lambda: MetricsConfig(listen="no-port"),
+            lambda: WatchConfig(roots="not a list"),
+        ],
+    )
+    def test_keyword_arguments_are_validated(self, build):
+        with pytest.raises(ValidationError):
+            build()
+
+    def test_keyword_arguments_are_converted_as_pydantic_converts_them(self):
+        config = Config(watch={"roots": ["/data"], "rescan_seconds": "5"}, log={"level": "DEBUG"})
+
+        assert config.watch.roots == [Path("/data")]
+        assert config.watch.rescan_seconds == 5.0
+        assert config.log.level == "debug"
+        assert config == Config.model_validate(
+            {"watch": {"roots": ["/data"], "rescan_seconds": 5}, "log": {"level": "debug"}}
+        )
+
+    def test_a_value_cannot_be_changed(self):
+        config = Config()
+
+        with pytest.raises(FrozenInstanceError):
+            config.log = LogConfig(level="debug")  # type: ignore[misc]
+        with pytest.raises(FrozenInstanceError):
+            config.log.level = "debug"  # type: ignore[misc]
+        assert config == Config()
+
+    def test_the_keys_given_are_remembered_through_a_copy_and_a_pickle(self):
+        config = Config(log={"level": "info"})
+
+        assert config == Config() and config.log.model_fields_set == {"level"}
+        for copied in (copy.deepcopy(config), pickle.loads(pickle.dumps(config))):
+            assert copied == config and copied.log.model_fields_set == {"level"}
+        assert Config().log.model_fields_set == set()
+
+    def test_a_section_given_as_a_value_keeps_its_keys(self):
+        config = Config(log=LogConfig(level="error"), watch=WatchConfig())
+
+        assert config.log.level == "error" and config.log.model_fields_set == {"level"}
+        assert config.watch == WatchConfig()

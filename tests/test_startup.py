@@ -30,6 +30,12 @@ NEVER_FOR_PUSH = {
     "pygments": "httpx's command-line client",
     "rich": "the progress bar, on a terminal only",
 }
+ONLY_FOR_VALIDATION = {
+    "pydantic": "validates keyword arguments, flags, setting variables and config files",
+    "pydantic_core": "imported by pydantic",
+    "annotated_types": "imported by pydantic",
+    "typing_inspection": "imported by pydantic",
+}
 ONLY_FOR_SETTINGS = {
     "pydantic_settings": "reads EVALPUSH_* variables and config files",
     "asyncio": "imported by pydantic-settings",
@@ -71,21 +77,63 @@ def test_a_push_with_no_setting_to_read_imports_none_of_the_heavy_modules_it_doe
 ) -> None:
     imported = imported_by_push(platform, tmp_path)
 
-    assert {"evalpush", "httpx", "msgspec", "pydantic", "sqlite3"} <= imported
-    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_SETTINGS}
+    assert {"evalpush", "httpx", "msgspec", "sqlite3"} <= imported
+    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_VALIDATION, **ONLY_FOR_SETTINGS}
     assert {name: why for name, why in unwanted.items() if name in imported} == {}
 
 
-def test_a_push_with_a_setting_in_the_environment_loads_it_through_pydantic_settings(
+def test_a_push_given_only_its_state_dir_in_the_environment_uses_it_and_imports_no_pydantic(
     platform: LocalPlatform, tmp_path: Path
 ) -> None:
     state = tmp_path / "custom-state"
 
     imported = imported_by_push(platform, tmp_path, EVALPUSH_STATE_DIR=str(state))
 
-    assert "pydantic_settings" in imported
-    assert {name: why for name, why in NEVER_FOR_PUSH.items() if name in imported} == {}
+    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_VALIDATION, **ONLY_FOR_SETTINGS}
+    assert {name: why for name, why in unwanted.items() if name in imported} == {}
     assert (state / "state.db").is_file()
+
+
+def test_a_push_with_a_setting_in_the_environment_loads_it_through_pydantic_settings(
+    platform: LocalPlatform, tmp_path: Path
+) -> None:
+    imported = imported_by_push(platform, tmp_path, EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="7")
+
+    assert {"pydantic", "pydantic_settings"} <= imported
+    assert {name: why for name, why in NEVER_FOR_PUSH.items() if name in imported} == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("EVALPUSH_STATE_DIR", "/var/lib/evalpush"),
+        ("EVALPUSH_STATE_DIR", "relative/state"),
+        ("EVALPUSH_STATE_DIR", "~/state"),
+        ("EVALPUSH_STATE_DIR", '"/quoted"'),
+        ("EVALPUSH_STATE_DIR", "'/single'"),
+        ("EVALPUSH_STATE_DIR", '""'),
+        ("EVALPUSH_STATE_DIR", '"unterminated'),
+        ("EVALPUSH_STATE_DIR", '"\\u00e9t\\u00e9"'),
+        ("EVALPUSH_STATE_DIR", "  spaced  "),
+        ("EVALPUSH_STATE_DIR", "\udcff-not-utf-8"),
+        ("EVALPUSH_STATE_DIR", '["a"]'),
+        ("EVALPUSH_STATE_DIR", ""),
+        ("EVALPUSH_STATE__DIR", "/long/name"),
+        ("EVALPUSH_STATE__DIR", ""),
+        ("evalpush_state_dir", "/lower/case"),
+    ],
+)
+def test_the_state_dir_variable_alone_gives_the_config_pydantic_settings_builds_from_it(
+    name: str, value: str
+) -> None:
+    # EVALPUSH_LOG__FORMAT at its default makes load_config take pydantic-settings' path
+    # without changing a value.
+    plain = load_config(environ={name: value})
+    sourced = load_config(environ={name: value, "EVALPUSH_LOG__FORMAT": "auto"})
+
+    assert type(plain) is type(sourced) is Config
+    assert plain == sourced
+    assert plain.state.model_fields_set == sourced.state.model_fields_set
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,10 @@
-"""Configuration: one pydantic model of every setting, loaded by pydantic-settings.
+"""Configuration: every setting defined once, as frozen dataclasses; validated by pydantic.
+
+Each section is a frozen, slotted dataclass whose fields carry their defaults and rules
+(`_setting`); `evalpush.config_models` generates the pydantic models that validate them, and is
+imported only when there is something to validate (keyword arguments, flags, a file, a setting
+variable): `evalpush push` with none of these, or with only `EVALPUSH_STATE_DIR`, imports no
+pydantic (it was a third of the instructions to its first request).
 
 Precedence, highest first: command-line flag > environment variable > config file > default
 (`evalpush.config_sources`, which holds pydantic-settings' part and is imported only when there
@@ -28,14 +34,14 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
-from pydantic_core import ErrorDetails
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from evalpush.errors import BadInput, ConfigError
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 MIB = 1024 * 1024
 MAX_PORT = 65535
@@ -43,6 +49,7 @@ ENV_PREFIX = "EVALPUSH_"
 ENV_NESTED_DELIMITER = "__"
 CONFIG_VARIABLE = "EVALPUSH_CONFIG"
 STATE_DIR_VARIABLE = "EVALPUSH_STATE_DIR"
+_STATE_DIR_KEY = f"{ENV_PREFIX}STATE{ENV_NESTED_DELIMITER}DIR"
 NOT_SETTINGS = frozenset({"EVALPUSH_CRASH_AT", "EVALPUSH_TEST_SEED", "EVALPUSH_BENCH_PEAK_FILE"})
 """`EVALPUSH_*` variables that are not settings: the crash point tests kill at
 (`upload.CRASH_ENV`), and the test suite's and the benchmarks' own knobs."""
@@ -55,8 +62,6 @@ COMMAND_LINE = "command line"
 def _lowercase(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
-
-LogLevel = Annotated[Literal["debug", "info", "warning", "error"], BeforeValidator(_lowercase)]
 
 _LISTEN = re.compile(r"(?:\[(?P<ipv6>[^\]]*)\]|(?P<host>[A-Za-z0-9.-]+)):(?P<port>[0-9]{1,5})")
 LISTEN_FORMAT = "HOST:PORT, e.g. 127.0.0.1:9464, or [::1]:9464 for an IPv6 address"
@@ -85,69 +90,201 @@ def parse_listen(text: str) -> tuple[str, int]:
     return match["ipv6"], port
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+def _host_and_port(value: str) -> str:
+    if value:
+        parse_listen(value)
+    return value
 
 
-class WatchConfig(_Section):
-    roots: list[Path] = Field(default_factory=lambda: [Path("./outputs")])
-    rescan_seconds: float = Field(60.0, gt=0)
-    observer: Literal["auto", "inotify", "polling"] = "auto"
+def _setting(default: Any = MISSING, *, factory: Any = MISSING, **rules: Any) -> Any:
+    """A setting's default and its rules, which `evalpush.config_models` gives pydantic:
+    `gt`, `ge`, `le` (bounds), `before` (a function applied to the input before validation),
+    `after` (a check of the validated value that raises ValueError)."""
+    return field(default=default, default_factory=factory, metadata=rules)
+
+
+class _Settings:
+    """A frozen, slotted dataclass of settings (each subclass), validated by pydantic.
+
+    `Section(key=value, ...)` validates what it is given on the defaults, through a pydantic
+    model generated from the dataclass (`evalpush.config_models`): pydantic is imported only
+    then. `Section()` is the defaults and imports nothing. The `model_*` names are pydantic's,
+    with the same meaning, so code written against the pydantic models reads the same.
+    """
+
+    __slots__ = ("_given",)  # the keys set explicitly (pydantic's model_fields_set)
+
+    def __init__(self, **values: Any) -> None:
+        if values:
+            # pydantic only when there is something to validate: a third of `push`'s start-up.
+            from evalpush.config_models import validate
+
+            self._fill(validate(type(self), values))
+        else:
+            self._fill(type(self)._trusted({}))
+
+    @classmethod
+    def _trusted(cls, values: Mapping[str, Any]) -> Self:
+        """The defaults with `values` (valid already: not validated again) set over them."""
+        settings = object.__new__(cls)
+        for f in fields(cls):  # type: ignore[arg-type]
+            if f.name in values:
+                value = values[f.name]
+            else:
+                value = f.default if f.default_factory is MISSING else f.default_factory()
+            object.__setattr__(settings, f.name, value)
+        object.__setattr__(settings, "_given", frozenset(values))
+        return settings
+
+    def _fill(self, other: _Settings) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            object.__setattr__(self, f.name, getattr(other, f.name))
+        object.__setattr__(self, "_given", other._given)
+
+    @classmethod
+    def model_validate(cls, data: Any) -> Self:
+        """`data` (a mapping of keys to values) validated on the defaults; pydantic's error."""
+        from evalpush.config_models import validate_data
+
+        return validate_data(cls, data)
+
+    @property
+    def model_fields_set(self) -> frozenset[str]:
+        """The keys that were given, rather than left at their defaults."""
+        return self._given
+
+    def model_dump(self, mode: Literal["python", "json"] = "python") -> dict[str, Any]:
+        """Every key and its value, nested sections as dicts; `json`: paths as strings."""
+        return {f.name: _dumped(getattr(self, f.name), mode) for f in fields(self)}  # type: ignore[arg-type]
+
+    # Equality, hashing, repr and immutability are written once here rather than generated
+    # by `dataclass` for each section: its generated methods were 5 ms of `evalpush push`.
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__dataclass_fields__)  # type: ignore[attr-defined]
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__dataclass_fields__)  # type: ignore[attr-defined]
+        return f"{type(self).__name__}({values})"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A copy or a pickle keeps which keys were given (the dataclass's own state omits it).
+        values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        return _restored, (type(self), values, self._given)
+
+
+def _restored(cls: type[_Settings], values: dict[str, Any], given: frozenset[str]) -> _Settings:
+    settings = cls._trusted(values)
+    object.__setattr__(settings, "_given", given)
+    return settings
+
+
+def _dumped(value: Any, mode: str) -> Any:
+    if isinstance(value, _Settings):
+        return value.model_dump(mode)  # type: ignore[arg-type]
+    if isinstance(value, list):
+        return [_dumped(item, mode) for item in value]
+    if mode == "json" and isinstance(value, Path):
+        return str(value)
+    return value
+
+
+_SECTION = dataclass(slots=True, init=False, repr=False, eq=False)
+"""Every section, and `Config`: no per-instance dict; `_Settings` validates, compares, freezes."""
+
+
+@_SECTION
+class WatchConfig(_Settings):
+    """Where runs are found: the roots watched, and how often they are walked again."""
+
+    roots: list[Path] = _setting(factory=lambda: [Path("./outputs")])
+    rescan_seconds: float = _setting(60.0, gt=0)
+    observer: Literal["auto", "inotify", "polling"] = _setting("auto")
     # A poll walks the roots as a rescan does (about 0.15 s of CPU per 10,000 runs): every
     # 30 s, with the rescan every 60 s, an idle polled daemon stays under 1% of a core.
-    poll_seconds: float = Field(30.0, gt=0)
+    poll_seconds: float = _setting(30.0, gt=0)
 
 
-class RunsConfig(_Section):
-    settle_seconds: float = Field(300.0, ge=0)
-    marker: str = ""
-    upload_replays: bool = False
+@_SECTION
+class RunsConfig(_Settings):
+    """When a run counts as finished, and whether replayed runs are uploaded."""
+
+    settle_seconds: float = _setting(300.0, ge=0)
+    marker: str = _setting("")
+    upload_replays: bool = _setting(False)
 
 
-class ReadConfig(_Section):
-    max_line_bytes: int = Field(64 * MIB, gt=0)
+@_SECTION
+class ReadConfig(_Settings):
+    """How a trace file is read."""
+
+    max_line_bytes: int = _setting(64 * MIB, gt=0)
 
 
-class ConvertConfig(_Section):
-    on_bad_line: Literal["skip", "hold"] = "skip"
+@_SECTION
+class ConvertConfig(_Settings):
+    """What a line that cannot be converted does to its run."""
+
+    on_bad_line: Literal["skip", "hold"] = _setting("skip")
 
 
-class UploadConfig(_Section):
-    max_concurrent_runs: int = Field(4, ge=1, le=64)
-    max_batch_bytes: int = Field(25 * MIB, ge=1024, le=25 * MIB)
-    max_batch_samples: int = Field(1000, ge=1)
+@_SECTION
+class UploadConfig(_Settings):
+    """How many runs upload at once, and how big a batch of samples may be."""
+
+    max_concurrent_runs: int = _setting(4, ge=1, le=64)
+    max_batch_bytes: int = _setting(25 * MIB, ge=1024, le=25 * MIB)
+    max_batch_samples: int = _setting(1000, ge=1)
 
 
-class PlatformConfig(_Section):
-    api_base_url: str | None = None
-    frontend_url: str | None = None
-    api_key_file: Path | None = None
-    team_id: str | None = None
-    allow_insecure_http: bool = False
-    connect_timeout_seconds: float = Field(10.0, gt=0)
-    read_timeout_seconds: float = Field(120.0, gt=0)
-    request_deadline_seconds: float = Field(600.0, gt=0)
+@_SECTION
+class PlatformConfig(_Settings):
+    """The platform: where it is, the key's file, the team, and request timeouts."""
+
+    api_base_url: str | None = _setting(None)
+    frontend_url: str | None = _setting(None)
+    api_key_file: Path | None = _setting(None)
+    team_id: str | None = _setting(None)
+    allow_insecure_http: bool = _setting(False)
+    connect_timeout_seconds: float = _setting(10.0, gt=0)
+    read_timeout_seconds: float = _setting(120.0, gt=0)
+    request_deadline_seconds: float = _setting(600.0, gt=0)
 
 
-class StateConfig(_Section):
-    dir: Path | None = None
+@_SECTION
+class StateConfig(_Settings):
+    """Where the ledger lives (None: `Config.state_dir`'s default)."""
+
+    dir: Path | None = _setting(None)
 
 
-class LogConfig(_Section):
-    level: LogLevel = "info"
-    format: Literal["auto", "json", "console"] = "auto"
+@_SECTION
+class LogConfig(_Settings):
+    """What the daemon logs, and how."""
+
+    level: Literal["debug", "info", "warning", "error"] = _setting("info", before=_lowercase)
+    format: Literal["auto", "json", "console"] = _setting("auto")
 
 
-class MetricsConfig(_Section):
-    listen: str = ""  # off; see parse_listen
-    unhealthy_after_seconds: float = Field(600.0, gt=0)
+@_SECTION
+class MetricsConfig(_Settings):
+    """The /metrics and /healthz endpoint."""
 
-    @field_validator("listen")
-    @classmethod
-    def _host_and_port(cls, value: str) -> str:
-        if value:
-            parse_listen(value)
-        return value
+    listen: str = _setting("", after=_host_and_port)  # "": off; see parse_listen
+    unhealthy_after_seconds: float = _setting(600.0, gt=0)
 
     @property
     def address(self) -> tuple[str, int] | None:
@@ -155,21 +292,20 @@ class MetricsConfig(_Section):
         return parse_listen(self.listen) if self.listen else None
 
 
-class Config(BaseModel):
+@_SECTION
+class Config(_Settings):
     """Every setting. `Config(...)` validates what it is given on the defaults and reads
     nothing; `load_config` adds the file and the environment (through pydantic-settings)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    watch: WatchConfig = WatchConfig()
-    runs: RunsConfig = RunsConfig()
-    read: ReadConfig = ReadConfig()
-    convert: ConvertConfig = ConvertConfig()
-    upload: UploadConfig = UploadConfig()
-    platform: PlatformConfig = PlatformConfig()
-    state: StateConfig = StateConfig()
-    log: LogConfig = LogConfig()
-    metrics: MetricsConfig = MetricsConfig()
+    watch: WatchConfig = _setting(factory=WatchConfig)
+    runs: RunsConfig = _setting(factory=RunsConfig)
+    read: ReadConfig = _setting(factory=ReadConfig)
+    convert: ConvertConfig = _setting(factory=ConvertConfig)
+    upload: UploadConfig = _setting(factory=UploadConfig)
+    platform: PlatformConfig = _setting(factory=PlatformConfig)
+    state: StateConfig = _setting(factory=StateConfig)
+    log: LogConfig = _setting(factory=LogConfig)
+    metrics: MetricsConfig = _setting(factory=MetricsConfig)
 
     @property
     def state_dir(self) -> Path:
@@ -184,12 +320,22 @@ class Config(BaseModel):
         return base / "evalpush"
 
 
+def sections() -> dict[str, type[_Settings]]:
+    """Each section's name and its dataclass."""
+    return {f.name: f.default_factory for f in fields(Config)}  # type: ignore[misc]
+
+
+def section_keys(section: type[_Settings]) -> list[str]:
+    """The keys of one section."""
+    return [f.name for f in fields(section)]  # type: ignore[arg-type]
+
+
 def _keys() -> dict[str, tuple[str, str]]:
     """Every setting's variable name: `EVALPUSH_<SECTION>__<KEY>` -> (section, key)."""
     return {
         f"{ENV_PREFIX}{section}{ENV_NESTED_DELIMITER}{key}".upper(): (section, key)
-        for section, field in Config.model_fields.items()
-        for key in field.annotation.model_fields
+        for section, settings in sections().items()
+        for key in section_keys(settings)
     }
 
 
@@ -241,7 +387,7 @@ def _sort_variables(environ: Mapping[str, str]) -> _Variables:
         else:
             found.problems.append(_unknown_variable(name, list(keys)))
     if state_dir is not None:
-        name, found.values[f"{ENV_PREFIX}STATE{ENV_NESTED_DELIMITER}DIR"] = state_dir
+        name, found.values[_STATE_DIR_KEY] = state_dir
         found.names[("state", "dir")] = name
     return found
 
@@ -312,7 +458,7 @@ class _Origins:
 
 
 def _unknown_key(key: str) -> str:
-    real = [*Config.model_fields, *(f"{s}.{k}" for s, k in _keys().values())]
+    real = [*sections(), *(f"{s}.{k}" for s, k in _keys().values())]
     closest = _closest(key, real)
     return f"unknown key {key!r}" + (f" (did you mean {closest!r}?)" if closest else "")
 
@@ -346,14 +492,22 @@ def load_config(
     if path is None and environ.get(CONFIG_VARIABLE):
         path, what = Path(environ[CONFIG_VARIABLE]), f"config file (named by {CONFIG_VARIABLE})"
     variables = _sort_variables(environ)
+    if path is None and not flags and variables.values.keys() <= {_STATE_DIR_KEY}:
+        # Nothing for pydantic to validate (it and pydantic-settings were over a third of what
+        # `evalpush push` ran before its first request): the defaults, and the state dir as is.
+        if variables.problems:
+            raise _invalid(variables.problems)
+        return _with_state_dir(variables.values.get(_STATE_DIR_KEY))
+    from pydantic import ValidationError  # there is something to validate
+
     try:
         if variables.values or path is not None:
             from evalpush.config_sources import load_sources
 
             config = load_sources(flags, variables.values, path, what)
         else:
-            # Nothing for pydantic-settings to read, so it is not imported: it is a sixth of
-            # `evalpush push`'s start-up. Validating the flags on the defaults is what it would do.
+            # Nothing for pydantic-settings to read, so it is not imported: validating the
+            # flags on the defaults is what it would do.
             config = Config(**flags)
     except ConfigError as exc:  # the file cannot be read
         raise _invalid([*variables.problems, str(exc)]) from None
@@ -365,6 +519,14 @@ def load_config(
     if variables.problems:
         raise _invalid(variables.problems)
     return config
+
+
+def _with_state_dir(raw: str | None) -> Config:
+    """The defaults, with `EVALPUSH_STATE_DIR`'s value as the state dir: what pydantic-settings
+    makes of it (any string is a path; a quoted one loses its quotes), without loading it."""
+    if raw is None:
+        return Config()
+    return Config._trusted({"state": StateConfig._trusted({"dir": Path(_unquoted(raw))})})
 
 
 def _invalid(problems: Sequence[str]) -> ConfigError:

@@ -29,6 +29,7 @@ from evalpush.config import (
     _unquoted,
     read_toml,
 )
+from evalpush.config_models import as_settings, model_of
 from evalpush.errors import ConfigError
 
 # The sources of the `load_sources` call under way; outside one, `Sourced()` reads nothing.
@@ -37,8 +38,8 @@ _LOADING: ContextVar[tuple[PydanticBaseSettingsSource, ...]] = ContextVar(
 )
 
 
-class Sourced(BaseSettings, Config):
-    """`Config` as pydantic-settings loads it: keyword arguments (the flags) > environment >
+class Sourced(BaseSettings, model_of(Config)):  # type: ignore[misc]
+    """`Config`'s model as pydantic-settings loads it: keyword arguments (the flags) > environment >
     file > defaults."""
 
     model_config = SettingsConfigDict(
@@ -115,5 +116,4 @@ def load_sources(
         loaded = Sourced(**flags)
     finally:
         _LOADING.reset(token)
-    # A plain Config, equal to one built from the same values (pydantic compares types).
-    return Config.model_construct(**{name: getattr(loaded, name) for name in Config.model_fields})
+    return as_settings(Config, loaded)
