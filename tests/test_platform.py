@@ -314,6 +314,17 @@ class TestEndpoints:
         listed = list(platform_client.iter_evaluations("gsm8k", page_size=2))
         assert [e["metadata"]["run_id"] for e in listed] == runs
 
+    def test_an_environment_name_of_any_characters_reaches_the_platform_as_it_is(
+        self, platform_client: PlatformClient
+    ) -> None:
+        """The listing's query goes over the real transport without a URL parsed per request:
+        spaces, `&`, `=`, `/`, `?`, `#`, `%`, `+` and non-ASCII arrive as they were."""
+        name = "a b&c=d/e?f#g%20h+i é 数"
+        new_evaluation(platform_client, "run-odd", env=name)
+        new_evaluation(platform_client, "run-plain", env="a b")
+        listed = list(platform_client.iter_evaluations(name))
+        assert [e["metadata"]["run_id"] for e in listed] == ["run-odd"]
+
     def test_close_out_marks_the_evaluation_and_refuses_a_second_time(
         self, platform_client: PlatformClient
     ) -> None:

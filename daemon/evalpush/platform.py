@@ -38,6 +38,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -47,7 +48,7 @@ import msgspec
 from evalpush import __version__, errors
 from evalpush.config import PlatformConfig
 from evalpush.log import get_logger, register_secret, scrub
-from evalpush.transport import StoppableTransport, request_deadline
+from evalpush.transport import Origin, StoppableTransport, request_deadline
 
 if TYPE_CHECKING:  # metrics imports prometheus_client, which a push never needs
     from evalpush.metrics import RequestObserver
@@ -566,11 +567,13 @@ def _json_body_headers(body: bytes) -> list[tuple[bytes, bytes]]:
 
 @dataclass(frozen=True, slots=True)
 class _Target:
-    """The URL prefix and the fixed headers of every request made with one credentials snapshot
-    (the base URL parsed once, not once per request)."""
+    """Where the requests made with one credentials snapshot go, and the fixed headers they
+    carry: the base URL parsed once, not once per request."""
 
     credentials: Credentials
-    prefix: str
+    prefix: str  # the base URL and the API prefix: a request's URL is this and its path
+    origin: Origin
+    path_prefix: bytes  # the base URL's path and the API prefix: a request's target starts so
     headers: list[tuple[bytes, bytes]]
 
     @classmethod
@@ -579,6 +582,8 @@ class _Target:
         return cls(
             credentials,
             f"{credentials.api_base}{API_PREFIX}",
+            Origin.of(base),
+            base.raw_path.rstrip(b"/") + API_PREFIX.encode("ascii"),
             [
                 (b"Host", base.netloc),
                 *_DEFAULT_HEADERS,
@@ -711,25 +716,38 @@ class PlatformClient:
         if self._stop.is_set():
             raise errors.Interrupted(f"{what}: stop requested; not sent")
         target = self._target_for(self.credentials)  # one snapshot, even if another thread reloads
-        url = target.prefix + path
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
         headers = target.headers
         if body is not None:
             headers = [*headers, *_json_body_headers(body)]
-        try:
-            request = httpx.Request(
-                method,
-                httpx.URL(url),
-                headers=headers,
-                stream=_SentOnce(body) if body is not None else _NO_BODY,
-                extensions=self._extensions,
+        stream = _SentOnce(body) if body is not None else _NO_BODY
+        if isinstance(self._transport, StoppableTransport):
+            # Straight to the pool: the path is quoted segments, the query url-encoded, so the
+            # target needs no URL parsed (a tenth of the CPU per request, on loopback).
+            send = partial(
+                self._transport.send,
+                method.encode("ascii"),
+                target.origin,
+                target.path_prefix + (path + query).encode("ascii"),
+                headers,
+                stream,
+                self._extensions,
             )
-        except httpx.InvalidURL as exc:
-            raise errors.Unsendable(scrub(f"{what}: cannot build the request: {exc}")) from None
+        else:  # another transport (tests feed canned answers through one) takes a request
+            try:
+                request = httpx.Request(
+                    method,
+                    httpx.URL(target.prefix + path + query),
+                    headers=headers,
+                    stream=stream,
+                    extensions=self._extensions,
+                )
+            except httpx.InvalidURL as exc:
+                raise errors.Unsendable(scrub(f"{what}: cannot build the request: {exc}")) from None
+            send = partial(self._transport.handle_request, request)
         with request_deadline(self._config.request_deadline_seconds):
             try:
-                response = self._transport.handle_request(request)
+                response = send()
                 try:
                     if not response.is_success:
                         raise errors.from_status(
