@@ -314,6 +314,17 @@ class TestEndpoints:
         listed = list(platform_client.iter_evaluations("gsm8k", page_size=2))
         assert [e["metadata"]["run_id"] for e in listed] == runs
 
+    def test_an_environment_name_of_any_characters_reaches_the_platform_as_it_is(
+        self, platform_client: PlatformClient
+    ) -> None:
+        """The listing's query goes over the real transport without a URL parsed per request:
+        spaces, `&`, `=`, `/`, `?`, `#`, `%`, `+` and non-ASCII arrive as they were."""
+        name = "a b&c=d/e?f#g%20h+i é 数"
+        new_evaluation(platform_client, "run-odd", env=name)
+        new_evaluation(platform_client, "run-plain", env="a b")
+        listed = list(platform_client.iter_evaluations(name))
+        assert [e["metadata"]["run_id"] for e in listed] == ["run-odd"]
+
     def test_close_out_marks_the_evaluation_and_refuses_a_second_time(
         self, platform_client: PlatformClient
     ) -> None:
@@ -373,6 +384,43 @@ class TestEndpoints:
         assert request.headers["Authorization"] == "Bearer k-header-1"
         assert request.headers["User-Agent"] == USER_AGENT
         assert request.headers["Content-Type"] == "application/json"
+
+    def test_requests_carry_the_host_the_timeouts_and_the_key_of_the_credentials_in_use(
+        self, tmp_path: Path
+    ) -> None:
+        """Requests go to the transport without an httpx.Client: what the client added (Host,
+        the timeouts, the query) is still there, and a reloaded key or base is used at once."""
+        seen: list[httpx.Request] = []
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            seen.append(request)
+            return httpx.Response(200, json={"evaluations": [], "has_more": False})
+
+        environ = {"PRIME_API_KEY": "k-first-1", "PRIME_API_BASE_URL": "https://api.test:8443"}
+        config = PlatformConfig(connect_timeout_seconds=3.0, read_timeout_seconds=7.0)
+        with PlatformClient(
+            config, environ=environ, home=tmp_path, transport=httpx.MockTransport(answer)
+        ) as client:
+            assert list(client.iter_evaluations("a b&c")) == []
+            environ.update(PRIME_API_KEY="k-second-2", PRIME_API_BASE_URL="https://other.test")
+            client.reload_credentials()
+            client.probe()
+        first, second = seen
+        assert str(first.url) == (
+            "https://api.test:8443/api/v1/evaluations/?environment_name=a+b%26c&skip=0&limit=100"
+        )
+        assert first.url.params["environment_name"] == "a b&c"
+        assert first.headers["Host"] == "api.test:8443"
+        assert first.headers["Authorization"] == "Bearer k-first-1"
+        assert first.extensions["timeout"] == {
+            "connect": 3.0,
+            "read": 7.0,
+            "write": 7.0,
+            "pool": 3.0,
+        }
+        assert str(second.url) == "https://other.test/api/v1/evaluations/?limit=1"
+        assert second.headers["Host"] == "other.test"
+        assert second.headers["Authorization"] == "Bearer k-second-2"
 
 
 def mock_client(

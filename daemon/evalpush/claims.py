@@ -191,7 +191,8 @@ class Heartbeat:
     def remove(self, owner: str) -> None:
         with self._changed:
             self._owners.discard(owner)
-            self._changed.notify_all()
+            if not self._owners:  # the thread waits for nothing else: waking it for less is waste
+                self._changed.notify_all()
 
     def stop(self) -> None:
         """Renew nothing more; the thread ends."""

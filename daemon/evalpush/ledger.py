@@ -34,9 +34,9 @@ with progress it cannot record.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import math
+import operator
 import os
 import sqlite3
 import stat
@@ -138,6 +138,19 @@ class RunRecord:
 
 
 _COLUMNS = [f.name for f in fields(RunRecord)]
+_ROW = operator.attrgetter(*_COLUMNS)
+_POSITION = {name: n for n, name in enumerate(_COLUMNS)}
+
+
+def _replaced(record: RunRecord, changes: dict[str, Any]) -> RunRecord:
+    """`dataclasses.replace(record, **changes)` at half its cost (a run's every write makes
+    one; on many one-trace runs `replace` was a twentieth of the push's CPU)."""
+    row = list(_ROW(record))
+    for name, value in changes.items():
+        row[_POSITION[name]] = value
+    return RunRecord(*row)
+
+
 _SELECT = f"SELECT {', '.join(_COLUMNS)} FROM runs"
 _MESSAGE_COLUMNS = {"reason", "last_error"}
 _CLAIM_COLUMNS = {c for c in _COLUMNS if c.startswith("claim_")}
@@ -495,8 +508,7 @@ class Ledger:
             return records
         with self._lock:
             return [
-                dataclasses.replace(r, **self._deferred[r.id]) if r.id in self._deferred else r
-                for r in records
+                _replaced(r, self._deferred[r.id]) if r.id in self._deferred else r for r in records
             ]
 
     # ------------------------------------------------------------ finding runs
@@ -657,7 +669,7 @@ class Ledger:
                 "WHERE id = ? AND claim_owner = ?",
                 (record.id, record.claim_owner),
             )
-        return dataclasses.replace(record, **cleared)
+        return _replaced(record, cleared)
 
     def renew(self, owners: list[str], expires: float) -> set[str]:
         """Push the leases of `owners`' claims to `expires`; returns those still held."""
@@ -747,10 +759,10 @@ class Ledger:
         if defer:
             with self._lock:
                 self._deferred.setdefault(record.id, {}).update(changes)
-            return dataclasses.replace(record, **changes)
+            return _replaced(record, changes)
         with self._transaction(durable=durable) as db:
             self._update_row(db, record, {**self._take_deferred(record), **changes})
-        return dataclasses.replace(record, **changes)
+        return _replaced(record, changes)
 
     def forget(self, record: RunRecord) -> None:
         """Drop the run; its evaluations are remembered as forgotten, so that a later upload of

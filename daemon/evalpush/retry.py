@@ -574,7 +574,23 @@ class Retrier:
     def call(
         self, fn: Callable[[], T], *, replayable: bool, what: str, run: str | None = None
     ) -> T:
-        """`fn()` (one attempt, raising classified errors), retried as the module docstring says."""
+        """`fn()` (one attempt, raising classified errors), retried as the module docstring says.
+
+        The first attempt is made before tenacity is set up (most calls need no second); a
+        failure worth retrying is handed to tenacity as its first attempt's outcome, so the
+        waits, logs and attempt numbers are tenacity's as ever."""
+        try:
+            return self._attempt(fn)
+        except Exception as exc:  # noqa: BLE001 - classified below, raised unless retried
+            if not _should_retry(exc, replayable=replayable, wait_on_auth=self._wait_on_auth):
+                raise
+            first_failure: list[Exception] = [exc]
+
+        def attempt() -> T:
+            if first_failure:
+                raise first_failure.pop()
+            return self._attempt(fn)
+
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(
                 partial(_should_retry, replayable=replayable, wait_on_auth=self._wait_on_auth)
@@ -584,7 +600,7 @@ class Retrier:
             before_sleep=partial(self._before_retry, what=what, run=run),
             reraise=True,
         )
-        return retrying(self._attempt, fn)
+        return retrying(attempt)
 
     def _attempt(self, fn: Callable[[], T]) -> T:
         token = self._gate.wait_open(self._stop, self._client)

@@ -37,12 +37,13 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpcore
 import httpx
 
-__all__ = ["SLICE_SECONDS", "StoppableTransport", "request_deadline"]
+__all__ = ["SLICE_SECONDS", "Origin", "StoppableTransport", "request_deadline"]
 
 SLICE_SECONDS = 0.2
 """The longest a socket wait lasts before the stop event and the deadline are looked at again."""
@@ -309,6 +310,21 @@ class _ResponseStream(httpx.SyncByteStream):
 _LIMITS = httpx.Limits()  # httpx's defaults
 
 
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a request goes: a URL's scheme, host and port, taken from it once."""
+
+    scheme: str
+    host: str  # as `httpx.URL.host` (what NO_PROXY is matched against)
+    raw_scheme: bytes
+    raw_host: bytes
+    port: int | None
+
+    @classmethod
+    def of(cls, url: httpx.URL) -> Origin:
+        return cls(url.scheme, url.host, url.raw_scheme, url.raw_host, url.port)
+
+
 class StoppableTransport(httpx.BaseTransport):
     """httpx transport over httpcore's pool with the sliced backend; proxies from the environment."""
 
@@ -320,14 +336,14 @@ class StoppableTransport(httpx.BaseTransport):
         self._pools: dict[tuple[str, bool], httpcore.ConnectionPool] = {}
         self._lock = threading.Lock()
 
-    def _pool_for(self, url: httpx.URL) -> httpcore.ConnectionPool:
-        """The pool for `url`'s proxy (none: "") and scheme: an https URL's pool carries the TLS
-        context (built once, at the first: loading the CA bundle costs ~60 ms of start-up that
-        a loopback http:// platform never needs); an http URL's pool has none."""
-        proxy = self._proxies.get(url.scheme)
-        if proxy and urllib.request.proxy_bypass_environment(url.host, self._proxies):
+    def _pool_for(self, scheme: str, host: str) -> httpcore.ConnectionPool:
+        """The pool for the URL's proxy (none: "") and scheme: an https URL's pool carries the
+        TLS context (built once, at the first: loading the CA bundle costs ~60 ms of start-up
+        that a loopback http:// platform never needs); an http URL's pool has none."""
+        proxy = self._proxies.get(scheme)
+        if proxy and urllib.request.proxy_bypass_environment(host, self._proxies):
             proxy = None
-        tls = url.scheme == "https"
+        tls = scheme == "https"
         with self._lock:
             pool = self._pools.get((proxy or "", tls))
             if pool is None:
@@ -359,19 +375,38 @@ class StoppableTransport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         assert isinstance(request.stream, httpx.SyncByteStream)
-        core_request = httpcore.Request(
-            method=request.method,
-            url=httpcore.URL(
-                scheme=request.url.raw_scheme,
-                host=request.url.raw_host,
-                port=request.url.port,
-                target=request.url.raw_path,
-            ),
-            headers=request.headers.raw,
-            content=request.stream,
-            extensions=request.extensions,
+        url = request.url
+        return self.send(
+            request.method.encode("ascii"),
+            Origin.of(url),
+            url.raw_path,
+            request.headers.raw,
+            request.stream,
+            request.extensions,
         )
-        pool = self._pool_for(request.url)
+
+    def send(
+        self,
+        method: bytes,
+        origin: Origin,
+        target: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: httpx.SyncByteStream,
+        extensions: dict[str, Any],
+    ) -> httpx.Response:
+        """`handle_request` without an `httpx.Request`: the platform client's requests, whose
+        URL is its checked base and a path of quoted segments, need no URL parsed each time.
+        `headers` must hold the Host."""
+        core_request = httpcore.Request(
+            method=method,
+            url=httpcore.URL(
+                scheme=origin.raw_scheme, host=origin.raw_host, port=origin.port, target=target
+            ),
+            headers=headers,
+            content=body,
+            extensions=extensions,
+        )
+        pool = self._pool_for(origin.scheme, origin.host)
         with _as_httpx_errors():
             response = pool.handle_request(core_request)
         assert isinstance(response.stream, Iterable)

@@ -4,6 +4,7 @@ request is bracketed by an intent written before it and the acknowledgement writ
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import msgspec
@@ -28,6 +29,9 @@ HOLD_REASON = "{count} bad lines set aside: fix them, or `evalpush retry` upload
 MAX_REFUSALS_NOT_BORNE_OUT = 3
 """A request about an open evaluation answered 404/409 again and again (the read says it is open
 each time) fails the run after this many: a platform contradicting itself is for a person."""
+INLINE_CONVERT_BYTES = 256 * 1024
+"""Traces this small (and within one batch's byte budget) are converted in the pushing thread:
+a converting thread, one per run, overlaps nothing worth its start on a run of one small batch."""
 
 
 class Steps:
@@ -175,9 +179,15 @@ class Steps:
             max_batch_bytes=ctx.config.upload.max_batch_bytes,
             max_batch_samples=ctx.config.upload.max_batch_samples,
         )
+        inline = min(INLINE_CONVERT_BYTES, ctx.config.upload.max_batch_bytes)
+        small = record.upload_end - record.acked_offset <= inline
         with (
             FileWatch(run.traces_path, known) as watch,
-            Prefetch(source, name=f"convert-{run.run_id[:8]}") as ahead,
+            (
+                contextlib.closing(source)
+                if small
+                else Prefetch(source, name=f"convert-{run.run_id[:8]}")
+            ) as ahead,
         ):
             for batch in ahead:
                 watch.check()  # the batch was read before this look: it holds the scanned bytes
