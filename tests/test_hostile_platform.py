@@ -1,7 +1,7 @@
 """The platform client against a hostile platform: answers that never end, trickle, repeat
 pages, carry ids that are paths; a stop that must end whatever the socket does.
 
-Each runs over real loopback HTTP against the local platform's faults (httpx's MockTransport only
+Each runs over real loopback HTTP against the local platform's faults (canned answers only
 for answer shapes the local platform does not produce). Time bounds are generous safety bounds;
 the figures measured are in bench/hostile.py.
 """
@@ -20,12 +20,13 @@ import httpx
 import orjson
 import pytest
 
-from evalpush import errors, platform
+from evalpush import errors, platform, transport
 from evalpush.config import PlatformConfig
 from evalpush.local_platform import LocalPlatform
 from evalpush.lookup import EvaluationIndex
 from evalpush.platform import PlatformClient, is_platform_id
 from evalpush.retry import Retrier
+from support.canned import CannedTransport
 
 MakeClient = Callable[..., PlatformClient]
 SAFETY_SECONDS = 10.0
@@ -252,7 +253,7 @@ class TestEveryRequestEnds:
                 filler.close()
             listener.close()
         assert isinstance(raised, errors.Interrupted), raised
-        assert isinstance(raised.__cause__, httpx.ConnectError), "it hung in connect"
+        assert isinstance(raised.__cause__, transport.ConnectError), "it hung in connect"
         assert took < STOP_AFTER_SECONDS + 2.0
 
     def test_nothing_is_sent_once_the_stop_is_set(
@@ -383,7 +384,7 @@ def mock_client(
 ) -> PlatformClient:
     environ = {"PRIME_API_KEY": "k-mock-hostile-1", "PRIME_API_BASE_URL": "https://api.test"}
     return PlatformClient(
-        PlatformConfig(), environ=environ, home=tmp_path, transport=httpx.MockTransport(answer)
+        PlatformConfig(), environ=environ, home=tmp_path, transport=CannedTransport(answer)
     )
 
 
@@ -513,8 +514,8 @@ class TestWhatRetryingCannotFix:
     @pytest.mark.parametrize(
         "exc",
         [
-            httpx.LocalProtocolError("Illegal header value"),
-            httpx.UnsupportedProtocol("Request URL has an unsupported protocol 'ftp://'."),
+            transport.LocalProtocolError("illegal header value in Authorization"),
+            transport.UnsupportedProtocol("proxy 'ftp://proxy': the scheme 'ftp' is not http"),
         ],
     )
     def test_a_request_that_cannot_be_sent_fails_once_without_a_retry_loop(

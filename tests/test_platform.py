@@ -31,6 +31,7 @@ from evalpush.platform import (
     load_credentials,
 )
 from evalpush.retry import Gate, Retrier
+from support.canned import CannedTransport
 
 MakeClient = Callable[..., PlatformClient]
 MakeRetrier = Callable[[PlatformClient], Retrier]
@@ -373,7 +374,7 @@ class TestEndpoints:
             seen.append(request)
             return httpx.Response(200, json={"data": {"id": "env-1"}})
 
-        transport = httpx.MockTransport(answer)
+        transport = CannedTransport(answer)
         environ = {"PRIME_API_KEY": "k-header-1", "PRIME_API_BASE_URL": "https://api.test/"}
         with PlatformClient(
             PlatformConfig(), environ=environ, home=tmp_path, transport=transport
@@ -388,8 +389,8 @@ class TestEndpoints:
     def test_requests_carry_the_host_the_timeouts_and_the_key_of_the_credentials_in_use(
         self, tmp_path: Path
     ) -> None:
-        """Requests go to the transport without an httpx.Client: what the client added (Host,
-        the timeouts, the query) is still there, and a reloaded key or base is used at once."""
+        """Requests go to the transport with what an HTTP client adds (the Host, the timeouts,
+        the query), and a reloaded key or base is used at once."""
         seen: list[httpx.Request] = []
 
         def answer(request: httpx.Request) -> httpx.Response:
@@ -399,7 +400,7 @@ class TestEndpoints:
         environ = {"PRIME_API_KEY": "k-first-1", "PRIME_API_BASE_URL": "https://api.test:8443"}
         config = PlatformConfig(connect_timeout_seconds=3.0, read_timeout_seconds=7.0)
         with PlatformClient(
-            config, environ=environ, home=tmp_path, transport=httpx.MockTransport(answer)
+            config, environ=environ, home=tmp_path, transport=CannedTransport(answer)
         ) as client:
             assert list(client.iter_evaluations("a b&c")) == []
             environ.update(PRIME_API_KEY="k-second-2", PRIME_API_BASE_URL="https://other.test")
@@ -412,12 +413,7 @@ class TestEndpoints:
         assert first.url.params["environment_name"] == "a b&c"
         assert first.headers["Host"] == "api.test:8443"
         assert first.headers["Authorization"] == "Bearer k-first-1"
-        assert first.extensions["timeout"] == {
-            "connect": 3.0,
-            "read": 7.0,
-            "write": 7.0,
-            "pool": 3.0,
-        }
+        assert first.extensions["timeout"] == {"connect": 3.0, "read": 7.0, "write": 7.0}
         assert str(second.url) == "https://other.test/api/v1/evaluations/?limit=1"
         assert second.headers["Host"] == "other.test"
         assert second.headers["Authorization"] == "Bearer k-second-2"
@@ -434,7 +430,7 @@ def mock_client(
 
     environ = {"PRIME_API_KEY": "k-mock-1", "PRIME_API_BASE_URL": "https://api.test"}
     return PlatformClient(
-        PlatformConfig(), environ=environ, home=tmp_path, transport=httpx.MockTransport(answer)
+        PlatformConfig(), environ=environ, home=tmp_path, transport=CannedTransport(answer)
     )
 
 

@@ -9,11 +9,11 @@ ledger), never timed.
 from __future__ import annotations
 
 import sqlite3
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import msgspec
 import pytest
 
@@ -24,6 +24,7 @@ from evalpush.local_platform import LocalPlatform
 from evalpush.platform import PlatformClient
 from evalpush.push import push
 from evalpush.retry import Gate
+from evalpush.transport import Origin, Response, StoppableTransport, Timeouts
 
 ONE_TRACE = (
     msgspec.json.encode(
@@ -148,28 +149,36 @@ class TestLedgerWritesPerRun:
         assert all(r.samples_sent == 1 and r.acked_offset == len(ONE_TRACE) for r in rows)
 
 
-class IntentChecking(httpx.HTTPTransport):
+class IntentChecking(StoppableTransport):
     """The real transport; before it sends a create, a batch or a finalize, it reads the run's
     row from the ledger FILE over a connection of its own, as another process would after a
     crash, and notes the intent it finds there."""
 
     def __init__(self, ledger_path: Path) -> None:
-        super().__init__()
+        super().__init__(threading.Event())
         self._ledger_path = ledger_path
         self.seen: list[tuple[str, str | None]] = []
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
+    def send(
+        self,
+        method: bytes,
+        origin: Origin,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | None,
+        timeouts: Timeouts,
+    ) -> Response:
+        route = path.decode().partition("?")[0]
         kind = (
             "create"
-            if path.endswith("/evaluations/")
+            if route.endswith("/evaluations/")
             else "push"
-            if path.endswith("/samples")
+            if route.endswith("/samples")
             else "finalize"
-            if path.endswith("/finalize")
+            if route.endswith("/finalize")
             else None
         )
-        if request.method == "POST" and kind is not None:
+        if method == b"POST" and kind is not None:
             db = sqlite3.connect(self._ledger_path)
             try:
                 rows = db.execute(
@@ -180,7 +189,7 @@ class IntentChecking(httpx.HTTPTransport):
             assert len(rows) == 1
             pending = rows[0][0]
             self.seen.append((kind, msgspec.json.decode(pending)["step"] if pending else None))
-        return super().handle_request(request)
+        return super().send(method, origin, path, headers, body, timeouts)
 
 
 @pytest.fixture

@@ -13,11 +13,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import orjson
 import pytest
 
-from evalpush import errors
+from evalpush import errors, transport
 from evalpush.config import PlatformConfig
 from evalpush.platform import PlatformClient
 
@@ -155,8 +154,8 @@ def test_an_exchange_over_tls_reads_a_large_answer_whole(
 @pytest.mark.parametrize(
     ("behaviour", "cut_in"),
     [
-        (answer(b'{"id": "e1", "status": "RUNNING"}', trickle=True), httpx.ReadError),
-        (never_handshake, httpx.ConnectError),
+        (answer(b'{"id": "e1", "status": "RUNNING"}', trickle=True), transport.ReadError),
+        (never_handshake, transport.ConnectError),
     ],
     ids=["trickling body", "no handshake"],
 )

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
@@ -40,6 +39,7 @@ from evalpush.retry import Retrier
 from evalpush.runs import derive_run_id, load_run
 from evalpush.scheduler import Scheduler
 from evalpush.setaside import SetAside
+from evalpush.transport import Origin, Response, StoppableTransport, Timeouts
 from evalpush.upload import Uploader
 from evalpush.upload.context import Context, no_progress
 from evalpush.upload.steps import MAX_REFUSALS_NOT_BORNE_OUT
@@ -183,18 +183,26 @@ def assert_uploaded_once(
 # ---------------------------------------------------------------- the uploader, from real parts
 
 
-class RecordingTransport(httpx.HTTPTransport):
+class RecordingTransport(StoppableTransport):
     """The real HTTP transport, noting each request's method, path and body size (as sent:
     the Content-Length the platform reads the body by)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(threading.Event())
         self.requests: list[tuple[str, str, int]] = []
 
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        size = int(request.headers.get("Content-Length", 0))
-        self.requests.append((request.method, request.url.path, size))
-        return super().handle_request(request)
+    def send(
+        self,
+        method: bytes,
+        origin: Origin,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | None,
+        timeouts: Timeouts,
+    ) -> Response:
+        size = int(dict(headers).get(b"Content-Length", 0))
+        self.requests.append((method.decode(), path.decode().partition("?")[0], size))
+        return super().send(method, origin, path, headers, body, timeouts)
 
     def sample_bodies(self) -> list[int]:
         return [

@@ -36,9 +36,13 @@ import email.utils
 import math
 from datetime import UTC, datetime
 
-import httpx
-
 from evalpush.log import scrub
+from evalpush.transport import (
+    ConnectError,
+    LocalProtocolError,
+    TransportError,
+    UnsupportedProtocol,
+)
 
 __all__ = [
     "Ambiguous",
@@ -136,8 +140,8 @@ class Refused(EvalpushError):
 
 
 class Unsendable(Refused):
-    """The request cannot be sent as built (an illegal header value or URL, a scheme httpx does
-    not speak): nothing was sent, and the same request will fail the same way."""
+    """The request cannot be sent as built (an illegal header value or URL, a scheme the transport
+    does not speak): nothing was sent, and the same request will fail the same way."""
 
 
 class BatchRefused(Refused):
@@ -231,19 +235,18 @@ def from_status(
     return Refused(detail, status=status)
 
 
-def from_transport_error(exc: httpx.TransportError, *, what: str) -> EvalpushError:
+def from_transport_error(exc: TransportError, *, what: str) -> EvalpushError:
     """The error a failed exchange stands for: was the request possibly acted on?
 
-    A connection that never opened is `Unreachable`; one that broke or timed out after the
-    request went out is `Ambiguous`, since the platform may have done the work. A request httpx
-    could not put on the wire (`LocalProtocolError`: an illegal header value; `UnsupportedProtocol`)
-    is `Unsendable`: retrying sends the same bytes, so it fails at once.
+    A connection that never opened (`ConnectError`, its timeout, a proxy that refused the
+    tunnel) is `Unreachable`; one that broke or timed out after the request went out is
+    `Ambiguous`, since the platform may have done the work. A request that could not be put on
+    the wire (`LocalProtocolError`: an illegal header value; `UnsupportedProtocol`) is
+    `Unsendable`: retrying sends the same bytes, so it fails at once.
     """
     detail = scrub(f"{what}: {type(exc).__name__}: {exc}".rstrip(": "))
-    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+    if isinstance(exc, ConnectError):
         return Unreachable(detail)
-    if isinstance(exc, httpx.PoolTimeout):
-        return Transient(detail)
-    if isinstance(exc, (httpx.LocalProtocolError, httpx.UnsupportedProtocol)):
+    if isinstance(exc, (LocalProtocolError, UnsupportedProtocol)):
         return Unsendable(detail)
     return Ambiguous(detail)

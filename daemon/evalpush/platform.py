@@ -38,17 +38,23 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-import httpx
 import msgspec
 
 from evalpush import __version__, errors
 from evalpush.config import PlatformConfig
 from evalpush.log import get_logger, register_secret, scrub
-from evalpush.transport import Origin, StoppableTransport, request_deadline
+from evalpush.transport import (
+    Origin,
+    Response,
+    StoppableTransport,
+    Timeouts,
+    Transport,
+    TransportError,
+    request_deadline,
+)
 
 if TYPE_CHECKING:  # metrics imports prometheus_client, which a push never needs
     from evalpush.metrics import RequestObserver
@@ -236,12 +242,15 @@ def _is_loopback(host: str) -> bool:
 def _api_base(source: str, raw: str, allow_insecure_http: bool) -> str:
     base = raw.rstrip("/").removesuffix(API_PREFIX).rstrip("/")
     try:
-        url = httpx.URL(base)
-    except httpx.InvalidURL as exc:
-        raise errors.ConfigError(f"{source}: {raw!r} is not a URL: {exc}") from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise errors.ConfigError(f"{source}: {raw!r} is not an http(s) URL")
-    if url.scheme == "http" and not _is_loopback(url.host) and not allow_insecure_http:
+        parts = urllib.parse.urlsplit(base)
+        origin = Origin.of(parts)
+    except ValueError as exc:
+        raise errors.ConfigError(f"{source}: {raw!r} is not an http(s) URL: {exc}") from None
+    if parts.query or parts.fragment or not parts.path.isprintable() or " " in parts.path:
+        raise errors.ConfigError(
+            f"{source}: {raw!r} is not a base URL (a query, a fragment, or a space in its path)"
+        )
+    if origin.scheme == "http" and not _is_loopback(origin.host) and not allow_insecure_http:
         raise errors.ConfigError(
             f"{source}: {base} is plain http to a non-loopback host, which would send the API key "
             "in clear text; use https, or set platform.allow_insecure_http = true"
@@ -396,12 +405,10 @@ def _safe_url(value: Any) -> str | None:
     if text is None or len(text) > _URL_CHARS or not text.isprintable() or " " in text:
         return None
     try:
-        url = httpx.URL(text)
-    except httpx.InvalidURL:
+        Origin.of(text)
+    except ValueError:
         return None
-    if url.scheme not in ("http", "https") or not url.host or scrub(text) != text:
-        return None
-    return text
+    return text if scrub(text) == text else None
 
 
 def _viewer_url_in(data: Any) -> str | None:
@@ -452,22 +459,6 @@ def _is_last_page(data: Any, *, page: int | None, seen: int) -> bool:
     return total is not None and seen >= total
 
 
-class _SentOnce(httpx.SyncByteStream):
-    """A request body that lets go of its bytes once they are sent.
-
-    httpcore's per-request objects form reference cycles, so a sent request lives on until the
-    cyclic garbage collector runs; a body held that long (up to 25 MiB a batch) made a long
-    upload's memory climb batch after batch.
-    """
-
-    def __init__(self, body: bytes):
-        self._body = body
-
-    def __iter__(self) -> Iterator[bytes]:
-        body, self._body = self._body, b""
-        yield body
-
-
 @dataclass(frozen=True, slots=True)
 class _Answer:
     """A 2xx answer, its body read whole under its cap."""
@@ -480,7 +471,7 @@ class _TooLarge(errors.Transient):
     """A read's answer ran past its byte cap (a listing shrinks its page and asks again)."""
 
 
-def _read_capped(response: httpx.Response, cap: int) -> bytearray | None:
+def _read_capped(response: Response, cap: int) -> bytearray | None:
     """The body, read as a stream; None as soon as it runs past `cap` bytes."""
     declared = response.headers.get("Content-Length", "")
     if declared.isdigit() and int(declared) > cap:
@@ -493,7 +484,7 @@ def _read_capped(response: httpx.Response, cap: int) -> bytearray | None:
     return body
 
 
-def _read_start(response: httpx.Response) -> str:
+def _read_start(response: Response) -> str:
     """The start of an error answer's body, as text; the rest is never read."""
     body = bytearray()
     for chunk in response.iter_bytes():
@@ -552,13 +543,11 @@ class _Listing:
 
 _DEFAULT_HEADERS = [
     (b"Accept", b"*/*"),
-    (b"Accept-Encoding", b"gzip, deflate"),  # what httpx decodes without optional packages
+    (b"Accept-Encoding", b"gzip, deflate"),  # what the transport decodes
     (b"Connection", b"keep-alive"),
     (b"User-Agent", USER_AGENT.encode()),
 ]
-"""What httpx's client sent with every request, the host and the key aside."""
-
-_NO_BODY = httpx.ByteStream(b"")
+"""What every request carries, the host and the key aside."""
 
 
 def _json_body_headers(body: bytes) -> list[tuple[bytes, bytes]]:
@@ -571,21 +560,21 @@ class _Target:
     carry: the base URL parsed once, not once per request."""
 
     credentials: Credentials
-    prefix: str  # the base URL and the API prefix: a request's URL is this and its path
     origin: Origin
     path_prefix: bytes  # the base URL's path and the API prefix: a request's target starts so
     headers: list[tuple[bytes, bytes]]
 
     @classmethod
     def of(cls, credentials: Credentials) -> _Target:
-        base = httpx.URL(credentials.api_base)  # checked when the credentials were loaded
+        base = urllib.parse.urlsplit(credentials.api_base)  # checked when loaded
+        origin = Origin.of(base)
+        path = urllib.parse.quote(base.path, safe="/%:@!$&'()*+,;=~")
         return cls(
             credentials,
-            f"{credentials.api_base}{API_PREFIX}",
-            Origin.of(base),
-            base.raw_path.rstrip(b"/") + API_PREFIX.encode("ascii"),
+            origin,
+            path.rstrip("/").encode("ascii") + API_PREFIX.encode("ascii"),
             [
-                (b"Host", base.netloc),
+                (b"Host", origin.host_header),
                 *_DEFAULT_HEADERS,
                 (b"Authorization", f"Bearer {credentials.api_key}".encode("ascii")),
             ],
@@ -601,7 +590,7 @@ class PlatformClient:
         *,
         environ: Mapping[str, str] | None = None,
         home: Path | None = None,
-        transport: httpx.BaseTransport | None = None,
+        transport: Transport | None = None,
         stop: threading.Event | None = None,
         observer: RequestObserver | None = None,
     ) -> None:
@@ -618,19 +607,12 @@ class PlatformClient:
         self._stop = threading.Event() if stop is None else stop
         self._credentials: Credentials | None = None  # read at first use: see `credentials`
         self._reload_lock = threading.Lock()
-        # Requests go straight to the transport, not through an `httpx.Client`: the client's
-        # per-request layers (auth flow, redirects, cookies, event hooks, URL merging) are all
-        # unused here (no redirects followed, a bearer header, no cookies) and were about a third
-        # of the CPU of a push of many one-trace runs.
         self._transport = transport or StoppableTransport(self._stop)
-        self._extensions = {
-            "timeout": httpx.Timeout(
-                connect=config.connect_timeout_seconds,
-                read=config.read_timeout_seconds,
-                write=config.read_timeout_seconds,
-                pool=config.connect_timeout_seconds,
-            ).as_dict()
-        }
+        self._timeouts = Timeouts(
+            connect=config.connect_timeout_seconds,
+            read=config.read_timeout_seconds,
+            write=config.read_timeout_seconds,
+        )
         self._target: _Target | None = None  # built from one credentials snapshot: `_target_for`
 
     @property
@@ -720,34 +702,20 @@ class PlatformClient:
         headers = target.headers
         if body is not None:
             headers = [*headers, *_json_body_headers(body)]
-        stream = _SentOnce(body) if body is not None else _NO_BODY
-        if isinstance(self._transport, StoppableTransport):
-            # Straight to the pool: the path is quoted segments, the query url-encoded, so the
-            # target needs no URL parsed (a tenth of the CPU per request, on loopback).
-            send = partial(
-                self._transport.send,
-                method.encode("ascii"),
-                target.origin,
-                target.path_prefix + (path + query).encode("ascii"),
-                headers,
-                stream,
-                self._extensions,
-            )
-        else:  # another transport (tests feed canned answers through one) takes a request
-            try:
-                request = httpx.Request(
-                    method,
-                    httpx.URL(target.prefix + path + query),
-                    headers=headers,
-                    stream=stream,
-                    extensions=self._extensions,
-                )
-            except httpx.InvalidURL as exc:
-                raise errors.Unsendable(scrub(f"{what}: cannot build the request: {exc}")) from None
-            send = partial(self._transport.handle_request, request)
+        try:  # the path is quoted segments and the query url-encoded: ASCII, unless a bug
+            request_path = target.path_prefix + (path + query).encode("ascii")
+        except UnicodeEncodeError as exc:
+            raise errors.Unsendable(scrub(f"{what}: cannot build the request: {exc}")) from None
         with request_deadline(self._config.request_deadline_seconds):
             try:
-                response = send()
+                response = self._transport.send(
+                    method.encode("ascii"),
+                    target.origin,
+                    request_path,
+                    headers,
+                    body,
+                    self._timeouts,
+                )
                 try:
                     if not response.is_success:
                         raise errors.from_status(
@@ -759,7 +727,7 @@ class PlatformClient:
                     content = _read_capped(response, cap)
                 finally:
                     response.close()
-            except httpx.TransportError as exc:
+            except TransportError as exc:
                 if self._stop.is_set():
                     raise errors.Interrupted(
                         f"{what}: stop requested; the request was cut off, its outcome unknown"
