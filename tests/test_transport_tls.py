@@ -4,6 +4,7 @@ a body that trickles."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import ssl
@@ -175,3 +176,74 @@ def test_a_stop_ends_a_tls_wait_and_raises_interrupted(
     assert isinstance(caught.value.__cause__, cut_in), caught.value.__cause__
     assert time.monotonic() - started < STOP_AFTER_SECONDS + 2.0
     timer.join()
+
+
+class TunnelProxy:
+    """An HTTP proxy on loopback that opens CONNECT tunnels (to loopback, whatever host is
+    named) and relays bytes both ways; `requests` holds each CONNECT head's first line."""
+
+    def __init__(self, to_port: int) -> None:
+        self._to_port = to_port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)
+        self.requests: list[bytes] = []
+        self._done = threading.Event()
+        self._threads = [threading.Thread(target=self._serve, name="tunnel-proxy")]
+        self._threads[0].start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while not self._done.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += client.recv(65536)
+            self.requests.append(head.split(b"\r\n", 1)[0])
+            upstream = socket.create_connection(("127.0.0.1", self._to_port))
+            client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            for source, sink in ((client, upstream), (upstream, client)):
+                relay = threading.Thread(target=self._relay, args=(source, sink), daemon=True)
+                self._threads.append(relay)
+                relay.start()
+
+    @staticmethod
+    def _relay(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._done.set()
+        for thread in self._threads:
+            thread.join(SERVER_JOIN_SECONDS)
+        self._listener.close()
+
+
+def test_an_https_platform_is_reached_through_a_connect_tunnel(
+    serve: Callable[[Behaviour], TlsServer],
+    make_client: Callable[..., PlatformClient],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HTTPS_PROXY: a CONNECT to the platform's host and port, then TLS with the platform
+    (its certificate checked for its own name) inside the tunnel."""
+    server = serve(answer(b'{"id": "e1", "status": "RUNNING"}'))
+    proxy = TunnelProxy(int(server.base_url.rsplit(":", 1)[1]))
+    try:
+        monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        client = make_client(server)
+        assert client.get_evaluation("e1") == {"id": "e1", "status": "RUNNING"}
+        client.close()
+    finally:
+        proxy.close()
+    port = server.base_url.rsplit(":", 1)[1]
+    assert proxy.requests == [f"CONNECT localhost:{port} HTTP/1.1".encode()]
