@@ -235,6 +235,9 @@ class TestBesidePush:
             assert push.returncode == 0, (out, err)
             for run in runs:
                 wait_until(lambda run=run: completed(local_platform, run.run_id), "every run")
+            # On a loaded machine the push can finish before the daemon is through its start-up;
+            # a SIGTERM before its handlers are set would end it by the signal.
+            daemon.started()
             assert daemon.stop() == 0
 
         for run in runs:

@@ -26,9 +26,14 @@ NEVER_FOR_PUSH = {
     "prometheus_client": "the daemon's metrics",
     "watchdog": "the daemon's file watching",
     "structlog": "logging, until an event is logged",
-    "click": "httpx's command-line client",
-    "pygments": "httpx's command-line client",
+    "httpx": "an HTTP client: the daemon's own transport speaks HTTP/1.1 (transport.py)",
+    "httpcore": "imported by httpx",
+    "h11": "imported by httpx",
     "rich": "the progress bar, on a terminal only",
+}
+ONLY_FOR_HTTPS = {
+    "ssl": "TLS, for an https platform only (this one is http on loopback; asyncio, which "
+    "pydantic-settings imports, brings it too)",
 }
 ONLY_FOR_VALIDATION = {
     "pydantic": "validates keyword arguments, flags, setting variables and config files",
@@ -77,8 +82,8 @@ def test_a_push_with_no_setting_to_read_imports_none_of_the_heavy_modules_it_doe
 ) -> None:
     imported = imported_by_push(platform, tmp_path)
 
-    assert {"evalpush", "httpx", "msgspec", "sqlite3"} <= imported
-    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_VALIDATION, **ONLY_FOR_SETTINGS}
+    assert {"evalpush", "msgspec", "sqlite3"} <= imported
+    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_HTTPS, **ONLY_FOR_VALIDATION, **ONLY_FOR_SETTINGS}
     assert {name: why for name, why in unwanted.items() if name in imported} == {}
 
 
@@ -89,7 +94,7 @@ def test_a_push_given_only_its_state_dir_in_the_environment_uses_it_and_imports_
 
     imported = imported_by_push(platform, tmp_path, EVALPUSH_STATE_DIR=str(state))
 
-    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_VALIDATION, **ONLY_FOR_SETTINGS}
+    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_HTTPS, **ONLY_FOR_VALIDATION, **ONLY_FOR_SETTINGS}
     assert {name: why for name, why in unwanted.items() if name in imported} == {}
     assert (state / "state.db").is_file()
 
