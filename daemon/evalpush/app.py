@@ -13,9 +13,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
+
+import msgspec
 
 from evalpush.claims import Claims
 from evalpush.config import Config
@@ -36,8 +37,7 @@ class _Closeable(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass
-class App:
+class App(msgspec.Struct):
     """The wired parts. Use as a context manager; it closes what it opened."""
 
     config: Config
@@ -48,7 +48,7 @@ class App:
     claims: Claims
     uploader: Uploader
     stop: threading.Event
-    _owned: list[_Closeable] = field(default_factory=list, repr=False)
+    _owned: list[_Closeable] = msgspec.field(default_factory=list)  # what `close` closes
 
     @classmethod
     def from_config(

@@ -12,8 +12,9 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+import msgspec
 
 from evalpush.convert import Converted
 from evalpush.setaside import SetAside, SetAsideKind
@@ -23,15 +24,14 @@ _HEAD, _SEP, _TAIL = b'{"samples":[', b",", b"]}"
 OVERHEAD_BYTES = len(_HEAD) + len(_TAIL)
 
 
-@dataclass(slots=True)
-class Batch:
+class Batch(msgspec.Struct):
     samples: list[bytes]
     offsets: list[int]  # each sample's line start, for splitting
     numbers: list[int]  # each sample's line number
     start: int  # first byte this batch consumed
     end: int  # first byte after it
     end_line: int  # line number of the last line consumed
-    set_aside: list[SetAside] = field(default_factory=list)
+    set_aside: list[SetAside] = msgspec.field(default_factory=list)
 
     @property
     def body_bytes(self) -> int:

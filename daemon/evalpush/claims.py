@@ -27,9 +27,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from evalpush.log import get_logger
 
@@ -53,8 +54,7 @@ through (a failed release) and may be taken over."""
 _held_lock = threading.Lock()
 
 
-@dataclass(frozen=True, slots=True)
-class Process:
+class Process(msgspec.Struct, frozen=True):
     """A process, as the claims name it."""
 
     host: str
@@ -82,8 +82,7 @@ class Process:
         return f"{self.host}/{self.boot}/{self.pid}/{self.start}/{secrets.token_hex(4)}"
 
 
-@dataclass(frozen=True, slots=True)
-class Holder:
+class Holder(msgspec.Struct, frozen=True, gc=False):
     """Who holds a run's claim, since when, and until when its lease runs."""
 
     owner: str

@@ -21,10 +21,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any
+
+import msgspec
 
 from evalpush import __version__
 from evalpush.claims import Process, holder_alive
@@ -534,8 +535,7 @@ class Check(enum.StrEnum):
     PLATFORM = "platform"
 
 
-@dataclass(frozen=True)
-class _Row:
+class _Row(msgspec.Struct, frozen=True):
     check: Check
     ok: bool | None  # None: skipped, since what it needs failed
     detail: str

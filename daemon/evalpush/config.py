@@ -38,6 +38,8 @@ from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Self
 
+import msgspec
+
 from evalpush.errors import BadInput, ConfigError
 
 if TYPE_CHECKING:
@@ -349,8 +351,7 @@ def _closest(name: str, candidates: Sequence[str]) -> str | None:
 # -- the environment --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Variables:
+class _Variables(msgspec.Struct, frozen=True):
     """The `EVALPUSH_*` variables of one environment, sorted into settings and problems."""
 
     values: dict[str, str]  # EVALPUSH_<SECTION>__<KEY> (upper case) -> raw value
@@ -440,8 +441,7 @@ def _holds(data: Mapping[str, Any], loc: tuple[int | str, ...]) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class _Origins:
+class _Origins(msgspec.Struct, frozen=True):
     """Where each value came from, so an error can name it: the highest source that set it."""
 
     flags: Mapping[str, Any]

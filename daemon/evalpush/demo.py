@@ -20,7 +20,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -106,8 +105,7 @@ def _write_run(
     return run
 
 
-@dataclass(frozen=True)
-class DemoRun:
+class DemoRun(msgspec.Struct, frozen=True):
     """One run the demo writes: its kind (its parent directory says it), how many traces,
     whether its config says how many to expect, how it ends."""
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from evalpush.claims import Holder, Process, holder_alive
 from evalpush.log import scrub
@@ -66,8 +67,7 @@ def remove(state_dir: Path) -> None:
         path_in(state_dir).unlink(missing_ok=True)
 
 
-@dataclass(frozen=True, slots=True)
-class DaemonView:
+class DaemonView(msgspec.Struct, frozen=True):
     """What the daemon last wrote, for `status`."""
 
     pid: int

@@ -41,13 +41,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any, Protocol, Self
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
+import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, make_wsgi_app
 
 from evalpush import __version__, errors
@@ -150,8 +150,7 @@ def ledger_file_bytes(path: Path) -> int:
     return total
 
 
-@dataclass(frozen=True)
-class Probes:
+class Probes(msgspec.Struct, frozen=True):
     """What metrics and health read at scrape time (see the module docstring: any thread)."""
 
     unreachable_seconds: Callable[[], float]
@@ -264,8 +263,7 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-@dataclass(frozen=True)
-class Health:
+class Health(msgspec.Struct, frozen=True):
     """The verdict `/healthz` gives: healthy, or the reasons it is not."""
 
     probes: Probes

@@ -20,16 +20,16 @@ the file (see `Tracker`).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from evalpush.convert import Pass, Scan
 from evalpush.read import BOM, FileIdentity, Line
 from evalpush.states import Step
 
 
-@dataclass(frozen=True, slots=True)
-class Prescan:
+class Prescan(msgspec.Struct, frozen=True):
     """What the scan step finds in a trace file: the file as it was (`file`), the SHA-256 of
     its bytes up to `found.end`, the totals and the set-aside lines."""
 

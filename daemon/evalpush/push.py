@@ -14,12 +14,12 @@ interrupted with its progress kept, and `push` raises the `AuthError` once all h
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from evalpush import paths
 from evalpush.app import App
@@ -37,8 +37,7 @@ WAIT_POLL_SECONDS = 0.25
 """How often `push` looks at the ledger while another process uploads a run it was given."""
 
 
-@dataclass(frozen=True, slots=True)
-class PushResult:
+class PushResult(msgspec.Struct, frozen=True):
     """What `push` did with one run directory."""
 
     path: Path
@@ -169,7 +168,7 @@ class _Push:
     def _interrupted_if_busy(self, result: PushResult) -> PushResult:
         if result.busy is None or not self._app.stop.is_set():
             return result
-        return dataclasses.replace(result, busy=None, error="interrupted while waiting for it")
+        return msgspec.structs.replace(result, busy=None, error="interrupted while waiting for it")
 
     def _push_one(self, directory: Path, waited_for: int | None) -> PushResult:
         """`waited_for`: the pid of another process that held the run until now; its outcome

@@ -22,16 +22,16 @@ import hashlib
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
+
+import msgspec
 
 CHUNK_BYTES = 1 << 20
 BOM = b"\xef\xbb\xbf"
 
 
-@dataclass(frozen=True, slots=True)
-class FileIdentity:
+class FileIdentity(msgspec.Struct, frozen=True, gc=False):
     """Which file a path names (device, inode), how big it was and when it was last written
     (mtime) or changed in any way (ctime), when looked at."""
 
@@ -42,8 +42,7 @@ class FileIdentity:
     ctime_ns: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Fingerprint:
+class Fingerprint(msgspec.Struct, frozen=True, gc=False):
     """What is kept of a trace file's bytes `[0, end)`: the file's identity when they were read,
     and their SHA-256 (None for a ledger row from before fingerprints: identity only)."""
 

@@ -26,12 +26,12 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
+import msgspec
 import tenacity
 
 from evalpush import errors
@@ -56,8 +56,7 @@ _MAX_EXPONENT = 62
 """2**attempt stops growing here; past the cap it changes nothing and a float would overflow."""
 
 
-@dataclass(frozen=True)
-class Backoff:
+class Backoff(msgspec.Struct, frozen=True):
     """Capped exponential backoff with full jitter."""
 
     base_seconds: float = 0.5
@@ -122,8 +121,7 @@ _WHAT = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Outage:
+class Outage(msgspec.Struct, frozen=True):
     """What the gate says about a time the platform could not be used: when it starts, at
     growing intervals while it lasts, and when it ends."""
 

@@ -28,9 +28,10 @@ import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+import msgspec
 
 from evalpush.config import ReadConfig, RunsConfig, read_toml
 from evalpush.errors import RunError
@@ -48,8 +49,7 @@ class RunKind(enum.StrEnum):
     REPLAY = "replay"
 
 
-@dataclass(frozen=True, slots=True)
-class Run:
+class Run(msgspec.Struct, frozen=True):
     """One run directory and the fields of its config.toml the upload needs."""
 
     path: Path
@@ -225,8 +225,7 @@ class ReadyRule(enum.StrEnum):
     SETTLED = "settled"
 
 
-@dataclass(frozen=True, slots=True)
-class ReadinessRules:
+class ReadinessRules(msgspec.Struct, frozen=True):
     """The configured rules: `runs.settle_seconds` and `runs.marker` ("" turns the marker off)."""
 
     settle_seconds: float
@@ -237,8 +236,7 @@ class ReadinessRules:
         return cls(settle_seconds=runs.settle_seconds, marker=runs.marker)
 
 
-@dataclass(frozen=True, slots=True)
-class RunFacts:
+class RunFacts(msgspec.Struct, frozen=True, gc=False):
     """What readiness looks at; every field is cheap to observe (see `LineCounter`).
 
     Times are wall-clock epoch seconds (`time.time()`), the clock file mtimes are in.
@@ -257,8 +255,7 @@ class RunFacts:
         return self.mtime if self.grown_at is None else max(self.mtime, self.grown_at)
 
 
-@dataclass(frozen=True, slots=True)
-class Readiness:
+class Readiness(msgspec.Struct, frozen=True, gc=False):
     """A run's readiness: `ready` with the `rule` that fired, or waiting; `reason` is for people."""
 
     ready: bool
@@ -319,8 +316,7 @@ def format_duration(seconds: float) -> str:
     return f"{secs}s"
 
 
-@dataclass(frozen=True, slots=True)
-class LineCount:
+class LineCount(msgspec.Struct, frozen=True, gc=False):
     """A trace file as a `LineCounter` last saw it."""
 
     lines: int  # complete lines

@@ -3,13 +3,12 @@ refuses a line, through the batch that carries it, to the ledger that keeps it f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from evalpush.states import SetAsideKind
 
 
-@dataclass(frozen=True, slots=True)
-class SetAside:
+class SetAside(msgspec.Struct, frozen=True, gc=False):
     """Where the record is (1-based line number, byte offset, size in bytes), why, and whether
     the converter refused it (`bad_line`) or it can never be sent (`rejected`)."""
 

@@ -34,8 +34,9 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from evalpush import paths, transitions
 from evalpush.claims import Holder, Process, holder_alive
@@ -95,8 +96,7 @@ def _config_facts(directory: str) -> ConfigFacts | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-@dataclass
-class _Waiting:
+class _Waiting(msgspec.Struct):
     run_id: str
     run: Run | None  # None while config.toml cannot be read (`problem` says why)
     problem: str

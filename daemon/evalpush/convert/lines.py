@@ -12,8 +12,9 @@ Both are a `Pass` fed every line at once; the daemon feeds one as the lines arri
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
+
+import msgspec
 
 from evalpush.convert.sample import build_sample, encode_sample
 from evalpush.convert.totals import RunTotals
@@ -73,8 +74,7 @@ def convert_lines(
         totals.add(trace)
 
 
-@dataclass(slots=True)
-class Scan:
+class Scan(msgspec.Struct):
     """What one pass over a run's lines found, without building samples."""
 
     totals: RunTotals

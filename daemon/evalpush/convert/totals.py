@@ -10,7 +10,6 @@ import array
 import base64
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -93,16 +92,15 @@ class RolloutCounter:
         return f"RolloutCounter({len(self)} tasks)"
 
 
-@dataclass
-class RunTotals:
+class RunTotals(msgspec.Struct):
     """Running sums over a run's good traces in file order (TRACE_FORMAT.md section 6)."""
 
     traces: int = 0
     reward_sum: float = 0.0
     errored: int = 0
-    metric_sums: dict[str, float] = field(default_factory=dict)
-    metric_counts: dict[str, int] = field(default_factory=dict)
-    rollouts: RolloutCounter = field(default_factory=RolloutCounter)
+    metric_sums: dict[str, float] = msgspec.field(default_factory=dict)
+    metric_counts: dict[str, int] = msgspec.field(default_factory=dict)
+    rollouts: RolloutCounter = msgspec.field(default_factory=RolloutCounter)
 
     def add(self, trace: Trace | Tally) -> int:
         """Count a checked trace in; returns its rollout number within its task."""
@@ -128,7 +126,7 @@ class RunTotals:
     def to_json(self) -> bytes:
         # msgspec writes NaN/Infinity as null: keep them as text so a resumed sum stays non-finite
         state = {
-            **self.__dict__,
+            **msgspec.structs.asdict(self),
             "reward_sum": _float_text(self.reward_sum),
             "metric_sums": {k: _float_text(v) for k, v in self.metric_sums.items()},
             "rollouts": self.rollouts.to_state(),

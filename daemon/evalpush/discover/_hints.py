@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 import os
 import threading
-from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 from watchdog.events import (
     DirCreatedEvent,
     DirDeletedEvent,
@@ -41,8 +41,7 @@ class HintKind(enum.StrEnum):
     WAKE = "wake"  # not about a path: the daemon's loop has something else to do (a signal)
 
 
-@dataclass(frozen=True, slots=True)
-class Hint:
+class Hint(msgspec.Struct, frozen=True):
     kind: HintKind
     path: str  # real, absolute, like `RunDir.path`
 

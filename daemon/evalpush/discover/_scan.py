@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from evalpush.config import RunsConfig, WatchConfig
 from evalpush.log import get_logger
@@ -15,8 +16,7 @@ from evalpush.read import FileIdentity
 from evalpush.runs import CONFIG_FILE, LEGACY_TRACES_FILE, TRACES_FILE
 
 
-@dataclass(frozen=True, slots=True)
-class RunDir:
+class RunDir(msgspec.Struct, frozen=True, gc=False):
     """A run directory and the cheap facts of its trace file, as one scan saw them."""
 
     path: str  # the run directory: real, absolute (the ledger's key)

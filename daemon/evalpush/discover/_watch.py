@@ -7,10 +7,10 @@ import errno
 import os
 import stat
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from watchdog.events import (
     DirCreatedEvent,
     FileSystemEvent,
@@ -55,8 +55,7 @@ class _RootEvents(FileSystemEventHandler):
         self._watcher._deliver(event, parent_watch=True)
 
 
-@dataclass(frozen=True, slots=True)
-class _Watched:
+class _Watched(msgspec.Struct, frozen=True):
     identity: tuple[int, int]  # (device, inode) of the root directory when its watch began
     kind: ObserverKind  # INOTIFY or POLLING
     watch: ObservedWatch | None  # inotify's; None for a polled root

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass
 from typing import Any
+
+import msgspec
 
 REQUEST_KINDS = ("resolve", "create", "samples", "finalize", "read", "close")
 """What a request does: `read` is every GET under /api/v1, `close` the PUT that closes out."""
@@ -27,8 +28,7 @@ LISTING_FAULTS = frozenset({"repeat_page", "endless_pages"})
 """Faults that only listings (`GET .../samples`, `GET /evaluations/`) take; other reads pass."""
 
 
-@dataclass(frozen=True)
-class Fault:
+class Fault(msgspec.Struct, frozen=True):
     """One fault to inject.
 
     - `status`: answer `status` (with `Retry-After: retry_after` if given) instead of doing the
@@ -80,13 +80,13 @@ class Fault:
         """A fault from a control request's JSON object; ValueError or TypeError if not one."""
         if not isinstance(data, dict):
             raise TypeError("a fault is a JSON object")
-        unknown = set(data) - set(cls.__dataclass_fields__)
+        unknown = set(data) - set(cls.__struct_fields__)
         if unknown:
             raise ValueError(f"unknown fault keys: {', '.join(sorted(unknown))}")
         return cls(**data)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return msgspec.structs.asdict(self)
 
 
 class FaultPlan:

@@ -11,8 +11,9 @@ stays as it is; anything else starts (or resumes) its upload.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
+
+import msgspec
 
 from evalpush import paths, transitions
 from evalpush.errors import Conflict, Gone, RunIdTaken
@@ -122,7 +123,10 @@ class Admission:
         one: a file that grew since must still look grown."""
         known = fingerprint(record)
         assert known is not None
-        if dataclasses.replace(now, size=known.identity.size) == known.identity and known.digest:
+        if (
+            msgspec.structs.replace(now, size=known.identity.size) == known.identity
+            and known.digest
+        ):
             return record
         digest = known.digest or digest_of(run.traces_path, known.end, expect=now)
         return self._ctx.ledger.update(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from evalpush.config import Config
@@ -24,20 +23,27 @@ def no_progress(_record: RunRecord) -> None:
     pass
 
 
-@dataclass
 class Context:
-    config: Config
-    ledger: Ledger
-    client: PlatformClient
-    retrier: Retrier
-    progress: Progress = no_progress
-    clock: Callable[[], float] = time.time
-    environments: Environments = field(init=False)
-    evaluations: EvaluationIndex = field(init=False)
+    """The shared parts, and the lookups built on them: environments by name and evaluations
+    by run id, each asked of the platform once per process."""
 
-    def __post_init__(self) -> None:
-        self.environments = Environments(self.client, self._replayable_call)
-        self.evaluations = EvaluationIndex(self.client, self._replayable_call)
+    def __init__(
+        self,
+        config: Config,
+        ledger: Ledger,
+        client: PlatformClient,
+        retrier: Retrier,
+        progress: Progress = no_progress,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.client = client
+        self.retrier = retrier
+        self.progress = progress
+        self.clock = clock
+        self.environments = Environments(client, self._replayable_call)
+        self.evaluations = EvaluationIndex(client, self._replayable_call)
 
     def replayable(self, fn: Callable[[], T], *, what: str, run: str) -> T:
         """`fn()` under the retry policy, as a call that may be sent again."""
