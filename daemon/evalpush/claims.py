@@ -22,7 +22,6 @@ the process holds a claim.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import threading
 import time
@@ -79,7 +78,7 @@ class Process(msgspec.Struct, frozen=True):
 
     def new_owner(self) -> str:
         """A fresh claim owner: this process, plus a nonce for this one claim."""
-        return f"{self.host}/{self.boot}/{self.pid}/{self.start}/{secrets.token_hex(4)}"
+        return f"{self.host}/{self.boot}/{self.pid}/{self.start}/{os.urandom(4).hex()}"
 
 
 class Holder(msgspec.Struct, frozen=True, gc=False):

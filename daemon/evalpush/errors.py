@@ -32,7 +32,6 @@ they build are scrubbed of secrets (`evalpush.log.scrub`): a server may echo the
 
 from __future__ import annotations
 
-import email.utils
 import math
 from datetime import UTC, datetime
 
@@ -202,6 +201,8 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     try:
         seconds = float(value)
     except ValueError:
+        import email.utils  # ~12 ms of imports, for the rare answer that carries a date
+
         try:
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError):

@@ -37,7 +37,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -103,16 +102,21 @@ _ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _URL_CHARS = 2048
 
 
-@dataclass(frozen=True)
-class Credentials:
+class Credentials(msgspec.Struct, frozen=True):
     """Where and as whom to talk to the platform. `repr` leaves the key out."""
 
-    api_key: str = field(repr=False)
+    api_key: str
     api_base: str
     frontend_url: str
     team_id: str | None = None
     key_source: str = ""
     """Where the key was found (for `evalpush check`), e.g. `$PRIME_API_KEY`."""
+
+    def __repr__(self) -> str:
+        return (
+            f"Credentials(api_base={self.api_base!r}, frontend_url={self.frontend_url!r}, "
+            f"team_id={self.team_id!r}, key_source={self.key_source!r})"
+        )
 
 
 def _text(value: Any) -> str | None:
@@ -329,8 +333,7 @@ MAX_SAMPLE_COUNT = 2**63 - 1
 """The largest sample count taken from an answer (SQLite's integer); a larger one is no count."""
 
 
-@dataclass(frozen=True, slots=True)
-class Evaluation:
+class Evaluation(msgspec.Struct, frozen=True):
     """What the upload reads of an evaluation the platform holds (from `get_evaluation` or a
     listing), whatever the answer's spelling: its id, whether it is finalized, the run it
     belongs to (`metadata.run_id`), how many samples it holds, and its viewer URL (http(s)
@@ -459,8 +462,7 @@ def _is_last_page(data: Any, *, page: int | None, seen: int) -> bool:
     return total is not None and seen >= total
 
 
-@dataclass(frozen=True, slots=True)
-class _Answer:
+class _Answer(msgspec.Struct, frozen=True):
     """A 2xx answer, its body read whole under its cap."""
 
     status: int
@@ -554,8 +556,7 @@ def _json_body_headers(body: bytes) -> list[tuple[bytes, bytes]]:
     return [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % len(body))]
 
 
-@dataclass(frozen=True, slots=True)
-class _Target:
+class _Target(msgspec.Struct, frozen=True):
     """Where the requests made with one credentials snapshot go, and the fixed headers they
     carry: the base URL parsed once, not once per request."""
 

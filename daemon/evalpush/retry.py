@@ -29,14 +29,16 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
-import tenacity
 
 from evalpush import errors
 from evalpush.log import get_logger
 from evalpush.runs import format_duration
+
+if TYPE_CHECKING:  # tenacity is imported at the first retry: most calls never need one
+    import tenacity
 
 __all__ = [
     "CALL_BACKOFF",
@@ -527,7 +529,7 @@ def _should_retry(exc: BaseException, *, replayable: bool, wait_on_auth: bool) -
     return isinstance(exc, errors.Transient)
 
 
-class _FullJitter(tenacity.wait.wait_base):
+class _FullJitter:
     """tenacity wait: full-jitter backoff, except where the gate does the waiting."""
 
     def __init__(self, backoff: Backoff, rng: Callable[[], float]) -> None:
@@ -574,15 +576,18 @@ class Retrier:
     ) -> T:
         """`fn()` (one attempt, raising classified errors), retried as the module docstring says.
 
-        The first attempt is made before tenacity is set up (most calls need no second); a
-        failure worth retrying is handed to tenacity as its first attempt's outcome, so the
-        waits, logs and attempt numbers are tenacity's as ever."""
+        The first attempt is made before tenacity is set up, or even imported (most calls
+        need no second, and a push's first request goes out sooner); a failure worth retrying
+        is handed to tenacity as its first attempt's outcome, so the waits, logs and attempt
+        numbers are tenacity's as ever."""
         try:
             return self._attempt(fn)
         except Exception as exc:  # noqa: BLE001 - classified below, raised unless retried
             if not _should_retry(exc, replayable=replayable, wait_on_auth=self._wait_on_auth):
                 raise
             first_failure: list[Exception] = [exc]
+
+        import tenacity
 
         def attempt() -> T:
             if first_failure:
