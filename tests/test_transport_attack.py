@@ -1,0 +1,349 @@
+"""The transport attacked as a hostile world would (issue 10's own HTTP/1.1 client): servers
+that lie about framing, encode bodies that never end, and environments that break the socket
+layer or name a proxy with a password. Each test says what breaks when it fails; the ones in
+`TestFound` failed on the transport as first written (9a48dff), the ones in `TestHeld`
+passed there and stay as regression checks. Helpers are the scripted servers of
+test_transport.py."""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import socket
+import threading
+import time
+import tracemalloc
+import zlib
+from collections.abc import Callable
+from contextlib import closing
+
+import pytest
+
+from evalpush import errors
+from evalpush.transport import (
+    ConnectError,
+    Origin,
+    ProxyError,
+    ReadError,
+    ReadTimeout,
+    RemoteProtocolError,
+    StoppableTransport,
+    TransportError,
+    UnsupportedProtocol,
+    request_deadline,
+)
+from test_transport import (
+    TIMEOUTS,
+    Exchange,
+    Server,
+    answering,
+    body_of,
+    get,
+    ok,
+    once,
+    serve,  # noqa: F401 - a fixture
+    transport,  # noqa: F401 - a fixture
+)
+
+MIB = 1024 * 1024
+
+
+def chunked(*pieces: bytes, headers: bytes = b"") -> bytes:
+    """An answer whose body is `pieces`, one chunk each, then the last chunk."""
+    body = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
+    return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n%s\r\n%s0\r\n\r\n" % (headers, body)
+
+
+class TestFound:
+    """Each failed on 9a48dff; the docstring names what broke."""
+
+    def test_a_content_length_in_a_latin1_digit_is_a_protocol_error(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        transport: StoppableTransport,  # noqa: F811
+    ) -> None:
+        """`Content-Length: \\xb2` (latin-1 superscript two) passed `str.isdigit` and `int()`
+        raised ValueError out of `send`: not a TransportError, so the platform client did not
+        classify it (the answer to a create or finalize escaped as an unexpected exception)."""
+        server = serve(once(b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\nab"))
+        with pytest.raises(RemoteProtocolError):
+            body_of(get(transport, server.url))
+
+    def test_a_status_below_100_is_a_protocol_error(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        transport: StoppableTransport,  # noqa: F811
+    ) -> None:
+        """`HTTP/1.1 099` was taken as a final answer with status 99, which `from_status` calls
+        `Refused` ("sending it again will not help") although the server may have done the work:
+        an answer that is not HTTP must be a protocol error (Ambiguous)."""
+        server = serve(once(ok(b"{}").replace(b" 200 ", b" 099 ")))
+        with pytest.raises(RemoteProtocolError):
+            body_of(get(transport, server.url))
+
+    def test_a_socket_that_cannot_be_made_is_a_connect_error(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`socket.socket()` failing (EMFILE: out of descriptors; EAFNOSUPPORT: an IPv6 literal
+        on a host without IPv6) raised a bare OSError out of `send`. The platform client only
+        classifies TransportError, and the uploader takes a bare OSError for the trace file
+        being unreadable: the run was failed ("cannot read") instead of waiting as Unreachable."""
+        made = socket.socket
+
+        def out_of_descriptors(*args: object, **kwargs: object) -> socket.socket:
+            if "fileno" in kwargs:  # accept() wraps a descriptor it already has
+                return made(*args, **kwargs)  # type: ignore[arg-type]
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        monkeypatch.setattr(socket, "socket", out_of_descriptors)
+        with closing(StoppableTransport(threading.Event())) as client:
+            with pytest.raises(ConnectError):
+                get(client, "http://127.0.0.1:9")
+
+    @pytest.mark.parametrize(
+        "proxy",
+        [
+            "socks5://user:Pr0xyS3cretPw@proxy.example:1080",  # a scheme not spoken
+            "http://user:Pr0xyS3cretPw/x@proxy.example:3128",  # a '/' in the password
+        ],
+    )
+    def test_a_proxy_password_is_never_in_an_error(
+        self, monkeypatch: pytest.MonkeyPatch, proxy: str
+    ) -> None:
+        """A proxy URL the transport cannot use was quoted whole in `UnsupportedProtocol`,
+        password included; `scrub` only knows the API key, so the proxy's password went to the
+        log and the ledger's error text."""
+        monkeypatch.setenv("HTTPS_PROXY", proxy)
+        with closing(StoppableTransport(threading.Event())) as client:
+            with pytest.raises(UnsupportedProtocol) as raised:
+                get(client, "https://platform.example")
+        assert "Pr0xyS3cretPw" not in str(raised.value)
+        assert "Pr0xyS3cretPw" not in str(errors.from_transport_error(raised.value, what="x"))
+
+    def test_bytes_after_the_end_of_a_gzip_body_are_not_kept(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        transport: StoppableTransport,  # noqa: F811
+    ) -> None:
+        """zlib keeps every byte fed after the end of a compressed stream in `unused_data`,
+        copying it whole at each step. A gzip answer of `{}` followed by endless bytes decoded
+        to nothing, so the platform client's cap (on decoded bytes) never fired: memory grew by
+        all the server sent, with quadratic copying, until the 600 s deadline."""
+        junk = b"\0" * (64 * 1024)
+        pieces = [gzip.compress(b"{}"), *([junk] * 256)]  # 16 MiB after the end
+        server = serve(once(chunked(*pieces, headers=b"Content-Encoding: gzip\r\n")))
+        response = get(transport, server.url)
+        tracemalloc.start()
+        try:
+            with pytest.raises(RemoteProtocolError):
+                for _ in response.iter_bytes():
+                    pass
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            response.close()
+        assert peak < 4 * MIB
+
+    def test_a_gzip_body_cut_short_is_a_protocol_error(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        transport: StoppableTransport,  # noqa: F811
+    ) -> None:
+        """A gzip stream that stops before its end (the framing whole, the encoding not) was
+        read as a complete body: the start of the JSON handed on as the answer."""
+        whole = gzip.compress(b'{"id": "e-1", "note": "' + b"x" * 2000 + b'"}')
+        server = serve(once(ok(whole[: len(whole) // 2], b"Content-Encoding: gzip")))
+        with pytest.raises(RemoteProtocolError):
+            body_of(get(transport, server.url))
+
+    def test_a_zlib_deflate_body_whose_first_chunk_is_one_byte_is_decoded(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        transport: StoppableTransport,  # noqa: F811
+    ) -> None:
+        """Whether a deflate body is zlib-wrapped was judged on its first chunk alone; a first
+        chunk of one byte was taken for raw deflate, and a good answer failed to decode."""
+        wrapped = zlib.compress(b'{"a": 1}')
+        answer = chunked(wrapped[:1], wrapped[1:], headers=b"Content-Encoding: deflate\r\n")
+        server = serve(once(answer))
+        assert body_of(get(transport, server.url)) == b'{"a": 1}'
+
+    def test_an_answer_with_both_content_length_and_chunked_is_not_kept(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        transport: StoppableTransport,  # noqa: F811
+    ) -> None:
+        """RFC 9112 6.3: an answer with both may be an attempt at smuggling and its connection
+        must be closed after it; it was kept and reused."""
+        both = chunked(b"{}", headers=b"Content-Length: 2\r\n")
+        server = serve(answering(both, ok(b"next")), answering(ok(b"next")))
+        assert body_of(get(transport, server.url)) == b"{}"
+        assert body_of(get(transport, server.url)) == b"next"
+        assert server.connections == 2
+
+
+class TestHeld:
+    """Attacks the transport withstood on 9a48dff."""
+
+    def test_interim_answers_forever_end_at_the_deadline(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        transport: StoppableTransport,  # noqa: F811
+    ) -> None:
+        def forever(exchange: Exchange) -> None:
+            exchange.request()
+            while True:
+                exchange.send(b"HTTP/1.1 102 Processing\r\n\r\n")
+                time.sleep(0.05)
+
+        server = serve(forever)
+        started = time.monotonic()
+        with request_deadline(1.0), pytest.raises(ReadTimeout):
+            get(transport, server.url)
+        assert time.monotonic() - started < 2.0
+
+    def test_trailers_forever_end_at_the_deadline(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        transport: StoppableTransport,  # noqa: F811
+    ) -> None:
+        def forever(exchange: Exchange) -> None:
+            exchange.request()
+            exchange.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n")
+            while True:
+                exchange.send(b"X-More: " + b"a" * 1000 + b"\r\n")
+                time.sleep(0.01)
+
+        server = serve(forever)
+        response = get(transport, server.url)
+        with request_deadline(1.0), pytest.raises(ReadTimeout):
+            body_of(response)
+
+    @pytest.mark.parametrize(
+        "answer",
+        [
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}x",
+            b"HTTP/1.1 200 OK\r\nContent-Length: -2\r\n\r\n{}",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0x2\r\n\r\n{}",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-2\r\n{}\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"f" * 17 + b"\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}x\r\n0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nX-A: 1\r\n folded\r\nContent-Length: 2\r\n\r\n{}",
+            b"HTTP/1.1 200 OK\nContent-Length: 2\n\n{}",  # bare LF: waits for a CRLF, then closed
+            b"HTTP/1.1 101 Switching Protocols\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}",  # then the close
+        ],
+    )
+    def test_lying_framings_are_protocol_errors(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        transport: StoppableTransport,  # noqa: F811
+        answer: bytes,
+    ) -> None:
+        server = serve(once(answer))
+        with pytest.raises(RemoteProtocolError):
+            body_of(get(transport, server.url))
+
+    def test_junk_after_a_body_is_not_read_as_the_next_answer(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        transport: StoppableTransport,  # noqa: F811
+    ) -> None:
+        def pipelining(exchange: Exchange) -> None:
+            exchange.request()
+            exchange.send(ok(b"{}"))
+            time.sleep(0.1)  # after the body was read and the connection kept
+            exchange.send(ok(b"spoofed"))
+            exchange.request()
+
+        server = serve(pipelining, answering(ok(b"real")))
+        assert body_of(get(transport, server.url)) == b"{}"
+        time.sleep(0.3)
+        assert body_of(get(transport, server.url)) == b"real"
+        assert server.connections == 2
+
+    def test_a_connect_answer_with_bytes_after_it_is_refused(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        def proxy(exchange: Exchange) -> None:
+            exchange.request()
+            exchange.send(b"HTTP/1.1 200 Connection established\r\n\r\nHTTP/1.1 200 OK\r\n")
+            exchange.request()
+
+        server = serve(proxy)
+        monkeypatch.setenv("HTTPS_PROXY", server.url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        with closing(StoppableTransport(threading.Event())) as client:
+            with pytest.raises(ProxyError):
+                get(client, "https://platform.example")
+
+    def test_threads_sharing_one_transport_never_share_a_connection(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        transport: StoppableTransport,  # noqa: F811
+    ) -> None:
+        """Each answer echoes its request's path: an answer read by the wrong thread, or a
+        connection handed to two at once, shows as a mismatch or a protocol error."""
+
+        def echo(exchange: Exchange) -> None:
+            while request := exchange.request():
+                path = request.split(b" ", 2)[1]
+                if path.endswith(b"7"):
+                    exchange.send(ok(path, b"Connection: close"))
+                    return
+                exchange.send(ok(path))
+
+        server = serve(echo)
+        failures: list[BaseException] = []
+
+        def worker(n: int) -> None:
+            try:
+                for i in range(60):
+                    path = b"/t%d/%d" % (n, i)
+                    assert body_of(get(transport, server.url, path)) == path
+            except BaseException as exc:  # handed to the test thread
+                failures.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert failures == []
+
+    @pytest.mark.parametrize("phase", ["head", "body"])
+    def test_a_stop_ends_a_silent_server_within_a_slice(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        phase: str,
+    ) -> None:
+        def silent(exchange: Exchange) -> None:
+            exchange.request()
+            if phase == "body":
+                exchange.send(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{")
+            time.sleep(3)
+
+        server = serve(silent)
+        stop = threading.Event()
+        with closing(StoppableTransport(stop)) as client:
+            threading.Timer(0.3, stop.set).start()
+            started = time.monotonic()
+            with pytest.raises(ReadError, match="stop requested"):
+                body_of(get(client, server.url))
+        assert time.monotonic() - started < 1.5
+
+    def test_the_key_is_not_in_a_refused_header_error(self) -> None:
+        key = "pit_" + "k" * 40
+        with closing(StoppableTransport(threading.Event())) as client:
+            origin = Origin.of("http://127.0.0.1:9")
+            headers = [
+                (b"Host", origin.host_header),
+                (b"Authorization", b"Bearer %s\n" % key.encode()),
+            ]
+            with pytest.raises(TransportError) as raised:
+                client.send(b"GET", origin, b"/", headers, None, TIMEOUTS)
+        assert key not in str(raised.value)
