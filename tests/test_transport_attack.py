@@ -69,15 +69,19 @@ class TestFound:
         with pytest.raises(RemoteProtocolError):
             body_of(get(transport, server.url))
 
-    def test_a_status_below_100_is_a_protocol_error(
+    @pytest.mark.parametrize("status", [b"000", b"099", b"600", b"999"])
+    def test_a_status_outside_100_to_599_is_a_protocol_error(
         self,
         serve: Callable[..., Server],  # noqa: F811
         transport: StoppableTransport,  # noqa: F811
+        status: bytes,
     ) -> None:
-        """`HTTP/1.1 099` was taken as a final answer with status 99, which `from_status` calls
-        `Refused` ("sending it again will not help") although the server may have done the work:
-        an answer that is not HTTP must be a protocol error (Ambiguous)."""
-        server = serve(once(ok(b"{}").replace(b" 200 ", b" 099 ")))
+        """Any three digits were taken as a final answer's status. `from_status` calls 0-99
+        `Refused` ("sending it again will not help") and 600-999 `Transient` ("the platform did
+        not do the work"), which the retrier sends again even for a non-replayable create or
+        finalize, unreconciled: a second evaluation if the server had acted. An answer that is
+        not HTTP must be a protocol error (Ambiguous: reconcile before sending again)."""
+        server = serve(once(ok(b"{}").replace(b" 200 ", b" %s " % status)))
         with pytest.raises(RemoteProtocolError):
             body_of(get(transport, server.url))
 
