@@ -16,10 +16,13 @@ import tracemalloc
 import zlib
 from collections.abc import Callable
 from contextlib import closing
+from pathlib import Path
 
 import pytest
 
 from evalpush import errors
+from evalpush.config import PlatformConfig
+from evalpush.platform import PlatformClient
 from evalpush.transport import (
     ConnectError,
     Origin,
@@ -351,3 +354,20 @@ class TestHeld:
             with pytest.raises(TransportError) as raised:
                 client.send(b"GET", origin, b"/", headers, None, TIMEOUTS)
         assert key not in str(raised.value)
+
+
+class TestFoundThroughThePlatformClient:
+    def test_a_latin1_digit_content_length_beside_chunked_is_not_a_crash(
+        self,
+        serve: Callable[..., Server],  # noqa: F811
+        tmp_path: Path,
+    ) -> None:
+        """The transport frames a chunked answer by its chunks and leaves a Content-Length
+        beside it unread; `_read_capped` then took `"\\xb2".isdigit()` for a number and `int()`
+        raised ValueError out of the platform client, unclassified (for a create or finalize:
+        neither Ambiguous nor reconciled, an unexpected exception in the worker)."""
+        answer = chunked(b'{"id": "env-2"}', headers=b"Content-Length: \xb2\r\n")
+        server = serve(once(answer))
+        environ = {"PRIME_API_KEY": "k-attack-1", "PRIME_API_BASE_URL": server.url}
+        with PlatformClient(PlatformConfig(), environ=environ, home=tmp_path) as client:
+            assert client.resolve_environment("gsm8k") == "env-2"
