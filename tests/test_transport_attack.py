@@ -371,3 +371,32 @@ class TestFoundThroughThePlatformClient:
         environ = {"PRIME_API_KEY": "k-attack-1", "PRIME_API_BASE_URL": server.url}
         with PlatformClient(PlatformConfig(), environ=environ, home=tmp_path) as client:
             assert client.resolve_environment("gsm8k") == "env-2"
+
+
+class TestHeldHosts:
+    def test_an_ipv6_literal_is_reached_with_its_brackets_in_the_host(self) -> None:
+        listener = socket.create_server(("::1", 0), family=socket.AF_INET6)
+        listener.settimeout(5)
+        port = listener.getsockname()[1]
+        seen: list[bytes] = []
+
+        def answer() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                seen.append(Exchange(conn).request())
+                conn.sendall(ok(b"{}"))
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        try:
+            with closing(StoppableTransport(threading.Event())) as client:
+                assert body_of(get(client, f"http://[::1]:{port}")) == b"{}"
+        finally:
+            thread.join(5)
+            listener.close()
+        assert b"\r\nHost: [::1]:%d\r\n" % port in seen[0]
+
+    def test_a_host_that_is_not_ascii_is_sent_in_its_idna_spelling(self) -> None:
+        assert Origin.of("https://bücher.example").host_header == b"xn--bcher-kva.example"
+        with pytest.raises(ValueError):
+            Origin.of("https://" + "ü" * 70 + ".example")  # a label past 63 bytes
