@@ -476,7 +476,7 @@ class _TooLarge(errors.Transient):
 def _read_capped(response: Response, cap: int) -> bytearray | None:
     """The body, read as a stream; None as soon as it runs past `cap` bytes."""
     declared = response.headers.get("Content-Length", "")
-    if declared.isdigit() and int(declared) > cap:
+    if declared.isascii() and declared.isdigit() and int(declared) > cap:  # not "\xb2"
         return None
     body = bytearray()
     for chunk in response.iter_bytes():

@@ -296,7 +296,10 @@ def _is_address(host: str) -> bool:
 def _resolve(host: str, port: int, limit: _Limit) -> list[Any]:
     """The addresses to try; a name is looked up aside, so a stop need not wait for DNS."""
     if _is_address(host):  # a literal address: no lookup, nothing to wait for
-        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        try:
+            return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise ConnectError(f"{host}: {exc}") from None
     found: dict[str, Any] = {}
     done = threading.Event()
 
@@ -333,7 +336,11 @@ def _open_tcp(host: str, port: int, timeout: float, stop: threading.Event) -> _S
     limit = _Limit(timeout, stop)
     failures: list[OSError] = []
     for family, kind, proto, _, address in _resolve(host, port, limit):
-        sock = socket.socket(family, kind, proto)
+        try:  # EMFILE, or EAFNOSUPPORT for an IPv6 address on a host without IPv6
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:
+            failures.append(exc)
+            continue
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _connect(sock, address, limit)
@@ -377,7 +384,10 @@ class Origin:
         host = parts.hostname or ""  # lower case, brackets of an IPv6 address taken off
         if not host or not host.isprintable() or any(c in host for c in " /\\?#@%"):
             raise ValueError(f"{host!r} is not a host name")
-        port = parts.port  # ValueError when it is not a port number
+        try:
+            port = parts.port
+        except ValueError:  # urllib quotes the text, which may be a password cut short by a "/"
+            raise ValueError("the port is not a number from 0 to 65535") from None
         _ascii_host(host)  # ValueError when it has no IDNA spelling
         return cls(scheme, host, port or _DEFAULT_PORTS[scheme])
 
@@ -447,8 +457,10 @@ def _proxy_route(origin: Origin, proxies: Mapping[str, str]) -> _Route:
     parts = urllib.parse.urlsplit(proxy_url)
     try:
         proxy = Origin.of(parts)
-    except ValueError as exc:
-        raise UnsupportedProtocol(f"proxy {proxy_url!r}: {exc}") from None
+    except ValueError as exc:  # the URL is not quoted: it may hold the proxy's password
+        raise UnsupportedProtocol(
+            f"the {origin.scheme} proxy named by the environment: {exc}"
+        ) from None
     authorization = None
     if parts.username:
         import base64
@@ -481,8 +493,10 @@ _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _FIELD_VALUE = re.compile(rb"[^\x00-\x08\x0a-\x1f\x7f]*")
 """A header value we send: no control character but the tab (no CR or LF above all)."""
 _TARGET = re.compile(rb"[\x21-\x7e]+")
-_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: [^\x00-\x08\x0a-\x1f\x7f]*)?")
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9]{2})(?: [^\x00-\x08\x0a-\x1f\x7f]*)?")
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]+")
+_DIGITS = re.compile(r"[0-9]{1,18}")
+"""A Content-Length: ASCII digits (`str.isdigit` also takes "\xb2", which `int` refuses)."""
 _NO_BODY_STATUSES = frozenset({204, 304})
 
 
@@ -684,24 +698,44 @@ class _Body:
 
 def _decoded(chunks: Iterator[bytes], encoding: str) -> Iterator[bytes]:
     """`chunks` decompressed (gzip, deflate), in steps of at most `READ_BYTES` bytes out, so an
-    answer that inflates a thousandfold is stopped by the caller's cap like any other."""
+    answer that inflates a thousandfold is stopped by the caller's cap like any other. A body
+    that goes on after the end of its compressed stream, or stops before it, is a
+    `RemoteProtocolError`: zlib would keep every byte after the end (copying them all at each
+    step) while putting out nothing for the cap to count."""
     if encoding in ("gzip", "x-gzip"):
         decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
     else:  # deflate: zlib-wrapped as the RFC says, or raw as some servers send it
         decompressor = None
+    start = b""  # deflate: its first two bytes tell which, and a chunk may hold one
+    fed = False
     try:
         for raw in chunks:
             if decompressor is None:
-                wrapped = len(raw) > 1 and raw[0] & 0x0F == 8 and (raw[0] << 8 | raw[1]) % 31 == 0
+                start += raw
+                if len(start) < 2:
+                    continue
+                raw, start = start, b""
+                wrapped = raw[0] & 0x0F == 8 and (raw[0] << 8 | raw[1]) % 31 == 0
                 decompressor = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+            if decompressor.eof:
+                raise RemoteProtocolError(f"bytes after the end of the {encoding} body")
+            fed = True
             data = raw
             while data:
                 out = decompressor.decompress(data, READ_BYTES)
                 if out:
                     yield out
+                if decompressor.unused_data:
+                    raise RemoteProtocolError(f"bytes after the end of the {encoding} body")
                 data = decompressor.unconsumed_tail
-        if decompressor is not None and (rest := decompressor.flush()):
-            yield rest
+        if start:
+            raise RemoteProtocolError(f"a {encoding} body that stops before its end")
+        if fed:
+            assert decompressor is not None
+            if rest := decompressor.flush():  # what the last step held back (a match's end)
+                yield rest
+            if not decompressor.eof:
+                raise RemoteProtocolError(f"a {encoding} body that stops before its end")
     except zlib.error as exc:
         raise RemoteProtocolError(f"an answer that does not decode as {encoding}: {exc}") from None
 
@@ -845,12 +879,15 @@ class StoppableTransport:
         if coding is not None:
             if coding.strip().lower() != "chunked":
                 raise RemoteProtocolError(f"an answer in transfer coding {coding!r}")
+            # With a Content-Length too it may be smuggling: the connection ends with it (RFC
+            # 9112 6.3).
+            reusable = reusable and "content-length" not in fields
             return _Body(self, connection, timeout, None, True, reusable)
         declared = fields.get("content-length")
         if declared is None:
             return _Body(self, connection, timeout, None, False, False)
         lengths = {value.strip() for value in declared.split(",")}
-        if len(lengths) != 1 or not (length := lengths.pop()).isdigit() or len(length) > 18:
+        if len(lengths) != 1 or _DIGITS.fullmatch(length := lengths.pop()) is None:
             raise RemoteProtocolError(f"a malformed Content-Length: {declared[:40]!r}")
         return _Body(self, connection, timeout, int(length), False, reusable)
 
