@@ -27,6 +27,7 @@ from evalpush.transport import (
     Response,
     StoppableTransport,
     Timeouts,
+    UnsupportedProtocol,
 )
 
 TIMEOUTS = Timeouts(connect=5.0, read=5.0, write=5.0)
@@ -505,3 +506,60 @@ class TestProxies:
             transport.close()
         assert seen[0].startswith(b"CONNECT platform.test:443 HTTP/1.1\r\nHost: platform.test:443")
         assert isinstance(errors.from_transport_error(raised.value, what="x"), errors.Unreachable)
+
+
+class TestProxyChoices:
+    def test_an_all_proxy_that_is_not_http_is_left_aside(
+        self, serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """ALL_PROXY=socks5://... is for curl and git; the platform is then reached directly."""
+        server = serve(answering(ok(b"direct")))
+        for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:9")
+        transport = StoppableTransport(threading.Event())
+        try:
+            assert body_of(get(transport, server.url)) == b"direct"
+        finally:
+            transport.close()
+
+    def test_an_https_proxy_for_an_https_platform_is_refused_as_unsendable(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """TLS inside TLS is not supported: said at once, not waited on as an outage."""
+        monkeypatch.setenv("HTTPS_PROXY", "https://127.0.0.1:9")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        transport = StoppableTransport(threading.Event())
+        try:
+            with pytest.raises(UnsupportedProtocol, match="TLS inside TLS") as raised:
+                get(transport, "https://platform.test")
+        finally:
+            transport.close()
+        assert isinstance(errors.from_transport_error(raised.value, what="x"), errors.Unsendable)
+
+    def test_a_proxy_password_without_a_user_is_sent_as_curl_sends_it(
+        self, serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        seen: list[bytes] = []
+
+        def proxy(exchange: Exchange) -> None:
+            seen.append(exchange.request())
+            exchange.send(ok(b""))
+
+        server = serve(proxy)
+        monkeypatch.setenv("HTTP_PROXY", f"http://:secret@127.0.0.1:{server.port}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        transport = StoppableTransport(threading.Event())
+        try:
+            body_of(get(transport, "http://platform.test"))
+        finally:
+            transport.close()
+        assert b"\r\nProxy-Authorization: Basic OnNlY3JldA==\r\n" in seen[0]  # ":secret"
+
+
+@pytest.mark.parametrize("url", ["http://host:0", "ftp://host", "http://", "http://a b"])
+def test_a_url_that_names_no_place_to_connect_to_is_refused(url: str) -> None:
+    with pytest.raises(ValueError):
+        Origin.of(url)

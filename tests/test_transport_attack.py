@@ -403,14 +403,10 @@ class TestHeldHosts:
             Origin.of("https://" + "ü" * 70 + ".example")  # a label past 63 bytes
 
 
-class TestFoundNotFixed:
-    """Found and left for a decision (strict xfail: each fails on the transport as it is)."""
+class TestFoundThenDecided:
+    """Found here and fixed once decided: ALL_PROXY read as httpx and curl read it (a socks one
+    left aside), and an error status standing whatever its body."""
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="ALL_PROXY is not read; httpx and curl read it (a socks URL there would then make "
-        "every request Unsendable, so the fix wants a decision)",
-    )
     def test_all_proxy_is_used_as_httpx_used_it(
         self,
         serve: Callable[..., Server],  # noqa: F811
@@ -432,11 +428,6 @@ class TestFoundNotFixed:
             assert body_of(get(client, "http://platform.invalid")) == b"{}"
         assert seen[0].startswith(b"GET http://platform.invalid/x HTTP/1.1\r\n")
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="the error answer's body is read before its status is classified, and a body "
-        "that fails to read turns the status into Ambiguous",
-    )
     @pytest.mark.parametrize(
         "answer",
         [

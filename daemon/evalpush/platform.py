@@ -487,13 +487,20 @@ def _read_capped(response: Response, cap: int) -> bytearray | None:
 
 
 def _read_start(response: Response) -> str:
-    """The start of an error answer's body, as text; the rest is never read."""
+    """The start of an error answer's body, as text; the rest is never read. A body that
+    cannot be read (cut short, an encoding not asked for) is said so: the status stands,
+    whatever its body (a 401 read as a broken exchange would be retried, not paused on)."""
     body = bytearray()
-    for chunk in response.iter_bytes():
-        body += chunk
-        if len(body) >= ERROR_BODY_BYTES:
-            break
-    return body[:ERROR_BODY_BYTES].decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
+    unreadable = ""
+    try:
+        for chunk in response.iter_bytes():
+            body += chunk
+            if len(body) >= ERROR_BODY_BYTES:
+                break
+    except TransportError as exc:
+        unreadable = f" [the rest of the body could not be read: {exc}]"
+    text = body[:ERROR_BODY_BYTES].decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
+    return text + unreadable
 
 
 def _smaller_page(limit: int, seen: int) -> int:

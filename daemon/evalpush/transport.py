@@ -19,10 +19,11 @@ What it promises:
   body cut short. A connection is kept for the next request only after an answer was read to
   its end with nothing after it; an idle one is dropped after `KEEPALIVE_SECONDS`, or at once
   when the server closed it (or spoke out of turn) meanwhile.
-- Proxies named by the standard environment variables (`HTTPS_PROXY`, `NO_PROXY`, ...) are used
-  as curl and httpx use them: an http URL is asked of the proxy in absolute form, an https URL
-  through a CONNECT tunnel, both over the same sliced sockets. TLS inside TLS (an https proxy
-  in front of an https platform) is not supported.
+- Proxies named by the standard environment variables (`HTTPS_PROXY`, `ALL_PROXY`, `NO_PROXY`,
+  ...) are used as curl and httpx use them: an http URL is asked of the proxy in absolute
+  form, an https URL through a CONNECT tunnel, both over the same sliced sockets. An
+  `ALL_PROXY` that is not http(s) (socks, for curl and git) is left aside; TLS inside TLS (an
+  https proxy in front of an https platform) is refused as `UnsupportedProtocol`.
 
 Why its own: httpx's timeouts are per phase and per socket read, so a body that keeps
 trickling never times out, and nothing in httpx or httpcore watches an event; this transport
@@ -388,8 +389,10 @@ class Origin:
             port = parts.port
         except ValueError:  # urllib quotes the text, which may be a password cut short by a "/"
             raise ValueError("the port is not a number from 0 to 65535") from None
+        if port == 0:
+            raise ValueError("port 0 is no port to connect to")
         _ascii_host(host)  # ValueError when it has no IDNA spelling
-        return cls(scheme, host, port or _DEFAULT_PORTS[scheme])
+        return cls(scheme, host, _DEFAULT_PORTS[scheme] if port is None else port)
 
     @property
     def connect_host(self) -> str:
@@ -445,7 +448,12 @@ def _proxies_from_environment() -> dict[str, str]:
 
 
 def _proxy_route(origin: Origin, proxies: Mapping[str, str]) -> _Route:
+    """The route for `origin`: its scheme's proxy, else ALL_PROXY's, unless NO_PROXY names it.
+    An ALL_PROXY that is not http(s) (socks, as curl and git use it) is not for us: direct."""
     proxy_url = proxies.get(origin.scheme)
+    from_all = not proxy_url
+    if from_all:
+        proxy_url = proxies.get("all")
     if not proxy_url:
         return _Route(origin, None, None)
     import urllib.request
@@ -455,14 +463,21 @@ def _proxy_route(origin: Origin, proxies: Mapping[str, str]) -> _Route:
     if "://" not in proxy_url:
         proxy_url = f"http://{proxy_url}"
     parts = urllib.parse.urlsplit(proxy_url)
+    if from_all and parts.scheme.lower() not in _DEFAULT_PORTS:
+        return _Route(origin, None, None)
     try:
         proxy = Origin.of(parts)
     except ValueError as exc:  # the URL is not quoted: it may hold the proxy's password
         raise UnsupportedProtocol(
             f"the {origin.scheme} proxy named by the environment: {exc}"
         ) from None
+    if proxy.scheme == "https" and origin.scheme == "https":
+        raise UnsupportedProtocol(
+            "an https proxy in front of an https platform (TLS inside TLS) is not supported; "
+            "name the proxy as http://"
+        )
     authorization = None
-    if parts.username:
+    if parts.username or parts.password:
         import base64
 
         user = urllib.parse.unquote(parts.username)
