@@ -7,6 +7,7 @@ import io
 import json
 import warnings
 
+import pytest
 import structlog
 
 from evalpush import log
@@ -33,3 +34,22 @@ def test_a_library_warning_is_a_json_log_line_and_watchdogs_double_watch_notice_
         ("python warning", "DeprecationWarning", "a deprecated call")
     ]
     assert lines[0]["level"] == "warning" and "test_log.py:" in lines[0]["where"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "sk-holds-0123456789abcdef",
+        "prefix-0123456789abcdef-suffix",
+        "x" * 300 + "89abcdef",  # a run of it at the very end
+        "sk-holds%2D0123",  # quoted as in a URL
+        "Authorization: Bearer abcdefgh12345678",
+        "e1",
+        "https://app.test/dashboard/evaluations/e1",
+        "0123456",  # shorter than a run
+        "",
+    ],
+)
+def test_holds_secret_says_exactly_when_scrub_would_change_the_text(text: str) -> None:
+    log.register_secret("sk-holds-0123456789abcdef")
+    assert log.holds_secret(text) == (log.scrub(text) != text)

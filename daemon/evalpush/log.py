@@ -52,6 +52,8 @@ _secrets: set[str] = set()
 _parts: re.Pattern[str] | None = None
 """Matches where any run of MIN_SECRET_CHARS characters of a secret's forms starts (lookahead,
 so overlapping runs are all found); None while no secret is registered."""
+_runs: frozenset[str] = frozenset()
+"""Those runs, for `holds_secret`'s window lookups."""
 
 
 def _forms(secret: str) -> set[str]:
@@ -66,7 +68,7 @@ def _forms(secret: str) -> set[str]:
 
 def register_secret(value: str | None) -> None:
     """Never let `value`, or a part of it, leave the process again."""
-    global _parts
+    global _parts, _runs
     if not value or len(value) < MIN_SECRET_CHARS:
         return
     with _lock:
@@ -81,6 +83,7 @@ def register_secret(value: str | None) -> None:
         }
         alternatives = "|".join(re.escape(run) for run in sorted(runs))
         _parts = re.compile(f"(?=(?:{alternatives}))")
+        _runs = frozenset(runs)
 
 
 def scrub(text: str) -> str:
@@ -89,6 +92,18 @@ def scrub(text: str) -> str:
     if parts is not None:
         text = _blank(text, parts)
     return _BEARER.sub(rf"\1{REDACTED}", text)
+
+
+def holds_secret(text: str) -> bool:
+    """Whether `scrub` would change `text`: a secret, part of one, or a bearer token in it. A
+    lookup per window, not `scrub`'s regex: ids and URLs from the platform are checked so
+    several times per run."""
+    runs = _runs
+    if runs:
+        for start in range(len(text) - MIN_SECRET_CHARS + 1):
+            if text[start : start + MIN_SECRET_CHARS] in runs:
+                return True
+    return _BEARER.search(text) is not None
 
 
 def _blank(text: str, parts: re.Pattern[str]) -> str:

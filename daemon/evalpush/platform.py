@@ -44,7 +44,7 @@ import msgspec
 
 from evalpush import __version__, errors
 from evalpush.config import PlatformConfig
-from evalpush.log import get_logger, register_secret, scrub
+from evalpush.log import get_logger, holds_secret, register_secret, scrub
 from evalpush.transport import (
     Origin,
     Response,
@@ -378,7 +378,7 @@ def is_platform_id(value: str) -> bool:
     """Whether `value` looks like an id the platform hands out: UUID-like, letters, digits, `_`
     and `-`, at most 128 characters, and nothing of the API key in it. Anything else (a `/`,
     `..`, `?`, whitespace, a control character) is not put into a URL."""
-    return _ID.fullmatch(value) is not None and scrub(value) == value
+    return _ID.fullmatch(value) is not None and not holds_secret(value)
 
 
 def _id_value(value: Any) -> str | None:
@@ -411,7 +411,7 @@ def _safe_url(value: Any) -> str | None:
         Origin.of(text)
     except ValueError:
         return None
-    return text if scrub(text) == text else None
+    return None if holds_secret(text) else text
 
 
 def _viewer_url_in(data: Any) -> str | None:
