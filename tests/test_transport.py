@@ -6,6 +6,7 @@ test_hostile_platform.py (the local platform), test_transport_tls.py (TLS)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import socket
 import threading
@@ -448,115 +449,95 @@ class TestRequests:
         ]
 
 
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+
+@contextlib.contextmanager
+def proxied(monkeypatch: pytest.MonkeyPatch, **variables: str) -> Iterator[StoppableTransport]:
+    """A transport built under exactly these proxy variables (the others unset)."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    transport = StoppableTransport(threading.Event())
+    try:
+        yield transport
+    finally:
+        transport.close()
+
+
+def recording(seen: list[bytes], answer: bytes) -> Script:
+    """Note each request whole, answer `answer`."""
+
+    def script(exchange: Exchange) -> None:
+        seen.append(exchange.request())
+        exchange.send(answer)
+
+    return script
+
+
 class TestProxies:
     def test_an_http_url_is_asked_of_the_proxy_in_absolute_form_with_its_credentials(
         self, serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
     ) -> None:
         seen: list[bytes] = []
-
-        def proxy(exchange: Exchange) -> None:
-            seen.append(exchange.request())
-            exchange.send(ok(b"via proxy"))
-
-        server = serve(proxy)
-        monkeypatch.setenv("HTTP_PROXY", f"http://user:p%40ss@127.0.0.1:{server.port}")
-        monkeypatch.delenv("NO_PROXY", raising=False)
-        monkeypatch.delenv("no_proxy", raising=False)
-        transport = StoppableTransport(threading.Event())
-        try:
+        server = serve(recording(seen, ok(b"via proxy")))
+        proxy = f"http://user:p%40ss@127.0.0.1:{server.port}"
+        with proxied(monkeypatch, HTTP_PROXY=proxy) as transport:
             assert body_of(get(transport, "http://platform.test:8080", b"/api")) == b"via proxy"
-        finally:
-            transport.close()
         (request,) = seen
         assert request.startswith(b"GET http://platform.test:8080/api HTTP/1.1\r\n")
         assert b"\r\nProxy-Authorization: Basic dXNlcjpwQHNz\r\n" in request  # user:p@ss
-
-    def test_no_proxy_hosts_are_reached_directly(
-        self, serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        server = serve(answering(ok(b"direct")))
-        monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-        transport = StoppableTransport(threading.Event())
-        try:
-            assert body_of(get(transport, server.url)) == b"direct"
-        finally:
-            transport.close()
-
-    def test_a_tunnel_the_proxy_refuses_is_unreachable_not_ambiguous(
-        self, serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        seen: list[bytes] = []
-
-        def refusing(exchange: Exchange) -> None:
-            seen.append(exchange.request())
-            exchange.send(
-                b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n"
-            )
-
-        server = serve(refusing)
-        monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{server.port}")
-        monkeypatch.delenv("NO_PROXY", raising=False)
-        monkeypatch.delenv("no_proxy", raising=False)
-        transport = StoppableTransport(threading.Event())
-        try:
-            with pytest.raises(ProxyError, match="HTTP 407") as raised:
-                get(transport, "https://platform.test")
-        finally:
-            transport.close()
-        assert seen[0].startswith(b"CONNECT platform.test:443 HTTP/1.1\r\nHost: platform.test:443")
-        assert isinstance(errors.from_transport_error(raised.value, what="x"), errors.Unreachable)
-
-
-class TestProxyChoices:
-    def test_an_all_proxy_that_is_not_http_is_left_aside(
-        self, serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """ALL_PROXY=socks5://... is for curl and git; the platform is then reached directly."""
-        server = serve(answering(ok(b"direct")))
-        for name in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:9")
-        transport = StoppableTransport(threading.Event())
-        try:
-            assert body_of(get(transport, server.url)) == b"direct"
-        finally:
-            transport.close()
-
-    def test_an_https_proxy_for_an_https_platform_is_refused_as_unsendable(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """TLS inside TLS is not supported: said at once, not waited on as an outage."""
-        monkeypatch.setenv("HTTPS_PROXY", "https://127.0.0.1:9")
-        monkeypatch.delenv("NO_PROXY", raising=False)
-        monkeypatch.delenv("no_proxy", raising=False)
-        transport = StoppableTransport(threading.Event())
-        try:
-            with pytest.raises(UnsupportedProtocol, match="TLS inside TLS") as raised:
-                get(transport, "https://platform.test")
-        finally:
-            transport.close()
-        assert isinstance(errors.from_transport_error(raised.value, what="x"), errors.Unsendable)
 
     def test_a_proxy_password_without_a_user_is_sent_as_curl_sends_it(
         self, serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
     ) -> None:
         seen: list[bytes] = []
-
-        def proxy(exchange: Exchange) -> None:
-            seen.append(exchange.request())
-            exchange.send(ok(b""))
-
-        server = serve(proxy)
-        monkeypatch.setenv("HTTP_PROXY", f"http://:secret@127.0.0.1:{server.port}")
-        monkeypatch.delenv("NO_PROXY", raising=False)
-        monkeypatch.delenv("no_proxy", raising=False)
-        transport = StoppableTransport(threading.Event())
-        try:
+        server = serve(recording(seen, ok(b"")))
+        proxy = f"http://:secret@127.0.0.1:{server.port}"
+        with proxied(monkeypatch, HTTP_PROXY=proxy) as transport:
             body_of(get(transport, "http://platform.test"))
-        finally:
-            transport.close()
         assert b"\r\nProxy-Authorization: Basic OnNlY3JldA==\r\n" in seen[0]  # ":secret"
+
+    @pytest.mark.parametrize(
+        "variables",
+        [
+            {"HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1"},  # 9: nothing listens
+            {"ALL_PROXY": "socks5://127.0.0.1:9"},  # for curl and git: not ours to use
+        ],
+        ids=["NO_PROXY", "a socks ALL_PROXY"],
+    )
+    def test_the_platform_is_reached_directly(
+        self,
+        serve: Callable[..., Server],
+        monkeypatch: pytest.MonkeyPatch,
+        variables: dict[str, str],
+    ) -> None:
+        server = serve(answering(ok(b"direct")))
+        with proxied(monkeypatch, **variables) as transport:
+            assert body_of(get(transport, server.url)) == b"direct"
+
+    def test_a_tunnel_the_proxy_refuses_is_unreachable_not_ambiguous(
+        self, serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        seen: list[bytes] = []
+        refused = b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n"
+        server = serve(recording(seen, refused))
+        with proxied(monkeypatch, HTTPS_PROXY=f"http://127.0.0.1:{server.port}") as transport:
+            with pytest.raises(ProxyError, match="HTTP 407") as raised:
+                get(transport, "https://platform.test")
+        assert seen[0].startswith(b"CONNECT platform.test:443 HTTP/1.1\r\nHost: platform.test:443")
+        assert isinstance(errors.from_transport_error(raised.value, what="x"), errors.Unreachable)
+
+    def test_an_https_proxy_for_an_https_platform_is_refused_as_unsendable(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """TLS inside TLS is not supported: said at once, not waited on as an outage."""
+        with proxied(monkeypatch, HTTPS_PROXY="https://127.0.0.1:9") as transport:
+            with pytest.raises(UnsupportedProtocol, match="TLS inside TLS") as raised:
+                get(transport, "https://platform.test")
+        assert isinstance(errors.from_transport_error(raised.value, what="x"), errors.Unsendable)
 
 
 @pytest.mark.parametrize("url", ["http://host:0", "ftp://host", "http://", "http://a b"])
