@@ -11,13 +11,18 @@ counted by kind, the push's ledger write transactions and syncs of its write-ahe
 by a `sitecustomize` hook in the child), and the local platform's CPU apart. Per run this is
 what the per-run costs of the exactly-once protocol add up to.
 
-    python bench/many_runs.py [--runs 1000] [--repeat 3] [--at REV]
+`--pin` runs the local platform on the last CPU and the push on the others, as if the platform
+were a machine of its own (as the real one is): on a 2-core box, each gets one core, so the rate
+is the push's own rather than what two processes sharing two cores can do together.
+
+    python bench/many_runs.py [--runs 1000] [--repeat 3] [--at REV] [--pin]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import uuid
@@ -118,10 +123,14 @@ class ManyRuns:
     syncs: int  # -1: SQLite synced at every commit (synchronous=FULL), so syncs = writes
 
 
-def push_all(root: Path, count: int, hook_dir: Path) -> ManyRuns:
+def push_all(root: Path, count: int, hook_dir: Path, *, pin: bool = False) -> ManyRuns:
+    cpus = sorted(os.sched_getaffinity(0))
+    if pin and len(cpus) < 2:
+        raise SystemExit("--pin needs at least 2 CPUs")
+    ours = ["taskset", "-c", ",".join(map(str, cpus[:-1]))] if pin else []
     with tempfile.TemporaryDirectory(prefix="bench-many-", dir=push.BENCH / ".cache") as tmp:
         work = Path(tmp)
-        platform = push.Platform(work)
+        platform = push.Platform(work, cpus={cpus[-1]} if pin else None)
         try:
             env = {
                 "PRIME_API_KEY": push.PLATFORM_KEY,
@@ -131,7 +140,7 @@ def push_all(root: Path, count: int, hook_dir: Path) -> ManyRuns:
                 "BENCH_MANY_RUNS_LEDGER_FILE": str(work / "ledger-counts"),
             }
             with push.child_environ(env):
-                m = measure([sys.executable, "-m", "evalpush", "push", str(root)], hook_dir)
+                m = measure([*ours, sys.executable, "-m", "evalpush", "push", str(root)], hook_dir)
             check(platform, count)
             requests = platform.get("/_control/summary")["requests"]
             platform_cpu = platform.cpu_seconds()
@@ -147,6 +156,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cache", type=Path, default=push.BENCH / ".cache")
     parser.add_argument("--at", default=None, help="run the daemon as committed at REV")
+    parser.add_argument(
+        "--pin", action="store_true", help="the platform on the last CPU, the push on the others"
+    )
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     root = the_runs(args.runs, args.cache)
@@ -154,9 +166,12 @@ def main() -> None:
         (Path(hook) / "sitecustomize.py").write_text(PEAK_HOOK + LEDGER_HOOK)
         if args.at:
             push.SOURCE["PYTHONPATH"] = push.checkout(args.at, Path(hook))
-        runs = [push_all(root, args.runs, Path(hook)) for _ in range(args.repeat)]
+        runs = [push_all(root, args.runs, Path(hook), pin=args.pin) for _ in range(args.repeat)]
     best = min(runs, key=lambda r: r.measure.wall_seconds)
     m, n = best.measure, args.runs
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        print(f"pinned: the platform on CPU {cpus[-1]}, the push on CPUs {cpus[:-1]}")
     print(
         f"{n} one-trace runs, best of {args.repeat} (walls: "
         + ", ".join(f"{r.measure.wall_seconds:.2f}" for r in runs)

@@ -45,6 +45,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -177,7 +178,8 @@ def terminate(proc: subprocess.Popen[bytes]) -> None:
 class Platform:
     """`evalpush local-platform` as a subprocess with a SQLite db in `workdir`."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, cpus: set[int] | None = None):
+        """`cpus`: the CPUs the platform may run on (all by default)."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.db = workdir / "platform.db"
@@ -203,6 +205,7 @@ class Platform:
             stderr=subprocess.STDOUT,
             cwd=REPO,
             env=env,
+            preexec_fn=None if cpus is None else partial(os.sched_setaffinity, 0, cpus),
         )
         deadline = time.monotonic() + START_TIMEOUT
         while True:
