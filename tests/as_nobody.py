@@ -61,7 +61,6 @@ def _import_everything() -> None:
 LAZY_LIBRARIES = (
     "msgspec",
     "orjson",
-    "pydantic_settings",
     "rich.console",
     "rich.progress",
     "structlog",

@@ -30,20 +30,17 @@ NEVER_FOR_PUSH = {
     "httpcore": "imported by httpx",
     "h11": "imported by httpx",
     "rich": "the progress bar, on a terminal only",
+    "pydantic_settings": "no longer used: config_sources.py merges the sources itself",
+    "asyncio": "nothing a push runs needs an event loop",
 }
 ONLY_FOR_HTTPS = {
-    "ssl": "TLS, for an https platform only (this one is http on loopback; asyncio, which "
-    "pydantic-settings imports, brings it too)",
+    "ssl": "TLS, for an https platform only (this one is http on loopback)",
 }
 ONLY_FOR_VALIDATION = {
     "pydantic": "validates keyword arguments, flags, setting variables and config files",
     "pydantic_core": "imported by pydantic",
     "annotated_types": "imported by pydantic",
     "typing_inspection": "imported by pydantic",
-}
-ONLY_FOR_SETTINGS = {
-    "pydantic_settings": "reads EVALPUSH_* variables and config files",
-    "asyncio": "imported by pydantic-settings",
 }
 
 
@@ -83,7 +80,7 @@ def test_a_push_with_no_setting_to_read_imports_none_of_the_heavy_modules_it_doe
     imported = imported_by_push(platform, tmp_path)
 
     assert {"evalpush", "msgspec", "sqlite3"} <= imported
-    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_HTTPS, **ONLY_FOR_VALIDATION, **ONLY_FOR_SETTINGS}
+    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_HTTPS, **ONLY_FOR_VALIDATION}
     assert {name: why for name, why in unwanted.items() if name in imported} == {}
 
 
@@ -94,18 +91,19 @@ def test_a_push_given_only_its_state_dir_in_the_environment_uses_it_and_imports_
 
     imported = imported_by_push(platform, tmp_path, EVALPUSH_STATE_DIR=str(state))
 
-    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_HTTPS, **ONLY_FOR_VALIDATION, **ONLY_FOR_SETTINGS}
+    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_HTTPS, **ONLY_FOR_VALIDATION}
     assert {name: why for name, why in unwanted.items() if name in imported} == {}
     assert (state / "state.db").is_file()
 
 
-def test_a_push_with_a_setting_in_the_environment_loads_it_through_pydantic_settings(
+def test_a_push_with_a_setting_in_the_environment_validates_it_with_pydantic(
     platform: LocalPlatform, tmp_path: Path
 ) -> None:
     imported = imported_by_push(platform, tmp_path, EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="7")
 
-    assert {"pydantic", "pydantic_settings"} <= imported
-    assert {name: why for name, why in NEVER_FOR_PUSH.items() if name in imported} == {}
+    assert "pydantic" in imported
+    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_HTTPS}
+    assert {name: why for name, why in unwanted.items() if name in imported} == {}
 
 
 @pytest.mark.parametrize(
@@ -128,11 +126,11 @@ def test_a_push_with_a_setting_in_the_environment_loads_it_through_pydantic_sett
         ("evalpush_state_dir", "/lower/case"),
     ],
 )
-def test_the_state_dir_variable_alone_gives_the_config_pydantic_settings_builds_from_it(
+def test_the_state_dir_variable_alone_gives_the_config_the_validated_sources_build_from_it(
     name: str, value: str
 ) -> None:
-    # EVALPUSH_LOG__FORMAT at its default makes load_config take pydantic-settings' path
-    # without changing a value.
+    # EVALPUSH_LOG__FORMAT at its default makes load_config merge and validate the sources
+    # (config_sources.py) without changing a value.
     plain = load_config(environ={name: value})
     sourced = load_config(environ={name: value, "EVALPUSH_LOG__FORMAT": "auto"})
 
@@ -149,9 +147,9 @@ def test_the_state_dir_variable_alone_gives_the_config_pydantic_settings_builds_
         {"upload": {"max_batch_samples": 7}, "log": {"level": "DEBUG"}},
     ],
 )
-def test_flags_alone_validate_to_the_config_pydantic_settings_builds_from_them(flags) -> None:
-    # EVALPUSH_LOG__FORMAT at its default makes load_config take pydantic-settings' path
-    # without changing a value.
+def test_flags_alone_validate_to_the_config_the_sources_build_from_them(flags) -> None:
+    # EVALPUSH_LOG__FORMAT at its default makes load_config merge and validate the sources
+    # (config_sources.py) without changing a value.
     plain = load_config(environ={}, flags=flags)
     sourced = load_config(environ={"EVALPUSH_LOG__FORMAT": "auto"}, flags=flags)
 

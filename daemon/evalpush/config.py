@@ -7,12 +7,12 @@ variable): `evalpush push` with none of these, or with only `EVALPUSH_STATE_DIR`
 pydantic (it was a third of the instructions to its first request).
 
 Precedence, highest first: command-line flag > environment variable > config file > default
-(`evalpush.config_sources`, which holds pydantic-settings' part and is imported only when there
-is a variable or a file to read). The sources:
+(`evalpush.config_sources`, which merges them key by key and is imported only when there is
+a variable or a file to read). The sources:
 
 - flags: `load_config(flags={section: {key: value}})`, the command-line values that were given;
-- the environment: `EVALPUSH_<SECTION>__<KEY>` for any key (pydantic-settings' prefix and
-  nesting), plus `EVALPUSH_STATE_DIR` (short for `EVALPUSH_STATE__DIR`, and wins over it).
+- the environment: `EVALPUSH_<SECTION>__<KEY>` for any key (the prefix and nesting
+  pydantic-settings used), plus `EVALPUSH_STATE_DIR` (short for `EVALPUSH_STATE__DIR`, and wins over it).
   Where a key wants an array the value is TOML, as in the file (`["/data/a", "/data/b"]`);
   otherwise it is the plain string, which validation reads as the key's type (`60` is a number
   for a number key and stays "60" for a string key); a quoted string loses its quotes. Any other
@@ -297,7 +297,7 @@ class MetricsConfig(_Settings):
 @_SECTION
 class Config(_Settings):
     """Every setting. `Config(...)` validates what it is given on the defaults and reads
-    nothing; `load_config` adds the file and the environment (through pydantic-settings)."""
+    nothing; `load_config` adds the file and the environment (`config_sources`)."""
 
     watch: WatchConfig = _setting(factory=WatchConfig)
     runs: RunsConfig = _setting(factory=RunsConfig)
@@ -493,22 +493,17 @@ def load_config(
         path, what = Path(environ[CONFIG_VARIABLE]), f"config file (named by {CONFIG_VARIABLE})"
     variables = _sort_variables(environ)
     if path is None and not flags and variables.values.keys() <= {_STATE_DIR_KEY}:
-        # Nothing for pydantic to validate (it and pydantic-settings were over a third of what
-        # `evalpush push` ran before its first request): the defaults, and the state dir as is.
+        # Nothing for pydantic to validate (it was a third of what `evalpush push` ran before
+        # its first request): the defaults, and the state dir as it is.
         if variables.problems:
             raise _invalid(variables.problems)
         return _with_state_dir(variables.values.get(_STATE_DIR_KEY))
     from pydantic import ValidationError  # there is something to validate
 
-    try:
-        if variables.values or path is not None:
-            from evalpush.config_sources import load_sources
+    from evalpush.config_sources import load_sources
 
-            config = load_sources(flags, variables.values, path, what)
-        else:
-            # Nothing for pydantic-settings to read, so it is not imported: validating the
-            # flags on the defaults is what it would do.
-            config = Config(**flags)
+    try:
+        config = load_sources(flags, variables.values, path, what)
     except ConfigError as exc:  # the file cannot be read
         raise _invalid([*variables.problems, str(exc)]) from None
     except ValidationError as exc:
@@ -522,8 +517,8 @@ def load_config(
 
 
 def _with_state_dir(raw: str | None) -> Config:
-    """The defaults, with `EVALPUSH_STATE_DIR`'s value as the state dir: what pydantic-settings
-    makes of it (any string is a path; a quoted one loses its quotes), without loading it."""
+    """The defaults, with `EVALPUSH_STATE_DIR`'s value as the state dir: what the validated
+    sources make of it (any string is a path; a quoted one loses its quotes), without pydantic."""
     if raw is None:
         return Config()
     return Config._trusted({"state": StateConfig._trusted({"dir": Path(_unquoted(raw))})})

@@ -1,101 +1,39 @@
-"""The environment and the file as pydantic-settings sources, for `config.load_config`.
+"""The file and the environment under the flags, for `config.load_config`.
 
-Imported only when there is an `EVALPUSH_*` setting or a config file to read: pydantic-settings
-(with the asyncio it imports) is about a sixth of `evalpush push`'s start-up, and without a
-variable or a file it would only validate the flags on the defaults, which `Config` does alone.
+Imported only when there is an `EVALPUSH_*` setting or a config file to read. The sources are
+merged as pydantic-settings merged them for this project, which it no longer loads (its import,
+asyncio and its sources package, was ~225 ms of a start-up with a setting variable): the
+file's tables, then each variable's value over them, then the flags over both, key by key;
+`Config`'s generated model then validates the whole.
+
+A variable's value: a TOML string ("x" or 'x') loses its quotes; for a key that wants an array
+(a list, a set, a mapping) the value is read as TOML (`["/a", "/b"]`), and left as it is when
+it is not TOML, so validation says what the key wants and names the variable; any other key
+gets the plain string, which validation reads as the key's type.
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Mapping
-from contextvars import ContextVar
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic.fields import FieldInfo
-from pydantic_settings import (
-    BaseSettings,
-    EnvSettingsSource,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    TomlConfigSettingsSource,
-)
-
 from evalpush.config import (
-    ENV_NESTED_DELIMITER,
-    ENV_PREFIX,
+    _STATE_DIR_KEY,
     Config,
+    _keys,
     _toml_value,
     _unquoted,
     read_toml,
+    sections,
 )
-from evalpush.config_models import as_settings, model_of
+from evalpush.config_models import validate_data
 from evalpush.errors import ConfigError
 
-# The sources of the `load_sources` call under way; outside one, `Sourced()` reads nothing.
-_LOADING: ContextVar[tuple[PydanticBaseSettingsSource, ...]] = ContextVar(
-    "evalpush_config_sources", default=()
-)
-
-
-class Sourced(BaseSettings, model_of(Config)):  # type: ignore[misc]
-    """`Config`'s model as pydantic-settings loads it: keyword arguments (the flags) > environment >
-    file > defaults."""
-
-    model_config = SettingsConfigDict(
-        extra="forbid",
-        frozen=True,
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter=ENV_NESTED_DELIMITER,
-    )
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """The environment and the file are the ones `load_sources` was given: the library's
-        own sources read `os.environ` and a file fixed on the class."""
-        return (init_settings, *_LOADING.get())
-
-
-class _Environment(EnvSettingsSource):
-    """pydantic-settings' environment source over given variables, with values written as TOML."""
-
-    def __init__(self, settings_cls: type[BaseSettings], variables: Mapping[str, str]):
-        self._variables = variables  # read by _load_env_vars, which the base __init__ calls
-        super().__init__(settings_cls)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        # The library reads os.environ; load_config is given the environment (tests give theirs)
-        # and has already set aside every variable that names no setting.
-        return {name.lower(): _unquoted(value) for name, value in self._variables.items()}
-
-    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
-        # An array is written as in the file, so ['/a'] works as well as the library's JSON.
-        try:
-            return _toml_value(value)
-        except ValueError:
-            return value  # validation then says what the key wants, naming the variable
-
-
-class _ConfigFile(TomlConfigSettingsSource):
-    """pydantic-settings' TOML source, except that a file it cannot read is an error naming it.
-
-    The library skips a missing file without a word, and anything that is not a regular file,
-    such as the pipe of `--config <(...)`.
-    """
-
-    def __init__(self, settings_cls: type[BaseSettings], path: Path, what: str):
-        self._what = what  # read by _read_files, which the base __init__ calls
-        super().__init__(settings_cls, toml_file=path)
-
-    def _read_files(self, files: Any, deep_merge: bool = False) -> dict[str, Any]:
-        return read_toml(Path(files), ConfigError, self._what)
+_ARRAYS = (list, tuple, set, frozenset, dict)
+"""Annotations (their origins) whose values a variable writes as TOML."""
 
 
 def load_sources(
@@ -106,14 +44,45 @@ def load_sources(
 ) -> Config:
     """The configuration from the flags, the `EVALPUSH_*` setting variables and the file.
 
-    Raises `ConfigError` when the file cannot be read, pydantic's `ValidationError` when a value
-    is wrong (`load_config` names where each came from)."""
-    sources: list[PydanticBaseSettingsSource] = [_Environment(Sourced, variables)]
-    if path is not None:
-        sources.append(_ConfigFile(Sourced, path, what))
-    token = _LOADING.set(tuple(sources))
-    try:
-        loaded = Sourced(**flags)
-    finally:
-        _LOADING.reset(token)
-    return as_settings(Config, loaded)
+    `variables`: each setting variable's value by its upper-case name (`config._sort_variables`
+    has set aside the names of no setting). Raises `ConfigError` when the file cannot be read,
+    pydantic's `ValidationError` when a value is wrong (`load_config` names where each came
+    from)."""
+    data = read_toml(path, ConfigError, what) if path is not None else {}
+    keys = {**_keys(), _STATE_DIR_KEY: ("state", "dir")}
+    for name, raw in variables.items():
+        section, key = keys[name]
+        _put(data, section, key, _variable_value(section, key, raw))
+    for section, values in flags.items():
+        for key, value in values.items():
+            _put(data, section, key, value)
+    return validate_data(Config, data)
+
+
+def _put(data: dict[str, Any], section: str, key: str, value: Any) -> None:
+    """`data[section][key] = value`; a section the file wrote as no table becomes one."""
+    table = data.get(section)
+    if not isinstance(table, dict):
+        table = data[section] = {}
+    table[key] = value
+
+
+def _variable_value(section: str, key: str, raw: str) -> Any:
+    value = _unquoted(raw)
+    if value and _wants_array(section, key):
+        try:
+            return _toml_value(value)
+        except ValueError:
+            return value
+    return value
+
+
+@cache
+def _wants_array(section: str, key: str) -> bool:
+    """Whether the key's type is an array or a mapping (also inside an optional or a union)."""
+    annotation = typing.get_type_hints(sections()[section])[key]
+    shapes = typing.get_args(annotation) if typing.get_origin(annotation) in _UNIONS else ()
+    return any((typing.get_origin(shape) or shape) in _ARRAYS for shape in (annotation, *shapes))
+
+
+_UNIONS = (typing.Union, type(int | None))
