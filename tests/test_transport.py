@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import os
 import socket
 import threading
 import time
@@ -264,6 +265,35 @@ class TestFraming:
         sizes = [len(next(pieces)) for _ in range(4)]
         response.close()
         assert 0 < max(sizes) <= 64 * 1024
+
+    def test_an_incompressible_gzip_answer_is_decoded(
+        self, serve: Callable[..., Server], transport: StoppableTransport
+    ) -> None:
+        """Random bytes gzip into stored blocks, a little longer than they decode to."""
+        plain = os.urandom(1024 * 1024)
+        server = serve(answering(ok(gzip.compress(plain), b"Content-Encoding: gzip")))
+        assert body_of(get(transport, server.url)) == plain
+
+    def test_endless_empty_deflate_blocks_are_refused_long_before_the_deadline(
+        self, serve: Callable[..., Server], transport: StoppableTransport
+    ) -> None:
+        """Empty stored blocks decode to nothing, so no byte cap would ever stop them."""
+
+        def endless(exchange: Exchange) -> None:
+            exchange.request()
+            exchange.send(
+                b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+            empty_blocks = b"\x00\x00\x00\xff\xff" * 2000
+            while True:  # until the client hangs up
+                exchange.send(b"%x\r\n%s\r\n" % (len(empty_blocks), empty_blocks))
+
+        server = serve(endless)
+        started = time.monotonic()
+        response = get(transport, server.url)
+        with pytest.raises(RemoteProtocolError, match="far more than it puts out"):
+            body_of(response)
+        assert time.monotonic() - started < TIMEOUTS.read
 
 
 class TestMalformedAnswers:

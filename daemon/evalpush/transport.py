@@ -711,12 +711,19 @@ class _Body:
             connection.close()
 
 
+_COMPRESSED_SLACK_BYTES = 64 * 1024
+"""How far a compressed body's bytes may run ahead of what they decode to."""
+
+
 def _decoded(chunks: Iterator[bytes], encoding: str) -> Iterator[bytes]:
     """`chunks` decompressed (gzip, deflate), in steps of at most `READ_BYTES` bytes out, so an
     answer that inflates a thousandfold is stopped by the caller's cap like any other. A body
     that goes on after the end of its compressed stream, or stops before it, is a
     `RemoteProtocolError`: zlib would keep every byte after the end (copying them all at each
-    step) while putting out nothing for the cap to count."""
+    step) while putting out nothing for the cap to count. So is one that takes in more than
+    `_COMPRESSED_SLACK_BYTES` beyond what it puts out (real compression never does: stored
+    blocks cost 5 bytes per 64 KiB): endless empty blocks would burn CPU to the deadline."""
+    taken = given = 0
     if encoding in ("gzip", "x-gzip"):
         decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
     else:  # deflate: zlib-wrapped as the RFC says, or raw as some servers send it
@@ -735,14 +742,20 @@ def _decoded(chunks: Iterator[bytes], encoding: str) -> Iterator[bytes]:
             if decompressor.eof:
                 raise RemoteProtocolError(f"bytes after the end of the {encoding} body")
             fed = True
+            taken += len(raw)
             data = raw
             while data:
                 out = decompressor.decompress(data, READ_BYTES)
                 if out:
+                    given += len(out)
                     yield out
                 if decompressor.unused_data:
                     raise RemoteProtocolError(f"bytes after the end of the {encoding} body")
                 data = decompressor.unconsumed_tail
+            if taken > given + _COMPRESSED_SLACK_BYTES:
+                raise RemoteProtocolError(
+                    f"a {encoding} body that takes in far more than it puts out"
+                )
         if start:
             raise RemoteProtocolError(f"a {encoding} body that stops before its end")
         if fed:
