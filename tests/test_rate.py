@@ -9,7 +9,6 @@ ledger), never timed.
 from __future__ import annotations
 
 import sqlite3
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from evalpush.local_platform import LocalPlatform
 from evalpush.platform import PlatformClient
 from evalpush.push import push
 from evalpush.retry import Gate
-from evalpush.transport import Origin, Response, StoppableTransport, Timeouts
+from support.canned import ObservedTransport
 
 ONE_TRACE = (
     msgspec.json.encode(
@@ -149,47 +148,36 @@ class TestLedgerWritesPerRun:
         assert all(r.samples_sent == 1 and r.acked_offset == len(ONE_TRACE) for r in rows)
 
 
-class IntentChecking(StoppableTransport):
+class IntentChecking(ObservedTransport):
     """The real transport; before it sends a create, a batch or a finalize, it reads the run's
     row from the ledger FILE over a connection of its own, as another process would after a
     crash, and notes the intent it finds there."""
 
     def __init__(self, ledger_path: Path) -> None:
-        super().__init__(threading.Event())
+        super().__init__()
         self._ledger_path = ledger_path
         self.seen: list[tuple[str, str | None]] = []
 
-    def send(
-        self,
-        method: bytes,
-        origin: Origin,
-        path: bytes,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes | None,
-        timeouts: Timeouts,
-    ) -> Response:
-        route = path.decode().partition("?")[0]
+    def observe(self, method: str, path: str, headers: dict[bytes, bytes]) -> None:
         kind = (
             "create"
-            if route.endswith("/evaluations/")
+            if path.endswith("/evaluations/")
             else "push"
-            if route.endswith("/samples")
+            if path.endswith("/samples")
             else "finalize"
-            if route.endswith("/finalize")
+            if path.endswith("/finalize")
             else None
         )
-        if method == b"POST" and kind is not None:
-            db = sqlite3.connect(self._ledger_path)
-            try:
-                rows = db.execute(
-                    "SELECT pending FROM runs WHERE claim_owner IS NOT NULL"
-                ).fetchall()
-            finally:
-                db.close()
-            assert len(rows) == 1
-            pending = rows[0][0]
-            self.seen.append((kind, msgspec.json.decode(pending)["step"] if pending else None))
-        return super().send(method, origin, path, headers, body, timeouts)
+        if method != "POST" or kind is None:
+            return
+        db = sqlite3.connect(self._ledger_path)
+        try:
+            rows = db.execute("SELECT pending FROM runs WHERE claim_owner IS NOT NULL").fetchall()
+        finally:
+            db.close()
+        assert len(rows) == 1
+        pending = rows[0][0]
+        self.seen.append((kind, msgspec.json.decode(pending)["step"] if pending else None))
 
 
 @pytest.fixture

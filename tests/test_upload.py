@@ -39,11 +39,11 @@ from evalpush.retry import Retrier
 from evalpush.runs import derive_run_id, load_run
 from evalpush.scheduler import Scheduler
 from evalpush.setaside import SetAside
-from evalpush.transport import Origin, Response, StoppableTransport, Timeouts
 from evalpush.upload import Uploader
 from evalpush.upload.context import Context, no_progress
 from evalpush.upload.steps import MAX_REFUSALS_NOT_BORNE_OUT
 from support import platform_view, producer, runs
+from support.canned import ObservedTransport
 from support.runs import rewrite_in_place
 
 MIB = 1024 * 1024
@@ -183,26 +183,16 @@ def assert_uploaded_once(
 # ---------------------------------------------------------------- the uploader, from real parts
 
 
-class RecordingTransport(StoppableTransport):
+class RecordingTransport(ObservedTransport):
     """The real HTTP transport, noting each request's method, path and body size (as sent:
     the Content-Length the platform reads the body by)."""
 
     def __init__(self) -> None:
-        super().__init__(threading.Event())
+        super().__init__()
         self.requests: list[tuple[str, str, int]] = []
 
-    def send(
-        self,
-        method: bytes,
-        origin: Origin,
-        path: bytes,
-        headers: list[tuple[bytes, bytes]],
-        body: bytes | None,
-        timeouts: Timeouts,
-    ) -> Response:
-        size = int(dict(headers).get(b"Content-Length", 0))
-        self.requests.append((method.decode(), path.decode().partition("?")[0], size))
-        return super().send(method, origin, path, headers, body, timeouts)
+    def observe(self, method: str, path: str, headers: dict[bytes, bytes]) -> None:
+        self.requests.append((method, path, int(headers.get(b"Content-Length", 0))))
 
     def sample_bodies(self) -> list[int]:
         return [

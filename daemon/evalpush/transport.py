@@ -526,12 +526,6 @@ class Headers:
     def get(self, name: str, default: str | None = None) -> str | None:
         return self._fields.get(name.lower(), default)
 
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.lower() in self._fields
-
-    def items(self) -> Iterator[tuple[str, str]]:
-        return iter(self._fields.items())
-
 
 def _request_head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
     if _TOKEN.fullmatch(method) is None:

@@ -1,15 +1,17 @@
 """Canned answers for the platform client: `CannedTransport(answer)` hands each request the
 client sends to `answer` as an `httpx.Request` and gives its `httpx.Response` back as the
 transport's own `Response`, so a test can answer what the local platform never would (odd
-shapes, malformed bodies) and see every request as it left (URL, headers, timeouts)."""
+shapes, malformed bodies) and see every request as it left (URL, headers, timeouts).
+`ObservedTransport` is the real transport with a hook that hears of each request first."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 
 import httpx
 
-from evalpush.transport import Headers, Origin, Response, Timeouts
+from evalpush.transport import Headers, Origin, Response, StoppableTransport, Timeouts
 
 Answer = Callable[[httpx.Request], httpx.Response]
 
@@ -63,3 +65,26 @@ class CannedTransport:
 
     def close(self) -> None:
         pass
+
+
+class ObservedTransport(StoppableTransport):
+    """The real transport over real sockets; `observe` hears of each request before it is sent
+    (its method, its path without the query, its headers): tests note or check what went out."""
+
+    def __init__(self) -> None:
+        super().__init__(threading.Event())
+
+    def observe(self, method: str, path: str, headers: dict[bytes, bytes]) -> None:
+        raise NotImplementedError
+
+    def send(
+        self,
+        method: bytes,
+        origin: Origin,
+        path: bytes,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | None,
+        timeouts: Timeouts,
+    ) -> Response:
+        self.observe(method.decode(), path.decode().partition("?")[0], dict(headers))
+        return super().send(method, origin, path, headers, body, timeouts)
