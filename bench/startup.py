@@ -7,8 +7,10 @@ with its platform URL pointing at a loopback listener in this process, configure
 - "no config": no config file and no `EVALPUSH_*` setting (the state dir is the default under
   HOME), the usual `push` from a shell: nothing to validate, so no pydantic is imported;
 - "EVALPUSH_STATE_DIR": the state dir from the environment, taken as it is (no pydantic either);
-- "a setting variable": `EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES` at its default, so pydantic and
-  pydantic-settings are loaded (as for any other setting variable or a config file).
+- "a setting variable": `EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES` at its default: validated by
+  `config_quick` (a plainly valid value; pydantic is loaded only for one that is not);
+- "a config file": `EVALPUSH_CONFIG` naming the repo's config.example.toml (every key, at its
+  default), validated the same way.
 The clock starts just before the child is spawned and stops when the listener has read the head of the child's first
 request (the one-shot gate's probe, `GET .../evaluations/?limit=1`); the child is then killed (nothing more is needed
 of it). "Warm cache": the daemon's modules are byte-compiled first (`compileall`; this machine
@@ -93,6 +95,7 @@ class Case(StrEnum):
     NO_CONFIG = "no config"
     STATE_DIR = "EVALPUSH_STATE_DIR"
     SETTING = "a setting variable"
+    FILE = "a config file"
 
 
 SETTING_VARIABLE = ("EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES", "1000")  # the default: nothing changes
@@ -115,6 +118,8 @@ def child_env(
     if case == Case.SETTING:
         name, value = SETTING_VARIABLE
         env[name] = value
+    if case == Case.FILE:
+        env["EVALPUSH_CONFIG"] = str(REPO / "config.example.toml")
     return env
 
 

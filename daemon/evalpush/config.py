@@ -36,7 +36,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 import msgspec
 
@@ -105,6 +105,9 @@ def _setting(default: Any = MISSING, *, factory: Any = MISSING, **rules: Any) ->
     return field(default=default, default_factory=factory, metadata=rules)
 
 
+S = TypeVar("S", bound="_Settings")
+
+
 class _Settings:
     """A frozen, slotted dataclass of settings (each subclass), validated by pydantic.
 
@@ -118,10 +121,7 @@ class _Settings:
 
     def __init__(self, **values: Any) -> None:
         if values:
-            # pydantic only when there is something to validate: a third of `push`'s start-up.
-            from evalpush.config_models import validate
-
-            self._fill(validate(type(self), values))
+            self._fill(_validated(type(self), values))
         else:
             self._fill(type(self)._trusted({}))
 
@@ -146,9 +146,7 @@ class _Settings:
     @classmethod
     def model_validate(cls, data: Any) -> Self:
         """`data` (a mapping of keys to values) validated on the defaults; pydantic's error."""
-        from evalpush.config_models import validate_data
-
-        return validate_data(cls, data)
+        return _validated(cls, data)
 
     @property
     def model_fields_set(self) -> frozenset[str]:
@@ -186,6 +184,20 @@ class _Settings:
         # A copy or a pickle keeps which keys were given (the dataclass's own state omits it).
         values = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
         return _restored, (type(self), values, self._given)
+
+
+def _validated(settings: type[S], data: Any) -> S:
+    """`data` validated as `settings`: by `config_quick` when every value is plainly valid,
+    else by the pydantic models (imported only then: pydantic was a third of `push`'s start-up),
+    which raise pydantic's `ValidationError` naming what is wrong."""
+    from evalpush.config_quick import plainly_valid
+
+    found = plainly_valid(settings, data)
+    if found is not None:
+        return found
+    from evalpush.config_models import validate_data
+
+    return validate_data(settings, data)
 
 
 def _restored(cls: type[_Settings], values: dict[str, Any], given: frozenset[str]) -> _Settings:
@@ -498,18 +510,16 @@ def load_config(
         if variables.problems:
             raise _invalid(variables.problems)
         return _with_state_dir(variables.values.get(_STATE_DIR_KEY))
-    from pydantic import ValidationError  # there is something to validate
-
-    from evalpush.config_sources import load_sources
+    from evalpush.config_sources import InvalidValues, load_sources
 
     try:
         config = load_sources(flags, variables.values, path, what)
     except ConfigError as exc:  # the file cannot be read
         raise _invalid([*variables.problems, str(exc)]) from None
-    except ValidationError as exc:
+    except InvalidValues as exc:
         origins = _Origins(flags, variables.names, path)
         raise _invalid(
-            [*variables.problems, *(_problem(error, origins) for error in exc.errors())]
+            [*variables.problems, *(_problem(error, origins) for error in exc.errors)]
         ) from None
     if variables.problems:
         raise _invalid(variables.problems)

@@ -89,11 +89,6 @@ def as_settings(settings: type[S], model: BaseModel) -> S:
     return built
 
 
-def validate(settings: type[S], values: dict[str, Any]) -> S:
-    """`settings(**values)`, validated; raises pydantic's `ValidationError`."""
-    return as_settings(settings, model_of(settings)(**_as_models(values)))
-
-
 def validate_data(settings: type[S], data: Any) -> S:
     """`settings.model_validate(data)`: `data` a mapping of keys to values (or settings)."""
     if isinstance(data, dict):

@@ -3,8 +3,9 @@
 Imported only when there is an `EVALPUSH_*` setting or a config file to read. The sources are
 merged as pydantic-settings merged them for this project, which it no longer loads (its import,
 asyncio and its sources package, was ~225 ms of a start-up with a setting variable): the
-file's tables, then each variable's value over them, then the flags over both, key by key;
-`Config`'s generated model then validates the whole.
+file's tables, then each variable's value over them, then the flags over both, key by key.
+`config_quick` then takes the whole when every value is plainly valid, else `Config`'s
+generated pydantic model validates it.
 
 A variable's value: a TOML string ("x" or 'x') loses its quotes; for a key that wants an array
 (a list, a set, a mapping) the value is read as TOML (`["/a", "/b"]`), and left as it is when
@@ -29,8 +30,11 @@ from evalpush.config import (
     read_toml,
     sections,
 )
-from evalpush.config_models import validate_data
+from evalpush.config_quick import plainly_valid
 from evalpush.errors import ConfigError
+
+if typing.TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 _ARRAYS = (list, tuple, set, frozenset, dict)
 """Annotations (their origins) whose values a variable writes as TOML."""
@@ -46,8 +50,7 @@ def load_sources(
 
     `variables`: each setting variable's value by its upper-case name (`config._sort_variables`
     has set aside the names of no setting). Raises `ConfigError` when the file cannot be read,
-    pydantic's `ValidationError` when a value is wrong (`load_config` names where each came
-    from)."""
+    `InvalidValues` when a value is wrong (`load_config` names where each came from)."""
     data = read_toml(path, ConfigError, what) if path is not None else {}
     keys = {**_keys(), _STATE_DIR_KEY: ("state", "dir")}
     for name, raw in variables.items():
@@ -56,7 +59,25 @@ def load_sources(
     for section, values in flags.items():
         for key, value in values.items():
             _put(data, section, key, value)
-    return validate_data(Config, data)
+    config = plainly_valid(Config, data)
+    if config is not None:
+        return config
+    from pydantic import ValidationError  # something is not plainly valid: pydantic judges it
+
+    from evalpush.config_models import validate_data
+
+    try:
+        return validate_data(Config, data)
+    except ValidationError as exc:
+        raise InvalidValues(exc.errors()) from None
+
+
+class InvalidValues(Exception):
+    """Values the sources hold that are wrong, as pydantic describes each (where, what, why)."""
+
+    def __init__(self, errors: list[ErrorDetails]):
+        super().__init__(f"{len(errors)} invalid values")
+        self.errors = errors
 
 
 def _put(data: dict[str, Any], section: str, key: str, value: Any) -> None:
