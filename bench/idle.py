@@ -4,7 +4,8 @@ becomes ready within 2 s plus its transfer time).
 
 Setup, cached in bench/.cache/idle/<N>/: N one-trace runs (bench/many_runs.py's tree) pushed
 once by `evalpush push` to `evalpush local-platform` with a SQLite db, so the ledger holds N
-finalized runs and the platform their evaluations. Each measurement copies that state dir and
+finalized runs and the platform their evaluations; that push's rate (runs/s) is printed
+(and kept with the cache). Each measurement copies that state dir and
 db to a temp dir and starts `evalpush run` on the tree as its own process, with a datagram
 socket of this script as NOTIFY_SOCKET (what systemd gives a `Type=notify` service):
 
@@ -48,6 +49,7 @@ def prepared(count: int, cache: Path) -> Path:
     `platform.db` (their evaluations), made once by a real `evalpush push`."""
     home = cache / "idle" / str(count)
     if (home / ".complete").exists():
+        print(f"setup (cached): {(home / '.complete').read_text().strip()}")
         return home
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
@@ -55,15 +57,22 @@ def prepared(count: int, cache: Path) -> Path:
     platform = push.Platform(home)
     try:
         env = environ(platform.base, home / "state", root)
+        started = time.perf_counter()
         done = subprocess.run(
             [sys.executable, "-m", "evalpush", "push", str(root)], env=env, capture_output=True
         )
+        seconds = time.perf_counter() - started
         if done.returncode != 0:
             raise SystemExit(f"the setup push failed: {done.stderr.decode()[-2000:]}")
         many_runs.check(platform, count)
     finally:
         platform.stop()
-    (home / ".complete").write_text("")
+    rate = (
+        f"`evalpush push` of {count} one-trace runs in {seconds:.1f} s: {count / seconds:.0f} "
+        "runs/s (once; bench/many_runs.py measures this rate with repeats)"
+    )
+    print(f"setup: {rate}")
+    (home / ".complete").write_text(rate + "\n")
     return home
 
 
