@@ -402,6 +402,21 @@ class TestHeldHosts:
         with pytest.raises(ValueError):
             Origin.of("https://" + "ü" * 70 + ".example")  # a label past 63 bytes
 
+    @pytest.mark.parametrize(
+        ("url", "spelled"),
+        [
+            ("https://straße.example", b"xn--strae-oqa.example"),  # IDNA 2003: strasse
+            ("https://BÜCHER.example", b"xn--bcher-kva.example"),  # upper case mapped first
+        ],
+    )
+    def test_a_name_that_is_not_ascii_is_spelt_as_idna_2008_spells_it(
+        self, url: str, spelled: bytes
+    ) -> None:
+        """IDNA 2008 (UTS 46 mapping) is how browsers, curl and httpx spell these names; the
+        2003 codec of Python's `encodings.idna` maps some letters away and reaches another
+        host."""
+        assert Origin.of(url).host_header == spelled
+
 
 class TestFoundThenDecided:
     """Found here and fixed once decided: ALL_PROXY read as httpx and curl read it (a socks one

@@ -406,12 +406,16 @@ class Origin:
 
 
 def _ascii_host(host: str) -> str:
-    """The host as DNS and the Host header carry it (IDNA for a name that is not ASCII)."""
+    """The host as DNS and the Host header carry it: a name that is not ASCII in its IDNA 2008
+    spelling, mapped as UTS 46 says (as browsers, curl and httpx spell it; Python's own codec
+    is IDNA 2003, which turns `straße` into `strasse`, another host)."""
     if host.isascii():
         return host
+    import idna  # only for a name that is not ASCII
+
     try:
-        return host.encode("idna").decode("ascii")
-    except UnicodeError as exc:
+        return idna.encode(host, uts46=True).decode("ascii")
+    except idna.IDNAError as exc:
         raise ValueError(f"{host!r} has no IDNA spelling: {exc}") from None
 
 
