@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import array
+import base64
 import json
 import math
 import random
@@ -1103,3 +1105,28 @@ def test_a_rollout_counter_survives_its_json_state_with_dense_and_sparse_tasks()
 
     assert restored == counter and len(restored) == len(counter) == 5
     assert restored.add(7) == 3
+
+
+def test_a_run_of_75000_tasks_saves_its_rollout_counts_in_a_few_hundred_bytes():
+    """The state rides in the ledger's run row, rewritten whole at each of a batch's writes."""
+    counter = RolloutCounter()
+    for _ in range(4):
+        for idx in range(75_000):
+            counter.add(idx)
+
+    state = msgspec.json.encode(counter.to_state())
+    restored = RolloutCounter.from_state(msgspec.json.decode(state))
+
+    assert len(state) < 1024
+    assert restored == counter and len(restored) == 75_000
+    assert restored.add(74_999) == 5
+
+
+def test_a_rollout_counter_reads_the_raw_dense_state_an_older_evalpush_wrote():
+    counts = array.array("I", [2, 0, 1])
+    older = {"dense": base64.b64encode(counts.tobytes()).decode(), "sparse": [[-4, 3]]}
+
+    restored = RolloutCounter.from_state(older)
+
+    assert restored.items() == [(0, 2), (2, 1), (-4, 3)] and len(restored) == 3
+    assert restored.add(0) == 3
