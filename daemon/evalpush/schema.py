@@ -14,6 +14,10 @@ after it, never half-built (creating a new file is migrating from version 0).
 - Version 3: `settles_at`, when a waiting run becomes ready by the settle rule if its file does
   not grow again (the daemon writes it; `status` counts down to it); an index on `state`.
 - Version 4: `last_error_at`, when `last_error` was written (`status RUN` shows it).
+- Version 5: no table changes; a run's `totals` may hold its rollout counts deflated
+  (`dense_deflated`, `convert.totals.RolloutCounter`), which an evalpush of version 4 would
+  fail on mid-upload: the version makes it refuse the file at once instead, naming it. Counts
+  saved raw by an older evalpush still read.
 """
 
 from __future__ import annotations
@@ -169,7 +173,9 @@ _V3 = [
 
 _V4 = ["ALTER TABLE runs ADD COLUMN last_error_at REAL"]
 
-_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4]
+_V5: list[str] = []
+
+_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 
