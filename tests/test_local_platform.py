@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -391,6 +392,57 @@ class TestInProcess:
         http.post(samples, json={"samples": [{"sample_id": "b"}, {"sample_id": "a"}]})
         http.post(samples, json={"samples": [{"sample_id": "b"}]})
         assert [s["sample_id"] for s in local_platform.samples(evaluation_id)] == ["b", "a", "b"]
+
+    def test_small_requests_go_on_while_big_batches_are_stored_and_every_one_is_kept(
+        self, local_platform: LocalPlatform, api: tuple[httpx.Client, str]
+    ) -> None:
+        """Small calls run on the platform's event loop, big ones on its storage thread: both at
+        once, from several clients, every request is answered and every sample kept once."""
+        http, env_id = api
+        headers = dict(http.headers)
+        base = str(http.base_url)
+
+        def create(run_id: str, client: httpx.Client) -> str:
+            body = {"name": "n", "environments": [{"id": env_id}], "metadata": {"run_id": run_id}}
+            return client.post("/evaluations/", json=body).json()["evaluation_id"]
+
+        big = create("big", http)
+        padding = "x" * 4000
+        big_body = orjson.dumps(
+            {"samples": [{"sample_id": f"s{i}", "pad": padding} for i in range(1000)]}
+        )
+        assert len(big_body) > 1024 * 1024  # stored on the storage thread
+
+        def push_big(_: int) -> list[int]:
+            with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
+                url = f"/evaluations/{big}/samples"
+                return [client.post(url, content=big_body).status_code for _ in range(3)]
+
+        def small_runs(worker: int) -> list[int]:
+            statuses = []
+            with httpx.Client(base_url=base, headers=headers, timeout=60) as client:
+                for n in range(40):
+                    evaluation = create(f"small-{worker}-{n}", client)
+                    url = f"/evaluations/{evaluation}"
+                    sample = {"samples": [{"sample_id": f"{worker}-{n}"}]}
+                    statuses.append(client.post(f"{url}/samples", json=sample).status_code)
+                    statuses.append(client.get(url).status_code)
+                    statuses.append(
+                        client.post(f"{url}/finalize", json={"metrics": {}}).status_code
+                    )
+            return statuses
+
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            bigs = pool.map(push_big, range(2))
+            smalls = pool.map(small_runs, range(4))
+            statuses = [status for each in (*bigs, *smalls) for status in each]
+
+        assert set(statuses) == {200} and len(statuses) == 2 * 3 + 4 * 40 * 3
+        big_ids = [sample["sample_id"] for sample in local_platform.samples(big)]
+        assert sorted(big_ids) == sorted(f"s{i}" for i in range(1000) for _ in range(6))
+        completed = http.get("/evaluations/", params={"limit": 1000}).json()["evaluations"]
+        small = [e for e in completed if e["metadata"]["run_id"].startswith("small-")]
+        assert len(small) == 160 and {e["status"] for e in small} == {"COMPLETED"}
 
     def test_a_batch_with_one_bad_sample_is_refused_whole(
         self, local_platform: LocalPlatform, api: tuple[httpx.Client, str]
