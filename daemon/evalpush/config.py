@@ -1,10 +1,11 @@
-"""Configuration: every setting defined once, as frozen dataclasses; validated by pydantic.
+"""Configuration: every setting defined once, as frozen dataclasses, validated by their rules.
 
 Each section is a frozen, slotted dataclass whose fields carry their defaults and rules
-(`_setting`); `evalpush.config_models` generates the pydantic models that validate them, and is
-imported only when there is something to validate (keyword arguments, flags, a file, a setting
-variable): `evalpush push` with none of these, or with only `EVALPUSH_STATE_DIR`, imports no
-pydantic (it was a third of the instructions to its first request).
+(`_setting`). What is given (keyword arguments, flags, a file, setting variables) is validated
+by `evalpush.config_quick` when every value is plainly valid (the usual case), else by the
+pydantic models `evalpush.config_models` generates from the same rules, which also name what is
+wrong. pydantic is imported only then (it was a third of the instructions `evalpush push` ran
+to its first request); `EVALPUSH_STATE_DIR` alone is taken as it is.
 
 Precedence, highest first: command-line flag > environment variable > config file > default
 (`evalpush.config_sources`, which merges them key by key and is imported only when there is
@@ -106,14 +107,16 @@ def _setting(default: Any = MISSING, *, factory: Any = MISSING, **rules: Any) ->
 
 
 S = TypeVar("S", bound="_Settings")
+BOUNDS = ("gt", "ge", "le")
+"""The rules of `_setting` that bound a value (as the `operator` functions of those names)."""
 
 
 class _Settings:
-    """A frozen, slotted dataclass of settings (each subclass), validated by pydantic.
+    """A frozen, slotted dataclass of settings (each subclass), validated by its fields' rules.
 
-    `Section(key=value, ...)` validates what it is given on the defaults, through a pydantic
-    model generated from the dataclass (`evalpush.config_models`): pydantic is imported only
-    then. `Section()` is the defaults and imports nothing. The `model_*` names are pydantic's,
+    `Section(key=value, ...)` validates what it is given on the defaults (`_validated`: a
+    pydantic model generated from the dataclass judges what is not plainly valid, and raises
+    pydantic's `ValidationError`). `Section()` is the defaults and imports nothing. The `model_*` names are pydantic's,
     with the same meaning, so code written against the pydantic models reads the same.
     """
 
@@ -505,8 +508,7 @@ def load_config(
         path, what = Path(environ[CONFIG_VARIABLE]), f"config file (named by {CONFIG_VARIABLE})"
     variables = _sort_variables(environ)
     if path is None and not flags and variables.values.keys() <= {_STATE_DIR_KEY}:
-        # Nothing for pydantic to validate (it was a third of what `evalpush push` ran before
-        # its first request): the defaults, and the state dir as it is.
+        # Nothing to validate: the defaults, and the state dir as it is.
         if variables.problems:
             raise _invalid(variables.problems)
         return _with_state_dir(variables.values.get(_STATE_DIR_KEY))

@@ -3,8 +3,8 @@
 The dataclasses are the one definition of every setting (type, default, rules); each model here
 is built from one of them the first time it is needed, with pydantic's `extra="forbid"` and
 `frozen`, so a validation error (its location, its message) is what a hand-written model gives.
-Imported only when there is something to validate: pydantic was a third of
-the instructions `evalpush push` ran before its first request.
+Imported only for settings `evalpush.config_quick` does not take as plainly valid: pydantic was
+a third of the instructions `evalpush push` ran before its first request.
 """
 
 from __future__ import annotations
@@ -12,18 +12,14 @@ from __future__ import annotations
 import threading
 import typing
 from dataclasses import MISSING, fields
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, create_model
 
-from evalpush.config import _Settings
+from evalpush.config import BOUNDS, S, _Settings
 
-BOUNDS = ("gt", "ge", "le")
-"""The rules of `config._setting` that are pydantic `Field` bounds."""
 VALIDATORS = {"before": BeforeValidator, "after": AfterValidator}
 """The rules of `config._setting` that are functions, and what pydantic wraps each in."""
-
-S = TypeVar("S", bound=_Settings)
 
 _models: dict[type[_Settings], type[BaseModel]] = {}
 # One model per dataclass even when two threads validate first at once: pydantic takes a

@@ -22,19 +22,16 @@ import typing
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from evalpush.config import _Settings
-
-S = TypeVar("S", bound=_Settings)
+from evalpush.config import BOUNDS, S, _Settings
 
 _DIGITS = re.compile(r"[0-9]{1,15}")
 _DECIMAL = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,15})?")
 _EXACT_FLOAT = 2**53
 """Integers up to here are floats exactly (pydantic's float of a larger one is left to it)."""
 _BOOLEANS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False}
-_BOUNDS = {"gt": operator.gt, "ge": operator.ge, "le": operator.le}
-"""`config._setting`'s bounds, as `config_models.BOUNDS` gives them to pydantic."""
+_BOUNDS = {rule: getattr(operator, rule) for rule in BOUNDS}
 
 
 class _Unsure(Exception):
