@@ -193,6 +193,25 @@ def main() -> None:
         f"the local platform (apart, not ours): CPU {best.platform_cpu:.2f} s "
         f"({best.platform_cpu / n * 1000:.2f} ms/run)"
     )
+    print(ceiling(m.cpu_seconds / n, best.platform_cpu / n, len(os.sched_getaffinity(0)), args.pin))
+
+
+def ceiling(push_cpu: float, platform_cpu: float, cpus: int, pin: bool) -> str:
+    """The most runs a second this box could do if its CPUs were never idle: what the CPU a run
+    costs allows, whatever the push does with its waits."""
+    ms = 1000 / TARGET_RATE
+    if pin:
+        rate = min((cpus - 1) / push_cpu, 1 / platform_cpu)
+        how = f"push on {cpus - 1} CPU(s), platform on 1"
+        need = f"the push under {(cpus - 1) * ms:.2f} ms and the platform under {ms:.2f} ms"
+    else:
+        rate = cpus / (push_cpu + platform_cpu)
+        how = f"{cpus} CPUs shared by push and platform"
+        need = f"push + platform under {cpus * ms:.2f} ms"
+    return (
+        f"CPU ceiling ({how}): {rate:.0f} runs/s with no CPU ever idle; "
+        f"{TARGET_RATE} runs/s needs {need} of CPU a run"
+    )
 
 
 if __name__ == "__main__":
