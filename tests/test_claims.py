@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import ledger_v1
-from evalpush.claims import Claims, Process, process_start
+from evalpush.claims import LINGER_SECONDS, Claims, Process, process_start
 from evalpush.errors import Busy, ClaimLost
 from evalpush.ledger import SCHEMA_VERSION, Ledger, RunRecord, State
 from evalpush.local_platform import LocalPlatform
@@ -483,5 +483,19 @@ class TestLease:
 
         beats = [t for t in threading.enumerate() if t.name == "claim-heartbeat"]
         for beat in beats:
-            beat.join(2.0)
+            beat.join(LINGER_SECONDS + 2.0)
         assert not any(beat.is_alive() for beat in beats)
+
+    def test_runs_claimed_one_after_another_share_one_heartbeat_thread(self, ledger):
+        mine = Claims(ledger)
+        started = []
+        for n in range(3):
+            record, _ = take(mine, run_id=f"{RUN_ID[:-1]}{n}")
+            started += [t for t in threading.enumerate() if t.name == "claim-heartbeat"]
+            mine.release(record)
+            time.sleep(LINGER_SECONDS / 5)  # the next run's upload starts a little later
+
+        assert len(started) == 3 and len(set(started)) == 1, "a heartbeat thread per claim"
+        mine.close()
+        started[0].join(LINGER_SECONDS / 2)  # close ends the lingering thread at once
+        assert not started[0].is_alive()

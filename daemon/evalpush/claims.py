@@ -44,6 +44,11 @@ owner that is alive never loses its claim to a lease running out mid-request."""
 RENEWALS_PER_LEASE = 4
 """The heartbeat renews this many times per lease: three renewals can fail before it lapses."""
 
+LINGER_SECONDS = 1.0
+"""How long the heartbeat's thread outlives the last claim released: runs uploaded one after
+another (the daemon's usual case) share one thread instead of starting one each (a start and
+its handshake were a fortieth of a one-trace run's time in `push`)."""
+
 PROC = Path("/proc")
 
 _held: set[str] = set()
@@ -156,8 +161,8 @@ still held their claim."""
 class Heartbeat:
     """Renews the leases of the claims this process holds, from its own thread.
 
-    The thread starts with the first claim and ends once none is held, so nothing outlives the
-    uploads it serves.
+    The thread starts with the first claim and ends once none has been held for
+    `LINGER_SECONDS` (or at `stop`), so nothing outlives the uploads it serves by more.
     """
 
     def __init__(
@@ -174,6 +179,8 @@ class Heartbeat:
         self._owners: set[str] = set()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._lingering = False  # the thread holds no claim and waits for one, or its end
+        self._stopped = False
 
     def expires(self) -> float:
         """When a lease taken or renewed now runs out."""
@@ -182,9 +189,12 @@ class Heartbeat:
     def add(self, owner: str) -> None:
         with self._changed:
             self._owners.add(owner)
+            self._stopped = False
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="claim-heartbeat")
                 self._thread.start()
+            elif self._lingering:
+                self._changed.notify_all()  # back to renewing
 
     def remove(self, owner: str) -> None:
         with self._changed:
@@ -193,9 +203,10 @@ class Heartbeat:
                 self._changed.notify_all()
 
     def stop(self) -> None:
-        """Renew nothing more; the thread ends."""
+        """Renew nothing more; the thread ends now."""
         with self._changed:
             self._owners.clear()
+            self._stopped = True
             self._changed.notify_all()
 
     def _run(self) -> None:
@@ -203,10 +214,23 @@ class Heartbeat:
             with self._changed:
                 self._changed.wait_for(lambda: not self._owners, timeout=self._interval)
                 if not self._owners:
+                    if self._linger():
+                        continue  # a claim taken meanwhile: its lease is new, renewed in time
                     self._thread = None
                     return
                 owners = sorted(self._owners)
             self._renew_once(owners)
+
+    def _linger(self) -> bool:
+        """With the lock held and no claim: wait for one, up to `LINGER_SECONDS`; whether one
+        came (so the thread goes on)."""
+        self._lingering = True
+        try:
+            return self._changed.wait_for(
+                lambda: self._owners or self._stopped, timeout=LINGER_SECONDS
+            ) and bool(self._owners)
+        finally:
+            self._lingering = False
 
     def _renew_once(self, owners: list[str]) -> None:
         try:
