@@ -573,29 +573,12 @@ class Ledger:
 
     @staticmethod
     def _insert(
-        db: sqlite3.Connection,
-        *,
-        path: Path | str,
-        run_id: str,
-        kind: str,
-        state: str,
-        now: float,
-        **claim: Any,
+        db: sqlite3.Connection, *, path: Path | str, run_id: str, kind: str, state: str, now: float
     ) -> int:
-        """A new run's row; `claim`: its claim columns, when it is added by being claimed."""
-        columns = {
-            "run_id": run_id,
-            "path": paths.display(path),
-            "path_raw": paths.raw(path),
-            "kind": kind,
-            "state": state,
-            "created_at": now,
-            "updated_at": now,
-            **claim,
-        }
         cursor = db.execute(
-            f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
-            tuple(columns.values()),
+            "INSERT INTO runs (run_id, path, path_raw, kind, state, created_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (run_id, paths.display(path), paths.raw(path), kind, state, now, now),
         )
         assert cursor.lastrowid is not None
         return cursor.lastrowid
@@ -623,23 +606,12 @@ class Ledger:
         now = self._clock()
         # Not synced: a claim lost to power loss was never held (nothing is sent before the
         # run's first intent, whose sync makes the claim durable too).
-        claim = {
-            "claim_owner": owner,
-            "claim_host": process.host,
-            "claim_boot": process.boot,
-            "claim_pid": process.pid,
-            "claim_start": process.start,
-            "claim_pidns": process.pidns,
-            "claim_since": now,
-            "claim_expires": expires,
-        }
         with self._transaction(durable=False) as db:
             row = db.execute(f"{_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 row_id = self._insert(
-                    db, path=path, run_id=run_id, kind=kind, state=State.READY, now=now, **claim
+                    db, path=path, run_id=run_id, kind=kind, state=State.READY, now=now
                 )
-                claimed = RunRecord(*db.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone())
                 previous = None
             else:
                 record = RunRecord(*row)
@@ -651,11 +623,22 @@ class Ledger:
                         host=previous.host,
                         since=previous.since,
                     )
-                db.execute(
-                    f"UPDATE runs SET {', '.join(f'{c} = ?' for c in claim)} WHERE id = ?",
-                    (*claim.values(), row_id),
-                )
-                claimed = msgspec.structs.replace(record, **claim)
+            db.execute(
+                "UPDATE runs SET claim_owner = ?, claim_host = ?, claim_boot = ?, claim_pid = ?, "
+                "claim_start = ?, claim_pidns = ?, claim_since = ?, claim_expires = ? WHERE id = ?",
+                (
+                    owner,
+                    process.host,
+                    process.boot,
+                    process.pid,
+                    process.start,
+                    process.pidns,
+                    now,
+                    expires,
+                    row_id,
+                ),
+            )
+            claimed = RunRecord(*db.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone())
             self._deferred.pop(row_id, None)  # a write left over from a claim given up
         return claimed, previous
 
