@@ -548,6 +548,35 @@ class TestProxies:
         with proxied(monkeypatch, **variables) as transport:
             assert body_of(get(transport, server.url)) == b"direct"
 
+    @pytest.mark.parametrize(
+        ("host", "no_proxy"),
+        [
+            # Fullwidth letters: IDNA (UTS 46) spells the name localhost.
+            ("ｌｏｃａｌｈｏｓｔ", "localhost"),
+            ("localhost", "ｌｏｃａｌｈｏｓｔ"),
+            ("localhost", ".ＬＯＣＡＬＨＯＳＴ"),  # a leading dot, upper case: mapped as well
+        ],
+        ids=["unicode URL, ASCII NO_PROXY", "ASCII URL, unicode NO_PROXY", "a domain"],
+    )
+    def test_no_proxy_names_a_host_whichever_way_either_spells_it(
+        self,
+        serve: Callable[..., Server],
+        monkeypatch: pytest.MonkeyPatch,
+        host: str,
+        no_proxy: str,
+    ) -> None:
+        """NO_PROXY names the host the request goes to: a name that is not ASCII is that host
+        in its IDNA spelling (`bücher.example` is `xn--bcher-kva.example`), so either spelling,
+        in the URL or in NO_PROXY, keeps the request off the proxy (the platform's key with it,
+        for an http URL)."""
+        seen: list[bytes] = []
+        proxy = serve(recording(seen, ok(b"via proxy")))
+        server = serve(answering(ok(b"direct")))
+        variables = {"HTTP_PROXY": f"http://127.0.0.1:{proxy.port}", "NO_PROXY": no_proxy}
+        with proxied(monkeypatch, **variables) as transport:
+            assert body_of(get(transport, f"http://{host}:{server.port}")) == b"direct"
+        assert seen == []
+
     def test_a_tunnel_the_proxy_refuses_is_unreachable_not_ambiguous(
         self, serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
     ) -> None:

@@ -368,7 +368,7 @@ class Origin:
 
     def __init__(self, scheme: str, host: str, port: int) -> None:
         self.scheme = scheme
-        self.host = host  # as written (lower case, no brackets): what NO_PROXY is matched against
+        self.host = host  # as written (lower case, no brackets): NO_PROXY is matched against it and its IDNA spelling
         self.port = port
         shown = f"[{host}]" if ":" in host else _ascii_host(host)
         self.host_header = (shown if port == _DEFAULT_PORTS[scheme] else f"{shown}:{port}").encode(
@@ -460,9 +460,7 @@ def _proxy_route(origin: Origin, proxies: Mapping[str, str]) -> _Route:
         proxy_url = proxies.get("all")
     if not proxy_url:
         return _Route(origin, None, None)
-    import urllib.request
-
-    if urllib.request.proxy_bypass_environment(origin.host, dict(proxies)):
+    if _bypassed(origin, proxies):
         return _Route(origin, None, None)
     if "://" not in proxy_url:
         proxy_url = f"http://{proxy_url}"
@@ -488,6 +486,32 @@ def _proxy_route(origin: Origin, proxies: Mapping[str, str]) -> _Route:
         password = urllib.parse.unquote(parts.password or "")
         authorization = b"Basic " + base64.b64encode(f"{user}:{password}".encode())
     return _Route(origin, proxy, authorization)
+
+
+def _bypassed(origin: Origin, proxies: Mapping[str, str]) -> bool:
+    """Whether NO_PROXY names `origin`'s host: as written, or (a name that is not ASCII on
+    either side) in the IDNA spelling the request goes to, so `bücher.example` and
+    `xn--bcher-kva.example` name one host in the URL and in NO_PROXY alike."""
+    import urllib.request
+
+    if urllib.request.proxy_bypass_environment(origin.host, dict(proxies)):
+        return True
+    no_proxy = proxies.get("no", "")
+    if origin.host.isascii() and no_proxy.isascii():
+        return False
+    spelt = ",".join(_idna_entry(entry) for entry in no_proxy.split(","))
+    return urllib.request.proxy_bypass_environment(origin.connect_host, {**proxies, "no": spelt})
+
+
+def _idna_entry(entry: str) -> str:
+    """A NO_PROXY entry (a host, or a domain after a dot) in its IDNA spelling; as it is when it
+    has none (a port, an address: urllib matches those as written)."""
+    entry = entry.strip()
+    host = entry.lstrip(".")
+    try:
+        return entry[: len(entry) - len(host)] + _ascii_host(host)
+    except ValueError:
+        return entry
 
 
 def _ssl_context() -> ssl.SSLContext:
