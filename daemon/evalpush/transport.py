@@ -368,7 +368,7 @@ class Origin:
 
     def __init__(self, scheme: str, host: str, port: int) -> None:
         self.scheme = scheme
-        self.host = host  # as written (lower case, no brackets): NO_PROXY is matched against it and its IDNA spelling
+        self.host = host  # as written (lower case, no brackets); NO_PROXY: `_bypassed`
         self.port = port
         shown = f"[{host}]" if ":" in host else _ascii_host(host)
         self.host_header = (shown if port == _DEFAULT_PORTS[scheme] else f"{shown}:{port}").encode(
