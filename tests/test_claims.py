@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 import ledger_v1
 from evalpush.claims import LINGER_SECONDS, Claims, Process, process_start
@@ -485,6 +486,68 @@ class TestLease:
         for beat in beats:
             beat.join(LINGER_SECONDS + 2.0)
         assert not any(beat.is_alive() for beat in beats)
+
+    def test_a_claim_released_while_its_lease_is_renewed_is_not_said_taken_over(self, ledger):
+        """The heartbeat renews the claims it held when the renewal began: one released in
+        between is no longer in the ledger, given back rather than taken over, and the warning
+        that another process took it would send a person looking for one that does not exist."""
+        mine = Claims(ledger, lease_seconds=0.2)
+        record, _ = take(mine)
+        renew, renewed = ledger.renew, threading.Event()
+
+        def released_meanwhile(owners: list[str], expires: float) -> set[str]:
+            if not renewed.is_set():
+                mine.release(record)  # the upload gives its run back as the renewal starts
+            try:
+                return renew(owners, expires)
+            finally:
+                renewed.set()
+
+        mine._heartbeat._renew = released_meanwhile
+        beat = mine._heartbeat._thread
+        assert beat is not None
+        with capture_logs() as logs:
+            assert renewed.wait(5.0), "no renewal"
+            mine.close()
+            beat.join(5.0)  # the renewal said what it found before the thread ended
+        assert not beat.is_alive()
+
+        assert ledger.get_run(RUN_ID).claim_owner is None
+        assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
+
+    def test_a_renewal_while_a_claim_is_released_does_not_say_it_taken_over(self, ledger):
+        """A renewal that runs once the release is written but before `release` returns finds
+        the claim gone from the ledger: the heartbeat must have stopped renewing it first."""
+        mine = Claims(ledger, lease_seconds=0.2)
+        record, _ = take(mine)
+        release, renew = ledger.release, ledger.renew
+        released, renewed_after = threading.Event(), threading.Event()
+
+        def renewing(owners: list[str], expires: float) -> set[str]:
+            after = released.is_set()
+            try:
+                return renew(owners, expires)
+            finally:
+                if after:
+                    renewed_after.set()
+
+        def slow_release(held: RunRecord) -> RunRecord:
+            given_back = release(held)
+            released.set()
+            renewed_after.wait(1.0)  # a renewal comes before this returns
+            return given_back
+
+        mine._heartbeat._renew = renewing
+        ledger.release = slow_release
+        beat = mine._heartbeat._thread
+        assert beat is not None
+        with capture_logs() as logs:
+            mine.release(record)
+            mine.close()
+            beat.join(5.0)
+        assert not beat.is_alive()
+
+        assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
 
     def test_runs_claimed_one_after_another_share_one_heartbeat_thread(self, ledger):
         mine = Claims(ledger)

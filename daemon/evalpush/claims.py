@@ -240,6 +240,9 @@ class Heartbeat:
             return
         lost = set(owners) - held
         if lost:
+            with self._changed:  # a claim released since `owners` was taken was given back
+                lost &= self._owners
+        if lost:
             # The uploads holding them fail their next write (fencing); this says why, once.
             get_logger().warning("claims taken over by another process", owners=sorted(lost))
 
@@ -285,11 +288,14 @@ class Claims:
     def release(self, record: RunRecord) -> RunRecord:
         """Give the claim `record` holds back; returns the run as nobody's."""
         owner = record.claim_owner
+        if owner is not None:
+            # Renewed no more before it is released: a renewal after the release would find it
+            # gone and say another process took it over.
+            self._heartbeat.remove(owner)
         try:
             return self._ledger.release(record)
         finally:
             if owner is not None:
-                self._heartbeat.remove(owner)
                 self._forget(owner)
 
     def close(self) -> None:
