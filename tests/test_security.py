@@ -279,6 +279,35 @@ class TestRefused:
         assert sum(platform.summary()["requests"].values()) == 0
         assert_no_key(said, f"{command} output")
 
+    @pytest.mark.parametrize("command", ["check", "push"])
+    @pytest.mark.parametrize("variable", ["PRIME_API_BASE_URL", "PRIME_FRONTEND_URL"])
+    def test_a_url_holding_a_password_is_refused_without_printing_it(
+        self, command: str, variable: str, platform: LocalPlatform, tmp_path: Path, tree: Path
+    ) -> None:
+        """The API key is evalpush's one credential: a `user:password@` in a platform URL would
+        be printed by `check`, and the frontend's would go into every viewer URL stored."""
+        password = "hunter2-not-a-key"
+        run = RunDir(tree / GROUP).config(num_tasks=2)
+        run.write(run.lines(4))
+        environ = daemon_environ(platform, tmp_path, [tree])
+        url = (
+            environ["PRIME_API_BASE_URL"]
+            if variable == "PRIME_API_BASE_URL"
+            else "https://app.example"
+        )
+        environ[variable] = url.replace("://", f"://operator:{password}@", 1)
+        args = [command] + ([str(tree)] if command == "push" else [])
+
+        done = evalpush(environ, *args)
+
+        said = done.stdout + done.stderr
+        assert done.returncode == 2, said.decode()
+        assert variable.encode() in said and b"user name or password" in said
+        assert password.encode() not in said
+        assert b"prime login" not in said  # the key is not what is wrong
+        assert sum(platform.summary()["requests"].values()) == 0
+        assert_no_key(said, f"{command} output")
+
     def test_a_key_file_others_may_read_draws_a_warning_naming_it_not_the_key(
         self, platform: LocalPlatform, tmp_path: Path, tree: Path
     ) -> None:

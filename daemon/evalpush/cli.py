@@ -599,7 +599,8 @@ def _check_credentials(client: Any) -> _Row:
     try:
         creds = client.credentials
     except (AuthError, ConfigError) as exc:
-        says_how = "prime login" in str(exc)  # the message of a missing key says where to set one
+        # A missing key's message says where to set one; an unusable URL's, what to change.
+        says_how = isinstance(exc, ConfigError) or "prime login" in str(exc)
         return _Row(Check.CREDENTIALS, False, str(exc), "" if says_how else KEY_FIX)
     team = f" (team {creds.team_id})" if creds.team_id else ""
     return _Row(Check.CREDENTIALS, True, f"key from {creds.key_source}; api {creds.api_base}{team}")

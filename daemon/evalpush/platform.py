@@ -243,7 +243,25 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+_USERINFO = re.compile(r"^\s*([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
+"""A URL's `user:password@` part (what comes before the host)."""
+
+
+def _refuse_userinfo(source: str, raw: str) -> None:
+    """The API key is the one credential evalpush sends: a platform URL holding a user name or
+    password is refused, and named without them (it would be printed, and the frontend's
+    stored in every viewer URL)."""
+    if _USERINFO.match(raw):
+        shown = _USERINFO.sub(r"\1...@", raw.strip())
+        raise errors.ConfigError(
+            f"{source}: {shown} holds a user name or password; evalpush sends the platform's "
+            "API key and no other credential, and would print the URL: remove the part before "
+            "the @"
+        )
+
+
 def _api_base(source: str, raw: str, allow_insecure_http: bool) -> str:
+    _refuse_userinfo(source, raw)
     base = raw.rstrip("/").removesuffix(API_PREFIX).rstrip("/")
     try:
         parts = urllib.parse.urlsplit(base)
@@ -284,13 +302,14 @@ def load_credentials(
             (f"base_url in {prime_note}", prime_config.get("base_url")),
         ]
     ) or ("default", DEFAULT_API_BASE)
-    _, frontend = _first(
+    frontend_source, frontend = _first(
         [
             ("$PRIME_FRONTEND_URL", environ.get("PRIME_FRONTEND_URL")),
             ("platform.frontend_url", config.frontend_url),
             ("config.json", prime_config.get("frontend_url")),
         ]
     ) or ("default", DEFAULT_FRONTEND_URL)
+    _refuse_userinfo(frontend_source, frontend)
     team = _first(
         [
             ("$PRIME_TEAM_ID", environ.get("PRIME_TEAM_ID")),

@@ -42,11 +42,12 @@ class RolloutCounter:
             self._set(idx, count)
 
     def to_state(self) -> dict[str, Any]:
-        """A JSON-able form built without an object per task: the dense counts deflated, then
-        base64. It lives in the run's ledger row, which SQLite rewrites whole at every write of
-        the row (two a batch), so its size is paid per batch in the ledger's page cache and
-        writes. Raw it is 4 bytes a task (700 KB of base64 for 75,000 tasks); the counts are
-        nearly all the run's rollouts per task, which deflate to a few hundred bytes."""
+        """A JSON-able form built without an object per task: the dense counts deflated (raw
+        when they are `RAW_DENSE_BYTES` or fewer), then base64. It lives in the run's ledger row,
+        which SQLite rewrites whole at every write of the row (two a batch), so its size is paid
+        per batch in the ledger's page cache and writes. Raw it is 4 bytes a task (700 KB of
+        base64 for 75,000 tasks); the counts are nearly all the run's rollouts per task, which
+        deflate to a few hundred bytes."""
         raw = self._dense.tobytes()
         sparse = sorted(self._sparse.items())
         if len(raw) <= RAW_DENSE_BYTES:  # deflating a few bytes costs more than it saves
