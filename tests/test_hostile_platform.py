@@ -461,10 +461,13 @@ class TestIdsAreData:
         with pytest.raises(errors.Unsendable, match="not a platform id"):
             call(platform_client)
 
-    def test_listed_evaluations_keep_only_http_viewer_urls(self, tmp_path: Path) -> None:
+    def test_listed_evaluations_keep_only_http_viewer_urls_without_a_password(
+        self, tmp_path: Path
+    ) -> None:
         items = [
             {"id": "e1", "viewer_url": "javascript:alert(1)", "metadata": {}},
             {"id": "e2", "viewer_url": "https://app.test/dashboard/evaluations/e2"},
+            {"id": "e3", "viewer_url": "https://someone:pw@app.test/dashboard/evaluations/e3"},
         ]
 
         def answer(request: httpx.Request) -> httpx.Response:
@@ -475,6 +478,7 @@ class TestIdsAreData:
             listed = list(client.iter_evaluations("gsm8k"))
         assert "viewer_url" not in listed[0]
         assert listed[1]["viewer_url"] == "https://app.test/dashboard/evaluations/e2"
+        assert "viewer_url" not in listed[2], "a URL holding a password is not kept to print"
 
     def test_a_listed_evaluation_with_a_malformed_id_is_listed_as_unusable_beside_the_others(
         self, tmp_path: Path

@@ -422,7 +422,8 @@ def _first_id(data: Any, keys: tuple[str, ...]) -> str | None:
 
 
 def _safe_url(value: Any) -> str | None:
-    """`value` if it is an http(s) URL fit to print and store, else None."""
+    """`value` if it is an http(s) URL fit to print and store (no `user:password@` in it, no
+    secret), else None."""
     text = _text(value)
     if text is None or len(text) > _URL_CHARS or not text.isprintable() or " " in text:
         return None
@@ -430,7 +431,7 @@ def _safe_url(value: Any) -> str | None:
         Origin.of(text)
     except ValueError:
         return None
-    return None if holds_secret(text) else text
+    return None if _USERINFO.match(text) or holds_secret(text) else text
 
 
 def _viewer_url_in(data: Any) -> str | None:
