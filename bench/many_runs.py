@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +151,74 @@ def push_all(root: Path, count: int, hook_dir: Path, *, pin: bool = False) -> Ma
     return ManyRuns(m, platform_cpu, requests, writes, syncs)
 
 
+def requests_only(count: int, workers: int, *, pin: bool = False) -> str:
+    """A run's 4 requests (create, the read that confirms it, samples, finalize) and nothing
+    else, through evalpush's platform client from `workers` threads in this process, against a
+    fresh local platform: what the push's per-run bookkeeping (claim, ledger, syncs, run
+    loading, scan, conversion) comes on top of."""
+    import resource
+    import threading
+
+    from evalpush.config import PlatformConfig
+    from evalpush.platform import PlatformClient
+
+    cpus = sorted(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory(prefix="bench-many-", dir=push.BENCH / ".cache") as tmp:
+        platform = push.Platform(Path(tmp), cpus={cpus[-1]} if pin else None)
+        environ = {"PRIME_API_KEY": push.PLATFORM_KEY, "PRIME_API_BASE_URL": platform.base}
+        client = PlatformClient(PlatformConfig(), environ=environ, home=Path(tmp))
+        try:
+            env_id = client.resolve_environment(ENVIRONMENT)
+
+            def upload(runs: range) -> None:
+                for n in runs:
+                    run_id = str(uuid.uuid5(NAMESPACE, f"requests-only-{n}"))
+                    evaluation, _ = client.create_evaluation(
+                        {
+                            "name": f"{ENVIRONMENT}--{run_id[:8]}",
+                            "environments": [{"id": env_id}],
+                            "model_name": "org/model",
+                            "dataset": ENVIRONMENT,
+                            "framework": "verifiers",
+                            "metadata": {"run_id": run_id, "framework": "verifiers"},
+                            "metrics": {"avg_reward": 1.0},
+                            "tags": [],
+                        }
+                    )
+                    client.get_evaluation(evaluation)
+                    sample = {"sample_id": f"many-{n}", "example_id": 0, "rollout_number": 1}
+                    client.push_samples(evaluation, json.dumps({"samples": [sample]}).encode())
+                    client.finalize(evaluation, {"avg_reward": 1.0})
+
+            threads = [
+                threading.Thread(target=upload, args=(range(w, count, workers),))
+                for w in range(workers)
+            ]
+            if pin:
+                os.sched_setaffinity(0, cpus[:-1])  # this thread's, and the threads it starts
+            platform_before = platform.cpu_seconds()
+            ours_before = resource.getrusage(resource.RUSAGE_SELF)
+            started = time.perf_counter()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            wall = time.perf_counter() - started
+            ours = resource.getrusage(resource.RUSAGE_SELF)
+            platform_cpu = platform.cpu_seconds() - platform_before
+        finally:
+            if pin:
+                os.sched_setaffinity(0, cpus)
+            client.close()
+            platform.stop()
+    cpu = ours.ru_utime - ours_before.ru_utime + ours.ru_stime - ours_before.ru_stime
+    return (
+        f"the requests alone (evalpush's platform client, {workers} threads, no ledger): "
+        f"{count / wall:.0f} runs/s, client {cpu / count * 1000:.2f} ms/run, "
+        f"platform {platform_cpu / count * 1000:.2f} ms/run"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
@@ -194,6 +263,16 @@ def main() -> None:
         f"({best.platform_cpu / n * 1000:.2f} ms/run)"
     )
     print(ceiling(m.cpu_seconds / n, best.platform_cpu / n, len(os.sched_getaffinity(0)), args.pin))
+    if not args.at:
+        print(requests_only(n, push_workers(), pin=args.pin))
+
+
+def push_workers() -> int:
+    """How many runs the push uploads at once (its default, or the variable's)."""
+    from evalpush.config import UploadConfig
+
+    given = os.environ.get("EVALPUSH_UPLOAD__MAX_CONCURRENT_RUNS")
+    return int(given) if given else UploadConfig().max_concurrent_runs
 
 
 def ceiling(push_cpu: float, platform_cpu: float, cpus: int, pin: bool) -> str:
