@@ -206,6 +206,7 @@ def requests_only(count: int, workers: int, *, pin: bool = False) -> str:
             wall = time.perf_counter() - started
             ours = resource.getrusage(resource.RUSAGE_SELF)
             platform_cpu = platform.cpu_seconds() - platform_before
+            check(platform, count)  # a thread that failed would have left runs undone
         finally:
             if pin:
                 os.sched_setaffinity(0, cpus)
