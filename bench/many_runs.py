@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -156,9 +158,6 @@ def requests_only(count: int, workers: int, *, pin: bool = False) -> str:
     else, through evalpush's platform client from `workers` threads in this process, against a
     fresh local platform: what the push's per-run bookkeeping (claim, ledger, syncs, run
     loading, scan, conversion) comes on top of."""
-    import resource
-    import threading
-
     from evalpush.config import PlatformConfig
     from evalpush.platform import PlatformClient
 

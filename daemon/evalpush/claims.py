@@ -226,11 +226,10 @@ class Heartbeat:
         came (so the thread goes on)."""
         self._lingering = True
         try:
-            return self._changed.wait_for(
-                lambda: self._owners or self._stopped, timeout=LINGER_SECONDS
-            ) and bool(self._owners)
+            self._changed.wait_for(lambda: self._owners or self._stopped, timeout=LINGER_SECONDS)
         finally:
             self._lingering = False
+        return bool(self._owners)
 
     def _renew_once(self, owners: list[str]) -> None:
         try:

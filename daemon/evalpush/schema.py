@@ -16,9 +16,8 @@ after it, never half-built (creating a new file is migrating from version 0).
 - Version 4: `last_error_at`, when `last_error` was written (`status RUN` shows it).
 - Version 5: no table changes; a run's `totals` may hold its rollout counts deflated
   (`dense_deflated`, `convert.totals.RolloutCounter`, when they are over 256 bytes raw), which
-  an evalpush of version 4 would
-  fail on mid-upload: the version makes it refuse the file at once instead, naming it. Counts
-  saved raw by an older evalpush still read.
+  an evalpush of version 4 would fail on mid-upload: the version makes it refuse the file at
+  once instead, naming it. Counts saved raw (an older evalpush's, or a few) still read.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from evalpush.runs import Run
 _ENCODER = msgspec.json.Encoder()
 RAW_DENSE_BYTES = 256
 """Rollout counts up to this size (64 tasks) are saved as they are: zlib sets up about 270 KB of
-state per call (a tenth of a one-trace run's CPU in `push`) to save a few bytes here."""
+state per call, twice a run (4% of a one-trace run's instructions in `push`), to save a few
+bytes here."""
 
 
 class RolloutCounter:
