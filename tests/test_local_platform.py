@@ -193,9 +193,12 @@ class TestServeCommand:
         assert second.returncode == 2
         assert f"cannot listen on 127.0.0.1:{port}" in out.decode()
 
+    @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
     def test_with_a_db_file_what_was_sent_survives_a_restart(
-        self, start_served: Callable[..., Served], tmp_path: Path
+        self, start_served: Callable[..., Served], tmp_path: Path, signum: int
     ) -> None:
+        """Stopped or killed: a kill leaves the writes in the database's write-ahead log, which
+        the next start reads."""
         db = tmp_path / "platform.db"
         served = start_served("--db", str(db))
         evaluation_id = served.create("run-persisted")
@@ -203,7 +206,7 @@ class TestServeCommand:
             "POST", f"/api/v1/evaluations/{evaluation_id}/samples", {"samples": [{"sample_id": 1}]}
         )
         port = int(served.base_url.rsplit(":", 1)[1])
-        assert served.stop()[0] == 0
+        assert served.stop(signum)[0] == (-signum if signum == signal.SIGKILL else 0)
         again = start_served("--db", str(db), port=port)
         evaluation = again.summary()["evaluations"][evaluation_id]
         assert evaluation["sample_count"] == 1 and again.summary()["runs"] == {"run-persisted": 1}
