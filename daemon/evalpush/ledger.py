@@ -18,7 +18,9 @@ version first, so any number of processes may open a new or an old ledger at onc
 Durability: a WAL journal. A write is durable (it survives power loss, not just a crashed
 process) once the write-ahead log is synced after it: every write is, before the call returns,
 except the claim, its release and the lease's renewal, whose loss to power loss (not to a crash:
-every commit is in the file at once) costs nothing but a takeover. The log is synced by this
+every commit is in the file at once) costs nothing but a takeover, and the writes an upload
+makes with `durable=False` (an acknowledgement; an intent an earlier synced one covers), whose
+loss leaves the intent before them, reconciled. The log is synced by this
 process (`fsync`, the one SQLite's `synchronous=FULL` does) after the commit and outside the
 lock, so writes of several runs committed meanwhile share one sync (a group commit): an intent
 still waits for the disk before its request is sent, without every other run waiting behind it.
@@ -713,6 +715,11 @@ class Ledger:
     ) -> RunRecord:
         """`update` with a new `state`: for `evalpush.transitions` alone."""
         return self._write(record, {**changes, "state": State(state)}, defer=defer, durable=True)
+
+    def unwritten(self, record: RunRecord) -> frozenset[str]:
+        """The columns of the run's deferred write: not in the file yet (see `update`)."""
+        with self._lock:
+            return frozenset(self._deferred.get(record.id, ()))
 
     def _take_deferred(self, record: RunRecord) -> dict[str, Any]:
         """The run's deferred write, taken (inside the write that carries it, under the lock)."""

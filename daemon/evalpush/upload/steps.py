@@ -179,6 +179,15 @@ class Steps:
             max_batch_bytes=ctx.config.upload.max_batch_bytes,
             max_batch_samples=ctx.config.upload.max_batch_samples,
         )
+        # A create acknowledged in this attempt is not written yet (it goes with the first
+        # batch's intent): the run's last durable write is its create intent, synced before the
+        # create was sent, which covers the first batch as well. Lost to power loss, the batch's
+        # intent (and the acknowledgement with it) leaves that create intent, reconciled by a
+        # fresh lookup that adopts the evaluation the create made and lists its samples before
+        # any is sent (`Reconciler.adopt`: the whole range). So the first batch's intent is not
+        # synced: a run of one batch waits for the disk twice, not three times. (A crash keeps
+        # it: the next process knows the evaluation and lists only its samples.)
+        under_create = "evaluation_id" in ctx.ledger.unwritten(record)
         inline = min(INLINE_CONVERT_BYTES, ctx.config.upload.max_batch_bytes)
         small = record.upload_end - record.acked_offset <= inline
         with (
@@ -195,7 +204,8 @@ class Steps:
                 if stored is not None and batch.start < reconcile_end:
                     unsent = without_stored(batch, stored)
                     already, batch = len(batch.samples) - len(unsent.samples), unsent
-                record = self._send_batch(record, batch, already)
+                record = self._send_batch(record, batch, already, under_create=under_create)
+                under_create = False
                 ctx.progress(record)
         return self._pushed(record, run, totals)
 
@@ -229,14 +239,20 @@ class Steps:
         )
         return scan(lines, max_line_bytes=max_line).totals
 
-    def _send_batch(self, record: RunRecord, batch: Batch, already: int = 0) -> RunRecord:
-        """Send `batch`; `already` more of its range's samples were found stored on the platform."""
+    def _send_batch(
+        self, record: RunRecord, batch: Batch, already: int = 0, *, under_create: bool = False
+    ) -> RunRecord:
+        """Send `batch`; `already` more of its range's samples were found stored on the platform.
+        `under_create`: the run's create intent, its last durable write, covers the batch (see
+        `push`): the batch's intent need not be synced."""
         ledger = self._ctx.ledger
         delivered = already
         set_aside = list(batch.set_aside)
         if batch.samples:
             record = ledger.update(
-                record, pending=intent(Step.PUSH, start=batch.start, end=batch.end)
+                record,
+                durable=not under_create,
+                pending=intent(Step.PUSH, start=batch.start, end=batch.end),
             )
             crash_point("batch-intent")
             delivered += self._deliver(record, batch, set_aside)
