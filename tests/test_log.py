@@ -53,3 +53,13 @@ def test_a_library_warning_is_a_json_log_line_and_watchdogs_double_watch_notice_
 def test_holds_secret_says_exactly_when_scrub_would_change_the_text(text: str) -> None:
     log.register_secret("sk-holds-0123456789abcdef")
     assert log.holds_secret(text) == (log.scrub(text) != text)
+
+
+def test_holds_secret_answers_anew_once_a_secret_is_registered() -> None:
+    """Its answers are kept (an evaluation id is checked at every request): a text checked
+    before a secret was registered is checked again after, and then holds it."""
+    text = "https://app.test/evaluations/key-registered-late-QWXZJKVP"
+    assert not log.holds_secret(text)
+    assert not log.holds_secret(text)
+    log.register_secret("key-registered-late-QWXZJKVP")
+    assert log.holds_secret(text)

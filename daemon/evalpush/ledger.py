@@ -717,9 +717,9 @@ class Ledger:
         return self._write(record, {**changes, "state": State(state)}, defer=defer, durable=True)
 
     def unwritten(self, record: RunRecord) -> frozenset[str]:
-        """The columns of the run's deferred write: not in the file yet (see `update`)."""
-        with self._lock:
-            return frozenset(self._deferred.get(record.id, ()))
+        """The columns of the run's deferred write: not in the file yet (see `update`). Only the
+        run's claim holder changes them, so its uploading thread reads them without the lock."""
+        return frozenset(self._deferred.get(record.id, ()))
 
     def _take_deferred(self, record: RunRecord) -> dict[str, Any]:
         """The run's deferred write, taken (inside the write that carries it, under the lock)."""

@@ -54,6 +54,11 @@ _parts: re.Pattern[str] | None = None
 so overlapping runs are all found); None while no secret is registered."""
 _runs: frozenset[str] = frozenset()
 """Those runs, for `holds_secret`'s window lookups."""
+_answers: tuple[frozenset[str], dict[str, bool]] = (_runs, {})
+"""`holds_secret`'s answers for the runs they were looked up in: a run's evaluation id and
+viewer URL are checked several times each (every request's path, each answer naming them).
+Replaced, not cleared, when a secret is registered, so an answer from before cannot land in it."""
+MAX_ANSWERS = 4096
 
 
 def _forms(secret: str) -> set[str]:
@@ -68,7 +73,7 @@ def _forms(secret: str) -> set[str]:
 
 def register_secret(value: str | None) -> None:
     """Never let `value`, or a part of it, leave the process again."""
-    global _parts, _runs
+    global _parts, _runs, _answers
     if not value or len(value) < MIN_SECRET_CHARS:
         return
     with _lock:
@@ -84,6 +89,7 @@ def register_secret(value: str | None) -> None:
         alternatives = "|".join(re.escape(run) for run in sorted(runs))
         _parts = re.compile(f"(?=(?:{alternatives}))")
         _runs = frozenset(runs)
+        _answers = (_runs, {})
 
 
 def scrub(text: str) -> str:
@@ -97,8 +103,18 @@ def scrub(text: str) -> str:
 def holds_secret(text: str) -> bool:
     """Whether `scrub` would change `text`: a secret, part of one, or a bearer token in it. A
     lookup per window, not `scrub`'s regex: ids and URLs from the platform are checked so
-    several times per run."""
-    runs = _runs
+    several times per run, each once (`_answers`)."""
+    runs, answers = _answers
+    held = answers.get(text)
+    if held is None:
+        held = _holds(text, runs)
+        if len(answers) >= MAX_ANSWERS:
+            answers.clear()
+        answers[text] = held
+    return held
+
+
+def _holds(text: str, runs: frozenset[str]) -> bool:
     if runs:
         for start in range(len(text) - MIN_SECRET_CHARS + 1):
             if text[start : start + MIN_SECRET_CHARS] in runs:
