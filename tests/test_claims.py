@@ -549,6 +549,31 @@ class TestLease:
 
         assert [e["event"] for e in logs if e["log_level"] == "warning"] == []
 
+    def test_taking_and_releasing_claims_does_not_wake_the_heartbeat(self, ledger):
+        """A run's claim is taken and released around every upload: the heartbeat's thread is
+        not woken for either (it renews on its own schedule, and a new claim's lease is new).
+        Counted by the kernel: the thread's voluntary context switches."""
+        mine = Claims(ledger)
+        record, _ = take(mine, run_id=f"{RUN_ID[:-3]}000")
+        beat = mine._heartbeat._thread
+        assert beat is not None and beat.native_id is not None
+        mine.release(record)
+
+        def switches() -> int:
+            status = Path(f"/proc/self/task/{beat.native_id}/status").read_text()
+            return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+        before, started = switches(), time.monotonic()
+        for n in range(1, 201):
+            record, _ = take(mine, run_id=f"{RUN_ID[:-3]}{n:03d}")
+            mine.release(record)
+        took = time.monotonic() - started
+        woken = switches() - before
+        mine.close()
+        beat.join(LINGER_SECONDS)
+        # Once a tick (a second at most) it looks at the claims held; 200 claims, none.
+        assert woken <= 2 + int(took / LINGER_SECONDS), f"woken {woken} times in {took:.2f} s"
+
     def test_runs_claimed_one_after_another_share_one_heartbeat_thread(self, ledger):
         mine = Claims(ledger)
         started = []

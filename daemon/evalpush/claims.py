@@ -162,7 +162,11 @@ class Heartbeat:
     """Renews the leases of the claims this process holds, from its own thread.
 
     The thread starts with the first claim and ends once none has been held for
-    `LINGER_SECONDS` (or at `stop`), so nothing outlives the uploads it serves by more.
+    `LINGER_SECONDS` (or at `stop`), so nothing outlives the uploads it serves by more. Taking
+    and releasing a claim never wakes it: it looks at the claims held once a tick (`_tick`, a
+    second at most), renews them once per interval, and a claim taken between two renewals has
+    a new lease anyway. Waking it twice a run (to renew nothing) was a fifth of the CPU a
+    one-trace run's claims and ledger writes took.
     """
 
     def __init__(
@@ -176,10 +180,11 @@ class Heartbeat:
         self.lease_seconds = lease_seconds
         self._clock = clock
         self._interval = lease_seconds / RENEWALS_PER_LEASE
+        self._tick = min(self._interval, LINGER_SECONDS)
         self._owners: set[str] = set()
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._lingering = False  # the thread holds no claim and waits for one, or its end
+        self._idle_since: float | None = None  # monotonic: when the last claim was released
         self._stopped = False
 
     def expires(self) -> float:
@@ -190,17 +195,16 @@ class Heartbeat:
         with self._changed:
             self._owners.add(owner)
             self._stopped = False
+            self._idle_since = None
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="claim-heartbeat")
                 self._thread.start()
-            elif self._lingering:
-                self._changed.notify_all()  # back to renewing
 
     def remove(self, owner: str) -> None:
         with self._changed:
             self._owners.discard(owner)
-            if not self._owners:  # the thread waits for nothing else: waking it for less is waste
-                self._changed.notify_all()
+            if not self._owners:
+                self._idle_since = time.monotonic()
 
     def stop(self) -> None:
         """Renew nothing more; the thread ends now."""
@@ -210,26 +214,24 @@ class Heartbeat:
             self._changed.notify_all()
 
     def _run(self) -> None:
+        renew_at = time.monotonic() + self._interval
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: not self._owners, timeout=self._interval)
-                if not self._owners:
-                    if self._linger():
-                        continue  # a claim taken meanwhile: its lease is new, renewed in time
+                wait = min(max(renew_at - time.monotonic(), 0.0), self._tick)
+                self._changed.wait_for(lambda: self._stopped, timeout=wait)
+                if self._stopped or self._lingered():
                     self._thread = None
                     return
+                if not self._owners or time.monotonic() < renew_at:
+                    continue
                 owners = sorted(self._owners)
+            renew_at = time.monotonic() + self._interval
             self._renew_once(owners)
 
-    def _linger(self) -> bool:
-        """With the lock held and no claim: wait for one, up to `LINGER_SECONDS`; whether one
-        came (so the thread goes on)."""
-        self._lingering = True
-        try:
-            self._changed.wait_for(lambda: self._owners or self._stopped, timeout=LINGER_SECONDS)
-        finally:
-            self._lingering = False
-        return bool(self._owners)
+    def _lingered(self) -> bool:
+        """With the lock held: whether no claim has been held for `LINGER_SECONDS`."""
+        idle = self._idle_since
+        return not self._owners and idle is not None and time.monotonic() - idle >= LINGER_SECONDS
 
     def _renew_once(self, owners: list[str]) -> None:
         try:
