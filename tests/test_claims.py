@@ -571,8 +571,10 @@ class TestLease:
         woken = switches() - before
         mine.close()
         beat.join(LINGER_SECONDS)
-        # Once a tick (a second at most) it looks at the claims held; 200 claims, none.
-        assert woken <= 2 + int(took / LINGER_SECONDS), f"woken {woken} times in {took:.2f} s"
+        # Once a tick (a second at most) it looks at the claims held, and may wait there for
+        # Python's lock a few times; for the 200 claims, never (it was woken twice for each).
+        ticks = 1 + int(took / LINGER_SECONDS)
+        assert woken <= 5 * ticks, f"woken {woken} times in {took:.2f} s"
 
     def test_runs_claimed_one_after_another_share_one_heartbeat_thread(self, ledger):
         mine = Claims(ledger)
