@@ -25,6 +25,8 @@ from typing import Any
 
 import msgspec
 
+from evalpush.errors import ConfigError
+
 RUNNING, COMPLETED = "RUNNING", "COMPLETED"
 CLOSE_OUT_STATUSES = frozenset({"FAILED", "CANCELLED"})
 _ENCODER, _DECODER = msgspec.json.Encoder(), msgspec.json.Decoder()
@@ -187,7 +189,26 @@ class Store:
 
     def __init__(self, db: Path | None = None) -> None:
         self._lock = threading.Lock()
+        try:
+            self._open(db)
+        except sqlite3.Error as exc:
+            raise ConfigError(
+                f"local platform: cannot use {db} as its database ({exc}): the file and its "
+                "directory must be writable (SQLite keeps a write-ahead log beside the file)"
+            ) from None
+        # Where each full page listed so far ended: samples are only ever appended, so a page
+        # boundary never moves, and listing page after page costs O(n) instead of O(n^2).
+        self._page_ends: dict[tuple[str, int, int], int] = {}
+
+    def _open(self, db: Path | None) -> None:
         self._conn = sqlite3.connect(":memory:" if db is None else str(db), check_same_thread=False)
+        try:
+            self._setup(db)
+        except sqlite3.Error:
+            self._conn.close()
+            raise
+
+    def _setup(self, db: Path | None) -> None:
         self._conn.row_factory = sqlite3.Row
         # A stand-in needs no fsync: the write-ahead log still keeps the file whole if the
         # process dies, and without syncs storing a batch costs ~2 ms per MB instead of ~6.
@@ -200,9 +221,6 @@ class Store:
             self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.executescript(_SCHEMA)
         self._add_reward_column()
-        # Where each full page listed so far ended: samples are only ever appended, so a page
-        # boundary never moves, and listing page after page costs O(n) instead of O(n^2).
-        self._page_ends: dict[tuple[str, int, int], int] = {}
 
     def close(self) -> None:
         with self._lock:
