@@ -184,31 +184,35 @@ def _sample_keys(sample: msgspec.Raw, index: int) -> tuple[str, float | None]:
     raise Refusal(422, f"samples[{index}] has no usable sample_id")
 
 
+def _unusable(db: Path | None, exc: sqlite3.Error) -> str:
+    """Why the database file cannot be used, and what it needs."""
+    return (
+        f"local platform: cannot use {db} as its database ({exc}): the file and its directory "
+        "must be writable (SQLite keeps a write-ahead log beside the file)"
+    )
+
+
 class Store:
     """The local platform's data, with the platform's rules (404, 409, 422) enforced."""
 
     def __init__(self, db: Path | None = None) -> None:
         self._lock = threading.Lock()
         try:
-            self._open(db)
+            self._conn = sqlite3.connect(
+                ":memory:" if db is None else str(db), check_same_thread=False
+            )
         except sqlite3.Error as exc:
-            raise ConfigError(
-                f"local platform: cannot use {db} as its database ({exc}): the file and its "
-                "directory must be writable (SQLite keeps a write-ahead log beside the file)"
-            ) from None
+            raise ConfigError(_unusable(db, exc)) from None
+        try:
+            self._set_up(db)
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise ConfigError(_unusable(db, exc)) from None
         # Where each full page listed so far ended: samples are only ever appended, so a page
         # boundary never moves, and listing page after page costs O(n) instead of O(n^2).
         self._page_ends: dict[tuple[str, int, int], int] = {}
 
-    def _open(self, db: Path | None) -> None:
-        self._conn = sqlite3.connect(":memory:" if db is None else str(db), check_same_thread=False)
-        try:
-            self._setup(db)
-        except sqlite3.Error:
-            self._conn.close()
-            raise
-
-    def _setup(self, db: Path | None) -> None:
+    def _set_up(self, db: Path | None) -> None:
         self._conn.row_factory = sqlite3.Row
         # A stand-in needs no fsync: the write-ahead log still keeps the file whole if the
         # process dies, and without syncs storing a batch costs ~2 ms per MB instead of ~6.
