@@ -92,14 +92,18 @@ _fsync, _snapshots = os.fsync, os.environ["POWER_LOSS_SNAPSHOTS"]
 
 
 def fsync(fd):
+    synced = os.fstat(fd).st_size  # frames other threads commit meanwhile are not made durable
     _fsync(fd)
     log = os.readlink(f"/proc/self/fd/{fd}")
     if log.endswith("state.db-wal"):  # what power loss from now on would leave (the ledger syncs
-        # one at a time: its sync lock is held here)
+        # one at a time: its sync lock is held here): the log as far as it went when the sync began
         taken = os.path.join(_snapshots, str(len(os.listdir(_snapshots))))
         os.mkdir(taken + ".part")
         shutil.copyfile(log[: -len("-wal")], os.path.join(taken + ".part", "state.db"))
-        shutil.copyfile(log, os.path.join(taken + ".part", "state.db-wal"))
+        with open(log, "rb") as source:
+            frames = source.read(synced)
+        with open(os.path.join(taken + ".part", "state.db-wal"), "wb") as copy:
+            copy.write(frames)
         os.rename(taken + ".part", taken)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import socket
@@ -18,7 +20,9 @@ import httpx
 import orjson
 import pytest
 
+from as_nobody import NOBODY, as_nobody
 from browser import Page
+from evalpush.cli import main
 from evalpush.local_platform import MAX_BODY_BYTES, LocalPlatform
 
 START_SECONDS = 15.0
@@ -210,6 +214,38 @@ class TestServeCommand:
         again = start_served("--db", str(db), port=port)
         evaluation = again.summary()["evaluations"][evaluation_id]
         assert evaluation["sample_count"] == 1 and again.summary()["runs"] == {"run-persisted": 1}
+
+    def test_a_db_whose_directory_holds_no_log_is_a_clear_error_and_exit_2(
+        self, open_dir: Path
+    ) -> None:
+        """The database keeps a write-ahead log beside it: a file its user may write in a
+        directory where it may not create the log is said in one line (exit 2) at start, not a
+        traceback. Run as `nobody` (root creates files anywhere) in a forked child, which
+        cannot start a subprocess of this interpreter: `main` is called in it."""
+        from evalpush.local_platform._store import Store
+
+        directory = open_dir / "read-only"
+        directory.mkdir()
+        db = directory / "platform.db"
+        Store(db).close()  # an existing database: the start itself writes nothing to the file
+        if os.geteuid() == 0:
+            os.chown(db, NOBODY, NOBODY)
+        directory.chmod(0o555)
+
+        def start() -> tuple[int, str]:
+            signal.alarm(10)  # a platform that starts serving is killed: the test fails
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                code = main(["local-platform", "--port", "0", "--db", str(db)])
+            return code, err.getvalue()
+
+        try:
+            code, err = as_nobody(start)
+        finally:
+            directory.chmod(0o755)
+        assert code == 2, err
+        assert err.startswith(f"evalpush: local platform: cannot use {db}") and "\n" == err[-1]
+        assert err.count("\n") == 1 and "Traceback" not in err
 
 
 class TestServedEndpoints:

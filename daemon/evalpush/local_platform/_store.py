@@ -25,6 +25,8 @@ from typing import Any
 
 import msgspec
 
+from evalpush.errors import ConfigError
+
 RUNNING, COMPLETED = "RUNNING", "COMPLETED"
 CLOSE_OUT_STATUSES = frozenset({"FAILED", "CANCELLED"})
 _ENCODER, _DECODER = msgspec.json.Encoder(), msgspec.json.Decoder()
@@ -182,12 +184,35 @@ def _sample_keys(sample: msgspec.Raw, index: int) -> tuple[str, float | None]:
     raise Refusal(422, f"samples[{index}] has no usable sample_id")
 
 
+def _unusable(db: Path | None, exc: sqlite3.Error) -> str:
+    """Why the database file cannot be used, and what it needs."""
+    return (
+        f"local platform: cannot use {db} as its database ({exc}): the file and its directory "
+        "must be writable (SQLite keeps a write-ahead log beside the file)"
+    )
+
+
 class Store:
     """The local platform's data, with the platform's rules (404, 409, 422) enforced."""
 
     def __init__(self, db: Path | None = None) -> None:
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(":memory:" if db is None else str(db), check_same_thread=False)
+        try:
+            self._conn = sqlite3.connect(
+                ":memory:" if db is None else str(db), check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise ConfigError(_unusable(db, exc)) from None
+        try:
+            self._set_up(db)
+        except sqlite3.Error as exc:
+            self._conn.close()
+            raise ConfigError(_unusable(db, exc)) from None
+        # Where each full page listed so far ended: samples are only ever appended, so a page
+        # boundary never moves, and listing page after page costs O(n) instead of O(n^2).
+        self._page_ends: dict[tuple[str, int, int], int] = {}
+
+    def _set_up(self, db: Path | None) -> None:
         self._conn.row_factory = sqlite3.Row
         # A stand-in needs no fsync: the write-ahead log still keeps the file whole if the
         # process dies, and without syncs storing a batch costs ~2 ms per MB instead of ~6.
@@ -200,9 +225,6 @@ class Store:
             self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.executescript(_SCHEMA)
         self._add_reward_column()
-        # Where each full page listed so far ended: samples are only ever appended, so a page
-        # boundary never moves, and listing page after page costs O(n) instead of O(n^2).
-        self._page_ends: dict[tuple[str, int, int], int] = {}
 
     def close(self) -> None:
         with self._lock:
