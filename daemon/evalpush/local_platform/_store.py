@@ -217,8 +217,8 @@ class Store:
         # A stand-in needs no fsync: the write-ahead log still keeps the file whole if the
         # process dies, and without syncs storing a batch costs ~2 ms per MB instead of ~6.
         # The log, not a rollback journal: a journal is a file created and deleted at every
-        # write, which made a one-trace run's 3 writes cost the platform 1.26 ms of CPU against
-        # 0.46 (bench/many_runs.py's runs, 0.75 ms of it system time).
+        # write, which made a one-trace run's calls (create, read, one sample, finalize) cost
+        # the store 1.26 ms of CPU against 0.3 (0.75 ms of it system time).
         self._conn.execute("PRAGMA synchronous=OFF")
         self._conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # before the log: WAL fixes it
         if db is not None:
