@@ -86,10 +86,13 @@ class Measure:
     cpu_seconds: float
     peak_rss_bytes: int
     stderr: str
+    waits: int = 0  # voluntary context switches: the child's threads blocking (I/O, a lock)
+    preempted: int = 0  # involuntary ones: a thread's time slice taken for another
 
 
 def measure(argv: list[str], hook_dir: Path) -> Measure:
-    """Run one child with stdout to /dev/null: its wall time, CPU time and peak RSS."""
+    """Run one child with stdout to /dev/null: its wall time, CPU time, peak RSS and context
+    switches."""
     peak_file = hook_dir / "peak_kib"
     env = dict(os.environ, EVALPUSH_BENCH_PEAK_FILE=str(peak_file))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hook_dir), env.get("PYTHONPATH")]))
@@ -105,7 +108,8 @@ def measure(argv: list[str], hook_dir: Path) -> Measure:
         raise SystemExit(f"{argv[:4]} exited {child.returncode}:\n{stderr[-3000:]}")
     peak_bytes = int(peak_file.read_text()) * 1024
     peak_file.unlink()
-    return Measure(wall, usage.ru_utime + usage.ru_stime, peak_bytes, stderr)
+    cpu = usage.ru_utime + usage.ru_stime
+    return Measure(wall, cpu, peak_bytes, stderr, usage.ru_nvcsw, usage.ru_nivcsw)
 
 
 def compile_daemon(daemon_dir: Path) -> None:

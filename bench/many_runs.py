@@ -8,7 +8,8 @@ a temp dir (bench/push.py's `Platform`, a fresh one per repeat), and checks that
 then holds N COMPLETED evaluations with one sample each. Prints wall s, runs/s, CPU s and peak
 RSS (bench/convert.py's `measure`), best of --repeat; per run, the requests the platform
 counted by kind, the push's ledger write transactions and syncs of its write-ahead log (counted
-by a `sitecustomize` hook in the child), and the local platform's CPU apart. Per run this is
+by a `sitecustomize` hook in the child), how often its threads blocked or were preempted
+(context switches), and the local platform's CPU apart. Per run this is
 what the per-run costs of the exactly-once protocol add up to.
 
 `--pin` runs the local platform on the last CPU and the push on the others, as if the platform
@@ -257,6 +258,8 @@ def main() -> None:
         f"per run: {sum(best.requests.values()) / n:.2f} requests ({kinds}), "
         f"{best.writes / n:.2f} ledger write transactions, {syncs / n:.2f} syncs of its log"
         + (" (SQLite's, one per commit)" if best.syncs < 0 else "")
+        + f"; {m.waits / n:.1f} times one of its threads blocked (a socket, the disk, a lock, "
+        f"Python's lock), {m.preempted / n:.1f} preempted"
     )
     print(
         f"the local platform (apart, not ours): CPU {best.platform_cpu:.2f} s "

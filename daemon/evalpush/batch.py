@@ -16,6 +16,7 @@ from typing import Generic, TypeVar
 
 import msgspec
 
+from evalpush import turns
 from evalpush.convert import Converted
 from evalpush.setaside import SetAside, SetAsideKind
 
@@ -156,7 +157,8 @@ class Prefetch(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         while True:
-            item = self._queue.get()
+            with turns.waiting():
+                item = self._queue.get()
             self._slots.release()
             if item is _DONE:
                 return

@@ -52,6 +52,8 @@ import zlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from evalpush import turns
+
 if TYPE_CHECKING:
     import ssl
 
@@ -84,6 +86,9 @@ SLICE_SECONDS = 0.2
 
 WRITE_CHUNK_BYTES = 256 * 1024
 """A write hands the socket at most this much at a time, so a slow reader cannot hold one call."""
+LONG_WRITE_BYTES = 256 * 1024
+"""A write bigger than this is made with the upload thread's turn handed over
+(`evalpush.turns`): the socket's buffer fills and the write waits for the platform to read."""
 
 READ_BYTES = 64 * 1024
 """What one socket read asks for."""
@@ -221,7 +226,8 @@ class _SlicedStream:
         while True:
             limit.check(ReadTimeout, ReadError)
             try:
-                return self._sock.recv(max_bytes)
+                with turns.waiting():
+                    return self._sock.recv(max_bytes)
             except TimeoutError:
                 continue  # a slice passed: look at the stop event and the deadline again
             except OSError as exc:
@@ -230,6 +236,11 @@ class _SlicedStream:
     def write(self, buffer: bytes | memoryview, timeout: float | None) -> None:
         limit = _Limit(timeout, self._stop)
         view = memoryview(buffer)
+        # A big body is sent over many waits for the peer to read: another thread's turn.
+        with turns.waiting() if len(view) > LONG_WRITE_BYTES else contextlib.nullcontext():
+            self._write(view, limit)
+
+    def _write(self, view: memoryview, limit: _Limit) -> None:
         while view:
             limit.check(WriteTimeout, WriteError)
             try:

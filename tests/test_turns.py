@@ -1,0 +1,80 @@
+"""Upload threads taking turns (`evalpush.turns`): the turn passes at a wait, and a thread that
+keeps it through a wait nobody marked cannot stop the others."""
+
+from __future__ import annotations
+
+import threading
+
+from evalpush import turns
+
+WAIT = 10.0  # only a failing test waits this long
+
+
+def in_thread(target) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_thread_waiting_hands_its_turn_to_another():
+    waiting, other_ran, release = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+
+    def first() -> None:
+        with turns.taking_turns():
+            seen["first before"] = turns.holds_turn()
+            with turns.waiting():
+                waiting.set()
+                release.wait(WAIT)
+            seen["first after"] = turns.holds_turn()
+
+    def second() -> None:
+        with turns.taking_turns():
+            seen["second"] = turns.holds_turn()
+            other_ran.set()
+
+    a = in_thread(first)
+    assert waiting.wait(WAIT)
+    b = in_thread(second)
+    assert other_ran.wait(WAIT)
+    release.set()
+    a.join(WAIT)
+    b.join(WAIT)
+    assert seen == {"first before": True, "second": True, "first after": True}
+
+
+def test_a_turn_kept_through_an_unmarked_wait_only_delays_the_others():
+    holding, release, done = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+
+    def keeper() -> None:
+        with turns.taking_turns():
+            holding.set()
+            release.wait(WAIT)  # a wait that does not hand the turn over
+
+    def other() -> None:
+        with turns.taking_turns():
+            seen["other holds"] = turns.holds_turn()
+            with turns.waiting():  # nothing to give; asks again after
+                pass
+            seen["other holds after its wait"] = turns.holds_turn()
+        done.set()
+
+    a = in_thread(keeper)
+    assert holding.wait(WAIT)
+    b = in_thread(other)
+    try:
+        assert done.wait(WAIT), "a thread keeping the turn stopped another"
+    finally:
+        release.set()
+        a.join(WAIT)
+        b.join(WAIT)
+    assert seen == {"other holds": False, "other holds after its wait": False}
+    with turns.taking_turns():  # the keeper gave it back on leaving
+        assert turns.holds_turn()
+
+
+def test_outside_turns_a_wait_changes_nothing():
+    with turns.waiting():
+        assert not turns.holds_turn()
+    assert not turns.holds_turn()
