@@ -78,3 +78,26 @@ def test_outside_turns_a_wait_changes_nothing():
     with turns.waiting():
         assert not turns.holds_turn()
     assert not turns.holds_turn()
+
+
+def test_a_wait_within_a_wait_keeps_the_turn_whole():
+    """Nested waits hand the turn over once and take it back once: it is never left taken by
+    a thread that believes it does not hold it (which would make every other thread wait out
+    its patience at every take, for good)."""
+    with turns.taking_turns():
+        with turns.waiting():
+            with turns.waiting():
+                assert not turns.holds_turn()
+            assert not turns.holds_turn()
+        assert turns.holds_turn()
+        with turns.taking_turns():  # a job within a job: the same turn
+            assert turns.holds_turn()
+        assert turns.holds_turn()
+    taken: list[bool] = []
+
+    def another_job() -> None:
+        with turns.taking_turns():
+            taken.append(turns.holds_turn())
+
+    in_thread(another_job).join(WAIT)
+    assert taken == [True], "the turn was left taken"

@@ -21,11 +21,13 @@ from contextlib import contextmanager
 PATIENCE_SECONDS = 0.005
 
 _turn = threading.Lock()
-_thread = threading.local()  # .taking: inside `taking_turns()`; .holds: has the turn now
+_thread = threading.local()  # .taking: inside `taking_turns()`; .holds: has the turn now;
+# .waiting: inside `waiting()` (a wait within a wait hands nothing over and takes nothing back)
 
 
 def _take() -> None:
-    _thread.holds = _turn.acquire(timeout=PATIENCE_SECONDS)
+    if not getattr(_thread, "holds", False):
+        _thread.holds = _turn.acquire(timeout=PATIENCE_SECONDS)
 
 
 def _give() -> None:
@@ -37,6 +39,9 @@ def _give() -> None:
 @contextmanager
 def taking_turns() -> Iterator[None]:
     """Run the block taking turns with the other threads inside one (an upload thread's job)."""
+    if getattr(_thread, "taking", False):
+        yield
+        return
     _thread.taking = True
     _take()
     try:
@@ -49,14 +54,16 @@ def taking_turns() -> Iterator[None]:
 @contextmanager
 def waiting() -> Iterator[None]:
     """A wait: inside `taking_turns()`, the turn goes to another thread meanwhile and is asked
-    back after. Outside, nothing."""
-    if not getattr(_thread, "taking", False):
+    back after. Outside, or inside another wait, nothing."""
+    if not getattr(_thread, "taking", False) or getattr(_thread, "waiting", False):
         yield
         return
+    _thread.waiting = True
     _give()
     try:
         yield
     finally:
+        _thread.waiting = False
         _take()
 
 
