@@ -9,8 +9,8 @@ then holds N COMPLETED evaluations with one sample each. Prints wall s, runs/s, 
 RSS (bench/convert.py's `measure`), best of --repeat; per run, the requests the platform
 counted by kind, the push's ledger write transactions and syncs of its write-ahead log (counted
 by a `sitecustomize` hook in the child), how often its threads blocked or were preempted
-(context switches), and the local platform's CPU apart. Per run this is
-what the per-run costs of the exactly-once protocol add up to.
+(context switches), and the local platform's CPU apart. Per run this is what the per-run costs
+of the exactly-once protocol add up to.
 
 `--pin` runs the local platform on the last CPU and the push on the others, as if the platform
 were a machine of its own (as the real one is): on a 2-core box, each gets one core, so the rate
