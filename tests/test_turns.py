@@ -6,6 +6,10 @@ from __future__ import annotations
 import threading
 
 from evalpush import turns
+from evalpush.local_platform import LocalPlatform
+from evalpush.platform import PlatformClient
+from evalpush.retry import Gate, Retrier
+from evalpush.scheduler import Scheduler
 
 WAIT = 10.0  # only a failing test waits this long
 
@@ -101,3 +105,45 @@ def test_a_wait_within_a_wait_keeps_the_turn_whole():
 
     in_thread(another_job).join(WAIT)
     assert taken == [True], "the turn was left taken"
+
+
+def test_a_job_backing_off_before_its_next_attempt_hands_its_turn_over(
+    platform: LocalPlatform,
+    platform_client: PlatformClient,
+    fast_gate: Gate,
+    stop_event: threading.Event,
+):
+    """A retry's backoff (up to a minute) is a wait that lasts. Kept through it, the turn made
+    every other upload thread wait out its patience at each of its own waits meanwhile: a big
+    run beside runs backing off from 503s was uploaded at half its speed."""
+    backing_off, other_ran = threading.Event(), threading.Event()
+    held: dict[str, bool] = {}
+    failures: list[BaseException] = []
+
+    def backoff(seconds: float) -> None:  # the retrier's sleep: until the other job has run
+        held["backing off, in its backoff"] = turns.holds_turn()
+        backing_off.set()
+        assert other_ran.wait(WAIT)
+
+    retrier = Retrier(platform_client, fast_gate, stop_event, rng=lambda: 1.0, sleep=backoff)
+    platform.inject("status", status=503, on="resolve")
+
+    def job(key: str) -> None:
+        if key == "backing off":
+            held[key] = turns.holds_turn()
+            retrier.call(
+                lambda: platform_client.resolve_environment("gsm8k"),
+                replayable=True,
+                what="resolve",
+            )
+        else:
+            held[key] = turns.holds_turn()
+            other_ran.set()
+
+    with Scheduler(job, workers=2, on_error=lambda _key, exc: failures.append(exc)) as scheduler:
+        scheduler.submit("backing off")
+        assert backing_off.wait(WAIT)
+        scheduler.submit("other")
+        assert scheduler.wait_idle(WAIT)
+    assert failures == []
+    assert held == {"backing off": True, "backing off, in its backoff": False, "other": True}
