@@ -123,6 +123,7 @@ class TestScheduler:
             Scheduler(lambda key: None, workers=0)
 
 
+@pytest.mark.usefixtures("turns_taken")
 def test_jobs_take_turns_handing_over_at_their_waits():
     """Each job runs holding the turn (`evalpush.turns`); a job waiting hands it to another."""
     first_waits, second_ran = threading.Event(), threading.Event()

@@ -3,7 +3,10 @@ keeps it through a wait nobody marked cannot stop the others."""
 
 from __future__ import annotations
 
+import os
 import threading
+
+import pytest
 
 from evalpush import turns
 from evalpush.local_platform import LocalPlatform
@@ -20,6 +23,7 @@ def in_thread(target) -> threading.Thread:
     return thread
 
 
+@pytest.mark.usefixtures("turns_taken")
 def test_a_thread_waiting_hands_its_turn_to_another():
     waiting, other_ran, release = threading.Event(), threading.Event(), threading.Event()
     seen: dict[str, bool] = {}
@@ -47,6 +51,7 @@ def test_a_thread_waiting_hands_its_turn_to_another():
     assert seen == {"first before": True, "second": True, "first after": True}
 
 
+@pytest.mark.usefixtures("turns_taken")
 def test_a_turn_kept_through_an_unmarked_wait_only_delays_the_others():
     holding, release, done = threading.Event(), threading.Event(), threading.Event()
     seen: dict[str, bool] = {}
@@ -84,6 +89,7 @@ def test_outside_turns_a_wait_changes_nothing():
     assert not turns.holds_turn()
 
 
+@pytest.mark.usefixtures("turns_taken")
 def test_a_wait_within_a_wait_keeps_the_turn_whole():
     """Nested waits hand the turn over once and take it back once: it is never left taken by
     a thread that believes it does not hold it (which would make every other thread wait out
@@ -107,6 +113,7 @@ def test_a_wait_within_a_wait_keeps_the_turn_whole():
     assert taken == [True], "the turn was left taken"
 
 
+@pytest.mark.usefixtures("turns_taken")
 def test_a_job_backing_off_before_its_next_attempt_hands_its_turn_over(
     platform: LocalPlatform,
     platform_client: PlatformClient,
@@ -147,3 +154,36 @@ def test_a_job_backing_off_before_its_next_attempt_hands_its_turn_over(
         assert scheduler.wait_idle(WAIT)
     assert failures == []
     assert held == {"backing off": True, "backing off, in its backoff": False, "other": True}
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_a_thread_confined_to_one_cpu_takes_no_turns():
+    """Threads that cannot run at once have nothing to gain from turns: a job on a thread
+    confined to one CPU (as `taskset -c 3 evalpush push` confines all) runs without one."""
+    seen: list[bool] = []
+
+    def confined_job() -> None:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # this thread's own mask
+        with turns.taking_turns():
+            seen.append(turns.holds_turn())
+            with turns.waiting():
+                pass
+            seen.append(turns.holds_turn())
+
+    in_thread(confined_job).join(WAIT)
+    assert seen == [False, False]
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs a thread that may run on two CPUs",
+)
+def test_a_thread_free_to_move_between_cpus_takes_turns():
+    seen: list[bool] = []
+
+    def job() -> None:
+        with turns.taking_turns():
+            seen.append(turns.holds_turn())
+
+    in_thread(job).join(WAIT)
+    assert seen == [True]
