@@ -3,9 +3,10 @@
 Python runs one thread at a time anyway, but a thread gives up Python's lock around each call
 into the system (a stat, an SQLite statement, a send), and with several upload threads on
 several CPUs the lock changed hands at nearly every one: a one-trace run's upload blocked about
-50 times, a third of the push's CPU going to the hand-overs. A thread that holds the turn keeps
-running through its short calls and hands the turn over only around a wait that lasts (an answer
-from the platform, a sync of the ledger's log, a batch being converted), as an event loop would.
+50 times, a quarter of the push's CPU going to the hand-overs. A thread that holds the turn
+keeps running through its short calls and hands the turn over only around a wait that lasts (an
+answer from the platform, a sync of the ledger's log, a batch being converted, a retry's
+backoff), as an event loop would.
 
 On one CPU (a process confined with `taskset` or `CPUAffinity=`) there is nothing to gain: the
 threads cannot run at once, and handing the turn over only added switches (blocks a one-trace
