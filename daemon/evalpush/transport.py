@@ -86,9 +86,6 @@ SLICE_SECONDS = 0.2
 
 WRITE_CHUNK_BYTES = 256 * 1024
 """A write hands the socket at most this much at a time, so a slow reader cannot hold one call."""
-LONG_WRITE_BYTES = 256 * 1024
-"""A write bigger than this is made with the upload thread's turn handed over
-(`evalpush.turns`): the socket's buffer fills and the write waits for the platform to read."""
 
 READ_BYTES = 64 * 1024
 """What one socket read asks for."""
@@ -236,8 +233,9 @@ class _SlicedStream:
     def write(self, buffer: bytes | memoryview, timeout: float | None) -> None:
         limit = _Limit(timeout, self._stop)
         view = memoryview(buffer)
-        # A big body is sent over many waits for the peer to read: another thread's turn.
-        with turns.waiting() if len(view) > LONG_WRITE_BYTES else contextlib.nullcontext():
+        # A body of several chunks waits for the platform to read them: another thread's turn
+        # (`evalpush.turns`); a small one goes into the socket's buffer at once.
+        with turns.waiting() if len(view) > WRITE_CHUNK_BYTES else contextlib.nullcontext():
             self._write(view, limit)
 
     def _write(self, view: memoryview, limit: _Limit) -> None:
