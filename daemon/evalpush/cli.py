@@ -294,7 +294,13 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
             level = config.log.level if "level" in config.log.model_fields_set else "warning"
             log.configure(level, config.log.format, stream=progress.console_stream)
             try:
-                results = push_runs(app, found, wait=not args.no_wait, on_result=progress.done)
+                results = push_runs(
+                    app,
+                    found,
+                    wait=not args.no_wait,
+                    on_result=progress.done,
+                    log_level=level,
+                )
             except AuthError as exc:
                 refused = (
                     f"the platform refused the API key from {app.client.credentials.key_source}"

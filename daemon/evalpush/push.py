@@ -10,10 +10,14 @@ holder reached, or takes a run over if its holder went away before finishing it.
 `on_result` hears of each run's final result as it comes (the CLI prints it, and counts it in
 the progress bar). A refused key (or none) stops the whole push: every run in flight is
 interrupted with its progress kept, and `push` raises the `AuthError` once all have stopped.
+
+A push of many runs gives part of its upload threads to helper processes (`evalpush.helper`):
+each run is still one job here, its outcome heard and reported here.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +28,7 @@ import msgspec
 from evalpush import paths
 from evalpush.app import App
 from evalpush.errors import AuthError, Busy, ClaimLost, Interrupted, RunError, RunIdTaken
+from evalpush.helper import HelperGone, Helpers, Lane, helper_count
 from evalpush.ledger import RunRecord
 from evalpush.lifecycle import upload_ended, upload_started
 from evalpush.log import get_logger
@@ -31,7 +36,7 @@ from evalpush.runs import find_run_dirs
 from evalpush.scheduler import Scheduler
 from evalpush.states import State
 
-__all__ = ["PushResult", "find_runs", "push", "push_runs"]
+__all__ = ["PushResult", "find_runs", "push", "push_one", "push_runs"]
 
 WAIT_POLL_SECONDS = 0.25
 """How often `push` looks at the ledger while another process uploads a run it was given."""
@@ -84,18 +89,27 @@ def push(
 
 
 def push_runs(
-    app: App, found: list[Path], *, wait: bool = True, on_result: OnResult | None = None
+    app: App,
+    found: list[Path],
+    *,
+    wait: bool = True,
+    on_result: OnResult | None = None,
+    log_level: str = "warning",
 ) -> list[PushResult]:
-    """`push` of run directories already found (`find_runs`)."""
+    """`push` of run directories already found (`find_runs`). `log_level`: the helper
+    processes' (the push's own is set up by its caller)."""
     # An older evalpush stored what servers echoed as it was: scrub it of the key in use.
     app.ledger.scrub_secrets()
-    return _Push(app, on_result).run(found, wait=wait)
+    return _Push(app, on_result, log_level).run(found, wait=wait)
 
 
 class _Push:
-    def __init__(self, app: App, on_result: OnResult | None = None):
+    def __init__(self, app: App, on_result: OnResult | None = None, log_level: str = "warning"):
         self._app = app
         self._on_result = on_result
+        self._log_level = log_level
+        # The upload threads' ways to work: None, in this process; a `Lane`, in a helper.
+        self._lanes: queue.SimpleQueue[Lane | None] = queue.SimpleQueue()
         self._results: dict[Path, PushResult] = {}
         self._told: set[Path] = set()
         self._waited_for: dict[Path, int] = {}
@@ -109,7 +123,14 @@ class _Push:
             return []
         self._wait = wait
         workers = min(self._app.config.upload.max_concurrent_runs, len(found))
-        with Scheduler(self._job, workers=workers, on_error=self._failed) as scheduler:
+        helpers = helper_count(self._app.config, len(found), workers)
+        lanes_each = workers // (helpers + 1)
+        with (
+            Helpers(self._app, helpers, lanes_each, self._log_level) as helping,
+            Scheduler(self._job, workers=workers, on_error=self._failed) as scheduler,
+        ):
+            for lane in [*helping.lanes, *[None] * (workers - helpers * lanes_each)]:
+                self._lanes.put(lane)
             self._all(scheduler, found)
             while wait and not self._app.stop.is_set():
                 busy = {p: r.busy.pid for p, r in self._results.items() if r.busy is not None}
@@ -143,7 +164,14 @@ class _Push:
             self._failures.append(exc)
 
     def _job(self, directory: Path) -> None:
-        result = self._push_one(directory, self._waited_for.get(directory))
+        waited_for = self._waited_for.get(directory)
+        lane = self._lanes.get()
+        try:
+            result, refused = self._push_in(lane, directory, waited_for)
+        finally:
+            self._lanes.put(lane)
+        if refused is not None:
+            self._refuse(refused)
         with self._lock:
             self._results[directory] = result
             final = result.busy is None or not self._wait
@@ -170,39 +198,17 @@ class _Push:
             return result
         return msgspec.structs.replace(result, busy=None, error="interrupted while waiting for it")
 
-    def _push_one(self, directory: Path, waited_for: int | None) -> PushResult:
-        """`waited_for`: the pid of another process that held the run until now; its outcome
-        is reported as is (a failed run is not retried), unless it left the run unfinished."""
-        if self._app.stop.is_set():
-            return PushResult(directory, self._row(directory), 0, "interrupted")
-        try:
-            run = self._app.load_run(directory)
-        except RunError as exc:
-            return self._unloadable(directory, exc)
-        before = self._app.ledger.get_run(run.run_id)
-        log = get_logger(run=run.run_id, path=paths.display(directory))
-        upload_started(log)
-        started = time.monotonic()
-        try:
-            record = self._app.uploader.upload(run, retry_failed=waited_for is None)
-        except Busy as exc:
-            return PushResult(directory, self._row(directory), 0, busy=exc)
-        except Interrupted:
-            return PushResult(
-                directory, self._row(directory), 0, "interrupted; push again to resume"
-            )
-        except RunIdTaken as exc:
-            return PushResult(directory, None, 0, str(exc))
-        except AuthError as exc:
-            self._refuse(exc)
-            return PushResult(directory, self._row(directory), 0, str(exc))
-        except (ClaimLost, RunError) as exc:
-            # RunError: the run stays as it was (finalized); only this attempt failed.
-            return PushResult(directory, self._row(directory), 0, str(exc))
-        result = self._result(directory, before, record, waited_for)
-        if not result.already and result.uploaded_by is None:
-            upload_ended(log, record, time.monotonic() - started)
-        return result
+    def _push_in(
+        self, lane: Lane | None, directory: Path, waited_for: int | None
+    ) -> tuple[PushResult, AuthError | None]:
+        """`push_one` here, or in the helper of `lane`; if that helper is gone, here after all
+        (it was killed and waited for: its claim is a dead process's, taken over here)."""
+        if lane is not None and not self._app.stop.is_set():
+            try:
+                return lane.push(directory, waited_for, self._app.uploader.progress)
+            except HelperGone:
+                pass
+        return push_one(self._app, directory, waited_for)
 
     def _refuse(self, exc: AuthError) -> None:
         """The platform refused the key (or there is none): nothing else can be sent, so the
@@ -212,43 +218,82 @@ class _Push:
                 self._refused = exc
         self._app.request_stop()
 
-    def _result(
-        self,
-        directory: Path,
-        before: RunRecord | None,
-        record: RunRecord,
-        waited_for: int | None,
-    ) -> PushResult:
-        """What the upload of `directory` came to (`before`: its row before it)."""
-        set_aside = len(self._app.ledger.set_aside(record))
-        error = record.last_error if record.state == State.FAILED else None
-        if record.state == State.HELD:
-            error = record.reason
-        # The outcome is the other process's unless this one went on to upload (a new attempt).
-        theirs = (
-            waited_for is not None and before is not None and record.attempts == before.attempts
-        )
-        already = (
-            not theirs
-            and before is not None
-            and before.state == State.FINALIZED
-            and (before.evaluation_id, before.finalized_at)
-            == (record.evaluation_id, record.finalized_at)
-        )
-        copy_of = record.path if record.path_raw != paths.raw(directory) else None
-        uploaded_by = waited_for if theirs else None
+
+def push_one(
+    app: App, directory: Path, waited_for: int | None = None
+) -> tuple[PushResult, AuthError | None]:
+    """Upload the run in `directory` (in this process; a helper's thread calls it too) and say
+    what became of it; with the `AuthError` if the platform refused the key (the whole push
+    stops). `waited_for`: the pid of another process that held the run until now; its outcome
+    is reported as is (a failed run is not retried), unless it left the run unfinished."""
+    if app.stop.is_set():
+        return PushResult(directory, _row(app, directory), 0, "interrupted"), None
+    try:
+        run = app.load_run(directory)
+    except RunError as exc:
+        return _unloadable(app, directory, exc), None
+    before = app.ledger.get_run(run.run_id)
+    log = get_logger(run=run.run_id, path=paths.display(directory))
+    upload_started(log)
+    started = time.monotonic()
+    try:
+        record = app.uploader.upload(run, retry_failed=waited_for is None)
+    except Busy as exc:
+        return PushResult(directory, _row(app, directory), 0, busy=exc), None
+    except Interrupted:
         return PushResult(
-            directory, record, set_aside, error, already, uploaded_by=uploaded_by, copy_of=copy_of
-        )
+            directory, _row(app, directory), 0, "interrupted; push again to resume"
+        ), None
+    except RunIdTaken as exc:
+        return PushResult(directory, None, 0, str(exc)), None
+    except AuthError as exc:
+        return PushResult(directory, _row(app, directory), 0, str(exc)), exc
+    except (ClaimLost, RunError) as exc:
+        # RunError: the run stays as it was (finalized); only this attempt failed.
+        return PushResult(directory, _row(app, directory), 0, str(exc)), None
+    result = _result(app, directory, before, record, waited_for)
+    if not result.already and result.uploaded_by is None:
+        upload_ended(log, record, time.monotonic() - started)
+    return result, None
 
-    def _row(self, directory: Path) -> RunRecord | None:
-        return self._app.ledger.get_run(self._app.run_id_of(directory))
 
-    def _unloadable(self, directory: Path, exc: RunError) -> PushResult:
-        """A run whose config cannot be read still shows in `status`, failed, with why."""
-        get_logger(path=paths.display(directory)).warning("run cannot be uploaded", error=str(exc))
-        try:
-            record = self._app.uploader.fail(directory, exc)
-        except Busy as busy:
-            return PushResult(directory, self._row(directory), 0, str(exc), busy=busy)
-        return PushResult(directory, record, 0, str(exc))
+def _result(
+    app: App,
+    directory: Path,
+    before: RunRecord | None,
+    record: RunRecord,
+    waited_for: int | None,
+) -> PushResult:
+    """What the upload of `directory` came to (`before`: its row before it)."""
+    set_aside = len(app.ledger.set_aside(record))
+    error = record.last_error if record.state == State.FAILED else None
+    if record.state == State.HELD:
+        error = record.reason
+    # The outcome is the other process's unless this one went on to upload (a new attempt).
+    theirs = waited_for is not None and before is not None and record.attempts == before.attempts
+    already = (
+        not theirs
+        and before is not None
+        and before.state == State.FINALIZED
+        and (before.evaluation_id, before.finalized_at)
+        == (record.evaluation_id, record.finalized_at)
+    )
+    copy_of = record.path if record.path_raw != paths.raw(directory) else None
+    uploaded_by = waited_for if theirs else None
+    return PushResult(
+        directory, record, set_aside, error, already, uploaded_by=uploaded_by, copy_of=copy_of
+    )
+
+
+def _row(app: App, directory: Path) -> RunRecord | None:
+    return app.ledger.get_run(app.run_id_of(directory))
+
+
+def _unloadable(app: App, directory: Path, exc: RunError) -> PushResult:
+    """A run whose config cannot be read still shows in `status`, failed, with why."""
+    get_logger(path=paths.display(directory)).warning("run cannot be uploaded", error=str(exc))
+    try:
+        record = app.uploader.fail(directory, exc)
+    except Busy as busy:
+        return PushResult(directory, _row(app, directory), 0, str(exc), busy=busy)
+    return PushResult(directory, record, 0, str(exc))

@@ -1,0 +1,164 @@
+"""`push` of many runs over helper processes (`evalpush.helper`), as real subprocesses against
+the local platform over HTTP: every run exactly once whoever uploads it, and a helper never
+outlives its push or takes a run down with it (SIGKILL of the helper, SIGKILL and SIGTERM of
+the push)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+
+from evalpush import helper
+from evalpush.config import Config, UploadConfig
+from evalpush.local_platform import LocalPlatform
+from pushing import PUSH_TIMEOUT_SECONDS, assert_exactly_once, push_environ, start_push
+from support.runs import config_toml, trace_line, write_run
+from support.waiting import wait_until
+
+RUNS = helper.HELPER_MIN_RUNS + 6
+GONE_SECONDS = 10.0
+"""A helper ends this soon after its push does (generous: a loaded 2-core box)."""
+
+needs_two_cpus = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="a push starts helpers only with two CPUs or more"
+)
+
+
+def many_runs(tmp_path: Path, count: int = RUNS) -> Path:
+    root = tmp_path / "outputs"
+    for n in range(count):
+        write_run(
+            root,
+            [trace_line(n, idx=0)],
+            run_id=str(uuid.UUID(int=n + 1)),
+            config=config_toml(num_rollouts=1, num_tasks=1),
+        )
+    return root
+
+
+def helpers_of(pid: int) -> list[int]:
+    """The helper processes whose parent is `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        parent = int(stat.rpartition(")")[2].split()[1])
+        if parent == pid and b"evalpush.helper" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def log_lines(stderr: bytes) -> list[dict]:
+    return [json.loads(line) for line in stderr.decode().splitlines() if line.startswith("{")]
+
+
+class TestHowManyHelpers:
+    def test_a_push_of_many_runs_on_several_cpus_starts_one_less_than_push_processes(
+        self, monkeypatch
+    ):
+        monkeypatch.setattr(helper.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+        config = Config(upload=UploadConfig(push_processes=3))
+        assert helper.helper_count(config, helper.HELPER_MIN_RUNS, workers=4) == 2
+
+    def test_none_for_few_runs_one_cpu_one_process_or_one_thread(self, monkeypatch):
+        monkeypatch.setattr(helper.os, "sched_getaffinity", lambda _pid: {0, 1})
+        many = helper.HELPER_MIN_RUNS
+        assert helper.helper_count(Config(), many - 1, workers=4) == 0
+        assert helper.helper_count(Config(), many, workers=1) == 0
+        one = Config(upload=UploadConfig(push_processes=1))
+        assert helper.helper_count(one, many, workers=4) == 0
+        monkeypatch.setattr(helper.os, "sched_getaffinity", lambda _pid: {3})
+        assert helper.helper_count(Config(), many, workers=4) == 0
+
+
+@needs_two_cpus
+class TestPushWithHelpers:
+    def test_many_runs_upload_exactly_once_part_of_them_in_a_helper(
+        self, platform: LocalPlatform, tmp_path
+    ):
+        root = many_runs(tmp_path)
+        environ = push_environ(platform, tmp_path, EVALPUSH_LOG__LEVEL="info")
+        process = start_push(root, environ, "--json")
+        out, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert process.returncode == 0, err.decode()
+        results = json.loads(out)["results"]
+        assert len(results) == RUNS
+        assert {r["state"] for r in results} == {"finalized"}
+        assert_exactly_once(platform, root)
+        lines = log_lines(err)
+        started = [line for line in lines if line["event"] == "helper process ready"]
+        assert len(started) == 1 and started[0]["pid"] != process.pid
+        # The helper's own lifecycle lines: it uploaded some of the runs, the push the others.
+        finalized = [line for line in lines if line["event"] == "run finalized"]
+        assert len(finalized) == RUNS
+        assert 0 < sum(1 for line in finalized if line.get("helper") == started[0]["pid"]) < RUNS
+
+    def test_with_push_processes_1_no_helper_starts(self, platform: LocalPlatform, tmp_path):
+        root = many_runs(tmp_path)
+        environ = push_environ(
+            platform, tmp_path, EVALPUSH_LOG__LEVEL="info", EVALPUSH_UPLOAD__PUSH_PROCESSES="1"
+        )
+        process = start_push(root, environ)
+        _, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert process.returncode == 0, err.decode()
+        assert not [line for line in log_lines(err) if line["event"] == "helper process ready"]
+        assert_exactly_once(platform, root)
+
+    def test_a_helper_killed_mid_upload_leaves_its_runs_to_the_push(
+        self, platform: LocalPlatform, tmp_path
+    ):
+        root = many_runs(tmp_path)
+        # Every run in flight holds at its samples (stored, the answer held back): the helper
+        # is killed with runs half done, which the push takes over and reconciles.
+        platform.inject("stall", on="samples", seconds=600, count=4)
+        process = start_push(root, push_environ(platform, tmp_path))
+        helper_pid = wait_until(lambda: helpers_of(process.pid), "a helper")[0]
+        wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
+        os.kill(helper_pid, signal.SIGKILL)
+        _, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert process.returncode == 0, err.decode()
+        assert "a helper process ended: its runs go on in this process" in err.decode()
+        assert_exactly_once(platform, root)
+
+    @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+    def test_a_push_stopped_mid_upload_leaves_no_helper_and_the_next_push_ends_the_job(
+        self, platform: LocalPlatform, tmp_path, signum
+    ):
+        root = many_runs(tmp_path)
+        platform.inject("stall", on="samples", seconds=600, count=4)
+        environ = push_environ(platform, tmp_path)
+        process = start_push(root, environ)
+        helpers = wait_until(lambda: helpers_of(process.pid), "a helper")
+        wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
+        process.send_signal(signum)
+        process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert process.returncode == (-9 if signum == signal.SIGKILL else 143)
+        if signum == signal.SIGTERM:  # the push waits for its helper, which the stop reached
+            assert not any(alive(pid) for pid in helpers)
+        wait_until(
+            lambda: not any(alive(pid) for pid in helpers),
+            "the helper to end",
+            timeout=GONE_SECONDS,
+        )
+        again = start_push(root, environ)
+        _, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert again.returncode == 0, err.decode()
+        assert_exactly_once(platform, root)
