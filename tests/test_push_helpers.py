@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from support.waiting import wait_until
 RUNS = helper.HELPER_MIN_RUNS + 6
 GONE_SECONDS = 10.0
 """A helper ends this soon after its push does (generous: a loaded 2-core box)."""
+STOP_SLACK_SECONDS = 5.0
+"""Beyond the helper's `EXIT_SECONDS`, the most a stop of the push may take (a loaded box)."""
 
 needs_two_cpus = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="a push starts helpers only with two CPUs or more"
@@ -158,6 +161,28 @@ class TestPushWithHelpers:
             "the helper to end",
             timeout=GONE_SECONDS,
         )
+        again = start_push(root, environ)
+        _, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert again.returncode == 0, err.decode()
+        assert_exactly_once(platform, root)
+
+    def test_a_helper_that_hangs_does_not_hold_up_the_push_s_stop(
+        self, platform: LocalPlatform, tmp_path
+    ):
+        root = many_runs(tmp_path)
+        platform.inject("stall", on="samples", seconds=600, count=4)
+        environ = push_environ(platform, tmp_path)
+        process = start_push(root, environ)
+        helpers = wait_until(lambda: helpers_of(process.pid), "a helper")
+        wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
+        for pid in helpers:
+            os.kill(pid, signal.SIGSTOP)  # alive, holding its runs' claims, answering nothing
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert process.returncode == 143
+        assert time.monotonic() - started < helper.EXIT_SECONDS + STOP_SLACK_SECONDS
+        assert not any(alive(pid) for pid in helpers), "killed once it did not end in time"
         again = start_push(root, environ)
         _, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
         assert again.returncode == 0, err.decode()

@@ -52,8 +52,9 @@ only past a few hundred milliseconds of upload work (a one-trace run costs ~4 ms
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 STOP_POLL_SECONDS = 0.05
 """How soon a stop of the parent (a signal, `--timeout`, a refused key) reaches its helpers."""
-EXIT_SECONDS = 10.0
-"""How long a helper has to end once its work is done or it was told to stop, before a kill."""
+EXIT_SECONDS = 5.0
+"""How long a helper has to end once its work is done or it was told to stop, before a kill
+(it ends within a second: its runs in flight are interrupted as the push's are)."""
 
 _FRAME = struct.Struct("!I")
 
@@ -197,11 +198,14 @@ def _push_result(directory: Path, reply: _Result) -> PushResult:
 class Helper:
     """One helper process, from the parent's side."""
 
-    def __init__(self, config: Config, log_level: str, log_format: str, lanes: int) -> None:
+    def __init__(
+        self, config: Config, log_level: str, log_format: str, lanes: int, stop: threading.Event
+    ) -> None:
         import pickle  # here: a push of few runs starts no helper, and imports neither
         import subprocess
 
         self.gone: str | None = None  # why its lanes are no longer used
+        self._stop = stop  # the push's: a helper ending after it is no news
         self._lock = threading.Lock()
         ours, theirs = [], []
         for _ in range(lanes):
@@ -237,7 +241,8 @@ class Helper:
                 self.process.kill()
                 code = self.process.wait()
                 self.gone = f"helper process {self.process.pid} ended (exit {code}): {why}"
-                get_logger().warning(
+                log = get_logger()
+                (log.debug if self._stop.is_set() else log.warning)(
                     "a helper process ended: its runs go on in this process",
                     pid=self.process.pid,
                     exit=code,
@@ -255,18 +260,23 @@ class Helper:
             except OSError:
                 pass  # the helper is gone already
 
-    def close(self) -> None:
-        """End the helper once its work is done (or stopped), and wait for it."""
+    def end(self) -> None:
+        """Wait for the helper to end (told to by `stop` or `close`): `EXIT_SECONDS`, then a
+        kill (a helper that hangs, SIGSTOPped say, must not hold the push up)."""
         import subprocess
 
-        for lane in self.lanes:
-            lane.close()
-        self.stop()
         try:
             self.process.wait(EXIT_SECONDS)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+    def close(self) -> None:
+        """End the helper once its work is done (or stopped), and wait for it."""
+        for lane in self.lanes:
+            lane.close()
+        self.stop()
+        self.end()
 
 
 class Helpers:
@@ -279,7 +289,9 @@ class Helpers:
         self.helpers: list[Helper] = []
         try:
             for _ in range(count):
-                self.helpers.append(Helper(config, log_level, config.log.format, lanes_each))
+                self.helpers.append(
+                    Helper(config, log_level, config.log.format, lanes_each, app.stop)
+                )
         except BaseException:
             self.close()
             raise
@@ -291,10 +303,14 @@ class Helpers:
         return [lane for helper in self.helpers for lane in helper.lanes]
 
     def _forward_stop(self) -> None:
+        """A stop of the push, passed on; a helper that does not end in time is killed (the
+        push's upload threads waiting on it then go on: the runs read as interrupted)."""
         while not self._closed.is_set():
             if self._stop.wait(STOP_POLL_SECONDS):
                 for helper in self.helpers:
                     helper.stop()
+                for helper in self.helpers:
+                    helper.end()
                 return
 
     def close(self) -> None:
@@ -327,6 +343,29 @@ class _LaneEnd:
         _write_frame(self.replies, message)
 
 
+class _Lanes:
+    """The helper's lanes: how many are mid-run, how many the parent closed."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.busy = 0
+        self.ended = 0
+        self.changed = threading.Condition()
+
+    def note(self, busy: int = 0, ended: int = 0) -> None:
+        with self.changed:
+            self.busy += busy
+            self.ended += ended
+            self.changed.notify_all()
+
+    def wait_done(self, stop: threading.Event) -> None:
+        """Until the parent closed every lane, or a stop came and no lane is mid-run (a lane
+        waiting for its next run is left: the process ends under it)."""
+        with self.changed:
+            while not (self.ended == self.count or (stop.is_set() and self.busy == 0)):
+                self.changed.wait(STOP_POLL_SECONDS)  # a signal handler cannot notify
+
+
 def _reply(result: PushResult, refused: AuthError | None) -> _Result:
     busy = result.busy
     return _Result(
@@ -347,7 +386,7 @@ def _progress(record: RunRecord) -> None:
         lane.send(_Progress(record))
 
 
-def _serve(app: App, lane: _LaneEnd) -> None:
+def _serve(app: App, lane: _LaneEnd, lanes: _Lanes) -> None:
     """Upload each run the parent sends down `lane`, until it closes the lane (or is gone)."""
     from evalpush.push import push_one
 
@@ -356,8 +395,9 @@ def _serve(app: App, lane: _LaneEnd) -> None:
         while True:
             data = _read_frame(lane.requests)
             if data is None:
-                return
+                break
             request = _REQUEST.decode(data)
+            lanes.note(busy=1)
             reply: _Result | _Failure
             try:
                 with turns.taking_turns():
@@ -365,9 +405,13 @@ def _serve(app: App, lane: _LaneEnd) -> None:
                     reply = _reply(*push_one(app, directory, request.waited_for))
             except Exception as exc:  # noqa: BLE001 - the parent raises it as the push's failure
                 reply = _Failure(type(exc).__name__, str(exc))
-            lane.send(reply)
+            try:
+                lane.send(reply)
+            finally:
+                lanes.note(busy=-1)
     except (OSError, EOFError, ValueError, msgspec.DecodeError):
         app.request_stop()  # the parent is gone, or talks nonsense: stop what is in flight
+    lanes.note(ended=1)
 
 
 def _stop_at_end(control: IO[bytes], app: App) -> None:
@@ -388,7 +432,7 @@ def main(argv: Sequence[str]) -> int:
     from evalpush.app import App
     from evalpush.retry import Gate
 
-    lanes = [tuple(int(fd) for fd in pair.split(":")) for pair in argv]
+    ends = [tuple(int(fd) for fd in pair.split(":")) for pair in argv]
     control = sys.stdin.buffer
     config, log_level, log_format = pickle.load(control)
     log.configure(log_level, log_format, stream=sys.stderr)
@@ -399,15 +443,16 @@ def main(argv: Sequence[str]) -> int:
         signal.signal(signal.SIGTERM, lambda _signum, _frame: app.request_stop())
         threading.Thread(target=_stop_at_end, args=(control, app), daemon=True).start()
         gc.freeze()  # as the parent does: what is loaded by now is never garbage
-        threads = [
-            threading.Thread(target=_serve, args=(app, _LaneEnd(r, w)), name=f"upload-{i}")
-            for i, (r, w) in enumerate(lanes)
-        ]
-        for thread in threads:
-            thread.start()
-        log.get_logger().info("helper process ready", pid=os.getpid(), lanes=len(lanes))
-        for thread in threads:
-            thread.join()
+        lanes = _Lanes(len(ends))
+        for i, (requests_fd, replies_fd) in enumerate(ends):
+            lane = _LaneEnd(requests_fd, replies_fd)
+            # Daemon threads: after a stop, a lane waiting for its next run does not hold the
+            # process up (the parent uploads nothing more through it).
+            threading.Thread(
+                target=_serve, args=(app, lane, lanes), name=f"upload-{i}", daemon=True
+            ).start()
+        log.get_logger().info("helper process ready", pid=os.getpid(), lanes=len(ends))
+        lanes.wait_done(app.stop)
     return 0
 
 
