@@ -65,8 +65,8 @@ _ledger.Ledger.close = _closing
 
 
 def _report(path=os.environ.get("BENCH_MANY_RUNS_LEDGER_FILE")):
-    with open(path, "w") as out:
-        out.write(f"{_counts['writes']} {_counts['syncs'] if _counts['syncs'] is not None else -1}")
+    with open(path, "a") as out:  # one line a process: a push's helpers add theirs
+        out.write(f"{_counts['writes']} {_counts['syncs'] if _counts['syncs'] is not None else -1}\\n")
 
 
 if os.environ.get("BENCH_MANY_RUNS_LEDGER_FILE"):
@@ -148,7 +148,8 @@ def push_all(root: Path, count: int, hook_dir: Path, *, pin: bool = False) -> Ma
             check(platform, count)
             requests = platform.get("/_control/summary")["requests"]
             platform_cpu = platform.cpu_seconds()
-            writes, syncs = map(int, (work / "ledger-counts").read_text().split())
+            counts = [map(int, line.split()) for line in (work / "ledger-counts").open()]
+            writes, syncs = (sum(column) for column in zip(*counts, strict=True))
         finally:
             platform.stop()
     return ManyRuns(m, platform_cpu, requests, writes, syncs)
