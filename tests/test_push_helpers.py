@@ -1,7 +1,7 @@
 """`push` of many runs over helper processes (`evalpush.helper`), as real subprocesses against
 the local platform over HTTP: every run exactly once whoever uploads it, and a helper never
 outlives its push or takes a run down with it (SIGKILL of the helper, SIGKILL and SIGTERM of
-the push)."""
+the push); text naming a path that is not UTF-8 crosses the pipes as it is."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from evalpush import helper
 from evalpush.config import Config, UploadConfig
 from evalpush.local_platform import LocalPlatform
 from pushing import PUSH_TIMEOUT_SECONDS, assert_exactly_once, push_environ, start_push
-from support.runs import config_toml, trace_line, write_run
+from support.runs import GROUP, config_toml, trace_line, write_run
 from support.waiting import wait_until
 
 RUNS = helper.HELPER_MIN_RUNS + 6
@@ -162,3 +162,33 @@ class TestPushWithHelpers:
         _, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
         assert again.returncode == 0, err.decode()
         assert_exactly_once(platform, root)
+
+    def test_a_run_whose_path_is_not_utf8_fails_in_a_helper_as_in_the_push(
+        self, platform: LocalPlatform, tmp_path
+    ):
+        # Its error names the path, with a lone surrogate for each byte that is not UTF-8,
+        # which msgpack cannot carry: before, the helper's answer failed, it stopped its
+        # other uploads and was killed.
+        results = {}
+        for processes in ("1", "2"):
+            root = many_runs(tmp_path / processes)
+            group = os.fsencode(root / GROUP)
+            for n in range(3, RUNS, 7):
+                run = group + b"/" + str(uuid.UUID(int=n + 1)).encode()
+                with open(run + b"/config.toml", "w") as config:
+                    config.write("not = toml [[[")
+                os.rename(run, group + b"/run-\xff" + str(n).encode())
+            environ = push_environ(
+                platform, tmp_path / processes, EVALPUSH_UPLOAD__PUSH_PROCESSES=processes
+            )
+            process = start_push(root, environ)
+            out, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+            assert process.returncode == 1, err.decode()
+            assert "a helper process ended" not in err.decode()
+            results[processes] = sorted(
+                line.replace(str(tmp_path / processes), "")
+                for line in out.decode().splitlines()
+                if line.startswith("failed")
+            )
+        assert len(results["1"]) == len(range(3, RUNS, 7))
+        assert results["2"] == results["1"]

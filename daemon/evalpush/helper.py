@@ -63,8 +63,20 @@ class _Request(msgspec.Struct, array_like=True):
     waited_for: int | None
 
 
+# Text that may name a path whose bytes are not UTF-8 (a lone surrogate each, which msgpack
+# cannot carry) goes as its bytes (`_wire`), and is read back as the same text (`_text`).
+
+
+def _wire(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
 class _Busy(msgspec.Struct, array_like=True):
-    message: str
+    message: bytes
     pid: int
     host: str
     since: float
@@ -77,19 +89,19 @@ class _Progress(msgspec.Struct, tag=True, array_like=True):
 class _Result(msgspec.Struct, tag=True, array_like=True):
     record: RunRecord | None
     set_aside: int
-    error: str | None
+    error: bytes | None
     already: bool
     busy: _Busy | None
     uploaded_by: int | None
-    copy_of: str | None
-    refused: str | None  # the platform refused the key: the whole push stops
+    copy_of: bytes | None
+    refused: bytes | None  # the platform refused the key: the whole push stops
 
 
 class _Failure(msgspec.Struct, tag=True, array_like=True):
     """The push cannot go on (the ledger cannot be written): raised again in the parent."""
 
     kind: str
-    message: str
+    message: bytes
 
 
 _Reply = _Progress | _Result | _Failure
@@ -165,9 +177,9 @@ class Lane:
             raise HelperGone(self.helper.lost(exc)) from None
         if isinstance(reply, _Failure):
             error = LedgerError if reply.kind == "LedgerError" else EvalpushError
-            raise error(reply.message)
+            raise error(_text(reply.message))
         return _push_result(directory, reply), (
-            AuthError(reply.refused) if reply.refused is not None else None
+            AuthError(_text(reply.refused)) if reply.refused is not None else None
         )
 
     def close(self) -> None:
@@ -182,15 +194,18 @@ def _push_result(directory: Path, reply: _Result) -> PushResult:
     from evalpush.push import PushResult
 
     busy = reply.busy
+    held = None
+    if busy is not None:
+        held = Busy(_text(busy.message), pid=busy.pid, host=busy.host, since=busy.since)
     return PushResult(
         directory,
         reply.record,
         reply.set_aside,
-        reply.error,
+        _text(reply.error) if reply.error is not None else None,
         reply.already,
-        busy=Busy(busy.message, pid=busy.pid, host=busy.host, since=busy.since) if busy else None,
+        busy=held,
         uploaded_by=reply.uploaded_by,
-        copy_of=reply.copy_of,
+        copy_of=_text(reply.copy_of) if reply.copy_of is not None else None,
     )
 
 
@@ -332,12 +347,12 @@ def _reply(result: PushResult, refused: AuthError | None) -> _Result:
     return _Result(
         result.record,
         result.set_aside,
-        result.error,
+        _wire(result.error) if result.error is not None else None,
         result.already,
-        _Busy(str(busy), busy.pid, busy.host, busy.since) if busy is not None else None,
+        _Busy(_wire(str(busy)), busy.pid, busy.host, busy.since) if busy is not None else None,
         result.uploaded_by,
-        result.copy_of,
-        str(refused) if refused is not None else None,
+        _wire(result.copy_of) if result.copy_of is not None else None,
+        _wire(str(refused)) if refused is not None else None,
     )
 
 
@@ -364,7 +379,7 @@ def _serve(app: App, lane: _LaneEnd) -> None:
                     directory = Path(os.fsdecode(request.path))
                     reply = _reply(*push_one(app, directory, request.waited_for))
             except Exception as exc:  # noqa: BLE001 - the parent raises it as the push's failure
-                reply = _Failure(type(exc).__name__, str(exc))
+                reply = _Failure(type(exc).__name__, _wire(str(exc)))
             lane.send(reply)
     except (OSError, EOFError, ValueError, msgspec.DecodeError):
         app.request_stop()  # the parent is gone, or talks nonsense: stop what is in flight
