@@ -1,7 +1,7 @@
 """`push` of many runs over helper processes (`evalpush.helper`), as real subprocesses against
 the local platform over HTTP: every run exactly once whoever uploads it, and a helper never
 outlives its push or takes a run down with it (SIGKILL of the helper, SIGKILL and SIGTERM of
-the push); text naming a path that is not UTF-8 crosses the pipes as it is."""
+the push); a Ctrl-C as a helper starts does not end it with a traceback; text naming a path that is not UTF-8 crosses the pipes as it is."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from evalpush import helper
-from evalpush.config import Config, UploadConfig
+from evalpush.config import Config, StateConfig, UploadConfig
 from evalpush.local_platform import LocalPlatform
 from pushing import PUSH_TIMEOUT_SECONDS, assert_exactly_once, push_environ, start_push
 from support.runs import GROUP, config_toml, trace_line, write_run
@@ -192,3 +192,14 @@ class TestPushWithHelpers:
             )
         assert len(results["1"]) == len(range(3, RUNS, 7))
         assert results["2"] == results["1"]
+
+
+class TestHelperStart:
+    def test_a_ctrl_c_while_a_helper_starts_does_not_end_it(self, tmp_path):
+        # A Ctrl-C reaches the whole process group, the helper too, maybe before it could
+        # ignore SIGINT: before, its Python ended with a KeyboardInterrupt traceback.
+        config = Config(state=StateConfig(dir=tmp_path / "state"))
+        started = helper.Helper(config, "warning", "json", lanes=1)
+        os.kill(started.process.pid, signal.SIGINT)
+        started.close()
+        assert started.process.returncode == 0

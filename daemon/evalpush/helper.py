@@ -27,6 +27,7 @@ Frames on the pipes: a 4-byte big-endian length, then msgpack (msgspec).
 from __future__ import annotations
 
 import os
+import signal
 import struct
 import sys
 import threading
@@ -224,6 +225,11 @@ class Helper:
             replies_read, replies_write = os.pipe()
             theirs += [requests_read, replies_write]
             ours.append((requests_write, replies_read))
+        # The helper starts with SIGINT blocked (the mask outlives exec) and ignores it before
+        # unblocking it: a Ctrl-C while its Python starts would otherwise end it with a
+        # KeyboardInterrupt traceback. This thread only defers it: another thread, or this one
+        # once it unblocks, takes it.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "evalpush.helper"]
@@ -233,6 +239,7 @@ class Helper:
                 pass_fds=theirs,
             )
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             for fd in theirs:
                 os.close(fd)
         self.lanes = [Lane(self, open(w, "wb"), open(r, "rb")) for w, r in ours]
@@ -395,9 +402,11 @@ def _stop_at_end(control: IO[bytes], app: App) -> None:
 def main(argv: Sequence[str]) -> int:
     import gc
     import pickle
-    import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to act on
+    # A Ctrl-C is the parent's to act on. It was blocked since before this process started
+    # (`Helper`): ignored, one that came meanwhile is dropped.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     from evalpush import log
     from evalpush.app import App
