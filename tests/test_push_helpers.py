@@ -1,13 +1,15 @@
 """`push` of many runs over helper processes (`evalpush.helper`), as real subprocesses against
 the local platform over HTTP: every run exactly once whoever uploads it, and a helper never
 outlives its push or takes a run down with it (SIGKILL of the helper, SIGKILL and SIGTERM of
-the push); a Ctrl-C as a helper starts does not end it with a traceback; text naming a path that is not UTF-8 crosses the pipes as it is."""
+the push), nor hangs it (SIGSTOP of the helper); a Ctrl-C as a helper starts does not end it
+with a traceback; text naming a path that is not UTF-8 crosses the pipes as it is."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -162,6 +164,48 @@ class TestPushWithHelpers:
         _, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
         assert again.returncode == 0, err.decode()
         assert_exactly_once(platform, root)
+
+    def test_a_helper_that_hangs_is_killed_once_the_push_is_stopped_and_the_push_ends(
+        self, platform: LocalPlatform, tmp_path
+    ):
+        # A helper stopped (SIGSTOP) with runs in hand answers nothing: before, the push's
+        # upload threads waited on it for good, and `--timeout` never ended the push.
+        root = many_runs(tmp_path)
+        platform.inject("stall", on="samples", seconds=600, count=4)
+        environ = push_environ(platform, tmp_path)
+        process = start_push(root, environ, "--timeout", "2s")
+        helper_pid = wait_until(lambda: helpers_of(process.pid), "a helper")[0]
+        wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
+        os.kill(helper_pid, signal.SIGSTOP)
+        try:
+            _, err = process.communicate(timeout=helper.EXIT_SECONDS + GONE_SECONDS)
+        finally:
+            if alive(helper_pid):
+                os.kill(helper_pid, signal.SIGCONT)
+        assert process.returncode == 124, err.decode()
+        assert not alive(helper_pid)
+        assert "a run not answered" in err.decode()
+        again = start_push(root, environ)
+        _, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert again.returncode == 0, err.decode()
+        assert_exactly_once(platform, root)
+
+    def test_a_stop_cuts_off_a_helpers_request_in_flight_as_soon_as_the_push_s_own(
+        self, platform: LocalPlatform, tmp_path
+    ):
+        # The answers held past `--timeout` (and far under the read timeout): the helper's
+        # uploads end at once, and it is not taken for one that hangs.
+        root = many_runs(tmp_path)
+        platform.inject("stall", on="samples", seconds=600, count=4)
+        environ = push_environ(platform, tmp_path, EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="60")
+        process = start_push(root, environ, "--timeout", "2s")
+        helpers = wait_until(lambda: helpers_of(process.pid), "a helper")
+        started = time.monotonic()
+        _, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert process.returncode == 124, err.decode()
+        assert time.monotonic() - started < helper.EXIT_SECONDS
+        assert "a helper process ended" not in err.decode()
+        assert not any(alive(pid) for pid in helpers)
 
     def test_a_run_whose_path_is_not_utf8_fails_in_a_helper_as_in_the_push(
         self, platform: LocalPlatform, tmp_path

@@ -16,7 +16,8 @@ ledger like any process. What keeps every run exactly once is that claim, so not
 trusted with it:
 - the helper stops when its parent does: the parent closes its control pipe (stdin) when it is
   asked to stop, and the kernel closes it when the parent dies; SIGINT is ignored (a Ctrl-C
-  reaches the whole process group, and the parent decides);
+  reaches the whole process group, and the parent decides); a helper that has not answered
+  its runs `EXIT_SECONDS` after the stop is killed, as if it had died;
 - a helper that dies, or answers what is not the protocol, is killed and waited for, and the
   run it had (and every later run of its lanes) is uploaded by the parent itself, which takes
   over the dead helper's claim and reconciles with the platform like after any crash.
@@ -31,6 +32,7 @@ import signal
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -54,7 +56,8 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 STOP_POLL_SECONDS = 0.05
 """How soon a stop of the parent (a signal, `--timeout`, a refused key) reaches its helpers."""
 EXIT_SECONDS = 10.0
-"""How long a helper has to end once its work is done or it was told to stop, before a kill."""
+"""How long a helper has to end once its work is done, or to answer its runs once it was told to
+stop, before a kill."""
 
 _FRAME = struct.Struct("!I")
 
@@ -155,6 +158,8 @@ class Lane:
         self.helper = helper
         self._requests = requests
         self._replies = replies
+        self.idle = threading.Event()  # no run of this lane is with the helper
+        self.idle.set()
 
     def push(
         self, directory: Path, waited_for: int | None, on_progress: Callable[[RunRecord], None]
@@ -163,6 +168,7 @@ class Lane:
         is dead or broke the protocol; it is then killed, and the run's outcome is not known."""
         if self.helper.gone:
             raise HelperGone(self.helper.gone)
+        self.idle.clear()
         try:
             with turns.waiting():  # the helper works meanwhile: this thread only waits
                 _write_frame(self._requests, _Request(os.fsencode(directory), waited_for))
@@ -176,6 +182,8 @@ class Lane:
                     on_progress(reply.record)
         except (OSError, EOFError, ValueError, msgspec.DecodeError) as exc:
             raise HelperGone(self.helper.lost(exc)) from None
+        finally:
+            self.idle.set()
         if isinstance(reply, _Failure):
             error = LedgerError if reply.kind == "LedgerError" else EvalpushError
             raise error(_text(reply.message))
@@ -277,6 +285,14 @@ class Helper:
             except OSError:
                 pass  # the helper is gone already
 
+    def answer_by(self, deadline: float) -> None:
+        """Wait for the helper, told to stop, to answer the runs it has by `deadline`
+        (`time.monotonic`); kill it if it has not (their lanes then end)."""
+        for lane in self.lanes:
+            if not lane.idle.wait(max(0.0, deadline - time.monotonic())):
+                self.lost(TimeoutError(f"a run not answered {EXIT_SECONDS:g} s after the stop"))
+                return
+
     def close(self) -> None:
         """End the helper once its work is done (or stopped), and wait for it."""
         import subprocess
@@ -317,6 +333,11 @@ class Helpers:
             if self._stop.wait(STOP_POLL_SECONDS):
                 for helper in self.helpers:
                     helper.stop()
+                # A helper that does not answer (stopped, hung) is killed: the push then ends
+                # rather than waiting on it for good.
+                deadline = time.monotonic() + EXIT_SECONDS
+                for helper in self.helpers:
+                    helper.answer_by(deadline)
                 return
 
     def close(self) -> None:
