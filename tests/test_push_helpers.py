@@ -1,7 +1,7 @@
 """`push` of many runs over helper processes (`evalpush.helper`), as real subprocesses against
 the local platform over HTTP: every run exactly once whoever uploads it, and a helper never
 outlives its push or takes a run down with it (SIGKILL of the helper, SIGKILL and SIGTERM of
-the push), nor hangs it (SIGSTOP of the helper); a Ctrl-C as a helper starts does not end it
+the push), nor hangs it (SIGSTOP of the helper) or interrupts them (SIGTERM of the helper); a Ctrl-C as a helper starts does not end it
 with a traceback; text naming a path that is not UTF-8 crosses the pipes as it is."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -165,6 +166,25 @@ class TestPushWithHelpers:
         assert again.returncode == 0, err.decode()
         assert_exactly_once(platform, root)
 
+    def test_a_helper_stopped_on_its_own_leaves_its_runs_to_the_push(
+        self, platform: LocalPlatform, tmp_path
+    ):
+        # SIGTERM to the helper alone (not its push): it stops as asked, its runs in flight
+        # interrupted. Before, it went on answering "interrupted" at once to every run it was
+        # handed, and the push ended with exit 1, nearly every run interrupted, saying nothing.
+        root = many_runs(tmp_path)
+        platform.inject("stall", on="samples", seconds=3, count=4)
+        process = start_push(root, push_environ(platform, tmp_path), "--json")
+        helper_pid = wait_until(lambda: helpers_of(process.pid), "a helper")[0]
+        wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
+        os.kill(helper_pid, signal.SIGTERM)
+        out, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert process.returncode == 0, err.decode()
+        assert {r["state"] for r in json.loads(out)["results"]} == {"finalized"}
+        assert "a helper process ended: its runs go on in this process" in err.decode()
+        assert not alive(helper_pid)
+        assert_exactly_once(platform, root)
+
     def test_a_helper_that_hangs_is_killed_once_the_push_is_stopped_and_the_push_ends(
         self, platform: LocalPlatform, tmp_path
     ):
@@ -243,7 +263,7 @@ class TestHelperStart:
         # A Ctrl-C reaches the whole process group, the helper too, maybe before it could
         # ignore SIGINT: before, its Python ended with a KeyboardInterrupt traceback.
         config = Config(state=StateConfig(dir=tmp_path / "state"))
-        started = helper.Helper(config, "warning", "json", lanes=1)
+        started = helper.Helper(config, "warning", "json", lanes=1, stop=threading.Event())
         os.kill(started.process.pid, signal.SIGINT)
         started.close()
         assert started.process.returncode == 0

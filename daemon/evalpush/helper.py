@@ -18,8 +18,8 @@ trusted with it:
   asked to stop, and the kernel closes it when the parent dies; SIGINT is ignored (a Ctrl-C
   reaches the whole process group, and the parent decides); a helper that has not answered
   its runs `EXIT_SECONDS` after the stop is killed, as if it had died;
-- a helper that dies, or answers what is not the protocol, is killed and waited for, and the
-  run it had (and every later run of its lanes) is uploaded by the parent itself, which takes
+- a helper that dies, answers what is not the protocol, or stops while its parent does not
+  (a SIGTERM of the helper alone), is killed and waited for, and the run it had (and every later run of its lanes) is uploaded by the parent itself, which takes
   over the dead helper's claim and reconciles with the platform like after any crash.
 
 Frames on the pipes: a 4-byte big-endian length, then msgpack (msgspec).
@@ -99,6 +99,7 @@ class _Result(msgspec.Struct, tag=True, array_like=True):
     uploaded_by: int | None
     copy_of: bytes | None
     refused: bytes | None  # the platform refused the key: the whole push stops
+    stopped: bool  # the helper was stopping as it answered
 
 
 class _Failure(msgspec.Struct, tag=True, array_like=True):
@@ -184,6 +185,10 @@ class Lane:
             raise HelperGone(self.helper.lost(exc)) from None
         finally:
             self.idle.set()
+        if isinstance(reply, _Result) and reply.stopped and not self.helper.push_stop.is_set():
+            # Stopped on its own (a SIGTERM of the helper alone): it would answer every later
+            # run "interrupted" at once. Its runs, this one too, go on in the push.
+            raise HelperGone(self.helper.lost(RuntimeError("it stopped, the push did not")))
         if isinstance(reply, _Failure):
             error = LedgerError if reply.kind == "LedgerError" else EvalpushError
             raise error(_text(reply.message))
@@ -221,10 +226,14 @@ def _push_result(directory: Path, reply: _Result) -> PushResult:
 class Helper:
     """One helper process, from the parent's side."""
 
-    def __init__(self, config: Config, log_level: str, log_format: str, lanes: int) -> None:
+    def __init__(
+        self, config: Config, log_level: str, log_format: str, lanes: int, stop: threading.Event
+    ) -> None:
+        """`stop`: the push's (set when it is asked to stop)."""
         import pickle  # here: a push of few runs starts no helper, and imports neither
         import subprocess
 
+        self.push_stop = stop
         self.gone: str | None = None  # why its lanes are no longer used
         self._lock = threading.Lock()
         ours, theirs = [], []
@@ -317,7 +326,9 @@ class Helpers:
         self.helpers: list[Helper] = []
         try:
             for _ in range(count):
-                self.helpers.append(Helper(config, log_level, config.log.format, lanes_each))
+                self.helpers.append(
+                    Helper(config, log_level, config.log.format, lanes_each, app.stop)
+                )
         except BaseException:
             self.close()
             raise
@@ -370,7 +381,7 @@ class _LaneEnd:
         _write_frame(self.replies, message)
 
 
-def _reply(result: PushResult, refused: AuthError | None) -> _Result:
+def _reply(result: PushResult, refused: AuthError | None, stopped: bool) -> _Result:
     busy = result.busy
     return _Result(
         result.record,
@@ -381,6 +392,7 @@ def _reply(result: PushResult, refused: AuthError | None) -> _Result:
         result.uploaded_by,
         _wire(result.copy_of) if result.copy_of is not None else None,
         _wire(str(refused)) if refused is not None else None,
+        stopped,
     )
 
 
@@ -405,7 +417,8 @@ def _serve(app: App, lane: _LaneEnd) -> None:
             try:
                 with turns.taking_turns():
                     directory = Path(os.fsdecode(request.path))
-                    reply = _reply(*push_one(app, directory, request.waited_for))
+                    result, refused = push_one(app, directory, request.waited_for)
+                    reply = _reply(result, refused, app.stop.is_set())
             except Exception as exc:  # noqa: BLE001 - the parent raises it as the push's failure
                 reply = _Failure(type(exc).__name__, _wire(str(exc)))
             lane.send(reply)
