@@ -19,8 +19,9 @@ trusted with it:
   reaches the whole process group, and the parent decides); a helper that has not answered
   its runs `EXIT_SECONDS` after the stop is killed, as if it had died;
 - a helper that dies, answers what is not the protocol, or stops while its parent does not
-  (a SIGTERM of the helper alone), is killed and waited for, and the run it had (and every later run of its lanes) is uploaded by the parent itself, which takes
-  over the dead helper's claim and reconciles with the platform like after any crash.
+  (a SIGTERM of the helper alone), is killed and waited for, and the run it had (and every
+  later run of its lanes) is uploaded by the parent itself, which takes over the dead
+  helper's claim and reconciles with the platform like after any crash.
 
 Frames on the pipes: a 4-byte big-endian length, then msgpack (msgspec).
 """
