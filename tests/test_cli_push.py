@@ -496,3 +496,21 @@ def test_a_run_that_fails_under_a_name_that_is_not_utf8_is_reported_escaped(
     [failed] = [line for line in done.stdout.splitlines() if line.startswith("failed")]
     assert "env-\\xff" in failed and "no environment name" in failed
     assert platform.summary()["runs"] == {RUN_ID: 1}
+
+
+def test_push_json_reports_a_run_that_fails_under_a_name_that_is_not_utf8_escaped(
+    evalpush, platform, tmp_path
+):
+    # Its error names the path with a lone surrogate for the byte: `--json` ended with a
+    # UnicodeEncodeError traceback, and no document.
+    outputs = tmp_path / "outputs"
+    write_run(outputs)
+    broken = write_run(outputs / os.fsdecode(b"env-\xff"), run_id=OTHER_RUN_ID)
+    (broken / "config.toml").write_text("not = toml [[[")
+
+    done = evalpush("push", str(outputs), "--json")
+
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    [failed] = [r for r in json.loads(done.stdout)["results"] if r["status"] == "failed"]
+    assert "env-\\xff" in failed["error"] and "not valid TOML" in failed["error"]

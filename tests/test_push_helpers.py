@@ -1,13 +1,15 @@
 """`push` of many runs over helper processes (`evalpush.helper`), as real subprocesses against
 the local platform over HTTP: every run exactly once whoever uploads it, and a helper never
 outlives its push or takes a run down with it (SIGKILL of the helper, SIGKILL and SIGTERM of
-the push)."""
+the push), nor hangs it (SIGSTOP of the helper) or interrupts them (SIGTERM of the helper); a Ctrl-C as a helper starts does not end it
+with a traceback; text naming a path that is not UTF-8 crosses the pipes as it is."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -15,17 +17,15 @@ from pathlib import Path
 import pytest
 
 from evalpush import helper
-from evalpush.config import Config, UploadConfig
+from evalpush.config import Config, StateConfig, UploadConfig
 from evalpush.local_platform import LocalPlatform
 from pushing import PUSH_TIMEOUT_SECONDS, assert_exactly_once, push_environ, start_push
-from support.runs import config_toml, trace_line, write_run
+from support.runs import GROUP, config_toml, trace_line, write_run
 from support.waiting import wait_until
 
 RUNS = helper.HELPER_MIN_RUNS + 6
 GONE_SECONDS = 10.0
 """A helper ends this soon after its push does (generous: a loaded 2-core box)."""
-STOP_SLACK_SECONDS = 5.0
-"""Beyond the helper's `EXIT_SECONDS`, the most a stop of the push may take (a loaded box)."""
 
 needs_two_cpus = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="a push starts helpers only with two CPUs or more"
@@ -166,24 +166,104 @@ class TestPushWithHelpers:
         assert again.returncode == 0, err.decode()
         assert_exactly_once(platform, root)
 
-    def test_a_helper_that_hangs_does_not_hold_up_the_push_s_stop(
+    def test_a_helper_stopped_on_its_own_leaves_its_runs_to_the_push(
         self, platform: LocalPlatform, tmp_path
     ):
+        # SIGTERM to the helper alone (not its push): it stops as asked, its runs in flight
+        # interrupted. Before, it went on answering "interrupted" at once to every run it was
+        # handed, and the push ended with exit 1, nearly every run interrupted, saying nothing.
+        root = many_runs(tmp_path)
+        platform.inject("stall", on="samples", seconds=3, count=4)
+        process = start_push(root, push_environ(platform, tmp_path), "--json")
+        helper_pid = wait_until(lambda: helpers_of(process.pid), "a helper")[0]
+        wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
+        os.kill(helper_pid, signal.SIGTERM)
+        out, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert process.returncode == 0, err.decode()
+        assert {r["state"] for r in json.loads(out)["results"]} == {"finalized"}
+        assert "a helper process ended: its runs go on in this process" in err.decode()
+        assert not alive(helper_pid)
+        assert_exactly_once(platform, root)
+
+    def test_a_helper_that_hangs_is_killed_once_the_push_is_stopped_and_the_push_ends(
+        self, platform: LocalPlatform, tmp_path
+    ):
+        # A helper stopped (SIGSTOP) with runs in hand answers nothing: before, the push's
+        # upload threads waited on it for good, and `--timeout` never ended the push.
         root = many_runs(tmp_path)
         platform.inject("stall", on="samples", seconds=600, count=4)
         environ = push_environ(platform, tmp_path)
-        process = start_push(root, environ)
-        helpers = wait_until(lambda: helpers_of(process.pid), "a helper")
+        process = start_push(root, environ, "--timeout", "2s")
+        helper_pid = wait_until(lambda: helpers_of(process.pid), "a helper")[0]
         wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
-        for pid in helpers:
-            os.kill(pid, signal.SIGSTOP)  # alive, holding its runs' claims, answering nothing
-        started = time.monotonic()
-        process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
-        assert process.returncode == 143
-        assert time.monotonic() - started < helper.EXIT_SECONDS + STOP_SLACK_SECONDS
-        assert not any(alive(pid) for pid in helpers), "killed once it did not end in time"
+        os.kill(helper_pid, signal.SIGSTOP)
+        try:
+            _, err = process.communicate(timeout=helper.EXIT_SECONDS + GONE_SECONDS)
+        finally:
+            if alive(helper_pid):
+                os.kill(helper_pid, signal.SIGCONT)
+        assert process.returncode == 124, err.decode()
+        assert not alive(helper_pid)
+        assert "a run not answered" in err.decode()
         again = start_push(root, environ)
         _, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
         assert again.returncode == 0, err.decode()
         assert_exactly_once(platform, root)
+
+    def test_a_stop_cuts_off_a_helpers_request_in_flight_as_soon_as_the_push_s_own(
+        self, platform: LocalPlatform, tmp_path
+    ):
+        # The answers held past `--timeout` (and far under the read timeout): the helper's
+        # uploads end at once, and it is not taken for one that hangs.
+        root = many_runs(tmp_path)
+        platform.inject("stall", on="samples", seconds=600, count=4)
+        environ = push_environ(platform, tmp_path, EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="60")
+        process = start_push(root, environ, "--timeout", "2s")
+        helpers = wait_until(lambda: helpers_of(process.pid), "a helper")
+        started = time.monotonic()
+        _, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert process.returncode == 124, err.decode()
+        assert time.monotonic() - started < helper.EXIT_SECONDS
+        assert "a helper process ended" not in err.decode()
+        assert not any(alive(pid) for pid in helpers)
+
+    def test_a_run_whose_path_is_not_utf8_fails_in_a_helper_as_in_the_push(
+        self, platform: LocalPlatform, tmp_path
+    ):
+        # Its error names the path, with a lone surrogate for each byte that is not UTF-8,
+        # which msgpack cannot carry: before, the helper's answer failed, it stopped its
+        # other uploads and was killed.
+        results = {}
+        for processes in ("1", "2"):
+            root = many_runs(tmp_path / processes)
+            group = os.fsencode(root / GROUP)
+            for n in range(3, RUNS, 7):
+                run = group + b"/" + str(uuid.UUID(int=n + 1)).encode()
+                with open(run + b"/config.toml", "w") as config:
+                    config.write("not = toml [[[")
+                os.rename(run, group + b"/run-\xff" + str(n).encode())
+            environ = push_environ(
+                platform, tmp_path / processes, EVALPUSH_UPLOAD__PUSH_PROCESSES=processes
+            )
+            process = start_push(root, environ)
+            out, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+            assert process.returncode == 1, err.decode()
+            assert "a helper process ended" not in err.decode()
+            results[processes] = sorted(
+                line.replace(str(tmp_path / processes), "")
+                for line in out.decode().splitlines()
+                if line.startswith("failed")
+            )
+        assert len(results["1"]) == len(range(3, RUNS, 7))
+        assert results["2"] == results["1"]
+
+
+class TestHelperStart:
+    def test_a_ctrl_c_while_a_helper_starts_does_not_end_it(self, tmp_path):
+        # A Ctrl-C reaches the whole process group, the helper too, maybe before it could
+        # ignore SIGINT: before, its Python ended with a KeyboardInterrupt traceback.
+        config = Config(state=StateConfig(dir=tmp_path / "state"))
+        started = helper.Helper(config, "warning", "json", lanes=1, stop=threading.Event())
+        os.kill(started.process.pid, signal.SIGINT)
+        started.close()
+        assert started.process.returncode == 0

@@ -16,10 +16,12 @@ ledger like any process. What keeps every run exactly once is that claim, so not
 trusted with it:
 - the helper stops when its parent does: the parent closes its control pipe (stdin) when it is
   asked to stop, and the kernel closes it when the parent dies; SIGINT is ignored (a Ctrl-C
-  reaches the whole process group, and the parent decides);
-- a helper that dies, or answers what is not the protocol, is killed and waited for, and the
-  run it had (and every later run of its lanes) is uploaded by the parent itself, which takes
-  over the dead helper's claim and reconciles with the platform like after any crash.
+  reaches the whole process group, and the parent decides); a helper that has not answered
+  its runs `EXIT_SECONDS` after the stop is killed, as if it had died;
+- a helper that dies, answers what is not the protocol, or stops while its parent does not
+  (a SIGTERM of the helper alone), is killed and waited for, and the run it had (and every
+  later run of its lanes) is uploaded by the parent itself, which takes over the dead
+  helper's claim and reconciles with the platform like after any crash.
 
 Frames on the pipes: a 4-byte big-endian length, then msgpack (msgspec).
 """
@@ -27,9 +29,11 @@ Frames on the pipes: a 4-byte big-endian length, then msgpack (msgspec).
 from __future__ import annotations
 
 import os
+import signal
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -52,9 +56,9 @@ only past a few hundred milliseconds of upload work (a one-trace run costs ~4 ms
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 STOP_POLL_SECONDS = 0.05
 """How soon a stop of the parent (a signal, `--timeout`, a refused key) reaches its helpers."""
-EXIT_SECONDS = 5.0
-"""How long a helper has to end once its work is done or it was told to stop, before a kill
-(it ends within a second: its runs in flight are interrupted as the push's are)."""
+EXIT_SECONDS = 10.0
+"""How long a helper has to end once its work is done, or to answer its runs once it was told to
+stop, before a kill."""
 
 _FRAME = struct.Struct("!I")
 
@@ -64,8 +68,20 @@ class _Request(msgspec.Struct, array_like=True):
     waited_for: int | None
 
 
+# Text that may name a path whose bytes are not UTF-8 (a lone surrogate each, which msgpack
+# cannot carry) goes as its bytes (`_wire`), and is read back as the same text (`_text`).
+
+
+def _wire(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "surrogateescape")
+
+
 class _Busy(msgspec.Struct, array_like=True):
-    message: str
+    message: bytes
     pid: int
     host: str
     since: float
@@ -78,19 +94,20 @@ class _Progress(msgspec.Struct, tag=True, array_like=True):
 class _Result(msgspec.Struct, tag=True, array_like=True):
     record: RunRecord | None
     set_aside: int
-    error: str | None
+    error: bytes | None
     already: bool
     busy: _Busy | None
     uploaded_by: int | None
-    copy_of: str | None
-    refused: str | None  # the platform refused the key: the whole push stops
+    copy_of: bytes | None
+    refused: bytes | None  # the platform refused the key: the whole push stops
+    stopped: bool  # the helper was stopping as it answered
 
 
 class _Failure(msgspec.Struct, tag=True, array_like=True):
     """The push cannot go on (the ledger cannot be written): raised again in the parent."""
 
     kind: str
-    message: str
+    message: bytes
 
 
 _Reply = _Progress | _Result | _Failure
@@ -143,6 +160,8 @@ class Lane:
         self.helper = helper
         self._requests = requests
         self._replies = replies
+        self.idle = threading.Event()  # no run of this lane is with the helper
+        self.idle.set()
 
     def push(
         self, directory: Path, waited_for: int | None, on_progress: Callable[[RunRecord], None]
@@ -151,6 +170,7 @@ class Lane:
         is dead or broke the protocol; it is then killed, and the run's outcome is not known."""
         if self.helper.gone:
             raise HelperGone(self.helper.gone)
+        self.idle.clear()
         try:
             with turns.waiting():  # the helper works meanwhile: this thread only waits
                 _write_frame(self._requests, _Request(os.fsencode(directory), waited_for))
@@ -164,11 +184,17 @@ class Lane:
                     on_progress(reply.record)
         except (OSError, EOFError, ValueError, msgspec.DecodeError) as exc:
             raise HelperGone(self.helper.lost(exc)) from None
+        finally:
+            self.idle.set()
+        if isinstance(reply, _Result) and reply.stopped and not self.helper.push_stop.is_set():
+            # Stopped on its own (a SIGTERM of the helper alone): it would answer every later
+            # run "interrupted" at once. Its runs, this one too, go on in the push.
+            raise HelperGone(self.helper.lost(RuntimeError("it stopped, the push did not")))
         if isinstance(reply, _Failure):
             error = LedgerError if reply.kind == "LedgerError" else EvalpushError
-            raise error(reply.message)
+            raise error(_text(reply.message))
         return _push_result(directory, reply), (
-            AuthError(reply.refused) if reply.refused is not None else None
+            AuthError(_text(reply.refused)) if reply.refused is not None else None
         )
 
     def close(self) -> None:
@@ -183,15 +209,18 @@ def _push_result(directory: Path, reply: _Result) -> PushResult:
     from evalpush.push import PushResult
 
     busy = reply.busy
+    held = None
+    if busy is not None:
+        held = Busy(_text(busy.message), pid=busy.pid, host=busy.host, since=busy.since)
     return PushResult(
         directory,
         reply.record,
         reply.set_aside,
-        reply.error,
+        _text(reply.error) if reply.error is not None else None,
         reply.already,
-        busy=Busy(busy.message, pid=busy.pid, host=busy.host, since=busy.since) if busy else None,
+        busy=held,
         uploaded_by=reply.uploaded_by,
-        copy_of=reply.copy_of,
+        copy_of=_text(reply.copy_of) if reply.copy_of is not None else None,
     )
 
 
@@ -201,11 +230,12 @@ class Helper:
     def __init__(
         self, config: Config, log_level: str, log_format: str, lanes: int, stop: threading.Event
     ) -> None:
+        """`stop`: the push's (set when it is asked to stop)."""
         import pickle  # here: a push of few runs starts no helper, and imports neither
         import subprocess
 
+        self.push_stop = stop
         self.gone: str | None = None  # why its lanes are no longer used
-        self._stop = stop  # the push's: a helper ending after it is no news
         self._lock = threading.Lock()
         ours, theirs = [], []
         for _ in range(lanes):
@@ -213,6 +243,11 @@ class Helper:
             replies_read, replies_write = os.pipe()
             theirs += [requests_read, replies_write]
             ours.append((requests_write, replies_read))
+        # The helper starts with SIGINT blocked (the mask outlives exec) and ignores it before
+        # unblocking it: a Ctrl-C while its Python starts would otherwise end it with a
+        # KeyboardInterrupt traceback. This thread only defers it: another thread, or this one
+        # once it unblocks, takes it.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "evalpush.helper"]
@@ -222,6 +257,7 @@ class Helper:
                 pass_fds=theirs,
             )
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             for fd in theirs:
                 os.close(fd)
         self.lanes = [Lane(self, open(w, "wb"), open(r, "rb")) for w, r in ours]
@@ -241,8 +277,7 @@ class Helper:
                 self.process.kill()
                 code = self.process.wait()
                 self.gone = f"helper process {self.process.pid} ended (exit {code}): {why}"
-                log = get_logger()
-                (log.debug if self._stop.is_set() else log.warning)(
+                get_logger().warning(
                     "a helper process ended: its runs go on in this process",
                     pid=self.process.pid,
                     exit=code,
@@ -260,23 +295,26 @@ class Helper:
             except OSError:
                 pass  # the helper is gone already
 
-    def end(self) -> None:
-        """Wait for the helper to end (told to by `stop` or `close`): `EXIT_SECONDS`, then a
-        kill (a helper that hangs, SIGSTOPped say, must not hold the push up)."""
+    def answer_by(self, deadline: float) -> None:
+        """Wait for the helper, told to stop, to answer the runs it has by `deadline`
+        (`time.monotonic`); kill it if it has not (their lanes then end)."""
+        for lane in self.lanes:
+            if not lane.idle.wait(max(0.0, deadline - time.monotonic())):
+                self.lost(TimeoutError(f"a run not answered {EXIT_SECONDS:g} s after the stop"))
+                return
+
+    def close(self) -> None:
+        """End the helper once its work is done (or stopped), and wait for it."""
         import subprocess
 
+        for lane in self.lanes:
+            lane.close()
+        self.stop()
         try:
             self.process.wait(EXIT_SECONDS)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-
-    def close(self) -> None:
-        """End the helper once its work is done (or stopped), and wait for it."""
-        for lane in self.lanes:
-            lane.close()
-        self.stop()
-        self.end()
 
 
 class Helpers:
@@ -303,14 +341,15 @@ class Helpers:
         return [lane for helper in self.helpers for lane in helper.lanes]
 
     def _forward_stop(self) -> None:
-        """A stop of the push, passed on; a helper that does not end in time is killed (the
-        push's upload threads waiting on it then go on: the runs read as interrupted)."""
         while not self._closed.is_set():
             if self._stop.wait(STOP_POLL_SECONDS):
                 for helper in self.helpers:
                     helper.stop()
+                # A helper that does not answer (stopped, hung) is killed: the push then ends
+                # rather than waiting on it for good.
+                deadline = time.monotonic() + EXIT_SECONDS
                 for helper in self.helpers:
-                    helper.end()
+                    helper.answer_by(deadline)
                 return
 
     def close(self) -> None:
@@ -343,40 +382,18 @@ class _LaneEnd:
         _write_frame(self.replies, message)
 
 
-class _Lanes:
-    """The helper's lanes: how many are mid-run, how many the parent closed."""
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.busy = 0
-        self.ended = 0
-        self.changed = threading.Condition()
-
-    def note(self, busy: int = 0, ended: int = 0) -> None:
-        with self.changed:
-            self.busy += busy
-            self.ended += ended
-            self.changed.notify_all()
-
-    def wait_done(self, stop: threading.Event) -> None:
-        """Until the parent closed every lane, or a stop came and no lane is mid-run (a lane
-        waiting for its next run is left: the process ends under it)."""
-        with self.changed:
-            while not (self.ended == self.count or (stop.is_set() and self.busy == 0)):
-                self.changed.wait(STOP_POLL_SECONDS)  # a signal handler cannot notify
-
-
-def _reply(result: PushResult, refused: AuthError | None) -> _Result:
+def _reply(result: PushResult, refused: AuthError | None, stopped: bool) -> _Result:
     busy = result.busy
     return _Result(
         result.record,
         result.set_aside,
-        result.error,
+        _wire(result.error) if result.error is not None else None,
         result.already,
-        _Busy(str(busy), busy.pid, busy.host, busy.since) if busy is not None else None,
+        _Busy(_wire(str(busy)), busy.pid, busy.host, busy.since) if busy is not None else None,
         result.uploaded_by,
-        result.copy_of,
-        str(refused) if refused is not None else None,
+        _wire(result.copy_of) if result.copy_of is not None else None,
+        _wire(str(refused)) if refused is not None else None,
+        stopped,
     )
 
 
@@ -386,7 +403,7 @@ def _progress(record: RunRecord) -> None:
         lane.send(_Progress(record))
 
 
-def _serve(app: App, lane: _LaneEnd, lanes: _Lanes) -> None:
+def _serve(app: App, lane: _LaneEnd) -> None:
     """Upload each run the parent sends down `lane`, until it closes the lane (or is gone)."""
     from evalpush.push import push_one
 
@@ -395,23 +412,19 @@ def _serve(app: App, lane: _LaneEnd, lanes: _Lanes) -> None:
         while True:
             data = _read_frame(lane.requests)
             if data is None:
-                break
+                return
             request = _REQUEST.decode(data)
-            lanes.note(busy=1)
             reply: _Result | _Failure
             try:
                 with turns.taking_turns():
                     directory = Path(os.fsdecode(request.path))
-                    reply = _reply(*push_one(app, directory, request.waited_for))
+                    result, refused = push_one(app, directory, request.waited_for)
+                    reply = _reply(result, refused, app.stop.is_set())
             except Exception as exc:  # noqa: BLE001 - the parent raises it as the push's failure
-                reply = _Failure(type(exc).__name__, str(exc))
-            try:
-                lane.send(reply)
-            finally:
-                lanes.note(busy=-1)
+                reply = _Failure(type(exc).__name__, _wire(str(exc)))
+            lane.send(reply)
     except (OSError, EOFError, ValueError, msgspec.DecodeError):
         app.request_stop()  # the parent is gone, or talks nonsense: stop what is in flight
-    lanes.note(ended=1)
 
 
 def _stop_at_end(control: IO[bytes], app: App) -> None:
@@ -424,15 +437,17 @@ def _stop_at_end(control: IO[bytes], app: App) -> None:
 def main(argv: Sequence[str]) -> int:
     import gc
     import pickle
-    import signal
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to act on
+    # A Ctrl-C is the parent's to act on. It was blocked since before this process started
+    # (`Helper`): ignored, one that came meanwhile is dropped.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     from evalpush import log
     from evalpush.app import App
     from evalpush.retry import Gate
 
-    ends = [tuple(int(fd) for fd in pair.split(":")) for pair in argv]
+    lanes = [tuple(int(fd) for fd in pair.split(":")) for pair in argv]
     control = sys.stdin.buffer
     config, log_level, log_format = pickle.load(control)
     log.configure(log_level, log_format, stream=sys.stderr)
@@ -443,16 +458,15 @@ def main(argv: Sequence[str]) -> int:
         signal.signal(signal.SIGTERM, lambda _signum, _frame: app.request_stop())
         threading.Thread(target=_stop_at_end, args=(control, app), daemon=True).start()
         gc.freeze()  # as the parent does: what is loaded by now is never garbage
-        lanes = _Lanes(len(ends))
-        for i, (requests_fd, replies_fd) in enumerate(ends):
-            lane = _LaneEnd(requests_fd, replies_fd)
-            # Daemon threads: after a stop, a lane waiting for its next run does not hold the
-            # process up (the parent uploads nothing more through it).
-            threading.Thread(
-                target=_serve, args=(app, lane, lanes), name=f"upload-{i}", daemon=True
-            ).start()
-        log.get_logger().info("helper process ready", pid=os.getpid(), lanes=len(ends))
-        lanes.wait_done(app.stop)
+        threads = [
+            threading.Thread(target=_serve, args=(app, _LaneEnd(r, w)), name=f"upload-{i}")
+            for i, (r, w) in enumerate(lanes)
+        ]
+        for thread in threads:
+            thread.start()
+        log.get_logger().info("helper process ready", pid=os.getpid(), lanes=len(lanes))
+        for thread in threads:
+            thread.join()
     return 0
 
 

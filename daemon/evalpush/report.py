@@ -345,7 +345,7 @@ def push_object(result: PushResult, set_aside: list[SetAside]) -> dict[str, Any]
         "already_finalized": result.already,
         "uploaded_by": result.uploaded_by,
         "copy_of": result.copy_of,
-        "error": error,
+        "error": None if error is None else paths.printable(error),  # may name a path
         "set_aside": len(set_aside),
         "set_aside_records": [item.as_json() for item in set_aside],
     }
