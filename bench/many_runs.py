@@ -142,6 +142,8 @@ def push_all(root: Path, count: int, hook_dir: Path, *, pin: bool = False) -> Ma
                 "EVALPUSH_STATE_DIR": str(work / "state"),
                 "EVALPUSH_LOG__LEVEL": "warning",
                 "BENCH_MANY_RUNS_LEDGER_FILE": str(work / "ledger-counts"),
+                # The upload settings given to this bench (`child_environ` drops the others).
+                **{k: v for k, v in os.environ.items() if k.startswith("EVALPUSH_UPLOAD__")},
             }
             with push.child_environ(env):
                 m = measure([*ours, sys.executable, "-m", "evalpush", "push", str(root)], hook_dir)
