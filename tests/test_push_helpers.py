@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -67,6 +69,34 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+class HeldPush(NamedTuple):
+    root: Path
+    environ: dict[str, str]
+    process: subprocess.Popen[bytes]
+    helpers: list[int]
+
+
+def push_held_at_samples(
+    platform: LocalPlatform, tmp_path: Path, *flags: str, seconds: float = 600, **settings: str
+) -> HeldPush:
+    """`push` of `many_runs` started, once its helper is up and the runs in flight (4) are each
+    held at their samples by the platform for `seconds` (stored, the answer held back)."""
+    root = many_runs(tmp_path)
+    platform.inject("stall", on="samples", seconds=seconds, count=4)
+    environ = push_environ(platform, tmp_path, **settings)
+    process = start_push(root, environ, *flags)
+    helpers = wait_until(lambda: helpers_of(process.pid), "a helper")
+    wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
+    return HeldPush(root, environ, process, helpers)
+
+
+def assert_the_next_push_ends_the_job(platform: LocalPlatform, held: HeldPush) -> None:
+    again = start_push(held.root, held.environ)
+    _, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+    assert again.returncode == 0, err.decode()
+    assert_exactly_once(platform, held.root)
 
 
 def log_lines(stderr: bytes) -> list[dict]:
@@ -128,43 +158,30 @@ class TestPushWithHelpers:
     def test_a_helper_killed_mid_upload_leaves_its_runs_to_the_push(
         self, platform: LocalPlatform, tmp_path
     ):
-        root = many_runs(tmp_path)
-        # Every run in flight holds at its samples (stored, the answer held back): the helper
-        # is killed with runs half done, which the push takes over and reconciles.
-        platform.inject("stall", on="samples", seconds=600, count=4)
-        process = start_push(root, push_environ(platform, tmp_path))
-        helper_pid = wait_until(lambda: helpers_of(process.pid), "a helper")[0]
-        wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
-        os.kill(helper_pid, signal.SIGKILL)
-        _, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
-        assert process.returncode == 0, err.decode()
+        # The helper is killed with runs half done, which the push takes over and reconciles.
+        held = push_held_at_samples(platform, tmp_path)
+        os.kill(held.helpers[0], signal.SIGKILL)
+        _, err = held.process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert held.process.returncode == 0, err.decode()
         assert "a helper process ended: its runs go on in this process" in err.decode()
-        assert_exactly_once(platform, root)
+        assert_exactly_once(platform, held.root)
 
     @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
     def test_a_push_stopped_mid_upload_leaves_no_helper_and_the_next_push_ends_the_job(
         self, platform: LocalPlatform, tmp_path, signum
     ):
-        root = many_runs(tmp_path)
-        platform.inject("stall", on="samples", seconds=600, count=4)
-        environ = push_environ(platform, tmp_path)
-        process = start_push(root, environ)
-        helpers = wait_until(lambda: helpers_of(process.pid), "a helper")
-        wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
-        process.send_signal(signum)
-        process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
-        assert process.returncode == (-9 if signum == signal.SIGKILL else 143)
+        held = push_held_at_samples(platform, tmp_path)
+        held.process.send_signal(signum)
+        held.process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert held.process.returncode == (-9 if signum == signal.SIGKILL else 143)
         if signum == signal.SIGTERM:  # the push waits for its helper, which the stop reached
-            assert not any(alive(pid) for pid in helpers)
+            assert not any(alive(pid) for pid in held.helpers)
         wait_until(
-            lambda: not any(alive(pid) for pid in helpers),
+            lambda: not any(alive(pid) for pid in held.helpers),
             "the helper to end",
             timeout=GONE_SECONDS,
         )
-        again = start_push(root, environ)
-        _, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
-        assert again.returncode == 0, err.decode()
-        assert_exactly_once(platform, root)
+        assert_the_next_push_ends_the_job(platform, held)
 
     def test_a_helper_stopped_on_its_own_leaves_its_runs_to_the_push(
         self, platform: LocalPlatform, tmp_path
@@ -172,43 +189,32 @@ class TestPushWithHelpers:
         # SIGTERM to the helper alone (not its push): it stops as asked, its runs in flight
         # interrupted. Before, it went on answering "interrupted" at once to every run it was
         # handed, and the push ended with exit 1, nearly every run interrupted, saying nothing.
-        root = many_runs(tmp_path)
-        platform.inject("stall", on="samples", seconds=3, count=4)
-        process = start_push(root, push_environ(platform, tmp_path), "--json")
-        helper_pid = wait_until(lambda: helpers_of(process.pid), "a helper")[0]
-        wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
-        os.kill(helper_pid, signal.SIGTERM)
-        out, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
-        assert process.returncode == 0, err.decode()
+        held = push_held_at_samples(platform, tmp_path, "--json", seconds=3)
+        os.kill(held.helpers[0], signal.SIGTERM)
+        out, err = held.process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert held.process.returncode == 0, err.decode()
         assert {r["state"] for r in json.loads(out)["results"]} == {"finalized"}
         assert "a helper process ended: its runs go on in this process" in err.decode()
-        assert not alive(helper_pid)
-        assert_exactly_once(platform, root)
+        assert not alive(held.helpers[0])
+        assert_exactly_once(platform, held.root)
 
     def test_a_helper_that_hangs_is_killed_once_the_push_is_stopped_and_the_push_ends(
         self, platform: LocalPlatform, tmp_path
     ):
         # A helper stopped (SIGSTOP) with runs in hand answers nothing: before, the push's
         # upload threads waited on it for good, and `--timeout` never ended the push.
-        root = many_runs(tmp_path)
-        platform.inject("stall", on="samples", seconds=600, count=4)
-        environ = push_environ(platform, tmp_path)
-        process = start_push(root, environ, "--timeout", "2s")
-        helper_pid = wait_until(lambda: helpers_of(process.pid), "a helper")[0]
-        wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
+        held = push_held_at_samples(platform, tmp_path, "--timeout", "2s")
+        helper_pid = held.helpers[0]
         os.kill(helper_pid, signal.SIGSTOP)
         try:
-            _, err = process.communicate(timeout=helper.EXIT_SECONDS + GONE_SECONDS)
+            _, err = held.process.communicate(timeout=helper.EXIT_SECONDS + GONE_SECONDS)
         finally:
             if alive(helper_pid):
                 os.kill(helper_pid, signal.SIGCONT)
-        assert process.returncode == 124, err.decode()
+        assert held.process.returncode == 124, err.decode()
         assert not alive(helper_pid)
         assert "a run not answered" in err.decode()
-        again = start_push(root, environ)
-        _, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
-        assert again.returncode == 0, err.decode()
-        assert_exactly_once(platform, root)
+        assert_the_next_push_ends_the_job(platform, held)
 
     def test_a_stop_cuts_off_a_helpers_request_in_flight_as_soon_as_the_push_s_own(
         self, platform: LocalPlatform, tmp_path
