@@ -19,8 +19,10 @@ from typing import NamedTuple
 import pytest
 
 from evalpush import helper
-from evalpush.config import Config, StateConfig, UploadConfig
+from evalpush.app import App
+from evalpush.config import Config, PlatformConfig, StateConfig, UploadConfig
 from evalpush.local_platform import LocalPlatform
+from evalpush.push import push
 from pushing import PUSH_TIMEOUT_SECONDS, assert_exactly_once, push_environ, start_push
 from support.runs import GROUP, config_toml, trace_line, write_run
 from support.waiting import wait_until
@@ -273,3 +275,21 @@ class TestHelperStart:
         os.kill(started.process.pid, signal.SIGINT)
         started.close()
         assert started.process.returncode == 0
+
+    def test_a_helper_that_cannot_be_started_leaves_its_runs_to_the_push(
+        self, platform: LocalPlatform, tmp_path, monkeypatch
+    ):
+        # No process to be had (here: no Python where it was; else EAGAIN, EMFILE): before,
+        # the push failed with the OSError before uploading anything.
+        monkeypatch.setattr(helper.os, "sched_getaffinity", lambda _pid: {0, 1})
+        monkeypatch.setattr(helper.sys, "executable", str(tmp_path / "no-python"))
+        root = many_runs(tmp_path)
+        config = Config(
+            state=StateConfig(dir=tmp_path / "state"),
+            platform=PlatformConfig(api_base_url=platform.base_url),
+        )
+        environ = {"PRIME_API_KEY": platform.api_key or "any-key"}
+        with App.from_config(config, environ=environ, home=tmp_path, wait_on_auth=False) as app:
+            results = push(app, [root])
+        assert len(results) == RUNS and all(result.ok for result in results)
+        assert_exactly_once(platform, root)

@@ -330,6 +330,11 @@ class Helpers:
                 self.helpers.append(
                     Helper(config, log_level, config.log.format, lanes_each, app.stop)
                 )
+        except OSError as exc:  # no process or pipe to be had: the push goes on without
+            get_logger().warning(
+                "could not start a helper process: the runs go on in this process",
+                error=str(exc),
+            )
         except BaseException:
             self.close()
             raise

@@ -129,7 +129,8 @@ class _Push:
             Helpers(self._app, helpers, lanes_each, self._log_level) as helping,
             Scheduler(self._job, workers=workers, on_error=self._failed) as scheduler,
         ):
-            for lane in [*helping.lanes, *[None] * (workers - helpers * lanes_each)]:
+            lanes = helping.lanes  # fewer than asked for if a helper could not be started
+            for lane in [*lanes, *[None] * (workers - len(lanes))]:
                 self._lanes.put(lane)
             self._all(scheduler, found)
             while wait and not self._app.stop.is_set():
