@@ -87,7 +87,7 @@ def push_held_at_samples(
     held at their samples by the platform for `seconds` (stored, the answer held back)."""
     root = many_runs(tmp_path)
     platform.inject("stall", on="samples", seconds=seconds, count=4)
-    environ = push_environ(platform, tmp_path, **settings)
+    environ = helped_environ(platform, tmp_path, **settings)
     process = start_push(root, environ, *flags)
     helpers = wait_until(lambda: helpers_of(process.pid), "a helper")
     wait_until(lambda: platform.summary()["requests"]["samples"] >= 4, "runs at their samples")
@@ -99,6 +99,11 @@ def assert_the_next_push_ends_the_job(platform: LocalPlatform, held: HeldPush) -
     _, err = again.communicate(timeout=PUSH_TIMEOUT_SECONDS)
     assert again.returncode == 0, err.decode()
     assert_exactly_once(platform, held.root)
+
+
+def helped_environ(platform: LocalPlatform, tmp_path: Path, **settings: str) -> dict[str, str]:
+    """`push_environ` with a helper process (`upload.push_processes = 2`; the default is 1)."""
+    return push_environ(platform, tmp_path, EVALPUSH_UPLOAD__PUSH_PROCESSES="2", **settings)
 
 
 def log_lines(stderr: bytes) -> list[dict]:
@@ -115,13 +120,13 @@ class TestHowManyHelpers:
 
     def test_none_for_few_runs_one_cpu_one_process_or_one_thread(self, monkeypatch):
         monkeypatch.setattr(helper.os, "sched_getaffinity", lambda _pid: {0, 1})
-        many = helper.HELPER_MIN_RUNS
-        assert helper.helper_count(Config(), many - 1, workers=4) == 0
-        assert helper.helper_count(Config(), many, workers=1) == 0
-        one = Config(upload=UploadConfig(push_processes=1))
-        assert helper.helper_count(one, many, workers=4) == 0
+        many, two = helper.HELPER_MIN_RUNS, Config(upload=UploadConfig(push_processes=2))
+        assert helper.helper_count(two, many, workers=4) == 1
+        assert helper.helper_count(two, many - 1, workers=4) == 0
+        assert helper.helper_count(two, many, workers=1) == 0
+        assert helper.helper_count(Config(), many, workers=4) == 0  # the default: one process
         monkeypatch.setattr(helper.os, "sched_getaffinity", lambda _pid: {3})
-        assert helper.helper_count(Config(), many, workers=4) == 0
+        assert helper.helper_count(two, many, workers=4) == 0
 
 
 @needs_two_cpus
@@ -130,7 +135,7 @@ class TestPushWithHelpers:
         self, platform: LocalPlatform, tmp_path
     ):
         root = many_runs(tmp_path)
-        environ = push_environ(platform, tmp_path, EVALPUSH_LOG__LEVEL="info")
+        environ = helped_environ(platform, tmp_path, EVALPUSH_LOG__LEVEL="info")
         process = start_push(root, environ, "--json")
         out, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
         assert process.returncode == 0, err.decode()
@@ -146,11 +151,9 @@ class TestPushWithHelpers:
         assert len(finalized) == RUNS
         assert 0 < sum(1 for line in finalized if line.get("helper") == started[0]["pid"]) < RUNS
 
-    def test_with_push_processes_1_no_helper_starts(self, platform: LocalPlatform, tmp_path):
+    def test_by_default_no_helper_starts(self, platform: LocalPlatform, tmp_path):
         root = many_runs(tmp_path)
-        environ = push_environ(
-            platform, tmp_path, EVALPUSH_LOG__LEVEL="info", EVALPUSH_UPLOAD__PUSH_PROCESSES="1"
-        )
+        environ = push_environ(platform, tmp_path, EVALPUSH_LOG__LEVEL="info")
         process = start_push(root, environ)
         _, err = process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
         assert process.returncode == 0, err.decode()
@@ -225,7 +228,7 @@ class TestPushWithHelpers:
         # uploads end at once, and it is not taken for one that hangs.
         root = many_runs(tmp_path)
         platform.inject("stall", on="samples", seconds=600, count=4)
-        environ = push_environ(platform, tmp_path, EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="60")
+        environ = helped_environ(platform, tmp_path, EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="60")
         process = start_push(root, environ, "--timeout", "2s")
         helpers = wait_until(lambda: helpers_of(process.pid), "a helper")
         started = time.monotonic()
@@ -287,6 +290,7 @@ class TestHelperStart:
         config = Config(
             state=StateConfig(dir=tmp_path / "state"),
             platform=PlatformConfig(api_base_url=platform.base_url),
+            upload=UploadConfig(push_processes=2),
         )
         environ = {"PRIME_API_KEY": platform.api_key or "any-key"}
         with App.from_config(config, environ=environ, home=tmp_path, wait_on_auth=False) as app:

@@ -264,7 +264,7 @@ class UploadConfig(_Settings):
     samples may be."""
 
     max_concurrent_runs: int = _setting(4, ge=1, le=64)
-    push_processes: int = _setting(2, ge=1, le=16)
+    push_processes: int = _setting(1, ge=1, le=16)
     max_batch_bytes: int = _setting(25 * MIB, ge=1024, le=25 * MIB)
     max_batch_samples: int = _setting(1000, ge=1)
 
