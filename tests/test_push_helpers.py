@@ -106,6 +106,21 @@ def helped_environ(platform: LocalPlatform, tmp_path: Path, **settings: str) -> 
     return push_environ(platform, tmp_path, EVALPUSH_UPLOAD__PUSH_PROCESSES="2", **settings)
 
 
+def open_pipes() -> int:
+    """How many pipes this process has open."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+    return sum(1 for link in links if link.startswith("pipe:"))
+
+
+def threading_names() -> set[str]:
+    return {thread.name for thread in threading.enumerate()}
+
+
 def log_lines(stderr: bytes) -> list[dict]:
     return [json.loads(line) for line in stderr.decode().splitlines() if line.startswith("{")]
 
@@ -294,6 +309,24 @@ class TestHelperStart:
         )
         environ = {"PRIME_API_KEY": platform.api_key or "any-key"}
         with App.from_config(config, environ=environ, home=tmp_path, wait_on_auth=False) as app:
+            before = open_pipes()
             results = push(app, [root])
+            assert open_pipes() == before, "the helper's pipes are closed"
         assert len(results) == RUNS and all(result.ok for result in results)
         assert_exactly_once(platform, root)
+
+    def test_a_push_without_helpers_starts_no_thread_for_them(
+        self, platform: LocalPlatform, tmp_path, monkeypatch
+    ):
+        monkeypatch.setattr(helper.os, "sched_getaffinity", lambda _pid: {0, 1})
+        root = many_runs(tmp_path)
+        config = Config(
+            state=StateConfig(dir=tmp_path / "state"),
+            platform=PlatformConfig(api_base_url=platform.base_url),
+        )
+        environ = {"PRIME_API_KEY": platform.api_key or "any-key"}
+        seen: set[str] = set()
+        with App.from_config(config, environ=environ, home=tmp_path, wait_on_auth=False) as app:
+            results = push(app, [root], on_result=lambda _r: seen.update(threading_names()))
+        assert len(results) == RUNS and all(result.ok for result in results)
+        assert "helper-stop" not in seen and any(name.startswith("upload") for name in seen)

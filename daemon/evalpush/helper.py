@@ -237,18 +237,23 @@ class Helper:
         self.push_stop = stop
         self.gone: str | None = None  # why its lanes are no longer used
         self._lock = threading.Lock()
-        ours, theirs = [], []
-        for _ in range(lanes):
-            requests_read, requests_write = os.pipe()
-            replies_read, replies_write = os.pipe()
-            theirs += [requests_read, replies_write]
-            ours.append((requests_write, replies_read))
+        # Each lane's pipes: the helper's ends (requests to read, replies to write), closed here
+        # once it has them, and ours, in the same order (requests to write, replies to read).
+        ours: list[int] = []
+        theirs: list[int] = []
         # The helper starts with SIGINT blocked (the mask outlives exec) and ignores it before
         # unblocking it: a Ctrl-C while its Python starts would otherwise end it with a
         # KeyboardInterrupt traceback. This thread only defers it: another thread, or this one
         # once it unblocks, takes it.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
+            for _ in range(lanes):
+                requests_read, requests_write = os.pipe()
+                theirs.append(requests_read)
+                ours.append(requests_write)
+                replies_read, replies_write = os.pipe()
+                theirs.append(replies_write)
+                ours.append(replies_read)
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "evalpush.helper"]
                 + [f"{theirs[i]}:{theirs[i + 1]}" for i in range(0, len(theirs), 2)],
@@ -256,11 +261,17 @@ class Helper:
                 stdout=subprocess.DEVNULL,  # stdout is the push's (its --json document)
                 pass_fds=theirs,
             )
+        except BaseException:  # no helper: our ends are closed too (no descriptor left open)
+            for fd in ours:
+                os.close(fd)
+            raise
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             for fd in theirs:
                 os.close(fd)
-        self.lanes = [Lane(self, open(w, "wb"), open(r, "rb")) for w, r in ours]
+        self.lanes = [
+            Lane(self, open(ours[i], "wb"), open(ours[i + 1], "rb")) for i in range(0, len(ours), 2)
+        ]
         assert self.process.stdin is not None
         self._control: IO[bytes] | None = self.process.stdin
         try:
@@ -324,6 +335,7 @@ class Helpers:
         config = app.config
         self._stop = app.stop
         self._closed = threading.Event()
+        self._forward: threading.Thread | None = None
         self.helpers: list[Helper] = []
         try:
             for _ in range(count):
@@ -338,8 +350,9 @@ class Helpers:
         except BaseException:
             self.close()
             raise
-        self._forward = threading.Thread(target=self._forward_stop, name="helper-stop")
-        self._forward.start()
+        if self.helpers:  # nothing to pass a stop on to otherwise (the default: no helper)
+            self._forward = threading.Thread(target=self._forward_stop, name="helper-stop")
+            self._forward.start()
 
     @property
     def lanes(self) -> list[Lane]:
@@ -359,7 +372,7 @@ class Helpers:
 
     def close(self) -> None:
         self._closed.set()
-        if hasattr(self, "_forward"):
+        if self._forward is not None:
             self._forward.join()
         for helper in self.helpers:
             helper.close()
