@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 import tracemalloc
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import httpx
 import orjson
 import pytest
 
-from evalpush import errors, platform, transport
+from evalpush import errors, log, platform, transport
 from evalpush.config import PlatformConfig
 from evalpush.local_platform import LocalPlatform
 from evalpush.lookup import EvaluationIndex
@@ -480,6 +481,17 @@ class TestIdsAreData:
         assert listed[1]["viewer_url"] == "https://app.test/dashboard/evaluations/e2"
         assert "viewer_url" not in listed[2], "a URL holding a password is not kept to print"
 
+    def test_a_viewer_url_seen_before_a_key_is_known_is_refused_once_it_holds_the_key(
+        self,
+    ) -> None:
+        # A URL's shape is judged once per text (a run's viewer URL comes in three answers);
+        # whether it holds a secret is judged every time, since a key may be learnt later.
+        key = f"sk-viewer-{uuid.uuid4().hex}"
+        url = f"https://app.test/dashboard/evaluations/e1?token={key}"
+        assert platform.Evaluation.from_answer({"id": "e1", "viewer_url": url}).viewer_url == url
+        log.register_secret(key)
+        assert platform.Evaluation.from_answer({"id": "e1", "viewer_url": url}).viewer_url is None
+
     def test_a_listed_evaluation_with_a_malformed_id_is_listed_as_unusable_beside_the_others(
         self, tmp_path: Path
     ) -> None:
@@ -510,8 +522,8 @@ class TestIdsAreData:
         with mock_client(tmp_path, answer) as client:
             index = EvaluationIndex(client, lambda fn, _what, _run: fn())
             with pytest.raises(errors.RunError, match="whose id evalpush cannot use"):
-                index.find("gsm8k", "r", exclude=set(), fresh=True)
-            assert index.find("gsm8k", "r", exclude={"e.2"}, fresh=True).id == "e1"
+                index.find("gsm8k", "r", exclude=set, fresh=True)
+            assert index.find("gsm8k", "r", exclude=lambda: {"e.2"}, fresh=True).id == "e1"
 
 
 class TestWhatRetryingCannotFix:

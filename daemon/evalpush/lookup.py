@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, Protocol
 
 from evalpush.errors import RunError
@@ -47,16 +47,20 @@ Retry = Callable[[Callable[[], Any], str, str], Any]
 """`retry(fn, what, run)`: `fn()` under the retry policy, as a replayable call."""
 
 
-def _newest(candidates: Iterable[Evaluation], exclude: set[str], run_id: str) -> Evaluation | None:
-    """The last one listed (the platform lists in creation order) that is not excluded.
+def _newest(
+    candidates: Collection[Evaluation], exclude: Callable[[], set[str]], run_id: str
+) -> Evaluation | None:
+    """The last one listed (the platform lists in creation order) that is not excluded
+    (`exclude()` is asked only when there is a candidate: it reads the ledger).
 
     `RunError` if that one has an id evalpush cannot use: it may be the one this run created
     (a create answered with a malformed id is reconciled by this lookup), so it is neither
     adopted nor taken as "none": creating another could make a second evaluation, over and over.
     """
     found = None
+    excluded = exclude() if candidates else set()
     for evaluation in candidates:
-        if evaluation.id not in exclude:
+        if evaluation.id not in excluded:
             found = evaluation
     if found is not None and not found.usable:
         raise RunError(
@@ -114,7 +118,7 @@ class EvaluationIndex:
         self._by_env: dict[str, dict[str, list[Evaluation]]] = {}
 
     def find(
-        self, env_name: str, run_id: str, *, exclude: set[str], fresh: bool
+        self, env_name: str, run_id: str, *, exclude: Callable[[], set[str]], fresh: bool
     ) -> Evaluation | None:
         """The run's newest evaluation not in `exclude`: from a listing made now (`fresh`), or
         from this process's listing of the environment."""

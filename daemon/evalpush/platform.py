@@ -28,6 +28,7 @@ What it promises:
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 import os
@@ -425,13 +426,23 @@ def _safe_url(value: Any) -> str | None:
     """`value` if it is an http(s) URL fit to print and store (no `user:password@` in it, no
     secret), else None."""
     text = _text(value)
-    if text is None or len(text) > _URL_CHARS or not text.isprintable() or " " in text:
+    if text is None or not _url_shape(text):
         return None
+    return None if holds_secret(text) else text
+
+
+@functools.lru_cache(maxsize=64)
+def _url_shape(text: str) -> bool:
+    """Whether `text` is an http(s) URL with no `user:password@`, printable, of sane length.
+    Kept per text (a run's viewer URL comes back in 3 answers); the secret check is not: a key
+    may be registered later."""
+    if len(text) > _URL_CHARS or not text.isprintable() or " " in text:
+        return False
     try:
         Origin.of(text)
     except ValueError:
-        return None
-    return None if _USERINFO.match(text) or holds_secret(text) else text
+        return False
+    return _USERINFO.match(text) is None
 
 
 def _viewer_url_in(data: Any) -> str | None:

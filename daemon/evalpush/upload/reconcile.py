@@ -58,7 +58,7 @@ class Reconciler:
         return self._ctx.evaluations.find(
             created_in(record, run),
             run.run_id,
-            exclude=self._ctx.ledger.earlier_evaluations(record),
+            exclude=lambda: self._ctx.ledger.earlier_evaluations(record),
             fresh=fresh,
         )
 
