@@ -120,8 +120,9 @@ class EvaluationIndex:
     def find(
         self, env_name: str, run_id: str, *, exclude: Callable[[], set[str]], fresh: bool
     ) -> Evaluation | None:
-        """The run's newest evaluation not in `exclude`: from a listing made now (`fresh`), or
-        from this process's listing of the environment."""
+        """The run's newest evaluation not in `exclude()` (asked only when the listing holds
+        one of the run's): from a listing made now (`fresh`), or from this process's listing
+        of the environment."""
         if fresh:
             return _newest(self._list(env_name, run_id).get(run_id, ()), exclude, run_id)
         return _newest(self._indexed(env_name, run_id).get(run_id, ()), exclude, run_id)
