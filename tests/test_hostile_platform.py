@@ -21,7 +21,7 @@ import httpx
 import orjson
 import pytest
 
-from evalpush import errors, log, platform, transport
+from evalpush import errors, log, platform
 from evalpush.config import PlatformConfig
 from evalpush.local_platform import LocalPlatform
 from evalpush.lookup import EvaluationIndex
@@ -254,7 +254,7 @@ class TestEveryRequestEnds:
                 filler.close()
             listener.close()
         assert isinstance(raised, errors.Interrupted), raised
-        assert isinstance(raised.__cause__, transport.ConnectError), "it hung in connect"
+        assert isinstance(raised.__cause__, httpx.ConnectError), "it hung in connect"
         assert took < STOP_AFTER_SECONDS + 2.0
 
     def test_nothing_is_sent_once_the_stop_is_set(
@@ -530,8 +530,8 @@ class TestWhatRetryingCannotFix:
     @pytest.mark.parametrize(
         "exc",
         [
-            transport.LocalProtocolError("illegal header value in Authorization"),
-            transport.UnsupportedProtocol("proxy 'ftp://proxy': the scheme 'ftp' is not http"),
+            httpx.LocalProtocolError("illegal header value in Authorization"),
+            httpx.UnsupportedProtocol("proxy ftp://proxy: the scheme ftp is not http"),
         ],
     )
     def test_a_request_that_cannot_be_sent_fails_once_without_a_retry_loop(

@@ -413,7 +413,12 @@ class TestEndpoints:
         assert first.url.params["environment_name"] == "a b&c"
         assert first.headers["Host"] == "api.test:8443"
         assert first.headers["Authorization"] == "Bearer k-first-1"
-        assert first.extensions["timeout"] == {"connect": 3.0, "read": 7.0, "write": 7.0}
+        assert first.extensions["timeout"] == {
+            "connect": 3.0,
+            "read": 7.0,
+            "write": 7.0,
+            "pool": 3.0,
+        }
         assert str(second.url) == "https://other.test/api/v1/evaluations/?limit=1"
         assert second.headers["Host"] == "other.test"
         assert second.headers["Authorization"] == "Bearer k-second-2"

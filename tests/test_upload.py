@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -191,8 +192,8 @@ class RecordingTransport(ObservedTransport):
         super().__init__()
         self.requests: list[tuple[str, str, int]] = []
 
-    def observe(self, method: str, path: str, headers: dict[bytes, bytes]) -> None:
-        self.requests.append((method, path, int(headers.get(b"Content-Length", 0))))
+    def observe(self, method: str, path: str, headers: httpx.Headers) -> None:
+        self.requests.append((method, path, int(headers.get("Content-Length", 0))))
 
     def sample_bodies(self) -> list[int]:
         return [

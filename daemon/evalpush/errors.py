@@ -34,14 +34,12 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from evalpush.log import scrub
-from evalpush.transport import (
-    ConnectError,
-    LocalProtocolError,
-    TransportError,
-    UnsupportedProtocol,
-)
+
+if TYPE_CHECKING:  # httpx is imported by the platform client, never for an error class
+    import httpx
 
 __all__ = [
     "Ambiguous",
@@ -236,18 +234,23 @@ def from_status(
     return Refused(detail, status=status)
 
 
-def from_transport_error(exc: TransportError, *, what: str) -> EvalpushError:
-    """The error a failed exchange stands for: was the request possibly acted on?
+def from_transport_error(exc: httpx.RequestError, *, what: str) -> EvalpushError:
+    """The error a failed httpx exchange stands for: was the request possibly acted on?
 
     A connection that never opened (`ConnectError`, its timeout, a proxy that refused the
-    tunnel) is `Unreachable`; one that broke or timed out after the request went out is
-    `Ambiguous`, since the platform may have done the work. A request that could not be put on
-    the wire (`LocalProtocolError`: an illegal header value; `UnsupportedProtocol`) is
-    `Unsendable`: retrying sends the same bytes, so it fails at once.
+    tunnel, no connection free in the pool) is `Unreachable`; one that broke or timed out after
+    the request went out, or an answer that is not HTTP, is `Ambiguous`, since the platform may
+    have done the work. A request that could not be put on the wire (`LocalProtocolError`: an
+    illegal header value; `UnsupportedProtocol`) is `Unsendable`: retrying sends the same
+    bytes, so it fails at once.
     """
+    import httpx
+
     detail = scrub(f"{what}: {type(exc).__name__}: {exc}".rstrip(": "))
-    if isinstance(exc, ConnectError):
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.ProxyError)):
         return Unreachable(detail)
-    if isinstance(exc, (LocalProtocolError, UnsupportedProtocol)):
+    if isinstance(exc, httpx.PoolTimeout):
+        return Unreachable(detail)
+    if isinstance(exc, (httpx.LocalProtocolError, httpx.UnsupportedProtocol)):
         return Unsendable(detail)
     return Ambiguous(detail)

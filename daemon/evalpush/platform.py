@@ -20,10 +20,14 @@ What it promises:
   hints, and is a malformed answer (`Transient`) when a page repeats the previous one, when it
   holds more items than the caller's bound, or past `MAX_PAGES`.
 - Every request ends by `platform.request_deadline_seconds`, and within a fraction of a second
-  of the stop event being set (`evalpush.transport`); a request cut off by a stop raises
+  of the stop event being set (`evalpush.wire`); a request cut off by a stop raises
   `Interrupted` (its outcome unknown: the upload protocol reconciles it on the next start).
-- One `PlatformClient` is safe to share between threads: the transport's connection pool is, and the
-  credentials are swapped as one immutable object.
+- HTTP is httpx's (`evalpush.wire`): redirects are not followed; the steps that must not be
+  replayed go on connections of their own, so no answer left on a kept-alive connection is
+  ever read as theirs; an answer that was on its connection before the request went out is
+  refused.
+- One `PlatformClient` is safe to share between threads: httpx's clients and their pools are,
+  and the credentials are swapped as one immutable object.
 """
 
 from __future__ import annotations
@@ -41,20 +45,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
+import httpx
 import msgspec
 
 from evalpush import __version__, errors
 from evalpush.config import PlatformConfig
 from evalpush.log import get_logger, holds_secret, register_secret, scrub
-from evalpush.transport import (
-    Origin,
-    Response,
-    StoppableTransport,
-    Timeouts,
-    Transport,
-    TransportError,
-    request_deadline,
-)
+from evalpush.wire import answered_early, make_client, request_deadline
 
 if TYPE_CHECKING:  # metrics imports prometheus_client, which a push never needs
     from evalpush.metrics import RequestObserver
@@ -261,19 +258,34 @@ def _refuse_userinfo(source: str, raw: str) -> None:
         )
 
 
+def _http_url(text: str) -> httpx.URL:
+    """`text` as an http(s) URL that names a place to connect to; ValueError otherwise."""
+    try:
+        url = httpx.URL(text)
+        url.port  # noqa: B018 - a port out of range raises here
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise ValueError(str(exc) or "not a URL") from None
+    if url.scheme not in ("http", "https"):
+        raise ValueError(f"the scheme {url.scheme!r} is not http(s)")
+    if not url.host:
+        raise ValueError("no host")
+    return url
+
+
 def _api_base(source: str, raw: str, allow_insecure_http: bool) -> str:
     _refuse_userinfo(source, raw)
-    base = raw.rstrip("/").removesuffix(API_PREFIX).rstrip("/")
+    base = raw.strip().rstrip("/").removesuffix(API_PREFIX).rstrip("/")
     try:
         parts = urllib.parse.urlsplit(base)
-        origin = Origin.of(parts)
+        url = _http_url(base)
     except ValueError as exc:
         raise errors.ConfigError(f"{source}: {raw!r} is not an http(s) URL: {exc}") from None
     if parts.query or parts.fragment or not parts.path.isprintable() or " " in parts.path:
         raise errors.ConfigError(
             f"{source}: {raw!r} is not a base URL (a query, a fragment, or a space in its path)"
         )
-    if origin.scheme == "http" and not _is_loopback(origin.host) and not allow_insecure_http:
+    # A name ending in .localhost passes here; the connection checks the address it resolves to.
+    if url.scheme == "http" and not _is_loopback(url.host) and not allow_insecure_http:
         raise errors.ConfigError(
             f"{source}: {base} is plain http to a non-loopback host, which would send the API key "
             "in clear text; use https, or set platform.allow_insecure_http = true"
@@ -439,7 +451,7 @@ def _url_shape(text: str) -> bool:
     if len(text) > _URL_CHARS or not text.isprintable() or " " in text:
         return False
     try:
-        Origin.of(text)
+        _http_url(text)
     except ValueError:
         return False
     return _USERINFO.match(text) is None
@@ -504,7 +516,7 @@ class _TooLarge(errors.Transient):
     """A read's answer ran past its byte cap (a listing shrinks its page and asks again)."""
 
 
-def _read_capped(response: Response, cap: int) -> bytearray | None:
+def _read_capped(response: httpx.Response, cap: int) -> bytearray | None:
     """The body, read as a stream; None as soon as it runs past `cap` bytes."""
     declared = response.headers.get("Content-Length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > cap:  # not "\xb2"
@@ -517,7 +529,7 @@ def _read_capped(response: Response, cap: int) -> bytearray | None:
     return body
 
 
-def _read_start(response: Response) -> str:
+def _read_start(response: httpx.Response) -> str:
     """The start of an error answer's body, as text; the rest is never read. A body that
     cannot be read (cut short, an encoding not asked for) is said so: the status stands,
     whatever its body (a 401 read as a broken exchange would be retried, not paused on)."""
@@ -528,7 +540,7 @@ def _read_start(response: Response) -> str:
             body += chunk
             if len(body) >= ERROR_BODY_BYTES:
                 break
-    except TransportError as exc:
+    except httpx.RequestError as exc:
         unreadable = f" [the rest of the body could not be read: {exc}]"
     text = body[:ERROR_BODY_BYTES].decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
     return text + unreadable
@@ -581,42 +593,28 @@ class _Listing:
             )
 
 
-_DEFAULT_HEADERS = [
-    (b"Accept", b"*/*"),
-    (b"Accept-Encoding", b"gzip, deflate"),  # what the transport decodes
-    (b"Connection", b"keep-alive"),
-    (b"User-Agent", USER_AGENT.encode()),
-]
-"""What every request carries, the host and the key aside."""
-
-
-def _json_body_headers(body: bytes) -> list[tuple[bytes, bytes]]:
-    return [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % len(body))]
+_DEFAULT_HEADERS = {"Accept": "*/*", "Accept-Encoding": "gzip, deflate", "User-Agent": USER_AGENT}
+"""What every request carries, the key aside."""
 
 
 class _Target(msgspec.Struct, frozen=True):
-    """Where the requests made with one credentials snapshot go, and the fixed headers they
-    carry: the base URL parsed once, not once per request."""
+    """Where the requests made with one credentials snapshot go, and the key they carry: the
+    base URL taken apart once, not once per request."""
 
     credentials: Credentials
-    origin: Origin
-    path_prefix: bytes  # the base URL's path and the API prefix: a request's target starts so
-    headers: list[tuple[bytes, bytes]]
+    scheme: str
+    prefix: str  # the base URL and the API prefix: a request's URL starts so
+    headers: dict[str, str]
 
     @classmethod
     def of(cls, credentials: Credentials) -> _Target:
         base = urllib.parse.urlsplit(credentials.api_base)  # checked when loaded
-        origin = Origin.of(base)
-        path = urllib.parse.quote(base.path, safe="/%:@!$&'()*+,;=~")
+        path = urllib.parse.quote(base.path, safe="/%:@!$&'()*+,;=~").rstrip("/")
         return cls(
             credentials,
-            origin,
-            path.rstrip("/").encode("ascii") + API_PREFIX.encode("ascii"),
-            [
-                (b"Host", origin.host_header),
-                *_DEFAULT_HEADERS,
-                (b"Authorization", f"Bearer {credentials.api_key}".encode("ascii")),
-            ],
+            base.scheme,
+            f"{base.scheme}://{base.netloc}{path}{API_PREFIX}",
+            {"Authorization": f"Bearer {credentials.api_key}"},
         )
 
 
@@ -629,13 +627,13 @@ class PlatformClient:
         *,
         environ: Mapping[str, str] | None = None,
         home: Path | None = None,
-        transport: Transport | None = None,
+        transport: httpx.BaseTransport | None = None,
         stop: threading.Event | None = None,
         observer: RequestObserver | None = None,
     ) -> None:
-        """`stop`: once set, a request in flight is cut off within `transport.SLICE_SECONDS`
+        """`stop`: once set, a request in flight is cut off within `wire.SLICE_SECONDS`
         and raises `Interrupted` (the service's stop event; by default one never set).
-        `transport` replaces the stoppable one (tests feed canned answers through it).
+        `transport` replaces the network (tests feed canned answers through it).
         `observer` is told of every attempt once it ended: its endpoint (the public method's
         name, a `metrics.Endpoint` value), what it raised (None: it worked), and how long it
         took (the daemon's metrics)."""
@@ -646,12 +644,15 @@ class PlatformClient:
         self._stop = threading.Event() if stop is None else stop
         self._credentials: Credentials | None = None  # read at first use: see `credentials`
         self._reload_lock = threading.Lock()
-        self._transport = transport or StoppableTransport(self._stop)
-        self._timeouts = Timeouts(
+        self._transport = transport
+        self._timeout = httpx.Timeout(
             connect=config.connect_timeout_seconds,
             read=config.read_timeout_seconds,
             write=config.read_timeout_seconds,
+            pool=config.connect_timeout_seconds,
         )
+        self._clients: dict[tuple[str, bool], httpx.Client] = {}  # see `_client`
+        self._clients_lock = threading.Lock()
         self._target: _Target | None = None  # built from one credentials snapshot: `_target_for`
 
     @property
@@ -678,7 +679,32 @@ class PlatformClient:
         return old is None or (new.api_key, new.api_base) != (old.api_key, old.api_base)
 
     def close(self) -> None:
-        self._transport.close()
+        with self._clients_lock:
+            clients, self._clients = self._clients, {}
+        for client in clients.values():
+            client.close()
+
+    def _client(self, scheme: str, *, fresh: bool) -> httpx.Client:
+        """The httpx client for a platform reached by `scheme`, built at its first use. `fresh`:
+        one that never reuses a connection, for the steps that must not be replayed, so no
+        answer left over on a kept-alive connection (a late one, a repeated one) is ever read
+        as theirs."""
+        key = (scheme, fresh)
+        client = self._clients.get(key)
+        if client is None:
+            with self._clients_lock:
+                client = self._clients.get(key)
+                if client is None:
+                    client = self._clients[key] = make_client(
+                        self._stop,
+                        scheme=scheme,
+                        timeout=self._timeout,
+                        headers=_DEFAULT_HEADERS,
+                        allow_insecure_http=self._config.allow_insecure_http,
+                        fresh_connections=fresh,
+                        transport=self._transport,
+                    )
+        return client
 
     def __enter__(self) -> Self:
         return self
@@ -737,25 +763,24 @@ class PlatformClient:
         if self._stop.is_set():
             raise errors.Interrupted(f"{what}: stop requested; not sent")
         target = self._target_for(self.credentials)  # one snapshot, even if another thread reloads
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        client = self._client(target.scheme, fresh=not replayable)
         headers = target.headers
         if body is not None:
-            headers = [*headers, *_json_body_headers(body)]
-        try:  # the path is quoted segments and the query url-encoded: ASCII, unless a bug
-            request_path = target.path_prefix + (path + query).encode("ascii")
-        except UnicodeEncodeError as exc:
-            raise errors.Unsendable(scrub(f"{what}: cannot build the request: {exc}")) from None
+            headers = {**headers, "Content-Type": "application/json"}
         with request_deadline(self._config.request_deadline_seconds):
             try:
-                response = self._transport.send(
-                    method.encode("ascii"),
-                    target.origin,
-                    request_path,
-                    headers,
-                    body,
-                    self._timeouts,
-                )
-                try:
+                with client.stream(
+                    method, target.prefix + path, params=params, content=body, headers=headers
+                ) as response:
+                    if answered_early(response):
+                        # The answer was on the connection before this request went out: it
+                        # is another request's. Left unread, it takes its connection with it.
+                        cls = errors.Transient if replayable else errors.Ambiguous
+                        raise cls(
+                            f"{what}: an answer that was on the connection before the request "
+                            "went out (left over from an earlier one)",
+                            status=response.status_code,
+                        )
                     if not response.is_success:
                         raise errors.from_status(
                             response.status_code,
@@ -764,14 +789,14 @@ class PlatformClient:
                             body=_read_start(response),
                         )
                     content = _read_capped(response, cap)
-                finally:
-                    response.close()
-            except TransportError as exc:
+            except httpx.RequestError as exc:
                 if self._stop.is_set():
                     raise errors.Interrupted(
                         f"{what}: stop requested; the request was cut off, its outcome unknown"
                     ) from exc
                 raise errors.from_transport_error(exc, what=what) from exc
+            except httpx.InvalidURL as exc:
+                raise errors.Unsendable(scrub(f"{what}: cannot build the request: {exc}")) from None
         if content is None:
             cls = _TooLarge if replayable else errors.Ambiguous
             raise cls(

@@ -1,4 +1,4 @@
-"""The stoppable transport over TLS: a real handshake with a certificate made by `openssl`, a
+"""The platform client's HTTP over TLS: a real handshake with a certificate made by `openssl`, a
 small TLS server on loopback, and a stop that ends a wait whether it is in the handshake or in
 a body that trickles."""
 
@@ -14,10 +14,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
-from evalpush import errors, transport
+from evalpush import errors
 from evalpush.config import PlatformConfig
 from evalpush.platform import PlatformClient
 
@@ -155,8 +156,8 @@ def test_an_exchange_over_tls_reads_a_large_answer_whole(
 @pytest.mark.parametrize(
     ("behaviour", "cut_in"),
     [
-        (answer(b'{"id": "e1", "status": "RUNNING"}', trickle=True), transport.ReadError),
-        (never_handshake, transport.ConnectError),
+        (answer(b'{"id": "e1", "status": "RUNNING"}', trickle=True), httpx.ReadError),
+        (never_handshake, httpx.ConnectError),
     ],
     ids=["trickling body", "no handshake"],
 )
@@ -247,3 +248,27 @@ def test_an_https_platform_is_reached_through_a_connect_tunnel(
         proxy.close()
     port = server.base_url.rsplit(":", 1)[1]
     assert proxy.requests == [f"CONNECT localhost:{port} HTTP/1.1".encode()]
+
+
+def tunnel_opened(conn: socket.socket, context: ssl.SSLContext, done: threading.Event) -> None:
+    """An https proxy: TLS with the client, a CONNECT answered 200, then nothing behind it."""
+    conn.settimeout(5)
+    with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True) as tls:
+        read_request(tls)
+        tls.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        done.wait(5)
+
+
+def test_an_https_proxy_for_an_https_platform_is_refused_as_unsendable(
+    serve: Callable[[Behaviour], TlsServer],
+    make_client: Callable[..., PlatformClient],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TLS inside TLS is not supported: said at once, not waited on as an outage."""
+    proxy = serve(tunnel_opened)
+    platform = serve(answer(b"{}"))
+    monkeypatch.setenv("HTTPS_PROXY", proxy.base_url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with pytest.raises(errors.Unsendable, match="TLS inside TLS"):
+        make_client(platform).probe()
