@@ -1397,9 +1397,9 @@ class TestLedgerFull:
         push_samples = uploader.client.push_samples
         pushes = 0
 
-        def push_then_fill_the_disk(evaluation_id: str, body: bytes) -> None:
+        def push_then_fill_the_disk(evaluation_id: str, body: bytes, **count: int) -> None:
             nonlocal pushes
-            push_samples(evaluation_id, body)
+            push_samples(evaluation_id, body, **count)
             pushes += 1
             if pushes == 2:
                 fill_the_disk(tiny_disk)  # the platform has the batch; the ledger cannot say so

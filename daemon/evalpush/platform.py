@@ -470,6 +470,25 @@ def _segment(value: str, what: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
+def _unwrapped(data: Any) -> Any:
+    """An answer's object, taken out of a `data` wrapper when it has one."""
+    if isinstance(data, dict) and isinstance(data.get("data"), dict) and "status" not in data:
+        return data["data"]
+    return data
+
+
+def _environment_ids(body: Mapping[str, Any]) -> set[str]:
+    """The environment ids a create body names."""
+    environments = body.get("environments")
+    if not isinstance(environments, list):
+        return set()
+    return {
+        found
+        for item in environments
+        if isinstance(item, Mapping) and (found := _id_value(item.get("id"))) is not None
+    }
+
+
 def _page_items(data: Any, keys: tuple[str, ...]) -> list[Any] | None:
     """The items of a page that is either a list or an object holding the list under a key."""
     if isinstance(data, list):
@@ -884,17 +903,38 @@ class PlatformClient:
             raise self._unexpected(answer, what=what, replayable=False, why="no evaluation id")
         if not is_platform_id(evaluation_id):
             raise self._unexpected(answer, what=what, replayable=False, why="a malformed id")
+        if evaluation_id in _environment_ids(body):
+            why = "the environment's id, not a new evaluation's (another request's answer?)"
+            raise self._unexpected(answer, what=what, replayable=False, why=why)
+        if is_closed(data if isinstance(data, dict) else {}):
+            why = "an evaluation already closed, not a new one (another request's answer?)"
+            raise self._unexpected(answer, what=what, replayable=False, why=why)
         return evaluation_id, _viewer_url_in(data)
 
-    def push_samples(self, evaluation_id: str, body: bytes) -> None:
-        """Append one encoded `{"samples": [...]}` batch. NOT replayable."""
+    def push_samples(self, evaluation_id: str, body: bytes, *, count: int | None = None) -> None:
+        """Append one encoded `{"samples": [...]}` batch of `count` samples. NOT replayable: an
+        answer naming another evaluation, or accepting another number of samples than `count`,
+        is `Ambiguous` (it answers another request, or the batch was not taken whole)."""
         what = f"push samples to {evaluation_id}"
         path = f"/evaluations/{_segment(evaluation_id, what)}/samples"
         answer = self._send(
             "POST", path, endpoint="push_samples", what=what, body=body, replayable=False
         )
-        if answer.body.strip():
-            self._decode(answer, what=what, replayable=False)
+        if not answer.body.strip():
+            return
+        data = _unwrapped(self._decode(answer, what=what, replayable=False))
+        self._check_names(answer, data, evaluation_id, what=what)
+        accepted = _int(data, "accepted")
+        if count is not None and accepted is not None and accepted != count:
+            why = f"{accepted} samples accepted of the batch's {count}"
+            raise self._unexpected(answer, what=what, replayable=False, why=why)
+
+    def _check_names(self, answer: _Answer, data: Any, evaluation_id: str, *, what: str) -> None:
+        """An answer about an evaluation that names another one answers another request."""
+        named = _first_id(data, ("evaluation_id", "id"))
+        if named is not None and named != evaluation_id:
+            why = f"another evaluation named ({named[:40]!r})"
+            raise self._unexpected(answer, what=what, replayable=False, why=why)
 
     def finalize(self, evaluation_id: str, metrics: dict[str, Any]) -> str | None:
         """Finalize with the run's metrics; the viewer URL if given. NOT replayable."""
@@ -906,17 +946,24 @@ class PlatformClient:
         )
         if not answer.body.strip():
             return None
-        return _viewer_url_in(self._decode(answer, what=what, replayable=False))
+        data = _unwrapped(self._decode(answer, what=what, replayable=False))
+        self._check_names(answer, data, evaluation_id, what=what)
+        if isinstance(data, dict) and _status(data)[1] and not is_finalized(data):
+            why = f"the status {_status(data)[1][:20]!r}, not a final one"
+            raise self._unexpected(answer, what=what, replayable=False, why=why)
+        return _viewer_url_in(data)
 
     def get_evaluation(self, evaluation_id: str) -> dict[str, Any]:
         what = f"read evaluation {evaluation_id}"
         path = f"/evaluations/{_segment(evaluation_id, what)}"
         answer = self._send("GET", path, endpoint="get_evaluation", what=what, replayable=True)
-        data = self._decode(answer, what=what, replayable=True)
-        if isinstance(data, dict) and isinstance(data.get("data"), dict) and "status" not in data:
-            data = data["data"]
+        data = _unwrapped(self._decode(answer, what=what, replayable=True))
         if not isinstance(data, dict):
             raise self._unexpected(answer, what=what, replayable=True, why="no evaluation object")
+        named = _first_id(data, ("evaluation_id", "id"))
+        if named is not None and named != evaluation_id:
+            why = f"another evaluation ({named[:40]!r})"
+            raise self._unexpected(answer, what=what, replayable=True, why=why)
         return data
 
     def iter_sample_ids(

@@ -293,7 +293,7 @@ class Steps:
         assert evaluation is not None
         try:
             self._ctx.once(
-                lambda: client.push_samples(evaluation, batch.body()),
+                lambda: client.push_samples(evaluation, batch.body(), count=len(batch.samples)),
                 what="push samples",
                 run=record.run_id,
             )
