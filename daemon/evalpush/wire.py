@@ -51,8 +51,6 @@ from typing import Any
 import httpcore
 import httpx
 
-from evalpush import turns
-
 __all__ = [
     "SLICE_SECONDS",
     "SlicedBackend",
@@ -131,8 +129,7 @@ class SlicedStream(httpcore.NetworkStream):
         while True:
             limit.check(httpcore.ReadTimeout, httpcore.ReadError)
             try:
-                with turns.waiting():
-                    data = self._sock.recv(max_bytes)
+                data = self._sock.recv(max_bytes)
             except TimeoutError:
                 continue  # a slice passed: look at the stop event and the deadline again
             except OSError as exc:
@@ -146,18 +143,15 @@ class SlicedStream(httpcore.NetworkStream):
         self._read_since_write = False
         limit = _Limit(timeout, self._stop)
         view = memoryview(buffer)
-        # A body of several chunks waits for the platform to read them: another thread's turn
-        # (`evalpush.turns`); a small one goes into the socket's buffer at once.
-        with turns.waiting() if len(view) > WRITE_CHUNK_BYTES else contextlib.nullcontext():
-            while view:
-                limit.check(httpcore.WriteTimeout, httpcore.WriteError)
-                try:
-                    # A timed-out TLS write must be retried with the same bytes: they are.
-                    view = view[self._sock.send(view[:WRITE_CHUNK_BYTES]) :]
-                except TimeoutError:
-                    continue
-                except OSError as exc:
-                    raise httpcore.WriteError(str(exc)) from exc
+        while view:
+            limit.check(httpcore.WriteTimeout, httpcore.WriteError)
+            try:
+                # A timed-out TLS write must be retried with the same bytes: they are.
+                view = view[self._sock.send(view[:WRITE_CHUNK_BYTES]) :]
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                raise httpcore.WriteError(str(exc)) from exc
 
     def close(self) -> None:
         self._sock.close()
