@@ -15,8 +15,10 @@ What it promises:
 - Answers are data, never trusted: every body is read as a stream under a byte cap (an error
   body's first `ERROR_BODY_BYTES`; a JSON answer `MAX_ANSWER_BYTES`; a listing page
   `MAX_PAGE_BYTES`, the page shrunk when one does not fit), and a body past its cap is a
-  malformed answer. Ids from the platform must look like ids (`is_platform_id`), every path
-  segment is quoted anyway, and only http(s) viewer URLs are kept. A listing ends on its own
+  malformed answer. Ids are taken as the platform gives them: the environment id (only ever
+  in JSON bodies) whatever it is; an evaluation id percent-encoded as one path segment, and
+  refused only where no encoding keeps it one (`is_platform_id`). Only http(s) viewer URLs
+  are kept. A listing ends on its own
   hints, and is a malformed answer (`Transient`) when a page repeats the previous one, when it
   holds more items than the caller's bound, or past `MAX_PAGES`.
 - Every request ends by `platform.request_deadline_seconds`, and within a fraction of a second
@@ -96,7 +98,9 @@ MAX_PAGES = 20_000
 """No listing reads more pages than this (10 million samples at the default page size)."""
 MAX_EVALUATIONS_LISTED = 100_000
 """An environment listing holding more evaluations than this is read as never ending."""
-_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+MAX_ID_CHARS = 1024
+"""An evaluation id longer than this is not put into a URL: no platform hands one out."""
+_DOT_SEGMENTS = frozenset({".", ".."})
 _URL_CHARS = 2048
 
 
@@ -407,10 +411,11 @@ def most_samples_stored(samples_in_run: int) -> int:
 
 
 def is_platform_id(value: str) -> bool:
-    """Whether `value` looks like an id the platform hands out: UUID-like, letters, digits, `_`
-    and `-`, at most 128 characters, and nothing of the API key in it. Anything else (a `/`,
-    `..`, `?`, whitespace, a control character) is not put into a URL."""
-    return _ID.fullmatch(value) is not None and not holds_secret(value)
+    """Whether `value` can be put into a URL path as one segment (percent-encoded: a `/`, `?`,
+    a space, anything not ASCII stays inside it): anything but empty, `.` and `..` (which no
+    encoding keeps one segment), at most `MAX_ID_CHARS` characters, and nothing of the API key
+    in it."""
+    return 0 < len(value) <= MAX_ID_CHARS and value not in _DOT_SEGMENTS and not holds_secret(value)
 
 
 def _id_value(value: Any) -> str | None:
@@ -463,10 +468,18 @@ def _viewer_url_in(data: Any) -> str | None:
     return None
 
 
-def _segment(value: str, what: str) -> str:
-    """`value` as one quoted path segment; a value that is not an id is never sent."""
-    if not is_platform_id(value):
-        raise errors.Unsendable(f"{what}: {value[:40]!r} is not a platform id; not sent")
+def _segment(value: str, what: str, *, any_length: bool = False) -> str:
+    """`value` as one percent-encoded path segment; a value that cannot be one is never sent.
+    `any_length`: one over `MAX_ID_CHARS` is sent too (to close out the evaluation it names)."""
+    if any_length and len(value) > MAX_ID_CHARS:
+        value_ok = value not in _DOT_SEGMENTS and not holds_secret(value)
+    else:
+        value_ok = is_platform_id(value)
+    if not value_ok:
+        raise errors.Unsendable(
+            f"{what}: {value[:40]!r} is not a platform id (empty, a dot segment, over "
+            f"{MAX_ID_CHARS} characters, or holding the key); not sent"
+        )
     return urllib.parse.quote(value, safe="")
 
 
@@ -878,11 +891,10 @@ class PlatformClient:
             body=body,
             replayable=True,
         )
+        # Used as given: it only travels inside JSON bodies.
         env_id = _first_id(self._decode(answer, what=what, replayable=True), ("id",))
         if env_id is None:
             raise self._unexpected(answer, what=what, replayable=True, why="no environment id")
-        if not is_platform_id(env_id):
-            raise self._unexpected(answer, what=what, replayable=True, why="a malformed id")
         return env_id
 
     def create_evaluation(self, body: dict[str, Any]) -> tuple[str, str | None]:
@@ -1077,8 +1089,8 @@ class PlatformClient:
         ):
             if value is not None:
                 body[key] = value
-        what = f"close out {evaluation_id} as {status}"
-        path = f"/evaluations/{_segment(evaluation_id, what)}"
+        what = f"close out {evaluation_id[:80]} as {status}"
+        path = f"/evaluations/{_segment(evaluation_id, what, any_length=True)}"
         self._send(
             "PUT",
             path,
