@@ -19,6 +19,7 @@ import pytest
 from evalpush import errors, wire
 from evalpush.config import PlatformConfig
 from evalpush.platform import PlatformClient
+from evalpush.retry import UNUSABLE_ANSWER_ATTEMPTS, Retrier
 from support.scripted import Exchange, Server, answering, ok, once, recording
 
 SAFETY_SECONDS = 10.0
@@ -398,3 +399,26 @@ class TestPlainHttpGoesOnlyToLoopback:
     ) -> None:
         server = serve(answering(ok(b'{"data": {"id": "env-1"}}')))
         assert client_for(f"http://localhost:{server.port}").resolve_environment("g") == "env-1"
+
+
+class TestAnswersBeforeTheRequest:
+    def test_a_server_answering_before_reading_the_request_fails_the_call_after_bounded_tries(
+        self,
+        serve: Callable[..., Server],
+        client_for: Callable[..., PlatformClient],
+        make_retrier: Callable[[PlatformClient], Retrier],
+    ) -> None:
+        """Every connection gets `{}` at once, whatever is asked: a resolve never learns an id.
+        It is retried `UNUSABLE_ANSWER_ATTEMPTS` times, then fails with the reason."""
+
+        def answer_first(exchange: Exchange) -> None:
+            exchange.send(ok(b"{}"))
+            exchange.request()
+
+        server = serve(answer_first)
+        client = client_for(server.url)
+        with pytest.raises(errors.UnusableAnswers, match="no environment id"):
+            make_retrier(client).call(
+                lambda: client.resolve_environment("gsm8k"), replayable=True, what="resolve"
+            )
+        assert server.connections == UNUSABLE_ANSWER_ATTEMPTS

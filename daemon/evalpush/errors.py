@@ -15,6 +15,7 @@ The tree (what the daemon does about each class in brackets)::
     │   └── Ambiguous         the platform may have done the work: reconcile with a read first
     ├── Refused               the platform refused this request; sending it again will not help
     │   ├── Unsendable        the request cannot be built or sent as it is (a bad header or URL)
+    │   ├── UnusableAnswers   2xx answers that cannot be used, again and again (about a minute)
     │   ├── BatchRefused      413/422 on a samples batch: split it, then set samples aside
     │   ├── Gone              404: the evaluation was deleted; start a new one
     │   └── Conflict          409: the evaluation is already closed or finalized
@@ -62,6 +63,7 @@ __all__ = [
     "Transient",
     "Unreachable",
     "Unsendable",
+    "UnusableAnswers",
     "UsageError",
     "from_status",
     "from_transport_error",
@@ -110,13 +112,21 @@ class BadRecord(BadInput):
 
 
 class Transient(EvalpushError):
-    """The platform did not do the work (or cannot be reached); retry later."""
+    """The platform did not do the work (or cannot be reached); retry later. `unusable`: a 2xx
+    answer that cannot be used (not JSON, no id, a malformed page): retried a bounded number
+    of times (`UnusableAnswers`), since one that comes back the same way may never change."""
 
     def __init__(
-        self, message: str, *, retry_after: float | None = None, status: int | None = None
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        status: int | None = None,
+        unusable: bool = False,
     ):
         self.retry_after = retry_after
         self.status = status
+        self.unusable = unusable
         super().__init__(message)
 
 
@@ -134,6 +144,11 @@ class Refused(EvalpushError):
     def __init__(self, message: str, *, status: int | None = None):
         self.status = status
         super().__init__(message)
+
+
+class UnusableAnswers(Refused):
+    """A 2xx answer that cannot be used came back attempt after attempt (for about a minute):
+    the run fails with it (`retry` queues it again)."""
 
 
 class Unsendable(Refused):

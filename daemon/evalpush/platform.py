@@ -856,7 +856,9 @@ class PlatformClient:
         cls = errors.Transient if replayable else errors.Ambiguous
         snippet = bytes(answer.body[:120]).decode("utf-8", "replace")
         return cls(
-            scrub(f"{what}: HTTP {answer.status} with {why}: {snippet!r}"), status=answer.status
+            scrub(f"{what}: HTTP {answer.status} with {why}: {snippet!r}"),
+            status=answer.status,
+            unusable=True,
         )
 
     def _get_json(
@@ -1012,12 +1014,16 @@ class PlatformClient:
                 continue
             items = _page_items(data, ("samples", "data", "items"))
             if items is None:
-                raise errors.Transient(f"{what}: page {page} holds no list of samples")
+                raise errors.Transient(
+                    f"{what}: page {page} holds no list of samples", unusable=True
+                )
             ids = []
             for item in items:
                 sample_id = _id_value(item.get("sample_id")) if isinstance(item, dict) else None
                 if sample_id is None:
-                    raise errors.Transient(f"{what}: page {page} has a sample without sample_id")
+                    raise errors.Transient(
+                        f"{what}: page {page} has a sample without sample_id", unusable=True
+                    )
                 ids.append(sample_id)
             listing.took(ids, asked=page, echoed=_int(data, "page"), where="page")
             yield from ids
@@ -1058,7 +1064,7 @@ class PlatformClient:
             items = _page_items(data, ("evaluations", "data", "items"))
             if items is None or not all(isinstance(item, dict) for item in items):
                 raise errors.Transient(
-                    f"{what}: the page at skip={skip} holds no list of evaluations"
+                    f"{what}: the page at skip={skip} holds no list of evaluations", unusable=True
                 )
             evaluations = [_checked_evaluation(item) for item in items]
             listing.took(
