@@ -12,6 +12,7 @@ The tree (what the daemon does about each class in brackets)::
     │   └── BadRecord         one trace line or sample; names the line and the reason
     ├── Transient             the platform did not do the work; retry later with backoff
     │   ├── Unreachable       no connection at all; the whole daemon waits on one probe
+    │   │   └── CertificateRefused  the platform's certificate failed verification
     │   └── Ambiguous         the platform may have done the work: reconcile with a read first
     ├── Refused               the platform refused this request; sending it again will not help
     │   ├── Unsendable        the request cannot be built or sent as it is (a bad header or URL)
@@ -21,6 +22,7 @@ The tree (what the daemon does about each class in brackets)::
     │   └── Conflict          409: the evaluation is already closed or finalized
     ├── NeedsPerson           nothing changes until an operator acts [pause, say so once]
     │   ├── AuthError         401/403 or no API key
+    │   ├── CertificateError  push: the platform's certificate failed verification [exit 2]
     │   └── LedgerError       the state database cannot be written (full disk, corrupt, locked)
     ├── Busy                  another live process holds the run's claim [leave the run alone]
     ├── ClaimLost             the run's claim was taken over: this upload stops, writing nothing
@@ -49,6 +51,8 @@ __all__ = [
     "BadRecord",
     "BatchRefused",
     "Busy",
+    "CertificateError",
+    "CertificateRefused",
     "ClaimLost",
     "ConfigError",
     "Conflict",
@@ -134,6 +138,12 @@ class Unreachable(Transient):
     """No connection could be made; nothing was sent."""
 
 
+class CertificateRefused(Unreachable):
+    """The platform's TLS certificate failed verification: nothing was sent. The daemon waits
+    it out as an outage (certificates get fixed on the server); `push` stops at once
+    (`CertificateError`)."""
+
+
 class Ambiguous(Transient):
     """The request was sent and the answer lost: the platform may have done the work."""
 
@@ -174,6 +184,10 @@ class NeedsPerson(EvalpushError):
 
 class AuthError(NeedsPerson):
     """The API key is missing, wrong, or lacks access (401/403)."""
+
+
+class CertificateError(NeedsPerson):
+    """`push`: the platform's certificate failed verification; it exits 2 with the reason."""
 
 
 class LedgerError(NeedsPerson):
@@ -262,6 +276,11 @@ def from_transport_error(exc: httpx.RequestError, *, what: str) -> EvalpushError
     import httpx
 
     detail = scrub(f"{what}: {type(exc).__name__}: {exc}".rstrip(": "))
+    if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return CertificateRefused(
+            f"{detail} (the platform's TLS certificate failed verification: fix it on the "
+            "server, or name the CA that signed it in SSL_CERT_FILE)"
+        )
     if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.ProxyError)):
         return Unreachable(detail)
     if isinstance(exc, httpx.PoolTimeout):

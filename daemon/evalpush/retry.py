@@ -207,7 +207,8 @@ class Gate:
     A `one_shot` gate is for a command a person watches (`push`): it starts `unverified`, so
     the first caller probes once before anything is sent (a wrong key is found before any
     upload starts, and a push with nothing to send sends nothing), and a refused key is final
-    (`refused`): every caller gets the `AuthError` instead of waiting for a new key.
+    (`refused`): every caller gets the `AuthError` instead of waiting for a new key; so is a
+    certificate that fails verification (`CertificateError`).
     """
 
     def __init__(
@@ -231,7 +232,7 @@ class Gate:
         self._wake = threading.Event()
         self._mode = UNVERIFIED if one_shot else OPEN
         self._one_shot = one_shot
-        self._refusal: errors.AuthError | None = None
+        self._refusal: errors.NeedsPerson | None = None
         self._generation = 0
         self._probing = False
         self._closed_at = 0.0
@@ -361,6 +362,9 @@ class Gate:
                 return True
             if mode == AUTH and self._one_shot:
                 self._refuse_locked(reason)
+                return True
+            if isinstance(reason, errors.CertificateRefused) and self._one_shot:
+                self._refuse_locked(errors.CertificateError(str(reason)))
                 return True
             self._close_locked(mode, reason)
         return False
@@ -496,8 +500,9 @@ class Gate:
         self._cond.notify_all()
 
     def _refuse_locked(self, reason: errors.EvalpushError | None) -> None:
-        """A one-shot gate: the key is refused (or there is none), for good."""
-        if isinstance(reason, errors.AuthError):
+        """A one-shot gate: the key is refused (or there is none), or the platform's
+        certificate, for good."""
+        if isinstance(reason, errors.NeedsPerson):
             self._refusal = reason
         else:
             self._refusal = errors.AuthError(str(reason))
