@@ -30,7 +30,7 @@ NEVER_FOR_PUSH = {
     "asyncio": "nothing a push runs needs an event loop",
 }
 ONLY_FOR_VALIDATION = {
-    "pydantic": "validates settings that are not plainly valid (config_quick.py takes the rest)",
+    "pydantic": "validates the settings given (the defaults need none)",
     "pydantic_core": "imported by pydantic",
     "annotated_types": "imported by pydantic",
     "typing_inspection": "imported by pydantic",
@@ -89,23 +89,13 @@ def test_a_push_given_only_its_state_dir_in_the_environment_uses_it_and_imports_
     assert (state / "state.db").is_file()
 
 
-def test_a_push_with_a_plainly_valid_setting_in_the_environment_imports_no_pydantic(
-    platform: LocalPlatform, tmp_path: Path
-) -> None:
-    imported = imported_by_push(platform, tmp_path, EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="7")
-
-    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_VALIDATION}
-    assert {name: why for name, why in unwanted.items() if name in imported} == {}
-
-
-def test_a_push_with_a_setting_only_pydantic_reads_validates_it_with_pydantic(
+def test_a_push_with_a_setting_in_the_environment_validates_it_with_pydantic(
     platform: LocalPlatform, tmp_path: Path
 ) -> None:
     imported = imported_by_push(platform, tmp_path, EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES=" 7 ")
 
     assert "pydantic" in imported
-    unwanted = NEVER_FOR_PUSH
-    assert {name: why for name, why in unwanted.items() if name in imported} == {}
+    assert {name: why for name, why in NEVER_FOR_PUSH.items() if name in imported} == {}
 
 
 @pytest.mark.parametrize(

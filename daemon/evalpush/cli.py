@@ -303,7 +303,6 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
                     found,
                     wait=not args.no_wait,
                     on_result=progress.done,
-                    log_level=level,
                 )
             except AuthError as exc:
                 refused = (
