@@ -635,3 +635,25 @@ class TestAnUnusableEvaluationIsClosedOut:
             assert orjson.loads(put.content)["status"] == "FAILED"
         else:
             assert "could not be closed out" in str(raised.value) and puts == []
+
+
+def test_a_sent_body_is_let_go_of_without_waiting_for_the_garbage_collector(
+    platform_client: PlatformClient, evaluation: str
+) -> None:
+    """httpx's request and answer objects form reference cycles: a body they held would stay
+    until a full collection (a push freezes its start-up objects and seldom runs one), one
+    25 MiB batch after another."""
+    import gc
+
+    gc.disable()
+    tracemalloc.start()
+    try:
+        for first in (0, 10, 20):
+            platform_client.push_samples(
+                evaluation, samples_body(*range(first, first + 10), pad=500_000), count=10
+            )
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    assert held < 5 * 1024 * 1024, f"{held} bytes still held after three 5 MB batches"

@@ -537,6 +537,13 @@ def _is_last_page(data: Any, *, page: int | None, seen: int) -> bool:
     return total is not None and seen >= total
 
 
+def _handed_once(body: bytes) -> Iterator[bytes]:
+    """`body` for httpx as a stream that lets go of it once sent: httpx's request and answer
+    objects form reference cycles, which would hold each (up to 25 MiB) body until a full
+    garbage collection."""
+    yield body
+
+
 class _Answer(msgspec.Struct, frozen=True):
     """A 2xx answer, its body read whole under its cap."""
 
@@ -797,12 +804,18 @@ class PlatformClient:
         target = self._target_for(self.credentials)  # one snapshot, even if another thread reloads
         client = self._client(target.scheme, fresh=not replayable)
         headers = target.headers
+        content = None
         if body is not None:
-            headers = {**headers, "Content-Type": "application/json"}
+            headers = {
+                **headers,
+                "Content-Type": "application/json",
+                "Content-Length": str(len(body)),
+            }
+            content = _handed_once(body)
         with request_deadline(self._config.request_deadline_seconds):
             try:
                 with client.stream(
-                    method, target.prefix + path, params=params, content=body, headers=headers
+                    method, target.prefix + path, params=params, content=content, headers=headers
                 ) as response:
                     if answered_early(response):
                         # The answer was on the connection before this request went out: it
