@@ -867,6 +867,9 @@ class Ledger:
             for line, offset, size, kind, reason in rows
         ]
 
+    def set_aside_count(self, record: RunRecord) -> int:
+        return self._query("SELECT COUNT(*) FROM set_aside WHERE run = ?", (record.id,))[0][0]
+
     def set_aside_counts(self) -> dict[int, int]:
         return dict(self._query("SELECT run, COUNT(*) FROM set_aside GROUP BY run"))
 

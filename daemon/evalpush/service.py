@@ -16,7 +16,8 @@ the uploader (`App`). One loop, on the main thread, owns all of it:
   current, WATCHDOG=1 from this loop (a wedged loop is restarted by systemd), STOPPING=1;
 - with the STATUS line, the gate's state goes to `daemon.json` for `status` (`gatefile`), and,
   with `[metrics] listen` set, runs by state to the metrics (`metrics.DaemonFeed`, which also
-  serves `/metrics` and `/healthz` and hears of every request, retry and batch).
+  serves `/metrics`, `/livez` and `/readyz` and hears of every request, retry and batch; each
+  turn of the loop is what `/livez` reads).
 
 No key, or a key the platform refuses, does not stop it: uploads wait on the gate, which says
 so once and probes again as soon as the key changes.
@@ -149,8 +150,8 @@ class _Parts:
             )
         finally:
             self.tracker.finished(path, record)
-            if self._feed is not None:
-                self._feed.upload_done(record)
+            if self._feed is not None and record is not None:
+                self._feed.upload_done(record, self.app.ledger.set_aside_count(record))
 
     def _failed(self, path: str, exc: BaseException) -> None:
         self.tracker.finished(path, None)
@@ -229,7 +230,7 @@ class Daemon:
             if self._feed is not None:
                 self._feed.attach(config.metrics, parts.app.gate, parts.app.ledger.path)
                 if self._feed.url is not None:
-                    self._log.info("serving /metrics and /healthz", url=self._feed.url)
+                    self._log.info("serving /metrics, /livez and /readyz", url=self._feed.url)
             self._check_credentials(parts)  # a ConfigError (an unusable URL) stops the parts too
         except BaseException:
             parts.stop()
@@ -282,6 +283,8 @@ class Daemon:
                 self._publish(parts, self._status_line(parts))
                 next_status = now + STATUS_SECONDS
             self._notifier.ping_if_due(self._clock())
+            if self._feed is not None:
+                self._feed.loop_turned()
 
     def _follow(self, parts: _Parts, hint: Hint) -> None:
         if hint.kind == HintKind.RUN:
