@@ -31,7 +31,7 @@ from evalpush import __version__
 from evalpush.claims import Process, holder_alive
 from evalpush.config import Config, load_config
 from evalpush.errors import AuthError, Busy, ConfigError, EvalpushError, RunError, UsageError
-from evalpush.ledger import Ledger, RunRecord, default_path
+from evalpush.ledger import SCHEMA_VERSION, Ledger, RunRecord, default_path
 from evalpush.log import scrubbed_output
 from evalpush.states import State
 
@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("check", "check config, ledger, credentials and the platform: one row each")
 
+    command("migrate", "upgrade the ledger from an older evalpush, keeping a backup of it")
+
     p = command("demo", "the main job on an embedded default: local platform, sample runs")
     p.add_argument("--dir", type=Path, default=None, help="scratch dir (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the local platform up until Ctrl-C")
@@ -280,6 +282,7 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
     gate = Gate(one_shot=True, on_outage=progress.outage)
     stopped = _Stopped()
     with App.from_config(config, progress=progress.update, gate=gate, wait_on_auth=False) as app:
+        _tell_upgrade(app.ledger)
         app.client.credentials  # noqa: B018 - no key (or an unusable base URL): one error, up front
         # What is loaded by now (modules, config, clients) lives as long as the process: keep it
         # out of every garbage collection to come (about 6% of a push's CPU).
@@ -448,7 +451,10 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
             return EXIT_OK
         rows = status_rows(ledger)
         count = len(ledger.all())
+        old = ledger.file_version != SCHEMA_VERSION
     print(f"ledger:     {path}: {count} run{'' if count == 1 else 's'}")
+    if old:
+        print(f"            {upgrade_advice(ledger.file_version)}")
     daemon = daemon_text(gatefile.read(config.state_dir))
     if daemon is not None:
         print(daemon)
@@ -472,10 +478,41 @@ def _existing_ledger(config: Config, key: str) -> Path:
     return path
 
 
+def upgrade_advice(version: int) -> str:
+    """What a reader says of a ledger an older evalpush wrote."""
+    return (
+        f"schema {version} from an older evalpush, read through an upgraded copy; "
+        f"`evalpush migrate` upgrades the file to {SCHEMA_VERSION}, keeping a backup"
+    )
+
+
+def _tell_upgrade(ledger: Ledger) -> None:
+    """A command that upgraded the ledger on opening it says so on stderr."""
+    if ledger.upgrade is not None:
+        print(f"evalpush: {ledger.upgrade.message}", file=sys.stderr)
+
+
+def cmd_migrate(args: argparse.Namespace, config: Config) -> int:
+    """Upgrade the ledger in place after a backup beside it (what a daemon or push of this
+    version would do by itself at its start), and say what was done."""
+    path = default_path(config.state_dir)
+    if not os.path.lexists(path):
+        print(f"no ledger at {path}: nothing to upgrade (the first push or run creates one)")
+        return EXIT_OK
+    with Ledger(path) as ledger:
+        upgrade = ledger.upgrade
+    if upgrade is None:
+        print(f"ledger {path} is at schema {SCHEMA_VERSION}, this evalpush's: nothing to do")
+    else:
+        print(upgrade.message)
+    return EXIT_OK
+
+
 def cmd_retry(args: argparse.Namespace, config: Config) -> int:
     from evalpush import transitions
 
     with Ledger(_existing_ledger(config, args.run)) as ledger:
+        _tell_upgrade(ledger)
         record = _find(ledger, args.run)
         if record.state not in (State.FAILED, State.HELD):
             print(
@@ -491,6 +528,7 @@ def cmd_retry(args: argparse.Namespace, config: Config) -> int:
 
 def cmd_forget(args: argparse.Namespace, config: Config) -> int:
     with Ledger(_existing_ledger(config, args.run)) as ledger:
+        _tell_upgrade(ledger)
         record = _find(ledger, args.run)
         if record.evaluation_id is not None and not args.yes and not _confirm_forget(record):
             return EXIT_PARTIAL
@@ -613,9 +651,8 @@ def _check_credentials(client: Any) -> _Row:
 
 
 def _check_ledger(path: Path) -> _Row:
-    """Read-only: a ledger that is not there yet is fine where it can be created."""
-    from evalpush.ledger import OldSchema
-
+    """Read-only: a ledger that is not there yet is fine where it can be created; one from
+    an older evalpush is read through a copy (the file is left as it is) and said to be."""
     if not os.path.lexists(path):
         parent = path.parent
         while not parent.exists() and parent != parent.parent:
@@ -631,8 +668,8 @@ def _check_ledger(path: Path) -> _Row:
     try:
         with Ledger(path, read_only=True) as ledger:
             runs = f"{len(ledger.all())} runs known"
-    except OldSchema:
-        runs = "from an older evalpush; the next push or run upgrades it"
+            if ledger.file_version != SCHEMA_VERSION:
+                runs += f" ({upgrade_advice(ledger.file_version)})"
     except EvalpushError as exc:
         return _Row(Check.LEDGER, False, str(exc), "see the message")
     if not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
@@ -705,6 +742,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "status": cmd_status,
     "retry": cmd_retry,
     "forget": cmd_forget,
+    "migrate": cmd_migrate,
     "demo": cmd_demo,
     "local-platform": cmd_local_platform,
 }

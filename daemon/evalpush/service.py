@@ -89,6 +89,8 @@ class _Parts:
         if feed is not None:  # the metrics hear of every request, retry and batch
             hooks = {"observer": feed, "on_retry": feed.retried, "progress": feed.batch_acked}
         self.app = App.from_config(config, environ=environ, home=home, **hooks)
+        if self.app.ledger.upgrade is not None:
+            self.app.ledger.upgrade.log()
         try:
             self.tracker = Tracker(
                 self.app.ledger, config, self._submit, alive=self.app.claims.alive
