@@ -46,6 +46,7 @@ class TestDefaults:
             "settle_seconds": 300,
             "marker": "",
             "upload_replays": False,
+            "on_incomplete": "upload",
         }
         assert config.read.max_line_bytes == 67108864
         assert config.convert.on_bad_line == "skip"

@@ -1016,6 +1016,19 @@ class PlatformClient:
             replayable=True,
         )
 
+    def update_evaluation(self, evaluation_id: str, *, metadata: dict[str, Any]) -> None:
+        """Replace an evaluation's metadata (`PUT` without a status: neither its status nor
+        its samples change)."""
+        what = f"update {evaluation_id}"
+        self._send(
+            "PUT",
+            f"/evaluations/{_segment(evaluation_id, what)}",
+            endpoint="update_evaluation",
+            what=what,
+            body=msgspec.json.encode({"metadata": metadata}),
+            replayable=True,
+        )
+
     def probe(self) -> None:
         """A cheap authenticated read: returns if the platform answers and accepts the key."""
         self._send(

@@ -140,7 +140,13 @@ class _Parts:
             upload_started(log)
             started = time.monotonic()
             record = self.app.uploader.upload(run, retry_failed=False)
-            upload_ended(log, record, time.monotonic() - started)
+            upload_ended(
+                log,
+                record,
+                time.monotonic() - started,
+                set_aside=self.app.ledger.set_aside_count(record),
+                expected=run.expected_traces,
+            )
         except Busy as exc:
             log.info("another process is uploading the run: leaving it to it", holder=exc.pid)
         except (Interrupted, AuthError):
