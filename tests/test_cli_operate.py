@@ -393,7 +393,8 @@ class TestLogs:
         )
 
         (failed,) = [e for e in log_lines(done.stderr) if e["event"] == "upload failed"]
-        assert failed["level"] == "warning" and "environment" in failed["error"]
+        assert failed["level"] == "error" and "environment" in failed["error"]
+        assert failed["error"].endswith("fix config.toml, then `evalpush retry " + RUN_ID[:8] + "`")
 
     def test_under_systemd_each_json_line_starts_with_its_syslog_priority(
         self, evalpush, platform, tmp_path
@@ -411,7 +412,7 @@ class TestLogs:
             match = re.fullmatch(r"<(\d)>(\{.*\})", line)
             assert match, f"no priority prefix: {line!r}"
             priorities[json.loads(match[2])["event"]] = int(match[1])
-        assert priorities["run finalized"] == 6 and priorities["upload failed"] == 4
+        assert priorities["run finalized"] == 6 and priorities["upload failed"] == 3
 
     def test_journal_stream_naming_the_stream_prefixes_and_naming_another_does_not(
         self, platform, tmp_path

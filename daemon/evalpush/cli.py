@@ -406,7 +406,12 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
         log.configure(again.log.level, again.log.format, stream=sys.stdout)
         return again
 
-    daemon = Daemon(reload_config, notifier=Notifier.from_environ())
+    config_file = args.config or os.environ.get("EVALPUSH_CONFIG")
+    daemon = Daemon(
+        reload_config,
+        notifier=Notifier.from_environ(),
+        config_file=None if config_file is None else str(Path(config_file).absolute()),
+    )
     requests = {
         signal.SIGTERM: Request.STOP,
         signal.SIGINT: Request.STOP,
@@ -591,6 +596,7 @@ class Check(enum.StrEnum):
     """What `check` looks at, in order."""
 
     CONFIG = "config"
+    WATCH = "watch"
     LEDGER = "ledger"
     CREDENTIALS = "credentials"
     PLATFORM = "platform"
@@ -629,6 +635,7 @@ def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigErro
         ]
         return _check_report(rows)
     rows = [_Row(Check.CONFIG, True, f"{source}: valid")]
+    rows.append(_check_watch(config))
     rows.append(_check_ledger(default_path(config.state_dir)))
     with PlatformClient(config.platform) as client:
         rows.append(_check_credentials(client))
@@ -637,6 +644,27 @@ def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigErro
         else:
             rows.append(_Row(Check.PLATFORM, None, "needs credentials"))
     return _check_report(rows)
+
+
+def _check_watch(config: Config) -> _Row:
+    """The daemon's roots: absolute, there, readable; the filesystem and watcher of each."""
+    from evalpush.config import WatchConfig
+    from evalpush.watchcheck import watch_verdicts
+
+    if config.watch.roots == WatchConfig().roots:  # the default: not set
+        return _Row(
+            Check.WATCH,
+            None,
+            "watch.roots not set (the default ./outputs is relative): only `push` can be used (it takes its own directories); "
+            "set absolute roots for the daemon (`evalpush run`)",
+        )
+    verdicts, watches = watch_verdicts(config.watch)
+    bad = [v for v in verdicts if not v.ok]
+    detail = "; ".join(v.detail for v in verdicts) + f"; {watches}"
+    if not bad:
+        return _Row(Check.WATCH, True, detail)
+    fixes = "; ".join(dict.fromkeys(v.fix for v in bad))
+    return _Row(Check.WATCH, False, detail, fixes)
 
 
 def _check_credentials(client: Any) -> _Row:
@@ -713,6 +741,7 @@ def _check_report(rows: list[_Row]) -> int:
     )
     setup = any(
         row.check in (Check.CONFIG, Check.CREDENTIALS)
+        or (row.check == Check.WATCH and "relative" in row.detail)
         or (row.check == Check.PLATFORM and row.detail.startswith(KEY_REFUSED))
         for row in failed
     )

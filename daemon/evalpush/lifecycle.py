@@ -1,7 +1,8 @@
 """The lifecycle lines of an upload, one wording for `push` and the daemon: at info when an
 upload starts and when it ends (finalized with samples, bytes, seconds, the viewer URL and the
 count of records set aside; held or skipped with why). A run finalized with records set aside,
-or with fewer traces than its config.toml expects, is a warning: partial is said loudly."""
+or with fewer traces than its config.toml expects, is a warning: partial is said loudly. A
+failed upload is an error, its message ending with what to do next."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def upload_ended(
         else:
             log.info("run finalized", **fields)
     elif record.state == State.FAILED:
-        log.warning("upload failed", error=record.last_error)
+        log.error("upload failed", error=record.last_error)
     else:
         log.info("upload ended", state=record.state, reason=record.reason)
 

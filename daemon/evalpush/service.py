@@ -26,13 +26,14 @@ so once and probes again as soon as the key changes.
 from __future__ import annotations
 
 import enum
+import os
 import queue
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from evalpush import gatefile, paths
+from evalpush import __version__, gatefile, paths
 from evalpush.app import App
 from evalpush.config import Config
 from evalpush.discover import Hint, HintKind, HintQueue, Scanner, Watcher
@@ -51,6 +52,7 @@ from evalpush.log import get_logger
 from evalpush.scheduler import Scheduler
 from evalpush.sdnotify import Notifier
 from evalpush.tracker import Tracker
+from evalpush.transitions import next_step
 
 LEDGER_POLL_SECONDS = 2.0
 """How often the ledger is looked at for runs queued by another command (`evalpush retry`)."""
@@ -135,7 +137,11 @@ class _Parts:
                 run = self.app.load_run(Path(path))
             except RunError as exc:
                 record = self.app.uploader.fail(Path(path), exc)
-                log.warning("run cannot be uploaded", error=paths.printable(str(exc)))
+                error = record.last_error if record.state == "failed" else None
+                log.error(
+                    "run cannot be uploaded",
+                    error=paths.printable(error or next_step(str(exc), record.run_id)),
+                )
                 return
             upload_started(log)
             started = time.monotonic()
@@ -184,7 +190,10 @@ class Daemon:
         environ: Mapping[str, str] | None = None,
         home: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        config_file: str | None = None,
     ) -> None:
+        """`config_file`: the file `load_config` reads (None: none), for the start-up line."""
+        self._config_file = config_file
         self._load_config = load_config
         self._notifier = notifier or Notifier(None)
         self._environ = environ
@@ -211,11 +220,7 @@ class Daemon:
         self._parts = self._build(config)
         try:
             self._notifier.ready()
-            self._log.info(
-                "evalpush daemon running",
-                roots=[str(root) for root in config.watch.roots],
-                state_dir=str(config.state_dir),
-            )
+            self._log.info("evalpush daemon running", **self._start_facts(self._parts))
             self._loop()
         finally:
             self._notifier.stopping()
@@ -226,7 +231,38 @@ class Daemon:
             gatefile.remove(self._parts.config.state_dir)
         return 0
 
+    def _start_facts(self, parts: _Parts) -> dict[str, Any]:
+        """The start-up line's fields: what an operator checks first (never the key)."""
+        config, app = parts.config, parts.app
+        try:
+            credentials = app.client.credentials
+            platform, key_source = credentials.api_base, credentials.key_source
+        except EvalpushError:
+            platform = config.platform.api_base_url or "(from the environment: not usable yet)"
+            key_source = "none found (uploads wait for one)"
+        watching = parts.watcher.watching
+        roots = {
+            str(root): str(watching.get(os.path.realpath(root), "not there yet: waited for"))
+            for root in config.watch.roots
+        }
+        return {
+            "version": __version__,
+            "config": self._config_file or "(none: defaults and the environment)",
+            "platform": platform,
+            "key_source": key_source,
+            "roots": roots,
+            "metrics": (self._feed.url if self._feed is not None else None) or "off",
+            "state_dir": str(config.state_dir),
+        }
+
     def _build(self, config: Config) -> _Parts:
+        relative = [str(root) for root in config.watch.roots if not root.is_absolute()]
+        if relative:
+            raise ConfigError(
+                f"watch.roots: {', '.join(repr(r) for r in relative)} is relative: the daemon "
+                "resolves it against its working directory (/ under systemd, so './outputs' "
+                "would be '/outputs'); give absolute paths"
+            )
         if self._feed is None and config.metrics.listen:
             from evalpush.metrics import DaemonFeed
 
