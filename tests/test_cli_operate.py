@@ -177,7 +177,7 @@ class TestCommandLine:
         checked = evalpush("check", "--config", str(config), EVALPUSH_STATE_DIR="")
 
         assert pushed.returncode == 0, pushed.stderr
-        assert [row["run_id"] for row in json.loads(listed.stdout)] == [RUN_ID]
+        assert [row["run_id"] for row in json.loads(listed.stdout)["runs"]] == [RUN_ID]
         assert checked.returncode == 0, checked.stdout + checked.stderr
         rows = check_rows(checked.stdout)
         assert rows["config"][1].startswith(f"{config}: valid")
@@ -210,7 +210,7 @@ class TestCommandLine:
         elif args == ("status",):
             assert done.stdout == f"no runs: there is no ledger at {state / 'state.db'} yet\n"
         elif args == ("status", "--json"):
-            assert json.loads(done.stdout) == []
+            assert json.loads(done.stdout)["runs"] == []
 
 
 # ---------------------------------------------------------------- check
@@ -335,7 +335,7 @@ class TestOutage:
         ongoing = [line for line in lines[1:-1] if "platform unreachable for" in line]
         assert ongoing, lines
         assert re.fullmatch(
-            r"evalpush: platform unreachable for [56]s, \d+ attempts, next in \d+s; 1 run waiting",
+            r"evalpush: platform unreachable for [56]s, \d+ attempts, next in \d+s; 1 upload paused",
             ongoing[0],
         ), ongoing[0]
         ended = re.fullmatch(

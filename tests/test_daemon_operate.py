@@ -174,7 +174,7 @@ def test_metrics_health_log_and_status_during_a_real_outage_and_after_it(
     )
     assert re.search(
         rf"^daemon:     pid {daemon.process.pid}: platform unreachable for \d+s, \d+ attempts, "
-        r"next in \d+s; 1 run waiting \(",
+        r"next in \d+s; 1 upload paused \(",
         shown,
         re.M,
     ), shown
@@ -230,8 +230,11 @@ def test_metrics_health_log_and_status_during_a_real_outage_and_after_it(
     )
 
     assert daemon.stop() == 0
-    assert not (tmp_path / "state" / "daemon.json").exists(), "its view goes with it"
-    assert "daemon:" not in status(platform, tmp_path)
+    assert re.search(
+        rf"^daemon:     not running \(last seen pid {daemon.process.pid} at .*; stopped\)$",
+        status(platform, tmp_path),
+        re.M,
+    ), "a stopped daemon is said to be, with its pid"
     assert all(re.match(r"<\d>\{", line) for line in daemon.raw), "every line prefixed"
 
 

@@ -62,8 +62,10 @@ def test_status_and_check_read_a_schema_1_ledger_and_leave_its_bytes_unchanged(
     assert (table.returncode, listed.returncode, one.returncode) == (0, 0, 0), table.stderr
     assert f"{path}: {ledger_v1.RUNS} runs" in table.stdout
     assert "schema 1 from an older evalpush" in table.stdout
-    assert "`evalpush migrate` upgrades the file" in table.stdout
-    assert {row["run_id"] for row in json.loads(listed.stdout)} >= set(ledger_v1.RUN_IDS.values())
+    assert "`evalpush migrate` upgrades it" in table.stdout
+    document = json.loads(listed.stdout)
+    assert document["schema"] == 1
+    assert {row["run_id"] for row in document["runs"]} >= set(ledger_v1.RUN_IDS.values())
     assert "held" in one.stdout
     assert re.search(r"^ledger\s+OK\s+.*schema 1 from an older evalpush", check.stdout, re.M)
 

@@ -161,11 +161,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="one run in full: run id (or a unique prefix) or path",
     )
     p.add_argument(
-        "--json", action="store_true", help="JSON instead of text (a list; one object with RUN)"
+        "--json",
+        action="store_true",
+        help='JSON instead of text: {"ledger", "schema", "daemon", "runs": [...]}; one run with RUN',
+    )
+    p.add_argument(
+        "--state",
+        action="append",
+        choices=[str(s) for s in State],
+        metavar="STATE",
+        help="only runs in STATE (again for more): " + ", ".join(str(s) for s in State),
+    )
+    p.add_argument(
+        "--limit", type=int, metavar="N", help="only the N runs updated last (the newest)"
     )
 
     p = command("retry", "put a failed or held run back in the queue")
-    p.add_argument("run", metavar="RUN", help="run id (or a unique prefix) or path")
+    p.add_argument("run", metavar="RUN", nargs="?", help="run id (or a unique prefix) or path")
+    p.add_argument("--all-failed", action="store_true", help="every failed run")
 
     p = command("forget", "drop a run from the ledger (it will be seen as new)")
     p.add_argument("run", metavar="RUN", help="run id (or a unique prefix) or path")
@@ -432,38 +445,59 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
     """Read-only: a missing ledger is said (with its path), never created."""
     from evalpush import gatefile
     from evalpush.report import (
+        daemon_json,
         daemon_text,
         detail_text,
+        mark_paused,
+        not_running_text,
         run_detail,
-        status_details,
+        select_rows,
         status_rows,
         status_table,
     )
 
     path = default_path(config.state_dir)
+    view = gatefile.read(config.state_dir)
+    last = gatefile.last_seen(config.state_dir) if view is None else None
     if not os.path.lexists(path):
         if args.run is not None:
             raise UsageError(f"no run {args.run!r}: there is no ledger at {path} yet")
-        _print_json([]) if args.json else print(f"no runs: there is no ledger at {path} yet")
+        if args.json:
+            _print_json({"ledger": str(path), "daemon": daemon_json(view, last), "runs": []})
+        else:
+            print(f"no runs: there is no ledger at {path} yet")
         return EXIT_OK
     with Ledger.for_reading(path) as ledger:
         if args.run is not None:
             detail = run_detail(ledger, _find(ledger, args.run, busy_ok=True))
+            mark_paused([detail], view)
             _print_json(detail) if args.json else print(detail_text(detail))
             return EXIT_OK
+        records = {record.run_id: record for record in ledger.all()}
+        rows = select_rows(status_rows(ledger), states=args.state, limit=args.limit)
+        mark_paused(rows, view)
         if args.json:
-            _print_json(status_details(ledger))
-            return EXIT_OK
-        rows = status_rows(ledger)
-        count = len(ledger.all())
+            shown = {row["run_id"] for row in rows if row["state"] != State.SUPERSEDED}
+            runs = [run_detail(ledger, records[run_id]) for run_id in records if run_id in shown]
+            mark_paused(runs, view)
+            document = {
+                "ledger": str(path),
+                "schema": ledger.file_version,
+                "daemon": daemon_json(view, last),
+                "runs": runs,
+            }
+        count = len(records)
         old = ledger.file_version != SCHEMA_VERSION
+    if args.json:
+        _print_json(document)
+        return EXIT_OK
     print(f"ledger:     {path}: {count} run{'' if count == 1 else 's'}")
     if old:
         print(f"            {upgrade_advice(ledger.file_version)}")
-    daemon = daemon_text(gatefile.read(config.state_dir))
-    if daemon is not None:
-        print(daemon)
+    print(daemon_text(view) if view is not None else not_running_text(last))
     print(status_table(rows, ledger=path))
+    if args.state or (args.limit is not None and len(rows) >= args.limit):
+        print(f"({len(rows)} shown; `evalpush status RUN` shows one in full)")
     return EXIT_OK
 
 
@@ -486,8 +520,8 @@ def _existing_ledger(config: Config, key: str) -> Path:
 def upgrade_advice(version: int) -> str:
     """What a reader says of a ledger an older evalpush wrote."""
     return (
-        f"schema {version} from an older evalpush, read through an upgraded copy; "
-        f"`evalpush migrate` upgrades the file to {SCHEMA_VERSION}, keeping a backup"
+        f"schema {version} from an older evalpush, read through a copy; "
+        f"`evalpush migrate` upgrades it to {SCHEMA_VERSION} (with a backup)"
     )
 
 
@@ -516,8 +550,17 @@ def cmd_migrate(args: argparse.Namespace, config: Config) -> int:
 def cmd_retry(args: argparse.Namespace, config: Config) -> int:
     from evalpush import transitions
 
-    with Ledger(_existing_ledger(config, args.run)) as ledger:
+    if (args.run is None) == (not args.all_failed):
+        raise UsageError("retry takes a RUN or --all-failed (not both)")
+    with Ledger(_existing_ledger(config, args.run or "--all-failed")) as ledger:
         _tell_upgrade(ledger)
+        if args.all_failed:
+            failed = ledger.in_state(State.FAILED)
+            for record in failed:
+                transitions.requeue(ledger, record)
+                print(f"queued {record.run_id} ({record.path})")
+            print(f"{len(failed)} failed run{'' if len(failed) == 1 else 's'} queued")
+            return EXIT_OK
         record = _find(ledger, args.run)
         if record.state not in (State.FAILED, State.HELD):
             print(

@@ -147,7 +147,8 @@ class Outage(msgspec.Struct, frozen=True):
             line += f", {self.attempts} attempts"
         if self.next_in is not None:
             line += f", next in {format_duration(math.ceil(self.next_in))}"
-        return f"{line}; {self.waiting} run{'s' if self.waiting != 1 else ''} waiting"
+        # "paused", not "waiting": in `status` a waiting run is one not finished yet
+        return f"{line}; {self.waiting} upload{'s' if self.waiting != 1 else ''} paused"
 
     @property
     def level(self) -> str:

@@ -228,7 +228,7 @@ class Daemon:
             self._parts.stop()
             if self._feed is not None:
                 self._feed.stop()
-            gatefile.remove(self._parts.config.state_dir)
+            gatefile.stopped(self._parts.config.state_dir)
         return 0
 
     def _start_facts(self, parts: _Parts) -> dict[str, Any]:
