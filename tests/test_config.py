@@ -1,4 +1,4 @@
-"""Configuration: SPEC.md's defaults, flag > environment > file > default, and one clear error."""
+"""Configuration: the defaults config.example.toml shows, flag > environment > file > default, and one clear error."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The bad-input corpus through `evalpush run`: each item of SPEC.md's bad-input list and of issue
+"""The bad-input corpus through `evalpush run`: each item of the README's bad-input list and of issue
 8's file items, written into the watched tree while one real daemon works beside good runs.
 
 One daemon takes every case at once (a module-scoped world: the daemon, a local platform and a

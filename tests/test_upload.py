@@ -383,7 +383,7 @@ class TestAmbiguousFailures:
         strict=True,
         reason="known limitation: the reconciling read counts every stored copy of an id, "
         "including copies acknowledged in earlier batches, so a line repeating an earlier "
-        "line's id is taken as stored (TRACE_FORMAT.md: ids are unique per rollout)",
+        "line's id is taken as stored (docs/TRACE_FORMAT.md: ids are unique per rollout)",
     )
     def test_a_repeated_id_in_a_batch_that_failed_ambiguously_is_still_sent(
         self, local_platform, uploader, runs_root

@@ -1,4 +1,4 @@
-"""The trace line, as typed and checked (TRACE_FORMAT.md section 3).
+"""The trace line, as typed and checked (docs/TRACE_FORMAT.md section 3).
 
 Each line is decoded by msgspec into a `Trace` that names only what conversion reads, so types
 are checked in C and everything else is skipped unread. Messages stay raw JSON (they go into the
