@@ -106,3 +106,20 @@ def test_check_has_a_watch_row_failing_a_relative_or_missing_root_with_the_fix(
     assert (relative.returncode, result) == (2, "FAIL")
     assert "relative" in detail and "it would be /runs" in detail
     assert check_rows(unset.stdout)["watch"][0] == "SKIP"
+
+
+def test_an_unterminated_string_is_said_at_its_column_with_one_at(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text('env_id = "gsm8k"\nmodel = "m"\n')
+    (run / "traces.jsonl").write_bytes(b'{"id": "x", "a": "unterminated\n')
+
+    done = subprocess.run(
+        [sys.executable, "-m", "evalpush", "convert", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_SECONDS,
+    )
+
+    assert "line 1: invalid JSON: Unterminated string starting at column 18" in done.stderr
+    assert "at at" not in done.stderr
