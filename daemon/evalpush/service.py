@@ -51,6 +51,7 @@ from evalpush.lifecycle import upload_ended, upload_started
 from evalpush.log import get_logger
 from evalpush.scheduler import Scheduler
 from evalpush.sdnotify import Notifier
+from evalpush.states import State
 from evalpush.tracker import Tracker
 from evalpush.transitions import next_step
 
@@ -131,13 +132,14 @@ class _Parts:
         """One scheduler job: take the run as far as it goes now (the uploader decides what it
         needs: nothing, a new path, a skip, an upload), then tell the tracker."""
         record: RunRecord | None = None
+        set_aside = 0
         log = self._run_logger(path)
         try:
             try:
                 run = self.app.load_run(Path(path))
             except RunError as exc:
                 record = self.app.uploader.fail(Path(path), exc)
-                error = record.last_error if record.state == "failed" else None
+                error = record.last_error if record.state == State.FAILED else None
                 log.error(
                     "run cannot be uploaded",
                     error=paths.printable(error or next_step(str(exc), record.run_id)),
@@ -146,11 +148,12 @@ class _Parts:
             upload_started(log)
             started = time.monotonic()
             record = self.app.uploader.upload(run, retry_failed=False)
+            set_aside = self.app.ledger.set_aside_count(record)
             upload_ended(
                 log,
                 record,
                 time.monotonic() - started,
-                set_aside=self.app.ledger.set_aside_count(record),
+                set_aside=set_aside,
                 expected=run.expected_traces,
             )
         except Busy as exc:
@@ -164,8 +167,8 @@ class _Parts:
             )
         finally:
             self.tracker.finished(path, record)
-            if self._feed is not None and record is not None:
-                self._feed.upload_done(record, self.app.ledger.set_aside_count(record))
+            if self._feed is not None:
+                self._feed.upload_done(record, set_aside)
 
     def _failed(self, path: str, exc: BaseException) -> None:
         self.tracker.finished(path, None)
