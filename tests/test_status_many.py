@@ -52,8 +52,8 @@ def test_status_says_the_daemon_runs_then_that_it_stopped_or_vanished_with_its_p
     assert re.search(
         rf"^daemon:     not running \(last seen pid {daemon.pid} at .*; stopped\)$", stopped, re.M
     )
-    assert stopped_json["running"] is False and stopped_json["last_seen_pid"] == daemon.pid
-    assert stopped_json["stopped"] is True
+    assert stopped_json["running"] is False and stopped_json["last_seen"]["pid"] == daemon.pid
+    assert stopped_json["last_seen"]["stopped"] is True
     assert re.search(
         rf"^daemon:     not running \(last seen pid {killed.pid} at .*; gone without stopping",
         vanished,

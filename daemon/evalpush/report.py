@@ -339,26 +339,14 @@ def mark_paused(rows: list[dict[str, Any]], view: gatefile.DaemonView | None) ->
 
 
 def daemon_json(view: gatefile.DaemonView | None, last: gatefile.LastSeen | None) -> dict:
-    """The daemon's view for `status --json`: running (its pid, host, STATUS line and gate), or
-    not (the pid and time it was last seen, if any)."""
+    """The daemon's view for `status --json`: running (its pid, host, when it last wrote, its
+    STATUS line and gate), or not (`last_seen`: the pid, host and time it was last seen, and
+    whether it stopped cleanly; null when none ever ran here)."""
+    import msgspec
+
     if view is not None:
-        return {
-            "running": True,
-            "pid": view.pid,
-            "host": view.host,
-            "written_at": view.written_at,
-            "status": view.status,
-            "gate": view.gate,
-        }
-    if last is not None:
-        return {
-            "running": False,
-            "last_seen_pid": last.pid,
-            "last_seen_host": last.host,
-            "last_seen_at": last.at,
-            "stopped": last.stopped,
-        }
-    return {"running": False}
+        return {"running": True, **msgspec.structs.asdict(view)}
+    return {"running": False, "last_seen": None if last is None else msgspec.structs.asdict(last)}
 
 
 def not_running_text(last: gatefile.LastSeen | None) -> str:
