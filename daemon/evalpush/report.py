@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
+
 from evalpush import gatefile, paths
 from evalpush.claims import Holder, Process, holder_alive
 from evalpush.ledger import Ledger, RunRecord, State
@@ -342,8 +344,6 @@ def daemon_json(view: gatefile.DaemonView | None, last: gatefile.LastSeen | None
     """The daemon's view for `status --json`: running (its pid, host, when it last wrote, its
     STATUS line and gate), or not (`last_seen`: the pid, host and time it was last seen, and
     whether it stopped cleanly; null when none ever ran here)."""
-    import msgspec
-
     if view is not None:
         return {"running": True, **msgspec.structs.asdict(view)}
     return {"running": False, "last_seen": None if last is None else msgspec.structs.asdict(last)}
