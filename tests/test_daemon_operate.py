@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -260,8 +261,6 @@ class Trickler:
             thread.start()
 
     def _trickle(self) -> None:
-        import socket
-
         while not self._done.is_set():
             try:
                 with socket.create_connection(self._address, timeout=10) as conn:
@@ -286,8 +285,11 @@ def test_slow_metrics_clients_stall_neither_a_reload_of_metrics_nor_sigterm(
     root = tmp_path / "outputs"
     root.mkdir()
     config = tmp_path / "evalpush.toml"
+    with socket.socket() as probe:  # a fixed port: the clients find the server again after a reload
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     settings = (
-        f'[watch]\nroots = ["{root}"]\nrescan_seconds = 1\n[metrics]\nlisten = "127.0.0.1:0"\n'
+        f'[watch]\nroots = ["{root}"]\nrescan_seconds = 1\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
     )
     config.write_text(settings)
     daemon = Daemon(cli_environ(platform, tmp_path, INVOCATION_ID="0123456789abcdef"), config)
@@ -306,6 +308,9 @@ def test_slow_metrics_clients_stall_neither_a_reload_of_metrics_nor_sigterm(
             lambda: len([e for _, e in list(daemon.lines) if e["event"] == "run finalized"]) == 3,
             "the 3 runs written after the reload to be uploaded",
             daemon,
+        )
+        wait_for(
+            lambda: trickler.connections >= 16, "the slow clients to hold the new server", daemon
         )
 
         started = time.monotonic()
