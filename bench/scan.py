@@ -1,4 +1,4 @@
-"""Discover's cost on a tree of 10,000 run directories (SPEC.md "Idle": under 1% of a core).
+"""Discover's cost on a tree of 10,000 run directories (the target: an idle daemon under 1% of a core).
 
     .venv/bin/python bench/scan.py [--runs 10000] [--idle-seconds 60] [--skip-idle]
 

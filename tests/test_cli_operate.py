@@ -177,7 +177,7 @@ class TestCommandLine:
         checked = evalpush("check", "--config", str(config), EVALPUSH_STATE_DIR="")
 
         assert pushed.returncode == 0, pushed.stderr
-        assert [row["run_id"] for row in json.loads(listed.stdout)] == [RUN_ID]
+        assert [row["run_id"] for row in json.loads(listed.stdout)["runs"]] == [RUN_ID]
         assert checked.returncode == 0, checked.stdout + checked.stderr
         rows = check_rows(checked.stdout)
         assert rows["config"][1].startswith(f"{config}: valid")
@@ -210,7 +210,7 @@ class TestCommandLine:
         elif args == ("status",):
             assert done.stdout == f"no runs: there is no ledger at {state / 'state.db'} yet\n"
         elif args == ("status", "--json"):
-            assert json.loads(done.stdout) == []
+            assert json.loads(done.stdout)["runs"] == []
 
 
 # ---------------------------------------------------------------- check
@@ -335,7 +335,7 @@ class TestOutage:
         ongoing = [line for line in lines[1:-1] if "platform unreachable for" in line]
         assert ongoing, lines
         assert re.fullmatch(
-            r"evalpush: platform unreachable for [56]s, \d+ attempts, next in \d+s; 1 run waiting",
+            r"evalpush: platform unreachable for [56]s, \d+ attempts, next in \d+s; 1 upload paused",
             ongoing[0],
         ), ongoing[0]
         ended = re.fullmatch(
@@ -393,7 +393,8 @@ class TestLogs:
         )
 
         (failed,) = [e for e in log_lines(done.stderr) if e["event"] == "upload failed"]
-        assert failed["level"] == "warning" and "environment" in failed["error"]
+        assert failed["level"] == "error" and "environment" in failed["error"]
+        assert failed["error"].endswith("fix config.toml, then `evalpush retry " + RUN_ID[:8] + "`")
 
     def test_under_systemd_each_json_line_starts_with_its_syslog_priority(
         self, evalpush, platform, tmp_path
@@ -411,7 +412,7 @@ class TestLogs:
             match = re.fullmatch(r"<(\d)>(\{.*\})", line)
             assert match, f"no priority prefix: {line!r}"
             priorities[json.loads(match[2])["event"]] = int(match[1])
-        assert priorities["run finalized"] == 6 and priorities["upload failed"] == 4
+        assert priorities["run finalized"] == 6 and priorities["upload failed"] == 3
 
     def test_journal_stream_naming_the_stream_prefixes_and_naming_another_does_not(
         self, platform, tmp_path

@@ -203,12 +203,14 @@ class TestRetryAndForget:
 
 
 class TestCheck:
-    def test_check_reports_each_part_and_exits_0_when_all_work(self, evalpush, platform):
-        done = evalpush("check")
+    def test_check_reports_each_part_and_exits_0_when_all_work(self, evalpush, platform, tmp_path):
+        roots = tmp_path / "outputs"
+        roots.mkdir()
+        done = evalpush("check", EVALPUSH_WATCH__ROOTS=f'["{roots}"]')
 
         assert done.returncode == 0, done.stdout + done.stderr
         rows = check_rows(done.stdout)
-        assert list(rows) == ["config", "ledger", "credentials", "platform"]
+        assert list(rows) == ["config", "watch", "ledger", "credentials", "platform"]
         assert {result for result, _ in rows.values()} == {"OK"}
         assert f"key from $PRIME_API_KEY; api {platform.base_url}" in rows["credentials"][1]
         assert "reachable, key accepted" in rows["platform"][1]
@@ -334,7 +336,8 @@ class TestNamesThatAreNotUtf8:
         rows = status_json(evalpush)
         assert sorted(row["state"] for row in rows) == ["finalized"] * 3
         assert any("env-\\xff-model" in row["path"] for row in rows)
-        assert "env-\\xff-model" in evalpush("status").stdout
+        escaped = next(row for row in rows if "env-\\xff-model" in row["path"])
+        assert "env-\\xff-model" in evalpush("status", escaped["run_id"]).stdout
 
 
 # ---------------------------------------------------------------- naming a run on the command line
@@ -419,7 +422,7 @@ class TestForgettingAnUploadedRun:
             text=True,
             timeout=60,
         )
-        assert len(json.loads(listed.stdout)) == (0 if forgotten else 1)
+        assert len(json.loads(listed.stdout)["runs"]) == (0 if forgotten else 1)
 
     def test_push_after_forget_creates_a_second_evaluation_as_it_said(
         self, evalpush, platform, tmp_path
@@ -475,7 +478,7 @@ class TestAfterALedgerError:
 
         assert push.returncode == 1
         assert b"database or disk is full" in err
-        (row,) = json.loads(listed.stdout)
+        (row,) = json.loads(listed.stdout)["runs"]
         assert row["state"] == "ready"
         assert row["reason"].startswith("interrupted")
         assert row["holder"] is None

@@ -1,4 +1,4 @@
-"""Configuration: SPEC.md's defaults, flag > environment > file > default, and one clear error."""
+"""Configuration: the defaults config.example.toml shows, flag > environment > file > default, and one clear error."""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ class TestDefaults:
             "settle_seconds": 300,
             "marker": "",
             "upload_replays": False,
+            "on_incomplete": "upload",
         }
         assert config.read.max_line_bytes == 67108864
         assert config.convert.on_bad_line == "skip"

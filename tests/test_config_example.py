@@ -11,9 +11,15 @@ from evalpush.config import Config, section_keys, sections
 EXAMPLE = Path(__file__).resolve().parents[1] / "config.example.toml"
 
 
-def test_the_example_file_loads_and_equals_the_defaults() -> None:
+def test_the_example_file_loads_and_equals_the_defaults_but_for_an_absolute_root() -> None:
     with EXAMPLE.open("rb") as f:
-        assert Config.model_validate(tomllib.load(f)) == Config()
+        example = Config.model_validate(tomllib.load(f))
+
+    (root,) = example.watch.roots
+    assert root.is_absolute(), "the daemon refuses a relative root: the example shows one it takes"
+    shown, default = example.model_dump(), Config().model_dump()
+    shown["watch"]["roots"] = default["watch"]["roots"]
+    assert shown == default
 
 
 def test_every_key_of_every_section_appears_in_the_example() -> None:

@@ -1,4 +1,4 @@
-"""The convert stage: TRACE_FORMAT.md sections 4-6, one rule per test, and every bad line kind."""
+"""The convert stage: docs/TRACE_FORMAT.md sections 4-6, one rule per test, and every bad line kind."""
 
 from __future__ import annotations
 

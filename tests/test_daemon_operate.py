@@ -1,5 +1,5 @@
 """The daemon as an operator sees it during a real outage of the local platform and after it:
-`/metrics` and `/healthz` scraped from a running `evalpush run` subprocess, its log (JSON lines
+`/metrics`, `/livez` and `/readyz` scraped from a running `evalpush run` subprocess, its log (JSON lines
 with the syslog priority journald reads), and `evalpush status` showing its gate.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -134,9 +135,10 @@ def status(platform: LocalPlatform, tmp_path: Path) -> str:
 def test_metrics_health_log_and_status_during_a_real_outage_and_after_it(
     daemon: Daemon, platform: LocalPlatform, tmp_path: Path
 ) -> None:
-    _, serving = daemon.wait_for_event("serving /metrics and /healthz")
+    _, serving = daemon.wait_for_event("serving /metrics, /livez and /readyz")
     url = serving["url"]
-    assert get(f"{url}/healthz") == (200, "ok\n")
+    for path in ("/livez", "/readyz", "/healthz"):
+        assert get(f"{url}{path}") == (200, "ok\n"), path
 
     platform.inject("refuse", seconds=OUTAGE_SECONDS)
     write_run(tmp_path / "outputs")  # 4 of 4 expected traces: ready at once
@@ -146,10 +148,12 @@ def test_metrics_health_log_and_status_during_a_real_outage_and_after_it(
     )
     assert priority == 4 and started["outage"] == "unreachable"
     health = wait_for(
-        lambda: (lambda h: h if h[0] == 503 else None)(get(f"{url}/healthz")),
-        "/healthz to turn 503",
+        lambda: (lambda h: h if h[0] == 503 else None)(get(f"{url}/readyz")),
+        "/readyz to turn 503",
         daemon,
     )
+    assert get(f"{url}/livez") == (200, "ok\n"), "the daemon is alive through the outage"
+    assert get(f"{url}/healthz") == (200, "ok\n"), "the liveness check earlier versions served"
     assert re.fullmatch(
         r"platform unreachable for 0m0[1-9]s \(over metrics.unhealthy_after_seconds = 1\)\n",
         health[1],
@@ -171,7 +175,7 @@ def test_metrics_health_log_and_status_during_a_real_outage_and_after_it(
     )
     assert re.search(
         rf"^daemon:     pid {daemon.process.pid}: platform unreachable for \d+s, \d+ attempts, "
-        r"next in \d+s; 1 run waiting \(",
+        r"next in \d+s; 1 upload paused \(",
         shown,
         re.M,
     ), shown
@@ -193,7 +197,8 @@ def test_metrics_health_log_and_status_during_a_real_outage_and_after_it(
     assert finalized["samples"] == 4 and finalized["run"] == RUN_ID
     assert ended["seconds"] >= OUTAGE_SECONDS - 1 and ended["attempts"] >= 2
 
-    assert get(f"{url}/healthz") == (200, "ok\n")
+    for path in ("/livez", "/readyz"):
+        assert get(f"{url}{path}") == (200, "ok\n"), path
     after = wait_for(
         lambda: (lambda s: s if value(s, "evalpush_runs", state="finalized") == 1 else None)(
             scrape(url)
@@ -205,7 +210,9 @@ def test_metrics_health_log_and_status_during_a_real_outage_and_after_it(
     assert value(after, "evalpush_samples_sent_total") == 4
     assert value(after, "evalpush_samples_sent_bytes_total") == finalized["bytes"] > 0
     assert value(after, "evalpush_last_upload_success_timestamp_seconds") > time.time() - 120
-    assert value(after, "evalpush_retries_total") >= 1
+    assert value(after, "evalpush_retries_total") >= ended["attempts"], "every attempt reported"
+    assert value(after, "evalpush_runs_finalized_total") == 1
+    assert "evalpush_samples_sent_created" not in {name for name, _ in after}
     assert value(after, "evalpush_oldest_waiting_run_age_seconds") == 0
     assert value(after, "evalpush_ledger_size_bytes") > 0
     ok = {
@@ -224,6 +231,98 @@ def test_metrics_health_log_and_status_during_a_real_outage_and_after_it(
     )
 
     assert daemon.stop() == 0
-    assert not (tmp_path / "state" / "daemon.json").exists(), "its view goes with it"
-    assert "daemon:" not in status(platform, tmp_path)
+    assert re.search(
+        rf"^daemon:     not running \(last seen pid {daemon.process.pid} at .*; stopped\)$",
+        status(platform, tmp_path),
+        re.M,
+    ), "a stopped daemon is said to be, with its pid"
     assert all(re.match(r"<\d>\{", line) for line in daemon.raw), "every line prefixed"
+
+
+STOP_WITHIN_SECONDS = 2.0
+"""What an operator may expect of SIGTERM whatever clients hang on the metrics port."""
+TRICKLE_SECONDS = 2.5
+"""A slow client's pace: one byte every 2-3 s, each read alone far inside any read timeout."""
+
+
+class Trickler:
+    """Clients of the metrics port that each send a request one byte every TRICKLE_SECONDS,
+    reconnecting whenever the server closes them, until `close`."""
+
+    def __init__(self, url: str, count: int) -> None:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self._address = (host, int(port))
+        self._done = threading.Event()
+        self.connections = 0
+        self._threads = [
+            threading.Thread(target=self._trickle, name=f"trickler-{i}") for i in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _trickle(self) -> None:
+        while not self._done.is_set():
+            try:
+                with socket.create_connection(self._address, timeout=10) as conn:
+                    self.connections += 1
+                    for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 10_000:
+                        conn.sendall(bytes([byte]))
+                        if self._done.wait(TRICKLE_SECONDS):
+                            return
+            except OSError:
+                if self._done.wait(0.2):  # refused while the server moves: try again
+                    return
+
+    def close(self) -> None:
+        self._done.set()
+        for thread in self._threads:
+            thread.join()
+
+
+def test_slow_metrics_clients_stall_neither_a_reload_of_metrics_nor_sigterm(
+    platform: LocalPlatform, tmp_path: Path
+) -> None:
+    root = tmp_path / "outputs"
+    root.mkdir()
+    config = tmp_path / "evalpush.toml"
+    with socket.socket() as probe:  # a fixed port: the clients find the server again after a reload
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = (
+        f'[watch]\nroots = ["{root}"]\nrescan_seconds = 1\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
+    )
+    config.write_text(settings)
+    daemon = Daemon(cli_environ(platform, tmp_path, INVOCATION_ID="0123456789abcdef"), config)
+    trickler: Trickler | None = None
+    try:
+        _, serving = daemon.wait_for_event("serving /metrics, /livez and /readyz")
+        trickler = Trickler(serving["url"], count=8)
+        wait_for(lambda: trickler.connections >= 8, "the slow clients to connect", daemon)
+
+        config.write_text(settings + "unhealthy_after_seconds = 30\n")  # [metrics] changed
+        daemon.process.send_signal(signal.SIGHUP)
+        daemon.wait_for_event("reload: rebuilding from the configuration")
+        for n in range(3):
+            write_run(root, run_id=f"1111111{n}-1111-4111-8111-111111111111")
+        wait_for(
+            lambda: len([e for _, e in list(daemon.lines) if e["event"] == "run finalized"]) == 3,
+            "the 3 runs written after the reload to be uploaded",
+            daemon,
+        )
+        wait_for(
+            lambda: trickler.connections >= 16, "the slow clients to hold the new server", daemon
+        )
+
+        started = time.monotonic()
+        daemon.process.send_signal(signal.SIGTERM)
+        code = daemon.process.wait(SAFETY_SECONDS)
+        stopped_in = time.monotonic() - started
+    finally:
+        if trickler is not None:
+            trickler.close()
+        daemon.stop()
+
+    assert code == 0
+    assert stopped_in < STOP_WITHIN_SECONDS, f"SIGTERM took {stopped_in:.1f} s"
+    assert all(re.match(r"<\d>\{", line) for line in daemon.raw), "only JSON lines"
+    assert not daemon.process.stderr or "Traceback" not in daemon.process.stderr.read()

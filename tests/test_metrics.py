@@ -49,6 +49,8 @@ class World:
     ledger_problem: str | None = None
     now: float = NOW
     fail_probe: Exception | None = None
+    key_refused: bool = False
+    loop_idle: float = 0.0
 
     def _unreachable(self) -> float:
         if self.fail_probe is not None:
@@ -60,6 +62,8 @@ class World:
             unreachable_seconds=self._unreachable,
             ledger_problem=lambda: self.ledger_problem,
             ledger_bytes=lambda: ledger_file_bytes(self.ledger),
+            key_refused=lambda: self.key_refused,
+            loop_idle_seconds=lambda: self.loop_idle,
         )
 
 
@@ -94,8 +98,18 @@ def value(samples: dict, name: str, **labels: str) -> float:
     return samples[(name, frozenset(labels.items()))]
 
 
-def healthz(server: MetricsServer) -> httpx.Response:
-    return httpx.get(f"{server.url}/healthz", timeout=HTTP_TIMEOUT_SECONDS)
+def healthz(server: MetricsServer, path: str = "/readyz") -> httpx.Response:
+    return httpx.get(f"{server.url}{path}", timeout=HTTP_TIMEOUT_SECONDS)
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the other end closed `sock` (without waiting, or taking what it sent)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
 
 
 def metrics_threads() -> list[str]:
@@ -123,6 +137,9 @@ class TestScrape:
             "evalpush_samples_sent_total",
             "evalpush_samples_sent_bytes_total",
             "evalpush_retries_total",
+            "evalpush_runs_finalized_total",
+            "evalpush_runs_failed_total",
+            "evalpush_records_set_aside_total",
             "evalpush_platform_unreachable_seconds",
             "evalpush_oldest_waiting_run_age_seconds",
             "evalpush_ledger_size_bytes",
@@ -251,7 +268,7 @@ class TestRequests:
 
 
 class TestHealth:
-    def test_healthz_is_503_while_unreachable_past_the_threshold_and_200_again_after(
+    def test_readyz_is_503_while_unreachable_past_the_threshold_and_200_again_after(
         self, server, world
     ):
         assert (healthz(server).status_code, healthz(server).text) == (200, "ok\n")
@@ -259,14 +276,46 @@ class TestHealth:
         assert healthz(server).status_code == 200  # at the threshold, not yet past it
 
         world.unreachable = THRESHOLD_SECONDS + 125
-        unhealthy = healthz(server)
+        unready = healthz(server)
 
-        assert unhealthy.status_code == 503
-        assert unhealthy.text == (
+        assert unready.status_code == 503
+        assert unready.text == (
             "platform unreachable for 12m05s (over metrics.unhealthy_after_seconds = 600)\n"
         )
         world.unreachable = 0.0
         assert healthz(server).status_code == 200
+
+    def test_livez_and_healthz_stay_200_through_an_outage_a_refused_key_and_a_bad_ledger(
+        self, server, world
+    ):
+        world.unreachable = 10 * THRESHOLD_SECONDS
+        world.key_refused = True
+        world.ledger_problem = "database or disk is full"
+
+        assert healthz(server).status_code == 503
+        for path in ("/livez", "/healthz"):
+            assert (healthz(server, path).status_code, healthz(server, path).text) == (200, "ok\n")
+
+    def test_livez_and_healthz_are_503_once_the_loop_stops_turning(self, server, world):
+        world.loop_idle = 61
+
+        for path in ("/livez", "/healthz"):
+            response = healthz(server, path)
+            assert (response.status_code, response.text) == (
+                503,
+                "the daemon's loop has not turned for 1m01s\n",
+            )
+        assert healthz(server).status_code == 200, "readiness is about the platform and ledger"
+
+    def test_a_refused_key_makes_readyz_503(self, server, world):
+        world.key_refused = True
+
+        response = healthz(server)
+
+        assert (response.status_code, response.text) == (
+            503,
+            "the platform refuses the API key (or none is set)\n",
+        )
 
     def test_a_ledger_problem_is_503_with_its_reason(self, server, world):
         world.ledger_problem = "database or disk is full"
@@ -318,25 +367,83 @@ class TestServer:
 
         assert len(metrics_threads()) == 1
 
-    def test_a_client_that_sends_nothing_holds_stop_only_until_its_timeout(self, world, metrics):
+    def test_a_client_that_sends_nothing_does_not_hold_up_stop(self, world, metrics):
         before = set(threading.enumerate())
+        server = MetricsServer(metrics, Health(world.probes(), THRESHOLD_SECONDS), "127.0.0.1", 0)
+        server.start()
+        with socket.create_connection(server.address, timeout=HTTP_TIMEOUT_SECONDS) as silent:
+            silent.sendall(b"GET /metr")  # a request begun and never finished
+            assert healthz(server).status_code == 200  # others are still served meanwhile
+            server.stop()  # the default deadline is 10 s: a stop that waited would show below
+            assert silent.recv(1) == b""  # the server closed it
+
+        assert [t.name for t in set(threading.enumerate()) - before] == []
+
+    def test_a_client_trickling_bytes_is_cut_off_at_the_whole_request_deadline(
+        self, world, metrics
+    ):
         server = MetricsServer(
             metrics,
             Health(world.probes(), THRESHOLD_SECONDS),
             "127.0.0.1",
             0,
-            request_timeout=0.5,
+            request_deadline=1.0,
         )
-        server.start()
-        with socket.create_connection(server.address, timeout=HTTP_TIMEOUT_SECONDS) as silent:
-            assert healthz(server).status_code == 200  # others are still served meanwhile
-            started = time.monotonic()
-            server.stop()
-            elapsed = time.monotonic() - started
-            assert silent.recv(1) == b""  # the server closed it
+        request = b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 200
+        with server, socket.create_connection(server.address, timeout=30) as slow:
+            sent = 0
+            while sent < len(request) and not closed_by_peer(slow):
+                try:  # a byte every 0.3 s: each read alone is quick, the whole never ends
+                    slow.sendall(request[sent : sent + 1])
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                sent += 1
+                time.sleep(0.3)
 
-        assert elapsed < 10  # generous: the 0.5 s request timeout, not forever
-        assert [t.name for t in set(threading.enumerate()) - before] == []
+            assert closed_by_peer(slow)
+        assert sent < len(request), "cut off at the 1 s deadline, before the request ended"
+
+    def test_connections_past_the_cap_are_closed_and_a_scrape_still_gets_through_after(
+        self, world, metrics
+    ):
+        from evalpush.metrics import MAX_CONNECTIONS
+
+        server = MetricsServer(metrics, Health(world.probes(), THRESHOLD_SECONDS), "127.0.0.1", 0)
+        with server:
+            idle = [
+                socket.create_connection(server.address, timeout=HTTP_TIMEOUT_SECONDS)
+                for _ in range(MAX_CONNECTIONS + 5)
+            ]
+            try:
+                extra = idle[-1]
+                assert extra.recv(1) == b"", "one over the cap is closed at once"
+            finally:
+                for conn in idle:
+                    conn.close()
+            assert healthz(server).status_code == 200
+
+    def test_an_idle_connection_that_times_out_logs_one_json_line_and_no_traceback(
+        self, world, metrics, capfd
+    ):
+        server = MetricsServer(
+            metrics,
+            Health(world.probes(), THRESHOLD_SECONDS),
+            "127.0.0.1",
+            0,
+            request_deadline=0.2,
+        )
+        with server, socket.create_connection(server.address, timeout=30) as idle:
+            assert idle.recv(1) == b""  # closed by the server at its deadline
+
+        captured = capfd.readouterr()
+        assert "Traceback" not in captured.out + captured.err
+        assert "Exception occurred during processing" not in captured.out + captured.err
+
+    def test_no_created_series_and_the_process_collector_is_served(self, server):
+        names = {name for name, _ in scrape(server)}
+
+        assert not [name for name in names if name.endswith("_created")]
+        assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= names
 
     def test_ipv6_loopback_is_served(self, world, metrics):
         if not ipv6_loopback():
@@ -476,6 +583,34 @@ class TestDaemonFeed:
         assert samples["evalpush_samples_sent_bytes_total"] == 2500 + 400 + 300
         assert samples["evalpush_last_upload_success_timestamp_seconds"] == NOW
 
+    def test_finalized_failed_and_set_aside_are_counted_once_per_run_however_often_it_ends(self):
+        feed = DaemonFeed(clock=lambda: NOW)
+        feed.upload_done(Row("a", 0, 0, state="failed"), set_aside=2)
+        feed.upload_done(Row("a", 9, 900, state="finalized"), set_aside=3)  # retried: 1 new
+        feed.upload_done(Row("b", 4, 400, state="finalized"))
+        feed.upload_done(Row("c", 0, 0, state="held"), set_aside=1)
+
+        samples = {
+            s.name: s.value
+            for family in feed.metrics.registry.collect()
+            for s in family.samples
+            if not s.labels
+        }
+        assert samples["evalpush_runs_finalized_total"] == 2
+        assert samples["evalpush_runs_failed_total"] == 1
+        assert samples["evalpush_records_set_aside_total"] == 3 + 1
+
+    def test_the_loop_turning_is_what_livez_reads(self):
+        now = [100.0]
+        feed = DaemonFeed(monotonic=lambda: now[0])
+        health = Health(feed.probes, THRESHOLD_SECONDS)
+        now[0] += 59
+        assert health.liveness() == []
+        now[0] += 2
+        assert health.liveness() == ["the daemon's loop has not turned for 1m01s"]
+        feed.loop_turned()
+        assert health.liveness() == []
+
     def test_refresh_reads_runs_by_state_and_the_oldest_waiting_run_and_a_ledger_failure(
         self, tmp_path
     ):
@@ -504,13 +639,15 @@ class TestDaemonFeed:
             values[("evalpush_runs", "finalized")] == 3 and values[("evalpush_runs", "ready")] == 1
         )
         assert values[("evalpush_oldest_waiting_run_age_seconds", None)] == 90
-        assert health.problems() == []
+        assert health.readiness() == []
         ledger.fail = True
         feed.refresh(ledger)
-        assert health.problems() == ["ledger: state.db: disk I/O error"]
+        assert health.readiness() == ["ledger: state.db: disk I/O error"]
 
     def test_attach_serves_where_listen_says_and_moves_when_it_changes(self, tmp_path):
         class Gate:
+            mode = "open"
+
             def unreachable_seconds(self) -> float:
                 return 0.0
 

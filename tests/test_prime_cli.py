@@ -148,7 +148,7 @@ class TestPrimeEvalsModels:
         listed = EvaluationListResponse.model_validate(self.get(pushed, "/evaluations/"))
         page = self.get(pushed, f"/evaluations/{evaluation_id}/samples", page=4, limit=10)
         # The page, not its samples: prime_evals' Sample model predates the samples verifiers
-        # sends (its `task` is a string; TRACE_FORMAT.md's, like verifiers' own push, an object).
+        # sends (its `task` is a string; docs/TRACE_FORMAT.md's, like verifiers' own push, an object).
         envelope = SamplesResponse.model_validate({**page, "samples": []})
 
         assert (evaluation.id, evaluation.total_samples, evaluation.model_name) == (

@@ -462,7 +462,7 @@ class TestOutageReports:
             assert due <= report.seconds < 2 * due, (k, report.seconds)
         assert {o.waiting for o in ongoing} == {3}, "every caller waits at the gate"
         assert re.fullmatch(
-            r"platform unreachable for \d+s, \d+ attempts, next in 1s; 3 runs waiting",
+            r"platform unreachable for \d+s, \d+ attempts, next in 1s; 3 uploads paused",
             ongoing[0].message,
         ), ongoing[0].message
         ended = told[-1]

@@ -13,7 +13,8 @@ import pytest
 
 from evalpush.platform import SYSTEMD_CREDENTIAL_NAME
 
-UNIT = Path(__file__).resolve().parents[1] / "systemd" / "evalpush.service"
+ROOT = Path(__file__).resolve().parents[1]
+UNIT = ROOT / "systemd" / "evalpush.service"
 MAX_EXPOSURE = 2.0
 ANALYZE_TIMEOUT_SECONDS = 120
 EXPOSURE = re.compile(r"Overall exposure level for \S+: (\d+(?:\.\d+)?)")
@@ -71,6 +72,26 @@ def test_systemd_analyze_security_rates_the_exposure_at_most_2_0():
     match = EXPOSURE.search(result.stdout)
     assert match, f"no exposure level in:\n{result.stdout}\n{result.stderr}"
     assert float(match.group(1)) <= MAX_EXPOSURE, result.stdout
+
+
+def test_the_unit_yields_to_the_eval_and_points_at_the_projects_own_pages():
+    unit = directives(UNIT.read_text())
+    service = {key.removeprefix("Service."): values for key, values in unit.items()}
+
+    assert int(service["Nice"][0]) > 0
+    assert int(service["CPUWeight"][0]) < 100 and int(service["IOWeight"][0]) < 100
+    high, most = (int(service[k][0].removesuffix("M")) for k in ("MemoryHigh", "MemoryMax"))
+    measured_mib, theoretical_mib = 93, 240  # bench/daemon_memory.py; 4 runs x 2 x 25 MiB + 40
+    assert theoretical_mib < high < most and high >= 3 * measured_mib
+    pages = unit["Unit.Documentation"][0].split()
+    assert pages and all(page.startswith("file:/usr/share/doc/evalpush/") for page in pages)
+    install = (ROOT / "systemd" / "README.md").read_text()
+    assert "/usr/share/doc/evalpush/README.md" in install, "the install step puts them there"
+    assert (
+        "cuts off the request in flight" in UNIT.read_text()
+        or "cut off the request" in UNIT.read_text()
+    )
+    assert "let the request in flight finish" not in UNIT.read_text()
 
 
 def test_the_unit_keeps_what_the_daemon_relies_on():

@@ -43,7 +43,7 @@ from evalpush.setaside import SetAside
 from evalpush.upload import Uploader
 from evalpush.upload.context import Context, no_progress
 from evalpush.upload.steps import MAX_REFUSALS_NOT_BORNE_OUT
-from pushing import assert_run_exactly_once
+from pushing import as_the_eval_sends, assert_run_exactly_once
 from support import platform_view, producer, runs
 from support.canned import ObservedTransport
 from support.runs import rewrite_in_place
@@ -156,7 +156,7 @@ def assert_complete(
     assert evaluation["duplicates"] == 0
     assert evaluation["sample_count"] == evaluation["distinct_sample_ids"] == len(want.samples)
     assert evaluation["name"] == want.summary["name"]
-    assert evaluation["metadata"] == want.summary["metadata"]
+    assert as_the_eval_sends(evaluation["metadata"]) == want.summary["metadata"]
     assert evaluation["metrics"] == want.summary["metrics"]
     stored = platform.samples(evaluation_id)
     if compare_samples:
@@ -384,7 +384,7 @@ class TestAmbiguousFailures:
         strict=True,
         reason="known limitation: the reconciling read counts every stored copy of an id, "
         "including copies acknowledged in earlier batches, so a line repeating an earlier "
-        "line's id is taken as stored (TRACE_FORMAT.md: ids are unique per rollout)",
+        "line's id is taken as stored (docs/TRACE_FORMAT.md: ids are unique per rollout)",
     )
     def test_a_repeated_id_in_a_batch_that_failed_ambiguously_is_still_sent(
         self, local_platform, uploader, runs_root
@@ -1081,7 +1081,7 @@ class TestTheCheapFirstPass:
         ):
             assert reason in item.reason
         # The create went out before conversion met those lines: its metadata counted them.
-        assert evaluation["metadata"] == tallied(run_dir)["metadata"]
+        assert as_the_eval_sends(evaluation["metadata"]) == tallied(run_dir)["metadata"]
         assert (
             evaluation["metadata"]["num_examples"] == want.summary["metadata"]["num_examples"] + 1
         )

@@ -22,7 +22,7 @@ STATUS_TIMEOUT_SECONDS = 120.0
 
 
 def ledger_status(environ: dict[str, str]) -> list[dict[str, Any]]:
-    """`python -m evalpush status --json`: one row per run (and per earlier evaluation)."""
+    """`python -m evalpush status --json`'s runs: one object per run."""
     done = subprocess.run(
         [sys.executable, "-m", "evalpush", "status", "--json"],
         env=environ,
@@ -32,7 +32,7 @@ def ledger_status(environ: dict[str, str]) -> list[dict[str, Any]]:
     )
     if done.returncode not in (0, 1):
         raise RuntimeError(f"evalpush status: exit {done.returncode}: {done.stderr!r}")
-    return json.loads(done.stdout)
+    return json.loads(done.stdout)["runs"]
 
 
 @dataclass

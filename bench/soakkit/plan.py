@@ -24,7 +24,7 @@ MODEL = "openai/gpt-4.1-mini"
 
 
 class Readiness(enum.StrEnum):
-    """How the run tells a watcher it is finished (SPEC.md, "Decide when a run is finished")."""
+    """How the run tells a watcher it is finished (docs/ARCHITECTURE.md, "Readiness")."""
 
     COUNT = "count"  # exactly num_tasks * num_rollouts lines
     MARKER = "marker"  # fewer lines, then the marker file

@@ -71,8 +71,8 @@ class App(msgspec.Struct):
         places credentials are read from (the demo isolates itself with them).
         `wait_on_auth=False` fails a run at once when the platform refuses the key, instead of
         waiting for a new one (for a one-shot command a person is watching). `observer` hears
-        of every request the client makes and `on_retry` of every retry (the daemon's
-        metrics)."""
+        of every request the client makes and `on_retry` of every retry, a probe of an outage
+        included (the daemon's metrics)."""
         stop = stop or threading.Event()
         owned: list[_Closeable] = []
         if ledger is None:
@@ -83,7 +83,7 @@ class App(msgspec.Struct):
                 config.platform, environ=environ, home=home, stop=stop, observer=observer
             )
             owned.append(client)
-        gate = gate or Gate()
+        gate = gate or Gate(on_probe=on_retry)
         retrier = Retrier(client, gate, stop, wait_on_auth=wait_on_auth, on_retry=on_retry)
         claims = Claims(ledger, clock=clock)
         owned.append(claims)

@@ -39,7 +39,7 @@ from evalpush.errors import (
     RunError,
     UsageError,
 )
-from evalpush.ledger import Ledger, RunRecord, default_path
+from evalpush.ledger import SCHEMA_VERSION, Ledger, RunRecord, default_path
 from evalpush.log import scrubbed_output
 from evalpush.states import State
 
@@ -165,11 +165,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="one run in full: run id (or a unique prefix) or path",
     )
     p.add_argument(
-        "--json", action="store_true", help="JSON instead of text (a list; one object with RUN)"
+        "--json",
+        action="store_true",
+        help='JSON instead of text: {"ledger", "schema", "daemon", "runs": [...]}; one run with RUN',
+    )
+    p.add_argument(
+        "--state",
+        action="append",
+        choices=[str(s) for s in State],
+        metavar="STATE",
+        help="only runs in STATE (again for more): " + ", ".join(str(s) for s in State),
+    )
+    p.add_argument(
+        "--limit", type=int, metavar="N", help="only the N runs updated last (the newest)"
     )
 
     p = command("retry", "put a failed or held run back in the queue")
-    p.add_argument("run", metavar="RUN", help="run id (or a unique prefix) or path")
+    p.add_argument("run", metavar="RUN", nargs="?", help="run id (or a unique prefix) or path")
+    p.add_argument("--all-failed", action="store_true", help="every failed run")
 
     p = command("forget", "drop a run from the ledger (it will be seen as new)")
     p.add_argument("run", metavar="RUN", help="run id (or a unique prefix) or path")
@@ -180,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     command("check", "check config, ledger, credentials and the platform: one row each")
+
+    command("migrate", "upgrade the ledger from an older evalpush, keeping a backup of it")
 
     p = command("demo", "the main job on an embedded default: local platform, sample runs")
     p.add_argument("--dir", type=Path, default=None, help="scratch dir (default: a temp dir)")
@@ -284,6 +299,7 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
     gate = Gate(one_shot=True, on_outage=progress.outage)
     stopped = _Stopped()
     with App.from_config(config, progress=progress.update, gate=gate, wait_on_auth=False) as app:
+        _tell_upgrade(app.ledger)
         app.client.credentials  # noqa: B018 - no key (or an unusable base URL): one error, up front
         # What is loaded by now (modules, config, clients) lives as long as the process: keep it
         # out of every garbage collection to come (about 6% of a push's CPU).
@@ -406,7 +422,12 @@ def cmd_run(args: argparse.Namespace, config: Config) -> int:
         log.configure(again.log.level, again.log.format, stream=sys.stdout)
         return again
 
-    daemon = Daemon(reload_config, notifier=Notifier.from_environ())
+    config_file = args.config or os.environ.get("EVALPUSH_CONFIG")
+    daemon = Daemon(
+        reload_config,
+        notifier=Notifier.from_environ(),
+        config_file=None if config_file is None else str(Path(config_file).absolute()),
+    )
     requests = {
         signal.SIGTERM: Request.STOP,
         signal.SIGINT: Request.STOP,
@@ -427,35 +448,59 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
     """Read-only: a missing ledger is said (with its path), never created."""
     from evalpush import gatefile
     from evalpush.report import (
+        daemon_json,
         daemon_text,
         detail_text,
+        mark_paused,
+        not_running_text,
         run_detail,
-        status_details,
+        select_rows,
         status_rows,
         status_table,
     )
 
     path = default_path(config.state_dir)
+    view = gatefile.read(config.state_dir)
+    last = gatefile.last_seen(config.state_dir) if view is None else None
     if not os.path.lexists(path):
         if args.run is not None:
             raise UsageError(f"no run {args.run!r}: there is no ledger at {path} yet")
-        _print_json([]) if args.json else print(f"no runs: there is no ledger at {path} yet")
+        if args.json:
+            _print_json({"ledger": str(path), "daemon": daemon_json(view, last), "runs": []})
+        else:
+            print(f"no runs: there is no ledger at {path} yet")
         return EXIT_OK
     with Ledger.for_reading(path) as ledger:
         if args.run is not None:
             detail = run_detail(ledger, _find(ledger, args.run, busy_ok=True))
+            mark_paused([detail], view)
             _print_json(detail) if args.json else print(detail_text(detail))
             return EXIT_OK
+        records = {record.run_id: record for record in ledger.all()}
+        rows = select_rows(status_rows(ledger), states=args.state, limit=args.limit)
+        mark_paused(rows, view)
         if args.json:
-            _print_json(status_details(ledger))
-            return EXIT_OK
-        rows = status_rows(ledger)
-        count = len(ledger.all())
+            shown = {row["run_id"] for row in rows if row["state"] != State.SUPERSEDED}
+            runs = [run_detail(ledger, records[run_id]) for run_id in records if run_id in shown]
+            mark_paused(runs, view)
+            document = {
+                "ledger": str(path),
+                "schema": ledger.file_version,
+                "daemon": daemon_json(view, last),
+                "runs": runs,
+            }
+        count = len(records)
+        old = ledger.file_version != SCHEMA_VERSION
+    if args.json:
+        _print_json(document)
+        return EXIT_OK
     print(f"ledger:     {path}: {count} run{'' if count == 1 else 's'}")
-    daemon = daemon_text(gatefile.read(config.state_dir))
-    if daemon is not None:
-        print(daemon)
+    if old:
+        print(f"            {upgrade_advice(ledger.file_version)}")
+    print(daemon_text(view) if view is not None else not_running_text(last))
     print(status_table(rows, ledger=path))
+    if args.state or (args.limit is not None and len(rows) >= args.limit):
+        print(f"({len(rows)} shown; `evalpush status RUN` shows one in full)")
     return EXIT_OK
 
 
@@ -475,10 +520,50 @@ def _existing_ledger(config: Config, key: str) -> Path:
     return path
 
 
+def upgrade_advice(version: int) -> str:
+    """What a reader says of a ledger an older evalpush wrote."""
+    return (
+        f"schema {version} from an older evalpush, read through a copy; "
+        f"`evalpush migrate` upgrades it to {SCHEMA_VERSION} (with a backup)"
+    )
+
+
+def _tell_upgrade(ledger: Ledger) -> None:
+    """A command that upgraded the ledger on opening it says so on stderr."""
+    if ledger.upgrade is not None:
+        print(f"evalpush: {ledger.upgrade.message}", file=sys.stderr)
+
+
+def cmd_migrate(args: argparse.Namespace, config: Config) -> int:
+    """Upgrade the ledger in place after a backup beside it (what a daemon or push of this
+    version would do by itself at its start), and say what was done."""
+    path = default_path(config.state_dir)
+    if not os.path.lexists(path):
+        print(f"no ledger at {path}: nothing to upgrade (the first push or run creates one)")
+        return EXIT_OK
+    with Ledger(path) as ledger:
+        upgrade = ledger.upgrade
+    if upgrade is None:
+        print(f"ledger {path} is at schema {SCHEMA_VERSION}, this evalpush's: nothing to do")
+    else:
+        print(upgrade.message)
+    return EXIT_OK
+
+
 def cmd_retry(args: argparse.Namespace, config: Config) -> int:
     from evalpush import transitions
 
-    with Ledger(_existing_ledger(config, args.run)) as ledger:
+    if (args.run is None) == (not args.all_failed):
+        raise UsageError("retry takes a RUN or --all-failed (not both)")
+    with Ledger(_existing_ledger(config, args.run or "--all-failed")) as ledger:
+        _tell_upgrade(ledger)
+        if args.all_failed:
+            failed = ledger.in_state(State.FAILED)
+            for record in failed:
+                transitions.requeue(ledger, record)
+                print(f"queued {record.run_id} ({record.path})")
+            print(f"{len(failed)} failed run{'' if len(failed) == 1 else 's'} queued")
+            return EXIT_OK
         record = _find(ledger, args.run)
         if record.state not in (State.FAILED, State.HELD):
             print(
@@ -494,6 +579,7 @@ def cmd_retry(args: argparse.Namespace, config: Config) -> int:
 
 def cmd_forget(args: argparse.Namespace, config: Config) -> int:
     with Ledger(_existing_ledger(config, args.run)) as ledger:
+        _tell_upgrade(ledger)
         record = _find(ledger, args.run)
         if record.evaluation_id is not None and not args.yes and not _confirm_forget(record):
             return EXIT_PARTIAL
@@ -556,6 +642,7 @@ class Check(enum.StrEnum):
     """What `check` looks at, in order."""
 
     CONFIG = "config"
+    WATCH = "watch"
     LEDGER = "ledger"
     CREDENTIALS = "credentials"
     PLATFORM = "platform"
@@ -594,6 +681,7 @@ def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigErro
         ]
         return _check_report(rows)
     rows = [_Row(Check.CONFIG, True, f"{source}: valid")]
+    rows.append(_check_watch(config))
     rows.append(_check_ledger(default_path(config.state_dir)))
     with PlatformClient(config.platform) as client:
         rows.append(_check_credentials(client))
@@ -602,6 +690,27 @@ def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigErro
         else:
             rows.append(_Row(Check.PLATFORM, None, "needs credentials"))
     return _check_report(rows)
+
+
+def _check_watch(config: Config) -> _Row:
+    """The daemon's roots: absolute, there, readable; the filesystem and watcher of each."""
+    from evalpush.config import WatchConfig
+    from evalpush.watchcheck import watch_verdicts
+
+    if config.watch.roots == WatchConfig().roots:  # the default: not set
+        return _Row(
+            Check.WATCH,
+            None,
+            "watch.roots not set (the default ./outputs is relative): only `push` can be used (it takes its own directories); "
+            "set absolute roots for the daemon (`evalpush run`)",
+        )
+    verdicts, watches = watch_verdicts(config.watch)
+    bad = [v for v in verdicts if not v.ok]
+    detail = "; ".join(v.detail for v in verdicts) + f"; {watches}"
+    if not bad:
+        return _Row(Check.WATCH, True, detail)
+    fixes = "; ".join(dict.fromkeys(v.fix for v in bad))
+    return _Row(Check.WATCH, False, detail, fixes)
 
 
 def _check_credentials(client: Any) -> _Row:
@@ -616,9 +725,8 @@ def _check_credentials(client: Any) -> _Row:
 
 
 def _check_ledger(path: Path) -> _Row:
-    """Read-only: a ledger that is not there yet is fine where it can be created."""
-    from evalpush.ledger import OldSchema
-
+    """Read-only: a ledger that is not there yet is fine where it can be created; one from
+    an older evalpush is read through a copy (the file is left as it is) and said to be."""
     if not os.path.lexists(path):
         parent = path.parent
         while not parent.exists() and parent != parent.parent:
@@ -634,8 +742,8 @@ def _check_ledger(path: Path) -> _Row:
     try:
         with Ledger(path, read_only=True) as ledger:
             runs = f"{len(ledger.all())} runs known"
-    except OldSchema:
-        runs = "from an older evalpush; the next push or run upgrades it"
+            if ledger.file_version != SCHEMA_VERSION:
+                runs += f" ({upgrade_advice(ledger.file_version)})"
     except EvalpushError as exc:
         return _Row(Check.LEDGER, False, str(exc), "see the message")
     if not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
@@ -679,6 +787,7 @@ def _check_report(rows: list[_Row]) -> int:
     )
     setup = any(
         row.check in (Check.CONFIG, Check.CREDENTIALS)
+        or (row.check == Check.WATCH and "relative" in row.detail)
         or (row.check == Check.PLATFORM and row.detail.startswith(KEY_REFUSED))
         for row in failed
     )
@@ -708,6 +817,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
     "status": cmd_status,
     "retry": cmd_retry,
     "forget": cmd_forget,
+    "migrate": cmd_migrate,
     "demo": cmd_demo,
     "local-platform": cmd_local_platform,
 }

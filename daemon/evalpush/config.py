@@ -234,6 +234,9 @@ class RunsConfig(_Settings):
     settle_seconds: float = _setting(300.0, ge=0)
     marker: str = _setting("")
     upload_replays: bool = _setting(False)
+    # a run ready (settled, or its marker) with fewer traces than expected: upload it as a
+    # partial evaluation (`complete: false`), or hold it for a person (`evalpush retry`)
+    on_incomplete: Literal["upload", "hold"] = _setting("upload")
 
 
 @_SECTION

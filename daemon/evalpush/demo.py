@@ -273,7 +273,7 @@ def run_demo(out: IO[str], *, directory: Path | None = None, keep: bool = False)
             writers.stop()
             daemon.request(Request.STOP)
             running.join()
-        out.write((CLEAR_BELOW if out.isatty() else "\n") + status_table(rows) + "\n")
+        out.write((CLEAR_BELOW if out.isatty() else "\n") + status_table(rows, wide=True) + "\n")
         if keep:
             out.write(f"\nserving {platform.base_url} until Ctrl-C\n")
             out.flush()

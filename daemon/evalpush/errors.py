@@ -29,7 +29,7 @@ The tree (what the daemon does about each class in brackets)::
     └── Interrupted           a stop was requested while waiting; not a failure
 
 `from_status` and `from_transport_error` map the platform's answers onto this tree exactly as
-PLATFORM_API.md's table says; nothing else in the code interprets a status code. Messages
+docs/PLATFORM_API.md's table says; nothing else in the code interprets a status code. Messages
 they build are scrubbed of secrets (`evalpush.log.scrub`): a server may echo the key back.
 """
 

@@ -1,12 +1,13 @@
 """The running daemon's view of the platform, in a small file beside the ledger, for `status`.
 
 The daemon (`evalpush run`) writes `daemon.json` in its state directory every few seconds from
-its loop, and removes it when it stops: who it is (host, boot id, pid, start time: the claims'
+its loop, and marks it stopped (`stopped_at`) when it stops: who it is (host, boot id, pid, start time: the claims'
 `Process`), when it wrote the file, its STATUS line, and its gate (`retry.Gate.snapshot`: open,
 unreachable, auth refused or paused, since when, attempts, the next probe, runs waiting).
 `status` reads it and shows the gate while that daemon is alive (`claims.holder_alive`, the
-same test a run's claim gets); a file whose writer is gone is not shown, and one not rewritten
-for `SILENT_SECONDS` is shown with its age, since a daemon whose loop is stuck says nothing new.
+same test a run's claim gets); a file whose writer is gone (or stopped) is the daemon last seen
+(`last_seen`: `daemon: not running (last seen pid N at T)`), and one not rewritten for
+`SILENT_SECONDS` is shown with its age, since a daemon whose loop is stuck says nothing new.
 
 Why a file and not the ledger: the gate changes while uploads wait, and writing it to the ledger
 would take the ledger's write lock from the one loop that must never wait on it; a file
@@ -60,11 +61,45 @@ def write(state_dir: Path, gate: dict[str, Any], status: str, *, now: float | No
     os.replace(partial, target)
 
 
-def remove(state_dir: Path) -> None:
-    """The daemon stops: its view goes with it (only if the file is this process's)."""
+def stopped(state_dir: Path, *, now: float | None = None) -> None:
+    """The daemon stops: its file says when (only if the file is this process's), so `status`
+    tells a daemon that stopped from one that never ran."""
+    target = path_in(state_dir)
+    found = _load(target)
+    if found is None or found.get("pid") != os.getpid():
+        return
+    found["stopped_at"] = time.time() if now is None else now
+    partial = target.with_name(f".{FILE_NAME}.{os.getpid()}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump(found, f)
+    os.replace(partial, target)
+
+
+class LastSeen(msgspec.Struct, frozen=True):
+    """A daemon that no longer runs: its pid, host, and when it was last heard from (its stop,
+    or its last write if it was killed)."""
+
+    pid: int
+    host: str
+    at: float
+    stopped: bool  # it stopped cleanly (SIGTERM); False: it vanished (killed, crashed)
+
+
+def last_seen(state_dir: Path, *, now: float | None = None) -> LastSeen | None:
+    """The daemon that last ran on this state directory, when none runs now; None when one
+    runs, or none ever wrote the file."""
+    if read(state_dir, now=now) is not None:
+        return None
     found = _load(path_in(state_dir))
-    if found is not None and found.get("pid") == os.getpid():
-        path_in(state_dir).unlink(missing_ok=True)
+    if found is None:
+        return None
+    try:
+        stopped_at = found.get("stopped_at")
+        at = float(stopped_at if stopped_at is not None else found["written_at"])
+        return LastSeen(int(found["pid"]), str(found["host"]), at, stopped_at is not None)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 class DaemonView(msgspec.Struct, frozen=True):
@@ -101,6 +136,8 @@ def read(state_dir: Path, *, now: float | None = None) -> DaemonView | None:
         gate = dict(found["gate"])
         status = str(found["status"])
     except (KeyError, TypeError, ValueError):
+        return None
+    if found.get("stopped_at") is not None:
         return None
     if not holder_alive(holder, Process.current(), now):
         return None

@@ -53,7 +53,7 @@ import msgspec
 from evalpush import paths, schema
 from evalpush.claims import Holder
 from evalpush.errors import Busy, ClaimLost, LedgerError
-from evalpush.log import scrub
+from evalpush.log import get_logger, scrub
 from evalpush.setaside import SetAside
 from evalpush.states import Outcome, SetAsideKind, State, Step
 
@@ -156,11 +156,26 @@ class HistoryRecord(msgspec.Struct, frozen=True, gc=False):
     at: float
 
 
-class _OldSchema(LedgerError):
-    """The ledger is from an older evalpush: opening it to write upgrades it."""
+class Upgrade(msgspec.Struct, frozen=True):
+    """A ledger brought from an older schema to this evalpush's, and where the old file went."""
 
+    path: Path
+    from_version: int
+    to_version: int
+    backup: Path
 
-OldSchema = _OldSchema  # what `check` reports as fine: the next writer upgrades it
+    @property
+    def message(self) -> str:
+        return f"ledger upgraded {self.from_version} -> {self.to_version} (backup: {self.backup})"
+
+    def log(self) -> None:
+        get_logger(stage="ledger").warning(
+            self.message,
+            ledger=str(self.path),
+            backup=str(self.backup),
+            from_version=self.from_version,
+            to_version=self.to_version,
+        )
 
 
 def default_path(state_dir: Path) -> Path:
@@ -183,6 +198,24 @@ UNUSABLE_ADVICE = (
 )
 
 
+_TEXTS = (("set_aside", "reason"), ("runs", "reason"), ("runs", "last_error"))
+"""The columns that hold what a server said: where an older evalpush may have stored a key."""
+
+
+def _scrub_copy(db: sqlite3.Connection) -> None:
+    """A copy of the ledger at any schema (a backup): its texts scrubbed (`log.scrub`) and the
+    file rebuilt, so no stale copy of a key lingers in the free space of a page."""
+    db.create_function("scrub", 1, scrub, deterministic=True)
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    for table, column in _TEXTS:
+        if table in tables:
+            db.execute(
+                f"UPDATE {table} SET {column} = scrub({column}) "  # noqa: S608 - names are ours
+                f"WHERE {column} IS NOT NULL AND {column} != scrub({column})"
+            )
+    db.execute("VACUUM")
+
+
 class Ledger:
     """The state database. Thread-safe: one connection, one lock, one short transaction a call."""
 
@@ -198,10 +231,16 @@ class Ledger:
         """`busy_timeout_seconds`: how long a write waits for another process holding the file
         (a second `evalpush` on the same state dir) before it is a `LedgerError`; once `stop`
         is set, at most `STOP_BUSY_SECONDS` more in all. `read_only` opens an existing ledger
-        for reading only (no migration: its schema must be current), which a user without write
-        access may do."""
+        for reading only, which a user without write access may do, and never writes it: a
+        ledger from an older evalpush is copied into memory (SQLite's online backup) and the
+        copy upgraded and read (`file_version` says which version the file is at). A ledger
+        opened to write is upgraded in place, after a backup of the old file beside it
+        (`state.db.bak-vN`); `upgrade` then says so, for the caller to tell (the daemon logs
+        it, a command prints it)."""
         self.path = path
         self.read_only = read_only
+        self.file_version = schema.SCHEMA_VERSION
+        self.upgrade: Upgrade | None = None
         self._clock = clock
         self._busy_timeout_seconds = busy_timeout_seconds
         self._stop = stop
@@ -229,12 +268,9 @@ class Ledger:
 
     @classmethod
     def for_reading(cls, path: Path) -> Ledger:
-        """Open to read: read-only, which a user without write access may do, unless the ledger
-        is from an older evalpush: then it is upgraded first, which needs write access."""
-        try:
-            return cls(path, read_only=True)
-        except _OldSchema:
-            return cls(path)
+        """Open to read (`status`): read-only, and a ledger from an older evalpush is read
+        through an upgraded copy in memory, the file left as it is."""
+        return cls(path, read_only=True)
 
     def _connect(self, path: Path, *, immutable: bool = False) -> sqlite3.Connection:
         if self.read_only:
@@ -259,14 +295,16 @@ class Ledger:
         try:
             if self.read_only:
                 db = self._readable(db, path)
-                self._check_version(db)
+                self.file_version = schema.version(db, self.path)
+                if self.file_version != schema.SCHEMA_VERSION:
+                    db = self._upgraded_copy(db)
             else:
                 self._write_ahead_log(db)
                 # No sync by SQLite at each commit: `_sync` does it after the commit, outside
                 # the lock, for every write that must be durable (see the module's docstring).
                 # A checkpoint still syncs the log before and the database after.
                 db.execute("PRAGMA synchronous=NORMAL")
-                self._upgraded_from = schema.migrate(db, self.path)
+                self._upgraded_from = schema.migrate(db, self.path, before=self._back_up)
                 self._committed = int(db.total_changes > 0)  # synced with the next write
             db.execute(
                 "PRAGMA foreign_keys=ON"
@@ -361,14 +399,44 @@ class Ledger:
             path=self.path
         )
 
-    def _check_version(self, db: sqlite3.Connection) -> None:
-        version = schema.version(db, self.path)
-        if version != schema.SCHEMA_VERSION:
-            raise _OldSchema(
-                f"{self.path}: the ledger is at schema version {version}, this evalpush reads "
-                f"{schema.SCHEMA_VERSION}; any command that may write it (`evalpush push`) "
-                "upgrades it"
-            )
+    def _upgraded_copy(self, db: sqlite3.Connection) -> sqlite3.Connection:
+        """The read-only file copied into memory and the copy upgraded: what a reader of an
+        older ledger reads, without a byte of the file changing."""
+        copy = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        try:
+            db.backup(copy)
+            schema.migrate(copy, self.path)
+        except BaseException:
+            copy.close()
+            raise
+        finally:
+            db.close()
+        return copy
+
+    def _back_up(self, db: sqlite3.Connection, version: int) -> None:
+        """Inside the upgrade's write transaction (held by `db`, which has written nothing yet):
+        the file as it is, read by a second connection (in WAL mode a reader is not blocked by
+        the writer, and sees the last commit) and copied with SQLite's online backup to
+        `state.db.bak-vN` (mode 0600, written aside and renamed into place), its texts scrubbed
+        of the secrets known now and rebuilt, as the upgraded file is."""
+        backup = self.path.with_name(f"{self.path.name}.bak-v{version}")
+        partial = backup.with_name(backup.name + ".partial")
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+        os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        source = sqlite3.connect(self.path, isolation_level=None)
+        target = sqlite3.connect(partial, isolation_level=None)
+        try:
+            source.backup(target)
+            target.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
+            _scrub_copy(target)
+        finally:
+            target.close()
+            source.close()
+        with open(partial, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, backup)
+        self.upgrade = Upgrade(self.path, version, schema.SCHEMA_VERSION, backup)
 
     def close(self) -> None:
         """Close the file; whatever this process committed is durable first."""
@@ -866,6 +934,9 @@ class Ledger:
             SetAside(line, offset, size, SetAsideKind(kind), reason)
             for line, offset, size, kind, reason in rows
         ]
+
+    def set_aside_count(self, record: RunRecord) -> int:
+        return self._query("SELECT COUNT(*) FROM set_aside WHERE run = ?", (record.id,))[0][0]
 
     def set_aside_counts(self) -> dict[int, int]:
         return dict(self._query("SELECT run, COUNT(*) FROM set_aside GROUP BY run"))

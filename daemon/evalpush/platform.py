@@ -1,7 +1,7 @@
 """The platform stage: credentials and one synchronous client for the evaluations API.
 
 What it promises:
-- Credentials are found with the `prime` CLI's precedence (PLATFORM_API.md), plus a key file
+- Credentials are found with the `prime` CLI's precedence (docs/PLATFORM_API.md), plus a key file
   (`platform.api_key_file`, or systemd's `$CREDENTIALS_DIRECTORY/prime-api-key`). The key is
   registered with `evalpush.log` so no log line can carry it, and `Credentials` never shows it.
   A key file that users other than its owner may read draws one warning (per file and mode).
@@ -302,7 +302,7 @@ def load_credentials(
     environ: Mapping[str, str] = os.environ,
     home: Path | None = None,
 ) -> Credentials:
-    """Find the key, API base, viewer base and team, as PLATFORM_API.md orders them.
+    """Find the key, API base, viewer base and team, as docs/PLATFORM_API.md orders them.
 
     Raises `AuthError` when no key is found (saying where it looked) and `ConfigError` for an
     unusable base URL.
@@ -658,7 +658,7 @@ class _Target(msgspec.Struct, frozen=True):
 
 
 class PlatformClient:
-    """One attempt per call to each endpoint of PLATFORM_API.md, errors already classified."""
+    """One attempt per call to each endpoint of docs/PLATFORM_API.md, errors already classified."""
 
     def __init__(
         self,
@@ -1116,6 +1116,19 @@ class PlatformClient:
             endpoint="close_out",
             what=what,
             body=msgspec.json.encode(body),
+            replayable=True,
+        )
+
+    def update_evaluation(self, evaluation_id: str, *, metadata: dict[str, Any]) -> None:
+        """Replace an evaluation's metadata (`PUT` without a status: neither its status nor
+        its samples change)."""
+        what = f"update {evaluation_id}"
+        self._send(
+            "PUT",
+            f"/evaluations/{_segment(evaluation_id, what)}",
+            endpoint="update_evaluation",
+            what=what,
+            body=msgspec.json.encode({"metadata": metadata}),
             replayable=True,
         )
 

@@ -218,7 +218,13 @@ def push_one(
         return PushResult(directory, _row(app, directory), 0, str(exc)), None
     result = _result(app, directory, before, record, waited_for)
     if not result.already and result.uploaded_by is None:
-        upload_ended(log, record, time.monotonic() - started)
+        upload_ended(
+            log,
+            record,
+            time.monotonic() - started,
+            set_aside=app.ledger.set_aside_count(record),
+            expected=run.expected_traces,
+        )
     return result, None
 
 

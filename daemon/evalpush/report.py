@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
+
 from evalpush import gatefile, paths
 from evalpush.claims import Holder, Process, holder_alive
 from evalpush.ledger import Ledger, RunRecord, State
@@ -151,12 +153,6 @@ def run_detail(ledger: Ledger, record: RunRecord, alive: Alive | None = None) ->
     }
 
 
-def status_details(ledger: Ledger, alive: Alive | None = None) -> list[dict[str, Any]]:
-    """`status --json`: every run in full, in the ledger's order."""
-    alive = alive or _alive_now()
-    return [run_detail(ledger, record, alive) for record in ledger.all()]
-
-
 def _when(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -266,7 +262,16 @@ def holder_text(holder: dict[str, Any] | None) -> str:
     return f"pid {holder['pid']}{where} since {since}"
 
 
-def status_table(rows: list[dict[str, Any]], *, ledger: Path | None = None) -> str:
+TABLE_COLUMNS = 120
+"""The default table fits this many columns: one line per run, its detail cut to fit (the full
+reason and path are in `status RUN`)."""
+
+
+def status_table(
+    rows: list[dict[str, Any]], *, ledger: Path | None = None, wide: bool = False
+) -> str:
+    """The runs one a line, fitting TABLE_COLUMNS; `wide` (the demo's): with each viewer URL
+    and path, however wide that makes it."""
     if not rows:
         return "no runs in the ledger yet" + (f" ({ledger})" if ledger is not None else "")
     header = ("RUN", "STATE", "SENT/SEEN", "ASIDE", "HOLDER", "EVALUATION", "DETAIL")
@@ -281,15 +286,77 @@ def status_table(rows: list[dict[str, Any]], *, ledger: Path | None = None) -> s
                 sent,
                 str(row["set_aside"] or ""),
                 holder_text(row["holder"]),
-                row["url"] or row["evaluation_id"] or "",
-                f"{detail}  {row['path']}".strip(),
+                (row["url"] or row["evaluation_id"] or "")
+                if wide
+                else (row["evaluation_id"] or "")[:8],
+                " ".join(paths.printable(f"{detail}  {row['path']}" if wide else detail).split()),
             )
         )
     widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
+    room = 1 << 30 if wide else max(20, TABLE_COLUMNS - sum(widths) - 2 * len(widths))
     return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
+        (
+            "  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True))
+            + "  "
+            + _cut(r[-1], room)
+        ).rstrip()
         for r in table
     )
+
+
+def _cut(text: str, room: int) -> str:
+    return text if len(text) <= room else text[: room - 1] + "…"
+
+
+def select_rows(
+    rows: list[dict[str, Any]], *, states: list[str] | None, limit: int | None
+) -> list[dict[str, Any]]:
+    """`status --state S --limit N`: the rows in those states, the N most recently updated (in
+    the ledger's order)."""
+    if states:
+        rows = [row for row in rows if row["state"] in states]
+    if limit is not None and len(rows) > limit:
+        keep = {
+            id(row) for row in sorted(rows, key=lambda r: r["updated_at"], reverse=True)[:limit]
+        }
+        rows = [row for row in rows if id(row) in keep]
+    return rows
+
+
+def mark_paused(rows: list[dict[str, Any]], view: gatefile.DaemonView | None) -> None:
+    """Runs ready or uploading while the running daemon's platform is down say so: they are
+    paused by the outage, not stuck."""
+    mode = None if view is None else view.gate.get("mode")
+    if mode not in (UNREACHABLE, AUTH, PAUSED):
+        return
+    why = {
+        UNREACHABLE: "platform unreachable",
+        AUTH: "API key refused",
+        PAUSED: "platform asked to wait",
+    }[mode]
+    for row in rows:
+        if row["state"] in (State.READY, State.UPLOADING):
+            row["reason"] = f"paused: {why}; resumes by itself when it answers"
+            row["paused"] = True
+
+
+def daemon_json(view: gatefile.DaemonView | None, last: gatefile.LastSeen | None) -> dict:
+    """The daemon's view for `status --json`: running (its pid, host, when it last wrote, its
+    STATUS line and gate), or not (`last_seen`: the pid, host and time it was last seen, and
+    whether it stopped cleanly; null when none ever ran here)."""
+    if view is not None:
+        return {"running": True, **msgspec.structs.asdict(view)}
+    return {"running": False, "last_seen": None if last is None else msgspec.structs.asdict(last)}
+
+
+def not_running_text(last: gatefile.LastSeen | None) -> str:
+    """`daemon: not running (last seen pid N at T)`: a daemon that stopped or vanished is
+    not the same as one that never ran."""
+    if last is None:
+        return "daemon:     not running (none has run on this state directory)"
+    where = "" if last.host == socket.gethostname() else f" on {last.host}"
+    how = "stopped" if last.stopped else "gone without stopping (killed?)"
+    return f"daemon:     not running (last seen pid {last.pid}{where} at {_when(last.at)}; {how})"
 
 
 def push_line(result: PushResult) -> str:

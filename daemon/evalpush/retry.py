@@ -152,7 +152,8 @@ class Outage(msgspec.Struct, frozen=True):
             line += f", {self.attempts} attempts"
         if self.next_in is not None:
             line += f", next in {format_duration(math.ceil(self.next_in))}"
-        return f"{line}; {self.waiting} run{'s' if self.waiting != 1 else ''} waiting"
+        # "paused", not "waiting": in `status` a waiting run is one not finished yet
+        return f"{line}; {self.waiting} upload{'s' if self.waiting != 1 else ''} paused"
 
     @property
     def level(self) -> str:
@@ -221,7 +222,11 @@ class Gate:
         poll_seconds: float = 0.25,
         on_outage: Callable[[Outage], None] = log_outage,
         one_shot: bool = False,
+        on_probe: Callable[[], object] | None = None,
     ) -> None:
+        """`on_probe` is told of each probe made while the platform could not be used (each
+        attempt an outage report counts; the daemon's retries metric)."""
+        self._on_probe = on_probe
         self._backoff = backoff
         self._rng = rng
         self._clock = clock
@@ -354,6 +359,8 @@ class Gate:
     def _probed(self, client: Probe) -> bool:
         """One probe, and the mode it calls for; True once the gate is open (or refused)."""
         mode, reason = self._probe_once(client)
+        if self._on_probe is not None and self._mode != UNVERIFIED:
+            self._on_probe()
         with self._cond:
             if self._mode != UNVERIFIED:
                 self._attempts += 1

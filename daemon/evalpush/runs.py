@@ -212,13 +212,13 @@ def require_env_name(run: Run) -> str:
     return run.env_name
 
 
-# Completion: when a run is finished (SPEC.md "Decide when a run is finished"). Everything below
+# Completion: when a run is finished (docs/ARCHITECTURE.md, "Readiness"). Everything below
 # is cheap to observe and decided by one pure function, so the daemon can re-decide on every
 # event and every rescan, and `status` can say why a run still waits.
 
 
 class ReadyRule(enum.StrEnum):
-    """Which rule found a run finished (the first that holds, in SPEC.md's order)."""
+    """Which rule found a run finished (the first that holds, in docs/ARCHITECTURE.md's order ("Readiness"))."""
 
     EXPECTED_COUNT = "expected count"
     MARKER = "marker"

@@ -23,6 +23,7 @@ after it, never half-built (creating a new file is migrating from version 0).
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 from evalpush.errors import LedgerError
@@ -190,10 +191,16 @@ def version(db: sqlite3.Connection, path: Path) -> int:
     return found
 
 
-def migrate(db: sqlite3.Connection, path: Path) -> int | None:
+def migrate(
+    db: sqlite3.Connection,
+    path: Path,
+    before: Callable[[sqlite3.Connection, int], None] | None = None,
+) -> int | None:
     """Bring the file to `SCHEMA_VERSION` in one write transaction that reads the version first;
     the version it was at (0: a new file), None if it was current. Foreign keys must be off on
-    `db` (a table rebuilt must not cascade to its references)."""
+    `db` (a table rebuilt must not cascade to its references). `before(db, version)` is called
+    inside that transaction before any change to a file that has a version (the backup: no
+    other process can write the file between it and the upgrade)."""
     if version(db, path) == SCHEMA_VERSION:  # versions only rise: no lock needed to see this
         return None
     db.execute("BEGIN IMMEDIATE")
@@ -202,6 +209,8 @@ def migrate(db: sqlite3.Connection, path: Path) -> int | None:
         if found == SCHEMA_VERSION:  # another process migrated it meanwhile
             db.execute("COMMIT")
             return None
+        if found and before is not None:
+            before(db, found)
         for statements in _MIGRATIONS[found:]:
             for statement in statements:
                 db.execute(statement)

@@ -16,7 +16,8 @@ the uploader (`App`). One loop, on the main thread, owns all of it:
   current, WATCHDOG=1 from this loop (a wedged loop is restarted by systemd), STOPPING=1;
 - with the STATUS line, the gate's state goes to `daemon.json` for `status` (`gatefile`), and,
   with `[metrics] listen` set, runs by state to the metrics (`metrics.DaemonFeed`, which also
-  serves `/metrics` and `/healthz` and hears of every request, retry and batch).
+  serves `/metrics`, `/livez` and `/readyz` and hears of every request, retry and batch; each
+  turn of the loop is what `/livez` reads).
 
 No key, or a key the platform refuses, does not stop it: uploads wait on the gate, which says
 so once and probes again as soon as the key changes.
@@ -25,13 +26,14 @@ so once and probes again as soon as the key changes.
 from __future__ import annotations
 
 import enum
+import os
 import queue
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from evalpush import gatefile, paths
+from evalpush import __version__, gatefile, paths
 from evalpush.app import App
 from evalpush.config import Config
 from evalpush.discover import Hint, HintKind, HintQueue, Scanner, Watcher
@@ -49,7 +51,9 @@ from evalpush.lifecycle import upload_ended, upload_started
 from evalpush.log import get_logger
 from evalpush.scheduler import Scheduler
 from evalpush.sdnotify import Notifier
+from evalpush.states import State
 from evalpush.tracker import Tracker
+from evalpush.transitions import next_step
 
 LEDGER_POLL_SECONDS = 2.0
 """How often the ledger is looked at for runs queued by another command (`evalpush retry`)."""
@@ -88,6 +92,8 @@ class _Parts:
         if feed is not None:  # the metrics hear of every request, retry and batch
             hooks = {"observer": feed, "on_retry": feed.retried, "progress": feed.batch_acked}
         self.app = App.from_config(config, environ=environ, home=home, **hooks)
+        if self.app.ledger.upgrade is not None:
+            self.app.ledger.upgrade.log()
         try:
             self.tracker = Tracker(
                 self.app.ledger, config, self._submit, alive=self.app.claims.alive
@@ -126,18 +132,30 @@ class _Parts:
         """One scheduler job: take the run as far as it goes now (the uploader decides what it
         needs: nothing, a new path, a skip, an upload), then tell the tracker."""
         record: RunRecord | None = None
+        set_aside = 0
         log = self._run_logger(path)
         try:
             try:
                 run = self.app.load_run(Path(path))
             except RunError as exc:
                 record = self.app.uploader.fail(Path(path), exc)
-                log.warning("run cannot be uploaded", error=paths.printable(str(exc)))
+                error = record.last_error if record.state == State.FAILED else None
+                log.error(
+                    "run cannot be uploaded",
+                    error=paths.printable(error or next_step(str(exc), record.run_id)),
+                )
                 return
             upload_started(log)
             started = time.monotonic()
             record = self.app.uploader.upload(run, retry_failed=False)
-            upload_ended(log, record, time.monotonic() - started)
+            set_aside = self.app.ledger.set_aside_count(record)
+            upload_ended(
+                log,
+                record,
+                time.monotonic() - started,
+                set_aside=set_aside,
+                expected=run.expected_traces,
+            )
         except Busy as exc:
             log.info("another process is uploading the run: leaving it to it", holder=exc.pid)
         except (Interrupted, AuthError):
@@ -150,7 +168,7 @@ class _Parts:
         finally:
             self.tracker.finished(path, record)
             if self._feed is not None:
-                self._feed.upload_done(record)
+                self._feed.upload_done(record, set_aside)
 
     def _failed(self, path: str, exc: BaseException) -> None:
         self.tracker.finished(path, None)
@@ -175,7 +193,10 @@ class Daemon:
         environ: Mapping[str, str] | None = None,
         home: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        config_file: str | None = None,
     ) -> None:
+        """`config_file`: the file `load_config` reads (None: none), for the start-up line."""
+        self._config_file = config_file
         self._load_config = load_config
         self._notifier = notifier or Notifier(None)
         self._environ = environ
@@ -202,11 +223,7 @@ class Daemon:
         self._parts = self._build(config)
         try:
             self._notifier.ready()
-            self._log.info(
-                "evalpush daemon running",
-                roots=[str(root) for root in config.watch.roots],
-                state_dir=str(config.state_dir),
-            )
+            self._log.info("evalpush daemon running", **self._start_facts(self._parts))
             self._loop()
         finally:
             self._notifier.stopping()
@@ -214,10 +231,41 @@ class Daemon:
             self._parts.stop()
             if self._feed is not None:
                 self._feed.stop()
-            gatefile.remove(self._parts.config.state_dir)
+            gatefile.stopped(self._parts.config.state_dir)
         return 0
 
+    def _start_facts(self, parts: _Parts) -> dict[str, Any]:
+        """The start-up line's fields: what an operator checks first (never the key)."""
+        config, app = parts.config, parts.app
+        try:
+            credentials = app.client.credentials
+            platform, key_source = credentials.api_base, credentials.key_source
+        except EvalpushError:
+            platform = config.platform.api_base_url or "(from the environment: not usable yet)"
+            key_source = "none found (uploads wait for one)"
+        watching = parts.watcher.watching
+        roots = {
+            str(root): str(watching.get(os.path.realpath(root), "not there yet: waited for"))
+            for root in config.watch.roots
+        }
+        return {
+            "version": __version__,
+            "config": self._config_file or "(none: defaults and the environment)",
+            "platform": platform,
+            "key_source": key_source,
+            "roots": roots,
+            "metrics": (self._feed.url if self._feed is not None else None) or "off",
+            "state_dir": str(config.state_dir),
+        }
+
     def _build(self, config: Config) -> _Parts:
+        relative = [str(root) for root in config.watch.roots if not root.is_absolute()]
+        if relative:
+            raise ConfigError(
+                f"watch.roots: {', '.join(repr(r) for r in relative)} is relative: the daemon "
+                "resolves it against its working directory (/ under systemd, so './outputs' "
+                "would be '/outputs'); give absolute paths"
+            )
         if self._feed is None and config.metrics.listen:
             from evalpush.metrics import DaemonFeed
 
@@ -229,7 +277,7 @@ class Daemon:
             if self._feed is not None:
                 self._feed.attach(config.metrics, parts.app.gate, parts.app.ledger.path)
                 if self._feed.url is not None:
-                    self._log.info("serving /metrics and /healthz", url=self._feed.url)
+                    self._log.info("serving /metrics, /livez and /readyz", url=self._feed.url)
             self._check_credentials(parts)  # a ConfigError (an unusable URL) stops the parts too
         except BaseException:
             parts.stop()
@@ -283,6 +331,8 @@ class Daemon:
                 self._publish(parts, self._status_line(parts))
                 next_status = now + STATUS_SECONDS
             self._notifier.ping_if_due(self._clock())
+            if self._feed is not None:
+                self._feed.loop_turned()
 
     def _follow(self, parts: _Parts, hint: Hint) -> None:
         if hint.kind == HintKind.RUN:

@@ -315,6 +315,12 @@ class Tracker:
         if decided.ready:
             with self._lock:
                 self._waiting.pop(path, None)
+            if (
+                expected is not None
+                and count.lines < expected
+                and self._short(path, waiting, rundir, decided.reason, new=new)
+            ):
+                return
             self._ready(path, waiting, decided.reason, new=new)
             return
         waiting.settles_at = decided.settles_at
@@ -415,6 +421,40 @@ class Tracker:
             return
         waiting.progress, waiting.written_at, waiting.unwritten = progress, now, False
         self._log.debug("run still waiting", run=record.run_id, path=path, why=progress)
+
+    def _short(
+        self, path: str, waiting: _Waiting, rundir: RunDir, reason: str, *, new: bool
+    ) -> bool:
+        """A run finished with fewer traces than expected (an eval that crashed): a warning,
+        and with `runs.on_incomplete = "hold"` the run is held for a person (True: handled);
+        else it goes on to be uploaded as a partial evaluation (False)."""
+        hold = self._config.runs.on_incomplete == "hold"
+        self._log.warning(
+            "run finished short of its expected traces: "
+            + ("held for a person" if hold else "uploading it as a partial evaluation"),
+            run=waiting.run_id,
+            path=paths.display(path),
+            why=reason,
+            on_incomplete=self._config.runs.on_incomplete,
+        )
+        if not hold:
+            return False
+        if new and not self._record_new(path, waiting, ""):
+            return True
+        record = self._ledger.get_run(waiting.run_id)
+        if record is not None and record.state == State.WAITING and not self._held(record):
+            try:
+                transitions.hold(
+                    self._ledger,
+                    record,
+                    f"incomplete: {reason}; `evalpush retry {waiting.run_id[:8]}` uploads it "
+                    'as it is (runs.on_incomplete = "hold")',
+                )
+            except ClaimLost:
+                return True
+        with self._lock:
+            self._settled[path] = _facts(rundir)
+        return True
 
     def _ready(self, path: str, waiting: _Waiting, reason: str, *, new: bool) -> None:
         self._log.info("run is ready", run=waiting.run_id, path=paths.display(path), why=reason)

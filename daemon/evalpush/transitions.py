@@ -63,8 +63,28 @@ def await_key(ledger: Ledger, record: RunRecord, error: str) -> RunRecord:
 
 
 def fail(ledger: Ledger, record: RunRecord, error: str) -> RunRecord:
-    """An error retrying cannot fix; `evalpush retry` (or the next push) tries again."""
-    return ledger.set_state(record, State.FAILED, last_error=error)
+    """An error retrying cannot fix; `evalpush retry` (or the next push) tries again. The
+    error kept ends with what to do about it (`next_step`)."""
+    return ledger.set_state(record, State.FAILED, last_error=next_step(error, record.run_id))
+
+
+NEXT_STEP = ", then `evalpush retry "
+"""How every failure's message goes on: what to fix, then the command that tries again."""
+
+
+def next_step(error: str, run_id: str) -> str:
+    """`error` ending with what a person does next: fix what it names, then retry the run."""
+    if NEXT_STEP in error:
+        return error
+    if "config.toml" in error:
+        fix = "fix config.toml"
+    elif "traces.jsonl" in error or "trace file" in error or "results.jsonl" in error:
+        fix = "fix or restore the trace file"
+    elif "HTTP " in error or "platform" in error:
+        fix = "check what the platform said"
+    else:
+        fix = "fix the cause"
+    return f"{error}; {fix}{NEXT_STEP}{run_id[:8]}`"
 
 
 def hold(ledger: Ledger, record: RunRecord, reason: str, **progress: Any) -> RunRecord:

@@ -1,6 +1,6 @@
 """The convert stage: one trace line -> one platform sample, and the run's aggregates.
 
-The rules are TRACE_FORMAT.md sections 4-6, which restate what verifiers' own push does, so a
+The rules are docs/TRACE_FORMAT.md sections 4-6, which restate what verifiers' own push does, so a
 run uploaded by evalpush looks exactly like one the eval pushed itself. One module per concern:
 
 - `trace`: the line as a typed, checked `Trace` (`decode_trace`; every failure a `BadRecord`),

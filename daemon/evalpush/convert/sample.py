@@ -1,4 +1,4 @@
-"""One checked trace -> one platform sample (TRACE_FORMAT.md sections 4 and 5).
+"""One checked trace -> one platform sample (docs/TRACE_FORMAT.md sections 4 and 5).
 
 The derived views (branches, token counts, usage, truncation) are computed here and never
 stored; raw message objects pass through untouched unless a top-level null must be dropped.
@@ -152,7 +152,7 @@ def is_truncated(trace: Trace) -> bool:
 
 
 def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
-    """The platform sample of a checked trace (TRACE_FORMAT.md section 5)."""
+    """The platform sample of a checked trace (docs/TRACE_FORMAT.md section 5)."""
     branches = trajectory(trace.nodes)
     task = trace.task
     if None in task.values():

@@ -1,4 +1,4 @@
-"""The run's aggregates as running sums (TRACE_FORMAT.md section 6), and its summary.
+"""The run's aggregates as running sums (docs/TRACE_FORMAT.md section 6), and its summary.
 
 `RunTotals` are sums over the good traces in file order, so a run of any size is totalled in
 bounded memory and a resumed upload continues them from the ledger.
@@ -111,7 +111,7 @@ class RolloutCounter:
 
 
 class RunTotals(msgspec.Struct):
-    """Running sums over a run's good traces in file order (TRACE_FORMAT.md section 6)."""
+    """Running sums over a run's good traces in file order (docs/TRACE_FORMAT.md section 6)."""
 
     traces: int = 0
     reward_sum: float = 0.0
@@ -166,7 +166,7 @@ def _float_text(value: float) -> float | str:
 
 
 def summary(run: Run, totals: RunTotals) -> dict[str, Any]:
-    """Name, metadata and metrics of the run's evaluation (TRACE_FORMAT.md section 6)."""
+    """Name, metadata and metrics of the run's evaluation (docs/TRACE_FORMAT.md section 6)."""
     metrics = totals.metrics()
     metadata = {
         "framework": "verifiers",

@@ -1,4 +1,4 @@
-"""The trace line, as typed and checked (TRACE_FORMAT.md section 3).
+"""The trace line, as typed and checked (docs/TRACE_FORMAT.md section 3).
 
 Each line is decoded by msgspec into a `Trace` that names only what conversion reads, so types
 are checked in C and everything else is skipped unread. Messages stay raw JSON (they go into the
@@ -204,7 +204,9 @@ def _decode_lenient(decoder: msgspec.json.Decoder, data: bytes, number: int) -> 
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise BadRecord(f"invalid JSON: {exc.msg} at column {exc.colno}", line=number) from None
+        # Some of Python's messages end in " at" (`Unterminated string starting at`): one "at"
+        what = exc.msg.removesuffix(" at")
+        raise BadRecord(f"invalid JSON: {what} at column {exc.colno}", line=number) from None
     except RecursionError:
         value = None
     if value is None or _deeper_than(value, MAX_DEPTH):

@@ -1,7 +1,7 @@
 """The local platform: a stand-in for the platform's evaluations API, over real HTTP.
 
 `evalpush local-platform` serves it (`serve`); tests start one in a background thread
-(`LocalPlatform`). It speaks every endpoint of PLATFORM_API.md, keeps what it is sent (in memory,
+(`LocalPlatform`). It speaks every endpoint of docs/PLATFORM_API.md, keeps what it is sent (in memory,
 or in a SQLite file with `db`), enforces bearer auth (when a key is set) and the 25 MiB body
 limit, stores duplicate samples as duplicates, and injects faults on command.
 

@@ -201,6 +201,40 @@ def _status(status: Any) -> str:
     return f'<span class="status {color}">{_e(status)}</span>'
 
 
+def _uploader_notes(metadata: Any) -> list[tuple[str, str, str]]:
+    """What evalpush said of the evaluation in its metadata's `evalpush` key: (badge, color,
+    sentence) for a partial upload and for one a newer evaluation superseded."""
+    ours = metadata.get("evalpush") if isinstance(metadata, dict) else None
+    if not isinstance(ours, dict):
+        return []
+    notes = []
+    if ours.get("complete") is False:
+        seen, expected, aside = (
+            ours.get("seen_traces"),
+            ours.get("expected_traces"),
+            ours.get("set_aside"),
+        )
+        of = f"{seen} of {expected} expected traces" if expected is not None else f"{seen} traces"
+        notes.append(("PARTIAL", "amber", f"Partial upload: {of}, {aside} set aside."))
+    newer = ours.get("superseded_by")
+    if isinstance(newer, str):
+        notes.append(
+            (
+                "SUPERSEDED",
+                "grey",
+                f"Superseded by evaluation {newer}: the run changed after this upload.",
+            )
+        )
+    return notes
+
+
+def _badges(metadata: Any) -> str:
+    return "".join(
+        f' <span class="status {color}" title="{_e(sentence)}">{badge}</span>'
+        for badge, color, sentence in _uploader_notes(metadata)
+    )
+
+
 def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Nested objects as (dotted key, leaf) pairs: `{"a": {"b": 1}}` gives ("a.b", 1)."""
     if isinstance(value, dict) and value:
@@ -255,7 +289,8 @@ def _evaluation_row(evaluation: dict[str, Any], means: dict[str, float]) -> str:
         f'<tr><td class="name"><a href="{_e(href)}">{_e(evaluation["name"])}</a></td>'
         f'<td class="plain">{_e(evaluation["environment_name"])}</td>'
         f'<td class="plain">{_e(evaluation.get("model_name"))}</td>'
-        f'<td class="plain">{_status(evaluation["status"])}</td>'
+        f'<td class="plain">{_status(evaluation["status"])}'
+        f"{_badges(evaluation.get('metadata'))}</td>"
         f'<td class="num">{evaluation["sample_count"]:,}</td>'
         f'<td class="num">{_e(means.get(evaluation["id"]))}</td>'
         f'<td class="when">{_e(_when(evaluation["created_at"]))}</td></tr>'
@@ -270,7 +305,9 @@ def render_evaluation(
     mean = sum(finite) / len(finite) if finite else None
     content = (
         '<nav class="crumbs"><a href="/dashboard/evaluations">Evaluations</a> /</nav>'
-        f'<h1 class="title">{_e(evaluation["name"])} {_status(evaluation["status"])}</h1>'
+        f'<h1 class="title">{_e(evaluation["name"])} {_status(evaluation["status"])}'
+        f"{_badges(evaluation.get('metadata'))}</h1>"
+        f"{_notes(evaluation.get('metadata'))}"
         f"{_facts(evaluation, mean)}"
         f'<div class="panels">{_metrics(evaluation.get("metrics"))}'
         f"{_histogram_panel(rewards)}</div>"
@@ -278,6 +315,13 @@ def render_evaluation(
         f"{_samples(samples, page)}"
     )
     return _document(str(evaluation["name"]), content)
+
+
+def _notes(metadata: Any) -> str:
+    return "".join(
+        f'<p class="note-box {color}">{_e(sentence)}</p>'
+        for _, color, sentence in _uploader_notes(metadata)
+    )
 
 
 def _facts(evaluation: dict[str, Any], mean: float | None) -> str:
@@ -509,7 +553,8 @@ def _document(title: str, content: str) -> str:
 
 STYLE = """
 :root { --ink: #1d2330; --muted: #5f6b7a; --line: #e3e7ee; --bg: #f5f7fa; --card: #fff;
-  --accent: #4a5bdc; --green: #1f8a4c; --red: #c2352b; --blue: #2f6fd6; --grey: #6b7280; }
+  --accent: #4a5bdc; --green: #1f8a4c; --red: #c2352b; --blue: #2f6fd6; --grey: #6b7280;
+  --amber: #b7791f; }
 * { box-sizing: border-box; }
 body { margin: 0; background: var(--bg); color: var(--ink);
   font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu Sans", sans-serif; }
@@ -530,6 +575,10 @@ code, pre { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, mono
   padding: 2px 9px; border-radius: 999px; vertical-align: middle; color: #fff; }
 .status.green { background: var(--green); } .status.red { background: var(--red); }
 .status.blue { background: var(--blue); } .status.grey { background: var(--grey); }
+.status.amber { background: var(--amber); }
+.note-box { border-radius: 10px; padding: 10px 14px; margin: 0 0 12px; border: 1px solid; }
+.note-box.amber { background: #fff6e5; border-color: var(--amber); }
+.note-box.grey { background: #f1f2f4; border-color: var(--grey); }
 .facts { display: flex; flex-wrap: wrap; gap: 1px; background: var(--line);
   border: 1px solid var(--line); border-radius: 10px; overflow: hidden; margin: 0 0 16px; }
 .facts div { flex: 1 1 190px; background: var(--card); padding: 10px 14px; }

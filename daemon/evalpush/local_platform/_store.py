@@ -394,6 +394,8 @@ class Store:
 
     def close_out(self, evaluation_id: str, body: Any) -> dict[str, Any]:
         status = body.get("status") if isinstance(body, dict) else None
+        if status is None and isinstance(body, dict):
+            return self._update(evaluation_id, body)
         if not isinstance(status, str) or status.upper() not in CLOSE_OUT_STATUSES:
             raise Refusal(422, f"status must be one of {', '.join(sorted(CLOSE_OUT_STATUSES))}")
         metadata, metrics = _object_or_none(body, "metadata"), _object_or_none(body, "metrics")
@@ -406,6 +408,23 @@ class Store:
                 (
                     status.upper(),
                     body.get("error_message"),
+                    _ENCODER.encode(metadata) if metadata is not None else row["metadata"],
+                    _ENCODER.encode(metrics) if metrics is not None else row["metrics"],
+                    _now(),
+                    evaluation_id,
+                ),
+            )
+            return self._evaluation(self._row(evaluation_id))
+
+    def _update(self, evaluation_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """`PUT` without a status: new metadata and metrics, in any state (the platform API's
+        update); nothing else changes."""
+        metadata, metrics = _object_or_none(body, "metadata"), _object_or_none(body, "metrics")
+        with self._lock, self._conn:
+            row = self._row(evaluation_id)
+            self._conn.execute(
+                "UPDATE evaluations SET metadata = ?, metrics = ?, updated_at = ? WHERE id = ?",
+                (
                     _ENCODER.encode(metadata) if metadata is not None else row["metadata"],
                     _ENCODER.encode(metrics) if metrics is not None else row["metrics"],
                     _now(),

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from evalpush import transitions
+from evalpush import provenance, transitions
 from evalpush.batch import Batch, Prefetch, batches
 from evalpush.convert import RunTotals, convert_lines, scan, summary, tally
 from evalpush.errors import (
@@ -102,14 +102,19 @@ class Steps:
         return self._ctx.ledger.update(record, defer=True, env_id=env_id, step=Step.CREATE)
 
     def _create_body(self, record: RunRecord, run: Run) -> dict[str, Any]:
-        report = summary(run, RunTotals.from_json(record.totals))
+        totals = RunTotals.from_json(record.totals)
+        report = summary(run, totals)
         return {
             "name": report["name"],
             "environments": [{"id": record.env_id}],
             "model_name": run.model,
             "dataset": run.env_name,
             "framework": "verifiers",
-            "metadata": report["metadata"],
+            # the eval's own push's metadata and one key more: what evalpush knows of the run
+            "metadata": {
+                **report["metadata"],
+                provenance.KEY: provenance.metadata(self._ctx, record, run, totals),
+            },
             "metrics": report["metrics"],
             "tags": [],
         }
@@ -358,13 +363,15 @@ class Steps:
             crash_point("finalize-sent")
         else:
             url = None
-        return transitions.finalize(  # written with the release
+        record = transitions.finalize(  # written with the release
             ctx.ledger,
             record,
             at=ctx.clock(),
             defer=True,
             viewer_url=url or record.viewer_url or ctx.client.viewer_url(record.evaluation_id),
         )
+        provenance.mark_superseded(ctx, record)
+        return record
 
     def _send_finalize(self, record: RunRecord, metrics: dict[str, Any]) -> str | None:
         client, evaluation = self._ctx.client, record.evaluation_id
