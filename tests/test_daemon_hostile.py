@@ -382,7 +382,7 @@ class TestConfigWrittenLate:
         self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
     ) -> None:
         environ = daemon_environ(
-            local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS="3"
+            local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS="6"
         )
         run = RunDir(tree / "env--model--harness")
         run.path.mkdir(parents=True)
