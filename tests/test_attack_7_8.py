@@ -366,9 +366,9 @@ def test_a_finalized_run_whose_config_broke_for_a_while_stays_finalized(platform
     done = evalpush(env, "push", str(run))
 
     assert done.returncode == 0, done.stdout + done.stderr
-    assert [
-        row["state"] for row in json.loads(evalpush(env, "status", "--json").stdout)["runs"]
-    ] == ["finalized"]
+    assert [row["state"] for row in json.loads(evalpush(env, "status", "--json").stdout)] == [
+        "finalized"
+    ]
     assert len(evaluations_of(platform)) == 1
 
 

@@ -257,7 +257,7 @@ class TestBesideARunningPush:
     def test_status_shows_who_holds_the_run_and_since_when(self, holding):
         _root, environ, holder, held = holding
 
-        rows = json.loads(evalpush(environ, "status", "--json").stdout)["runs"]
+        rows = json.loads(evalpush(environ, "status", "--json").stdout)
         table = evalpush(environ, "status").stdout
 
         (row,) = rows
@@ -280,7 +280,7 @@ class TestKilledHolder:
         (left,) = read_rows(tmp_path / "state")
         assert (left.claim_pid, left.state) == (killed.pid, State.UPLOADING)
         assert left.pending is not None, "the batch it sent is not acknowledged"
-        (row,) = json.loads(evalpush(environ, "status", "--json").stdout)["runs"]
+        (row,) = json.loads(evalpush(environ, "status", "--json").stdout)
         assert (row["state"], row["holder"]) == (State.READY, None)
         assert "interrupted" in row["reason"]
 

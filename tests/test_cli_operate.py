@@ -177,7 +177,7 @@ class TestCommandLine:
         checked = evalpush("check", "--config", str(config), EVALPUSH_STATE_DIR="")
 
         assert pushed.returncode == 0, pushed.stderr
-        assert [row["run_id"] for row in json.loads(listed.stdout)["runs"]] == [RUN_ID]
+        assert [row["run_id"] for row in json.loads(listed.stdout)] == [RUN_ID]
         assert checked.returncode == 0, checked.stdout + checked.stderr
         rows = check_rows(checked.stdout)
         assert rows["config"][1].startswith(f"{config}: valid")
@@ -210,7 +210,7 @@ class TestCommandLine:
         elif args == ("status",):
             assert done.stdout == f"no runs: there is no ledger at {state / 'state.db'} yet\n"
         elif args == ("status", "--json"):
-            assert json.loads(done.stdout)["runs"] == []
+            assert json.loads(done.stdout) == []
 
 
 # ---------------------------------------------------------------- check

@@ -422,7 +422,7 @@ class TestForgettingAnUploadedRun:
             text=True,
             timeout=60,
         )
-        assert len(json.loads(listed.stdout)["runs"]) == (0 if forgotten else 1)
+        assert len(json.loads(listed.stdout)) == (0 if forgotten else 1)
 
     def test_push_after_forget_creates_a_second_evaluation_as_it_said(
         self, evalpush, platform, tmp_path
@@ -478,7 +478,7 @@ class TestAfterALedgerError:
 
         assert push.returncode == 1
         assert b"database or disk is full" in err
-        (row,) = json.loads(listed.stdout)["runs"]
+        (row,) = json.loads(listed.stdout)
         assert row["state"] == "ready"
         assert row["reason"].startswith("interrupted")
         assert row["holder"] is None

@@ -29,19 +29,25 @@ def test_status_says_the_daemon_runs_then_that_it_stopped_or_vanished_with_its_p
         daemon.started()
         running = wait_until(
             lambda: (
-                (d := json.loads(evalpush(environ, "status", "--json").stdout)["daemon"])["running"]
+                (
+                    d := json.loads(evalpush(environ, "status", "--daemon", "--json").stdout)[
+                        "daemon"
+                    ]
+                )["running"]
                 and d
             ),
             "status --json to show the running daemon",
         )
         assert daemon.stop() == 0
     stopped = evalpush(environ, "status").stdout
-    stopped_json = json.loads(evalpush(environ, "status", "--json").stdout)["daemon"]
+    stopped_json = json.loads(evalpush(environ, "status", "--daemon", "--json").stdout)["daemon"]
 
     with Daemon(environ) as killed:
         killed.started()
         wait_until(
-            lambda: json.loads(evalpush(environ, "status", "--json").stdout)["daemon"]["running"],
+            lambda: json.loads(evalpush(environ, "status", "--daemon", "--json").stdout)["daemon"][
+                "running"
+            ],
             "the second daemon to write its view",
         )
         killed.kill()
@@ -74,14 +80,14 @@ def test_state_and_limit_filter_and_the_table_fits_120_columns_with_long_paths(
 
     table = evalpush(environ, "status").stdout
     failed = evalpush(environ, "status", "--state", "failed").stdout
-    limited = json.loads(evalpush(environ, "status", "--limit", "2", "--json").stdout)["runs"]
+    limited = json.loads(evalpush(environ, "status", "--limit", "2", "--json").stdout)
     both = evalpush(environ, "status", "--state", "failed", "--state", "finalized", "--json")
 
     assert max(len(line) for line in table.splitlines() if not line.startswith("ledger:")) <= 120
     assert len([line for line in table.splitlines() if " finalized " in line]) == 6
     assert [line.split()[:2] for line in failed.splitlines()[3:-1]] == [["99999999", "failed"]]
     assert len(limited) == 2
-    assert len(json.loads(both.stdout)["runs"]) == 7
+    assert len(json.loads(both.stdout)) == 7
     full = evalpush(environ, "status", "99999999").stdout
     assert str(broken) in full, "the full path is in status RUN"
 
@@ -110,7 +116,7 @@ def test_retry_all_failed_queues_every_failed_run_and_nothing_else(
     assert str(good) not in done.stdout
     states = {
         row["run_id"][:8]: row["state"]
-        for row in json.loads(evalpush(environ, "status", "--json").stdout)["runs"]
+        for row in json.loads(evalpush(environ, "status", "--json").stdout)
     }
     assert states == {
         "11111111": "finalized",
@@ -135,7 +141,7 @@ def test_runs_paused_by_an_outage_say_so(local_platform: LocalPlatform, tmp_path
                 (
                     r := {
                         x["run_id"]: x
-                        for x in json.loads(evalpush(environ, "status", "--json").stdout)["runs"]
+                        for x in json.loads(evalpush(environ, "status", "--json").stdout)
                     }.get(run.run_id)
                 )
                 and r.get("paused")

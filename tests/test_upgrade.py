@@ -53,6 +53,7 @@ def test_status_and_check_read_a_schema_1_ledger_and_leave_its_bytes_unchanged(
 
     table = evalpush(env, "status")
     listed = evalpush(env, "status", "--json")
+    daemon = evalpush(env, "status", "--daemon", "--json")
     one = evalpush(env, "status", ledger_v1.RUN_IDS["held"])
     check = evalpush(env, "check")
 
@@ -63,9 +64,8 @@ def test_status_and_check_read_a_schema_1_ledger_and_leave_its_bytes_unchanged(
     assert f"{path}: {ledger_v1.RUNS} runs" in table.stdout
     assert "schema 1 from an older evalpush" in table.stdout
     assert "`evalpush migrate` upgrades it" in table.stdout
-    document = json.loads(listed.stdout)
-    assert document["schema"] == 1
-    assert {row["run_id"] for row in document["runs"]} >= set(ledger_v1.RUN_IDS.values())
+    assert json.loads(daemon.stdout)["schema"] == 1
+    assert {row["run_id"] for row in json.loads(listed.stdout)} >= set(ledger_v1.RUN_IDS.values())
     assert "held" in one.stdout
     assert re.search(r"^ledger\s+OK\s+.*schema 1 from an older evalpush", check.stdout, re.M)
 

@@ -32,7 +32,7 @@ def ledger_status(environ: dict[str, str]) -> list[dict[str, Any]]:
     )
     if done.returncode not in (0, 1):
         raise RuntimeError(f"evalpush status: exit {done.returncode}: {done.stderr!r}")
-    return json.loads(done.stdout)["runs"]
+    return json.loads(done.stdout)
 
 
 @dataclass

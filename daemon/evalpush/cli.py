@@ -167,7 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--json",
         action="store_true",
-        help='JSON instead of text: {"ledger", "schema", "daemon", "runs": [...]}; one run with RUN',
+        help="JSON instead of text: a list of one object per run; one object with RUN",
+    )
+    p.add_argument(
+        "--daemon",
+        action="store_true",
+        help='only the ledger and the daemon\'s view (with --json: {"ledger", "schema", "daemon"})',
     )
     p.add_argument(
         "--state",
@@ -465,10 +470,14 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
     if not os.path.lexists(path):
         if args.run is not None:
             raise UsageError(f"no run {args.run!r}: there is no ledger at {path} yet")
-        if args.json:
-            _print_json({"ledger": str(path), "daemon": daemon_json(view, last), "runs": []})
+        if args.daemon and args.json:
+            _print_json({"ledger": str(path), "schema": None, "daemon": daemon_json(view, last)})
+        elif args.json:
+            _print_json([])
         else:
             print(f"no runs: there is no ledger at {path} yet")
+            if args.daemon:
+                print(daemon_text(view) if view is not None else not_running_text(last))
         return EXIT_OK
     with Ledger.for_reading(path) as ledger:
         if args.run is not None:
@@ -476,19 +485,23 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
             mark_paused([detail], view)
             _print_json(detail) if args.json else print(detail_text(detail))
             return EXIT_OK
+        if args.daemon and args.json:
+            document: Any = {
+                "ledger": str(path),
+                "schema": ledger.file_version,
+                "daemon": daemon_json(view, last),
+            }
+            _print_json(document)
+            return EXIT_OK
         records = {record.run_id: record for record in ledger.all()}
         rows = select_rows(status_rows(ledger), states=args.state, limit=args.limit)
         mark_paused(rows, view)
         if args.json:
             shown = {row["run_id"] for row in rows if row["state"] != State.SUPERSEDED}
-            runs = [run_detail(ledger, records[run_id]) for run_id in records if run_id in shown]
-            mark_paused(runs, view)
-            document = {
-                "ledger": str(path),
-                "schema": ledger.file_version,
-                "daemon": daemon_json(view, last),
-                "runs": runs,
-            }
+            document = [
+                run_detail(ledger, records[run_id]) for run_id in records if run_id in shown
+            ]
+            mark_paused(document, view)
         count = len(records)
         old = ledger.file_version != SCHEMA_VERSION
     if args.json:
@@ -498,6 +511,8 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
     if old:
         print(f"            {upgrade_advice(ledger.file_version)}")
     print(daemon_text(view) if view is not None else not_running_text(last))
+    if args.daemon:
+        return EXIT_OK
     print(status_table(rows, ledger=path))
     if args.state or (args.limit is not None and len(rows) >= args.limit):
         print(f"({len(rows)} shown; `evalpush status RUN` shows one in full)")

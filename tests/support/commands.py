@@ -59,7 +59,7 @@ class Started:
 def status_json(run: Callable[..., subprocess.CompletedProcess[Any]]) -> list[dict]:
     done = run("status", "--json")
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)["runs"]
+    return json.loads(done.stdout)
 
 
 def check_rows(stdout: str) -> dict[str, tuple[str, str]]:
