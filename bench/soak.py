@@ -92,6 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--stall-weight", type=int, default=1, help="of the fault menu's 19 at 1 (a share)"
     )
+    parser.add_argument(
+        "--log-level", default="warning", help="of every evalpush process (debug: each batch)"
+    )
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="chaos phase bound")
     parser.add_argument("--drain-seconds", type=float, default=600.0, help="drain phase bound")
     parser.add_argument("--seed", type=int, default=0)
@@ -131,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         batch_samples=args.batch_samples,
         read_timeout_seconds=args.read_timeout,
+        log_level=args.log_level,
         max_seconds=args.max_seconds,
         drain_seconds=args.drain_seconds,
         seed=args.seed,

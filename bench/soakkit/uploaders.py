@@ -53,6 +53,7 @@ class EvalpushWorld:
     api_key: str
     batch_samples: int = 50
     read_timeout_seconds: float = 3.0
+    log_level: str = "warning"
     settle_seconds: float = 6.0
     rescan_seconds: float = 2.0
     _started: int = 0
@@ -74,7 +75,7 @@ class EvalpushWorld:
             EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES=str(self.batch_samples),
             EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS=str(self.read_timeout_seconds),
             EVALPUSH_PLATFORM__CONNECT_TIMEOUT_SECONDS="2",
-            EVALPUSH_LOG__LEVEL="warning",
+            EVALPUSH_LOG__LEVEL=self.log_level,
             EVALPUSH_LOG__FORMAT="json",
         )
 
