@@ -22,6 +22,10 @@ What it promises:
 - Every request ends by `platform.request_deadline_seconds`, and within a fraction of a second
   of the stop event being set (`evalpush.transport`); a request cut off by a stop raises
   `Interrupted` (its outcome unknown: the upload protocol reconciles it on the next start).
+- A non-replayable request (create, push samples, finalize) goes on a connection of its own,
+  closed after its answer (`Connection: close`): an answer a server (or a proxy) sends twice
+  on a kept-alive connection shifts every later answer on it by one request, and a refused
+  batch or finalize would be taken for done. Replayable requests share kept-alive connections.
 - One `PlatformClient` is safe to share between threads: the transport's connection pool is, and the
   credentials are swapped as one immutable object.
 """
@@ -588,6 +592,8 @@ _DEFAULT_HEADERS = [
     (b"User-Agent", USER_AGENT.encode()),
 ]
 """What every request carries, the host and the key aside."""
+_CLOSE = (b"Connection", b"close")
+"""What a non-replayable request carries instead of keep-alive: a connection of its own."""
 
 
 def _json_body_headers(body: bytes) -> list[tuple[bytes, bytes]]:
@@ -602,21 +608,25 @@ class _Target(msgspec.Struct, frozen=True):
     origin: Origin
     path_prefix: bytes  # the base URL's path and the API prefix: a request's target starts so
     headers: list[tuple[bytes, bytes]]
+    closing_headers: list[tuple[bytes, bytes]]  # `headers` with `Connection: close`
 
     @classmethod
     def of(cls, credentials: Credentials) -> _Target:
         base = urllib.parse.urlsplit(credentials.api_base)  # checked when loaded
         origin = Origin.of(base)
         path = urllib.parse.quote(base.path, safe="/%:@!$&'()*+,;=~")
+        headers = [
+            (b"Host", origin.host_header),
+            *_DEFAULT_HEADERS,
+            (b"Authorization", f"Bearer {credentials.api_key}".encode("ascii")),
+        ]
+        closing = [_CLOSE if name == b"Connection" else (name, v) for name, v in headers]
         return cls(
             credentials,
             origin,
             path.rstrip("/").encode("ascii") + API_PREFIX.encode("ascii"),
-            [
-                (b"Host", origin.host_header),
-                *_DEFAULT_HEADERS,
-                (b"Authorization", f"Bearer {credentials.api_key}".encode("ascii")),
-            ],
+            headers,
+            closing,
         )
 
 
@@ -738,7 +748,11 @@ class PlatformClient:
             raise errors.Interrupted(f"{what}: stop requested; not sent")
         target = self._target_for(self.credentials)  # one snapshot, even if another thread reloads
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        headers = target.headers
+        # A non-replayable request has a connection of its own, closed after its answer: an
+        # answer a server sent late on an earlier exchange is never taken for its answer (a
+        # batch refused taken as stored, a finalize refused taken as done), nor its own late
+        # copy for a later request's.
+        headers = target.headers if replayable else target.closing_headers
         if body is not None:
             headers = [*headers, *_json_body_headers(body)]
         try:  # the path is quoted segments and the query url-encoded: ASCII, unless a bug

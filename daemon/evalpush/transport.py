@@ -19,6 +19,11 @@ What it promises:
   body cut short. A connection is kept for the next request only after an answer was read to
   its end with nothing after it; an idle one is dropped after `KEEPALIVE_SECONDS`, or at once
   when the server closed it (or spoke out of turn) meanwhile.
+- A request that says `Connection: close` has a connection of its own: a new one, closed after
+  its answer. Nothing a server sent late on an earlier exchange (an answer sent twice: every
+  later answer on that connection then belongs to the request before) is read as its answer,
+  and nothing sent late after its answer reaches a later request. The platform client sends its
+  non-replayable requests so.
 - Proxies named by the standard environment variables (`HTTPS_PROXY`, `ALL_PROXY`, `NO_PROXY`,
   ...) are used as curl and httpx use them: an http URL is asked of the proxy in absolute
   form, an https URL through a CONNECT tunnel, both over the same sliced sockets. An
@@ -98,6 +103,9 @@ MAX_IDLE_CONNECTIONS = 20
 
 KEEPALIVE_SECONDS = 5.0
 """An idle connection older than this is closed rather than reused (servers drop them too)."""
+
+_CLOSE = (b"Connection", b"close")
+"""A request header that gives the request a connection of its own (`StoppableTransport.send`)."""
 
 _INLINE_BODY_BYTES = 64 * 1024
 """A body up to this size goes out in the same write as the head (one segment on loopback)."""
@@ -881,7 +889,8 @@ class StoppableTransport:
         if route.authorization is not None and not route.tunnel:
             headers = [*headers, (b"Proxy-Authorization", route.authorization)]
         head = _request_head(method, route.target(path), headers)
-        connection = self._checkout(route, timeouts)
+        own = _CLOSE in headers  # a connection of its own, never reused: see the module's doc
+        connection = self._connect(route, timeouts) if own else self._checkout(route, timeouts)
         try:
             answered_early = self._write(connection, head, body, timeouts)
             status, http11, fields = connection.read_head(timeouts.read)
@@ -889,7 +898,7 @@ class StoppableTransport:
                 if status == 101:
                     raise RemoteProtocolError("the server switched protocols unasked")
                 status, http11, fields = connection.read_head(timeouts.read)
-            reusable = http11 and not answered_early
+            reusable = http11 and not answered_early and not own
             framed = self._body(connection, method, status, fields, reusable, timeouts.read)
             response = Response(status, Headers(fields), framed)
         except BaseException:
