@@ -224,3 +224,22 @@ class TestAnAnswerSentAgainLate:
             state = push_through(proxy, platform, tmp_path, runs)
         assert_stored_once(platform)
         assert state == "finalized"
+
+
+def is_sample_listing(method: str, path: str) -> bool:
+    return method == "GET" and urllib.parse.urlsplit(path).path.endswith("/samples")
+
+
+class TestAReadAnsweredLateAgain:
+    def test_a_listing_answered_again_late_is_not_taken_for_the_next_reconciling_listing(
+        self, platform: LocalPlatform, tmp_path: Path, runs: Path
+    ) -> None:
+        """The first two batches are stored and answered 502 (ambiguous): each is reconciled
+        by listing the evaluation's samples. The first listing's answer comes again, late:
+        taken for the second listing's, it said the second batch was not stored, and the
+        second batch was sent again (stored twice)."""
+        platform.inject("status", on="samples", status=502, do_work=True, count=2)
+        with LateAnswers(platform.base_url, is_sample_listing) as proxy:
+            state = push_through(proxy, platform, tmp_path, runs)
+        assert_stored_once(platform)
+        assert state == "finalized"
