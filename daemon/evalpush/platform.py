@@ -22,10 +22,13 @@ What it promises:
 - Every request ends by `platform.request_deadline_seconds`, and within a fraction of a second
   of the stop event being set (`evalpush.transport`); a request cut off by a stop raises
   `Interrupted` (its outcome unknown: the upload protocol reconciles it on the next start).
-- A non-replayable request (create, push samples, finalize) goes on a connection of its own,
-  closed after its answer (`Connection: close`): an answer a server (or a proxy) sends twice
-  on a kept-alive connection shifts every later answer on it by one request, and a refused
-  batch or finalize would be taken for done. Replayable requests share kept-alive connections.
+- A request whose answer exactly-once depends on goes on a connection of its own, closed after
+  its answer (`Connection: close`): the non-replayable ones (create, push samples, finalize)
+  and the reads the upload decides by (an evaluation, its samples, an environment's
+  evaluations). An answer a server (or a proxy) sends twice on a kept-alive connection shifts
+  every later answer on it by one request: a refused batch or finalize was taken for done, an
+  old listing for a new one. The others (resolve, close out, the probe) share kept-alive
+  connections.
 - One `PlatformClient` is safe to share between threads: the transport's connection pool is, and the
   credentials are swapped as one immutable object.
 """
@@ -720,14 +723,17 @@ class PlatformClient:
         body: bytes | None = None,
         params: Mapping[str, Any] | None = None,
         cap: int = MAX_ANSWER_BYTES,
+        own_connection: bool = False,
     ) -> _Answer:
         """One request; its 2xx answer read under `cap` bytes, or the error it stands for. The
-        observer, if any, hears how it ended."""
+        observer, if any, hears how it ended. A non-replayable request, and one asked to
+        (`own_connection`), goes on a connection of its own (see the module's docstring)."""
+        own = own_connection or not replayable
         if self._observer is None:
-            return self._exchange(method, path, what, replayable, body, params, cap)
+            return self._exchange(method, path, what, replayable, body, params, cap, own)
         started = time.monotonic()
         try:
-            answer = self._exchange(method, path, what, replayable, body, params, cap)
+            answer = self._exchange(method, path, what, replayable, body, params, cap, own)
         except BaseException as exc:
             self._observer.request_done(endpoint, exc, time.monotonic() - started)  # type: ignore[arg-type]
             raise
@@ -743,16 +749,17 @@ class PlatformClient:
         body: bytes | None,
         params: Mapping[str, Any] | None,
         cap: int,
+        own: bool,
     ) -> _Answer:
         if self._stop.is_set():
             raise errors.Interrupted(f"{what}: stop requested; not sent")
         target = self._target_for(self.credentials)  # one snapshot, even if another thread reloads
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        # A non-replayable request has a connection of its own, closed after its answer: an
-        # answer a server sent late on an earlier exchange is never taken for its answer (a
-        # batch refused taken as stored, a finalize refused taken as done), nor its own late
-        # copy for a later request's.
-        headers = target.headers if replayable else target.closing_headers
+        # A connection of its own, closed after the answer: an answer a server sent late on an
+        # earlier exchange is never taken for this one's (a batch refused taken as stored, a
+        # finalize refused taken as done, an old listing taken for a new one), nor this one's
+        # late copy for a later request's.
+        headers = target.closing_headers if own else target.headers
         if body is not None:
             headers = [*headers, *_json_body_headers(body)]
         try:  # the path is quoted segments and the query url-encoded: ASCII, unless a bug
@@ -825,8 +832,17 @@ class PlatformClient:
         params: Mapping[str, Any] | None = None,
         cap: int = MAX_ANSWER_BYTES,
     ) -> Any:
+        """A read of the platform's evaluations and samples: what the upload decides by (to
+        create, to send a batch, to finalize), so on a connection of its own."""
         answer = self._send(
-            "GET", path, endpoint=endpoint, what=what, params=params, replayable=True, cap=cap
+            "GET",
+            path,
+            endpoint=endpoint,
+            what=what,
+            params=params,
+            replayable=True,
+            cap=cap,
+            own_connection=True,
         )
         return self._decode(answer, what=what, replayable=True)
 
@@ -900,7 +916,14 @@ class PlatformClient:
     def get_evaluation(self, evaluation_id: str) -> dict[str, Any]:
         what = f"read evaluation {evaluation_id}"
         path = f"/evaluations/{_segment(evaluation_id, what)}"
-        answer = self._send("GET", path, endpoint="get_evaluation", what=what, replayable=True)
+        answer = self._send(
+            "GET",
+            path,
+            endpoint="get_evaluation",
+            what=what,
+            replayable=True,
+            own_connection=True,
+        )
         data = self._decode(answer, what=what, replayable=True)
         if isinstance(data, dict) and isinstance(data.get("data"), dict) and "status" not in data:
             data = data["data"]
