@@ -93,6 +93,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--stall-weight", type=int, default=1, help="of the fault menu's 19 at 1 (a share)"
     )
     parser.add_argument(
+        "--twice-weight",
+        type=int,
+        default=0,
+        help="answers sent again on their connection, late (weight in the fault menu)",
+    )
+    parser.add_argument(
         "--log-level", default="warning", help="of every evalpush process (debug: each batch)"
     )
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="chaos phase bound")
@@ -131,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             outage_interval_seconds=args.outage_interval,
             stall_seconds=args.stall_seconds,
             stall_weight=args.stall_weight,
+            twice_weight=args.twice_weight,
         ),
         batch_samples=args.batch_samples,
         read_timeout_seconds=args.read_timeout,

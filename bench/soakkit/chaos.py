@@ -33,10 +33,16 @@ class FaultKind:
 
 
 def fault_menu(
-    stall_seconds: float, refused_seconds: float, stall_weight: int = 1
+    stall_seconds: float,
+    refused_seconds: float,
+    stall_weight: int = 1,
+    twice_weight: int = 0,
+    twice_seconds: float = 0.05,
 ) -> list[FaultKind]:
     """Every fault kind of the issue: statuses, 429 with Retry-After, resets and stalls after
-    the work, malformed bodies, and a short refusal (`refuse` is not tied to a request kind)."""
+    the work, malformed bodies, and a short refusal (`refuse` is not tied to a request kind);
+    with a `twice_weight`, answers sent again `twice_seconds` later on their connection."""
+    twice = {"fault": "twice", "seconds": twice_seconds}
     return [
         FaultKind("500", {"fault": "status", "status": 500}, 2),
         FaultKind("502 after work", {"fault": "status", "status": 502, "do_work": True}, 2),
@@ -47,6 +53,7 @@ def fault_menu(
         FaultKind("stall after work", {"fault": "stall", "seconds": stall_seconds}, stall_weight),
         FaultKind("malformed body", {"fault": "malformed"}, 2),
         FaultKind("refused connection", {"fault": "refuse", "seconds": refused_seconds}, 1),
+        *([FaultKind("answered twice", twice, twice_weight)] if twice_weight else []),
     ]
 
 
@@ -64,6 +71,8 @@ class ChaosParams:
     outage_seconds: tuple[float, float] = (2.0, 6.0)
     stall_seconds: float = 4.0  # past the uploaders' read timeout
     stall_weight: int = 1  # of the menu's 19 (at 1): stalls are rare among the faults
+    twice_weight: int = 0  # answers sent twice (a server or proxy out of turn); none by default
+    twice_seconds: float = 0.05  # how late the second copy comes
     refused_seconds: float = 0.5  # a refused-connection fault: far shorter than an outage
 
 
@@ -86,7 +95,11 @@ class Chaos:
 
     def __post_init__(self) -> None:
         self._menu = fault_menu(
-            self.params.stall_seconds, self.params.refused_seconds, self.params.stall_weight
+            self.params.stall_seconds,
+            self.params.refused_seconds,
+            self.params.stall_weight,
+            self.params.twice_weight,
+            self.params.twice_seconds,
         )
         self._next_outage = time.monotonic() + self.params.first_outage_seconds
 
