@@ -33,7 +33,7 @@ import pytest
 from evalpush.local_platform import LocalPlatform
 from support.commands import evalpush, status_json
 from support.environ import cli_environ
-from support.runs import trace_line, write_run
+from support.runs import OTHER_RUN_ID, RUN_ID, trace_line, write_run
 
 TRACES = 9
 BATCH = 3  # three batches
@@ -151,14 +151,17 @@ def runs(tmp_path: Path) -> Path:
     return root
 
 
-def push_through(proxy: LateAnswers, platform: LocalPlatform, tmp_path: Path, runs: Path) -> str:
-    """`evalpush push` of the run through the proxy; its ledger state as `status` shows it."""
+def push_through(
+    proxy: LateAnswers, platform: LocalPlatform, tmp_path: Path, runs: Path, **settings: str
+) -> list[str]:
+    """`evalpush push` of the runs through the proxy; their ledger states as `status` shows."""
     environ = cli_environ(
         platform,
         tmp_path,
         PRIME_API_BASE_URL=proxy.base_url,
         EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES=str(BATCH),
         EVALPUSH_LOG__LEVEL="warning",
+        **settings,
     )
     done = subprocess.run(
         [sys.executable, "-m", "evalpush", "push", str(runs)],
@@ -167,8 +170,7 @@ def push_through(proxy: LateAnswers, platform: LocalPlatform, tmp_path: Path, ru
         timeout=PUSH_SECONDS,
     )
     assert done.returncode == 0, done.stderr.decode()
-    (row,) = status_json(functools.partial(evalpush, environ))
-    return row["state"]
+    return [row["state"] for row in status_json(functools.partial(evalpush, environ))]
 
 
 def assert_stored_once(platform: LocalPlatform) -> None:
@@ -208,9 +210,9 @@ class TestAnAnswerSentAgainLate:
         was lost) and the refusal, taken for the third's, had the stored third batch sent
         again (stored twice)."""
         with LateAnswers(platform.base_url, is_batch, refuse_second_batch) as proxy:
-            state = push_through(proxy, platform, tmp_path, runs)
+            states = push_through(proxy, platform, tmp_path, runs)
         assert_stored_once(platform)
-        assert state == "finalized"
+        assert states == ["finalized"]
 
     def test_a_finalize_refused_after_a_late_answer_is_sent_again_and_the_evaluation_completes(
         self, platform: LocalPlatform, tmp_path: Path, runs: Path
@@ -221,9 +223,9 @@ class TestAnAnswerSentAgainLate:
         "already finalized, nothing sent")."""
         platform.inject("status", on="finalize", status=503)
         with LateAnswers(platform.base_url, is_batch) as proxy:
-            state = push_through(proxy, platform, tmp_path, runs)
+            states = push_through(proxy, platform, tmp_path, runs)
         assert_stored_once(platform)
-        assert state == "finalized"
+        assert states == ["finalized"]
 
 
 def is_sample_listing(method: str, path: str) -> bool:
@@ -240,6 +242,30 @@ class TestAReadAnsweredLateAgain:
         second batch was sent again (stored twice)."""
         platform.inject("status", on="samples", status=502, do_work=True, count=2)
         with LateAnswers(platform.base_url, is_sample_listing) as proxy:
-            state = push_through(proxy, platform, tmp_path, runs)
+            states = push_through(proxy, platform, tmp_path, runs)
         assert_stored_once(platform)
-        assert state == "finalized"
+        assert states == ["finalized"]
+
+
+def is_resolve(method: str, path: str) -> bool:
+    return method == "POST" and path.endswith("/environmentshub/resolve")
+
+
+class TestAResolveAnsweredLateAgain:
+    def test_a_resolve_answered_again_late_is_not_taken_for_the_next_environment(
+        self, platform: LocalPlatform, tmp_path: Path
+    ) -> None:
+        """Two runs of two environments, one after the other; the first environment's resolve
+        answer comes again, late. Taken for the second environment's, it put the second run's
+        evaluation in the first environment."""
+        root = tmp_path / "outputs"
+        lines = [trace_line(i, i // 2) for i in range(TRACES)]
+        write_run(root, lines, run_id=RUN_ID, group="gsm8k--org--model--default")
+        write_run(root, lines, run_id=OTHER_RUN_ID, group="math--org--model--default")
+        with LateAnswers(platform.base_url, is_resolve) as proxy:
+            push_through(proxy, platform, tmp_path, root, EVALPUSH_UPLOAD__MAX_CONCURRENT_RUNS="1")
+        environments = {
+            e["metadata"]["run_id"]: e["environment"]
+            for e in platform.summary()["evaluations"].values()
+        }
+        assert environments == {RUN_ID: "gsm8k", OTHER_RUN_ID: "math"}
