@@ -33,7 +33,7 @@ import pytest
 from evalpush.local_platform import LocalPlatform
 from support.commands import evalpush, status_json
 from support.environ import cli_environ
-from support.runs import OTHER_RUN_ID, RUN_ID, trace_line, write_run
+from support.runs import OTHER_RUN_ID, RUN_ID, config_toml, trace_line, write_run
 
 TRACES = 9
 BATCH = 3  # three batches
@@ -260,8 +260,8 @@ class TestAResolveAnsweredLateAgain:
         evaluation in the first environment."""
         root = tmp_path / "outputs"
         lines = [trace_line(i, i // 2) for i in range(TRACES)]
-        write_run(root, lines, run_id=RUN_ID, group="gsm8k--org--model--default")
-        write_run(root, lines, run_id=OTHER_RUN_ID, group="math--org--model--default")
+        write_run(root, lines, run_id=RUN_ID, config=config_toml(env="gsm8k", num_tasks=5))
+        write_run(root, lines, run_id=OTHER_RUN_ID, config=config_toml(env="math", num_tasks=5))
         with LateAnswers(platform.base_url, is_resolve) as proxy:
             push_through(proxy, platform, tmp_path, root, EVALPUSH_UPLOAD__MAX_CONCURRENT_RUNS="1")
         environments = {

@@ -22,13 +22,13 @@ What it promises:
 - Every request ends by `platform.request_deadline_seconds`, and within a fraction of a second
   of the stop event being set (`evalpush.transport`); a request cut off by a stop raises
   `Interrupted` (its outcome unknown: the upload protocol reconciles it on the next start).
-- A request whose answer exactly-once depends on goes on a connection of its own, closed after
-  its answer (`Connection: close`): the non-replayable ones (create, push samples, finalize)
-  and the reads the upload decides by (an evaluation, its samples, an environment's
-  evaluations). An answer a server (or a proxy) sends twice on a kept-alive connection shifts
-  every later answer on it by one request: a refused batch or finalize was taken for done, an
-  old listing for a new one. The others (resolve, close out, the probe) share kept-alive
-  connections.
+- Every request goes on a connection of its own, closed after its answer (`Connection:
+  close`). HTTP/1.1 pairs an answer with a request only by their order on the connection: an
+  answer a server (or a proxy) sends twice on a kept-alive connection shifts every later
+  answer on it by one request, and no check at reuse can see a copy that comes after the next
+  request went out. Shifted, a refused batch or finalize was taken for done (a batch lost and
+  the next stored twice; a ledger saying finalized over an evaluation left RUNNING), an old
+  listing of samples for a new one (a batch stored twice), one environment's id for another's.
 - One `PlatformClient` is safe to share between threads: the transport's connection pool is, and the
   credentials are swapped as one immutable object.
 """
@@ -591,12 +591,11 @@ class _Listing:
 _DEFAULT_HEADERS = [
     (b"Accept", b"*/*"),
     (b"Accept-Encoding", b"gzip, deflate"),  # what the transport decodes
-    (b"Connection", b"keep-alive"),
+    # A connection of its own, closed after the answer (see the module's docstring).
+    (b"Connection", b"close"),
     (b"User-Agent", USER_AGENT.encode()),
 ]
 """What every request carries, the host and the key aside."""
-_CLOSE = (b"Connection", b"close")
-"""What a non-replayable request carries instead of keep-alive: a connection of its own."""
 
 
 def _json_body_headers(body: bytes) -> list[tuple[bytes, bytes]]:
@@ -611,25 +610,21 @@ class _Target(msgspec.Struct, frozen=True):
     origin: Origin
     path_prefix: bytes  # the base URL's path and the API prefix: a request's target starts so
     headers: list[tuple[bytes, bytes]]
-    closing_headers: list[tuple[bytes, bytes]]  # `headers` with `Connection: close`
 
     @classmethod
     def of(cls, credentials: Credentials) -> _Target:
         base = urllib.parse.urlsplit(credentials.api_base)  # checked when loaded
         origin = Origin.of(base)
         path = urllib.parse.quote(base.path, safe="/%:@!$&'()*+,;=~")
-        headers = [
-            (b"Host", origin.host_header),
-            *_DEFAULT_HEADERS,
-            (b"Authorization", f"Bearer {credentials.api_key}".encode("ascii")),
-        ]
-        closing = [_CLOSE if name == b"Connection" else (name, v) for name, v in headers]
         return cls(
             credentials,
             origin,
             path.rstrip("/").encode("ascii") + API_PREFIX.encode("ascii"),
-            headers,
-            closing,
+            [
+                (b"Host", origin.host_header),
+                *_DEFAULT_HEADERS,
+                (b"Authorization", f"Bearer {credentials.api_key}".encode("ascii")),
+            ],
         )
 
 
@@ -723,17 +718,14 @@ class PlatformClient:
         body: bytes | None = None,
         params: Mapping[str, Any] | None = None,
         cap: int = MAX_ANSWER_BYTES,
-        own_connection: bool = False,
     ) -> _Answer:
         """One request; its 2xx answer read under `cap` bytes, or the error it stands for. The
-        observer, if any, hears how it ended. A non-replayable request, and one asked to
-        (`own_connection`), goes on a connection of its own (see the module's docstring)."""
-        own = own_connection or not replayable
+        observer, if any, hears how it ended."""
         if self._observer is None:
-            return self._exchange(method, path, what, replayable, body, params, cap, own)
+            return self._exchange(method, path, what, replayable, body, params, cap)
         started = time.monotonic()
         try:
-            answer = self._exchange(method, path, what, replayable, body, params, cap, own)
+            answer = self._exchange(method, path, what, replayable, body, params, cap)
         except BaseException as exc:
             self._observer.request_done(endpoint, exc, time.monotonic() - started)  # type: ignore[arg-type]
             raise
@@ -749,17 +741,12 @@ class PlatformClient:
         body: bytes | None,
         params: Mapping[str, Any] | None,
         cap: int,
-        own: bool,
     ) -> _Answer:
         if self._stop.is_set():
             raise errors.Interrupted(f"{what}: stop requested; not sent")
         target = self._target_for(self.credentials)  # one snapshot, even if another thread reloads
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        # A connection of its own, closed after the answer: an answer a server sent late on an
-        # earlier exchange is never taken for this one's (a batch refused taken as stored, a
-        # finalize refused taken as done, an old listing taken for a new one), nor this one's
-        # late copy for a later request's.
-        headers = target.closing_headers if own else target.headers
+        headers = target.headers
         if body is not None:
             headers = [*headers, *_json_body_headers(body)]
         try:  # the path is quoted segments and the query url-encoded: ASCII, unless a bug
@@ -832,17 +819,8 @@ class PlatformClient:
         params: Mapping[str, Any] | None = None,
         cap: int = MAX_ANSWER_BYTES,
     ) -> Any:
-        """A read of the platform's evaluations and samples: what the upload decides by (to
-        create, to send a batch, to finalize), so on a connection of its own."""
         answer = self._send(
-            "GET",
-            path,
-            endpoint=endpoint,
-            what=what,
-            params=params,
-            replayable=True,
-            cap=cap,
-            own_connection=True,
+            "GET", path, endpoint=endpoint, what=what, params=params, replayable=True, cap=cap
         )
         return self._decode(answer, what=what, replayable=True)
 
@@ -916,14 +894,7 @@ class PlatformClient:
     def get_evaluation(self, evaluation_id: str) -> dict[str, Any]:
         what = f"read evaluation {evaluation_id}"
         path = f"/evaluations/{_segment(evaluation_id, what)}"
-        answer = self._send(
-            "GET",
-            path,
-            endpoint="get_evaluation",
-            what=what,
-            replayable=True,
-            own_connection=True,
-        )
+        answer = self._send("GET", path, endpoint="get_evaluation", what=what, replayable=True)
         data = self._decode(answer, what=what, replayable=True)
         if isinstance(data, dict) and isinstance(data.get("data"), dict) and "status" not in data:
             data = data["data"]

@@ -22,8 +22,8 @@ What it promises:
 - A request that says `Connection: close` has a connection of its own: a new one, closed after
   its answer. Nothing a server sent late on an earlier exchange (an answer sent twice: every
   later answer on that connection then belongs to the request before) is read as its answer,
-  and nothing sent late after its answer reaches a later request. The platform client sends its
-  non-replayable requests so.
+  and nothing sent late after its answer reaches a later request. The platform client sends
+  every request so.
 - Proxies named by the standard environment variables (`HTTPS_PROXY`, `ALL_PROXY`, `NO_PROXY`,
   ...) are used as curl and httpx use them: an http URL is asked of the proxy in absolute
   form, an https URL through a CONNECT tunnel, both over the same sliced sockets. An
