@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from evalpush.convert.trace import Node, Trace, Usage, chain
+from evalpush.convert.trace import NestedTooDeeply, Node, Trace, Usage, chain
 from evalpush.errors import BadRecord
 
 TRUNCATING_STOP_CONDITIONS = frozenset(
@@ -187,5 +187,7 @@ def encode_sample(sample: dict[str, Any], number: int) -> bytes:
     """The sample as JSON (non-finite floats as null)."""
     try:
         return _ENCODER.encode(sample)
-    except (msgspec.EncodeError, OverflowError, RecursionError) as exc:
+    except RecursionError:
+        raise NestedTooDeeply("cannot be encoded as JSON: nested too deeply", line=number) from None
+    except (msgspec.EncodeError, OverflowError) as exc:
         raise BadRecord(f"cannot be encoded as JSON: {exc}", line=number) from None
