@@ -33,7 +33,7 @@ What it promises:
 Why its own: httpx's timeouts are per phase and per socket read, so a body that keeps
 trickling never times out, and nothing in httpx or httpcore watches an event; this transport
 once fed httpcore's pool a sliced network backend. The platform's exchanges are small and few
-kinds (JSON in, JSON out, one connection per worker), and httpx, httpcore and h11 cost about
+kinds (JSON in, JSON out, a connection each), and httpx, httpcore and h11 cost about
 two fifths of `evalpush push`'s start-up (issue 10: the first request within 150 ms) and of its
 CPU per one-trace run. Socket timeouts are used for the slices rather than
 `select`: a TLS socket may hold decrypted bytes that `select` does not see, and
