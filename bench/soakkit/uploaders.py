@@ -216,13 +216,15 @@ class Daemon(_KilledAtRandom):
             self._start("daemon", ["--config", str(self.world.daemon_config()), "run"])
 
     def drain(self, every_run: list[Path], done: Callable[[], bool], seconds: float) -> None:
-        """Kills off: wait until `done()` and then a quiet while (two rescans), then SIGTERM."""
+        """Kills off: wait until `done()` and then a quiet while (the settle time and two
+        rescans: a run that cannot upload, written last and ready by settling, is still
+        waiting when the uploading runs are all done), then SIGTERM."""
         self.kills.budget, self._kill_at = 0, None
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not self.broken:
             self.step([])
             if done():
-                time.sleep(2 * self.world.rescan_seconds)
+                time.sleep(self.world.settle_seconds + 2 * self.world.rescan_seconds)
                 break
             time.sleep(DRAIN_POLL_SECONDS)
         self._reap_or_kill()
