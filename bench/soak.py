@@ -83,6 +83,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--outage-interval", type=float, default=20.0, help="mean seconds")
     parser.add_argument("--batch-samples", type=int, default=50)
+    parser.add_argument(
+        "--read-timeout", type=float, default=3.0, help="the uploaders' read timeout, seconds"
+    )
+    parser.add_argument(
+        "--stall-seconds", type=float, default=4.0, help="a stall fault, after the work"
+    )
+    parser.add_argument(
+        "--stall-weight", type=int, default=1, help="of the fault menu's 19 at 1 (a share)"
+    )
+    parser.add_argument(
+        "--twice-weight",
+        type=int,
+        default=0,
+        help="answers sent again on their connection, late (weight in the fault menu)",
+    )
+    parser.add_argument(
+        "--log-level", default="warning", help="of every evalpush process (debug: each batch)"
+    )
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="chaos phase bound")
     parser.add_argument("--drain-seconds", type=float, default=600.0, help="drain phase bound")
     parser.add_argument("--seed", type=int, default=0)
@@ -117,8 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         chaos=ChaosParams(
             fault_share=args.fault_share,
             outage_interval_seconds=args.outage_interval,
+            stall_seconds=args.stall_seconds,
+            stall_weight=args.stall_weight,
+            twice_weight=args.twice_weight,
         ),
         batch_samples=args.batch_samples,
+        read_timeout_seconds=args.read_timeout,
+        log_level=args.log_level,
         max_seconds=args.max_seconds,
         drain_seconds=args.drain_seconds,
         seed=args.seed,

@@ -416,6 +416,27 @@ class TestInProcess:
             == 200
         )
 
+    def test_a_twice_fault_sends_the_answer_again_on_the_same_connection(
+        self, local_platform: LocalPlatform
+    ) -> None:
+        local_platform.inject("twice", on="resolve", seconds=0)
+        body = b'{"name": "env-twice"}'
+        request = (
+            b"POST /api/v1/environmentshub/resolve HTTP/1.1\r\nHost: x\r\n"
+            b"Authorization: Bearer %s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (local_platform.api_key.encode(), len(body), body)
+        )
+        host, port = local_platform.base_url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(request)
+            received = b""
+            while received.count(b"HTTP/1.1 200") < 2 or not received.endswith(b"}}"):
+                chunk = sock.recv(65536)
+                assert chunk, f"closed after {received!r}"
+                received += chunk
+        first, second = (part.split(b"\r\n\r\n")[1] for part in received.split(b"HTTP/1.1 ")[1:])
+        assert first == second and b'"name":"env-twice"' in first  # the resolve's answer, twice
+
     def test_without_auth_any_key_or_none_is_accepted(self) -> None:
         with LocalPlatform(require_auth=False) as platform:
             assert platform.api_key is None

@@ -145,7 +145,6 @@ def test_every_answer_repeated_late_leaves_ledger_and_platform_agreeing(
     push_until_done(root, environ)
 
     assert relay.answers >= 7  # create, 5 batches, finalize (and the reads)
-    assert relay.repeated >= 1  # on the connections the client kept
     assert_exactly_once(platform, root)
     run: Callable[..., Any] = lambda *args: evalpush(environ, *args)  # noqa: E731
     (row,) = status_json(run)

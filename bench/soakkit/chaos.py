@@ -32,9 +32,17 @@ class FaultKind:
     weight: int = 1
 
 
-def fault_menu(stall_seconds: float, refused_seconds: float) -> list[FaultKind]:
+def fault_menu(
+    stall_seconds: float,
+    refused_seconds: float,
+    stall_weight: int = 1,
+    twice_weight: int = 0,
+    twice_seconds: float = 0.05,
+) -> list[FaultKind]:
     """Every fault kind of the issue: statuses, 429 with Retry-After, resets and stalls after
-    the work, malformed bodies, and a short refusal (`refuse` is not tied to a request kind)."""
+    the work, malformed bodies, and a short refusal (`refuse` is not tied to a request kind);
+    with a `twice_weight`, answers sent again `twice_seconds` later on their connection."""
+    twice = {"fault": "twice", "seconds": twice_seconds}
     return [
         FaultKind("500", {"fault": "status", "status": 500}, 2),
         FaultKind("502 after work", {"fault": "status", "status": 502, "do_work": True}, 2),
@@ -42,9 +50,10 @@ def fault_menu(stall_seconds: float, refused_seconds: float) -> list[FaultKind]:
         FaultKind("504 after work", {"fault": "status", "status": 504, "do_work": True}, 2),
         FaultKind("429 Retry-After", {"fault": "status", "status": 429, "retry_after": "1"}, 2),
         FaultKind("reset after work", {"fault": "reset"}, 3),
-        FaultKind("stall after work", {"fault": "stall", "seconds": stall_seconds}, 1),
+        FaultKind("stall after work", {"fault": "stall", "seconds": stall_seconds}, stall_weight),
         FaultKind("malformed body", {"fault": "malformed"}, 2),
         FaultKind("refused connection", {"fault": "refuse", "seconds": refused_seconds}, 1),
+        *([FaultKind("answered twice", twice, twice_weight)] if twice_weight else []),
     ]
 
 
@@ -61,6 +70,9 @@ class ChaosParams:
     first_outage_seconds: float = 5.0  # after the start: even a short soak meets one
     outage_seconds: tuple[float, float] = (2.0, 6.0)
     stall_seconds: float = 4.0  # past the uploaders' read timeout
+    stall_weight: int = 1  # of the menu's 19 (at 1): stalls are rare among the faults
+    twice_weight: int = 0  # answers sent twice (a server or proxy out of turn); none by default
+    twice_seconds: float = 0.05  # how late the second copy comes
     refused_seconds: float = 0.5  # a refused-connection fault: far shorter than an outage
 
 
@@ -82,7 +94,13 @@ class Chaos:
     _stopped: bool = False
 
     def __post_init__(self) -> None:
-        self._menu = fault_menu(self.params.stall_seconds, self.params.refused_seconds)
+        self._menu = fault_menu(
+            self.params.stall_seconds,
+            self.params.refused_seconds,
+            self.params.stall_weight,
+            self.params.twice_weight,
+            self.params.twice_seconds,
+        )
         self._next_outage = time.monotonic() + self.params.first_outage_seconds
 
     def in_outage(self) -> bool:

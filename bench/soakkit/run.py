@@ -65,6 +65,7 @@ class SoakParams:
     mix: Mix = field(default_factory=Mix)
     batch_samples: int = 50
     read_timeout_seconds: float = 3.0
+    log_level: str = "warning"  # of every evalpush process ("debug": each batch acknowledged)
     settle_seconds: float = 6.0
     rescan_seconds: float = 2.0
     max_seconds: float = 1800.0  # the chaos phase
@@ -140,6 +141,7 @@ class _Soak:
             self.key,
             batch_samples=self.params.batch_samples,
             read_timeout_seconds=self.params.read_timeout_seconds,
+            log_level=self.params.log_level,
             settle_seconds=self.params.settle_seconds,
             rescan_seconds=self.params.rescan_seconds,
         )

@@ -53,6 +53,7 @@ class EvalpushWorld:
     api_key: str
     batch_samples: int = 50
     read_timeout_seconds: float = 3.0
+    log_level: str = "warning"
     settle_seconds: float = 6.0
     rescan_seconds: float = 2.0
     _started: int = 0
@@ -74,7 +75,7 @@ class EvalpushWorld:
             EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES=str(self.batch_samples),
             EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS=str(self.read_timeout_seconds),
             EVALPUSH_PLATFORM__CONNECT_TIMEOUT_SECONDS="2",
-            EVALPUSH_LOG__LEVEL="warning",
+            EVALPUSH_LOG__LEVEL=self.log_level,
             EVALPUSH_LOG__FORMAT="json",
         )
 
@@ -215,13 +216,15 @@ class Daemon(_KilledAtRandom):
             self._start("daemon", ["--config", str(self.world.daemon_config()), "run"])
 
     def drain(self, every_run: list[Path], done: Callable[[], bool], seconds: float) -> None:
-        """Kills off: wait until `done()` and then a quiet while (two rescans), then SIGTERM."""
+        """Kills off: wait until `done()` and then a quiet while (the settle time and two
+        rescans: a run that cannot upload, written last and ready by settling, is still
+        waiting when the uploading runs are all done), then SIGTERM."""
         self.kills.budget, self._kill_at = 0, None
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not self.broken:
             self.step([])
             if done():
-                time.sleep(2 * self.world.rescan_seconds)
+                time.sleep(self.world.settle_seconds + 2 * self.world.rescan_seconds)
                 break
             time.sleep(DRAIN_POLL_SECONDS)
         self._reap_or_kill()

@@ -24,10 +24,14 @@ What it promises:
 - Every request ends by `platform.request_deadline_seconds`, and within a fraction of a second
   of the stop event being set (`evalpush.wire`); a request cut off by a stop raises
   `Interrupted` (its outcome unknown: the upload protocol reconciles it on the next start).
-- HTTP is httpx's (`evalpush.wire`): redirects are not followed; the steps that must not be
-  replayed go on connections of their own, so no answer left on a kept-alive connection is
-  ever read as theirs; an answer that was on its connection before the request went out is
-  refused.
+- HTTP is httpx's (`evalpush.wire`): redirects are not followed; every request goes on a
+  connection of its own, closed after its answer (`Connection: close`). HTTP/1.1 pairs an
+  answer with a request only by their order on a connection: an answer a server (or a proxy)
+  sends twice on a kept-alive connection shifts every later answer on it by one request, and
+  no check at reuse sees a copy that arrives after the next request went out. Shifted, a
+  refused batch or finalize was taken for done, an old listing of samples for a new one (a
+  batch stored twice), one environment's id for another's; reads decide writes, so reads go
+  alone too.
 - One `PlatformClient` is safe to share between threads: httpx's clients and their pools are,
   and the credentials are swapped as one immutable object.
 """
@@ -53,7 +57,7 @@ import msgspec
 from evalpush import __version__, errors
 from evalpush.config import PlatformConfig
 from evalpush.log import get_logger, holds_secret, register_secret, scrub
-from evalpush.wire import answered_early, make_client, request_deadline
+from evalpush.wire import make_client, request_deadline
 
 if TYPE_CHECKING:  # metrics imports prometheus_client, which a push never needs
     from evalpush.metrics import RequestObserver
@@ -632,7 +636,12 @@ class _Listing:
             )
 
 
-_DEFAULT_HEADERS = {"Accept": "*/*", "Accept-Encoding": "gzip, deflate", "User-Agent": USER_AGENT}
+_DEFAULT_HEADERS = {
+    "Accept": "*/*",
+    "Accept-Encoding": "gzip, deflate",
+    "Connection": "close",  # a connection of its own, closed after the answer (see above)
+    "User-Agent": USER_AGENT,
+}
 """What every request carries, the key aside."""
 
 
@@ -723,12 +732,9 @@ class PlatformClient:
         for client in clients.values():
             client.close()
 
-    def _client(self, scheme: str, *, fresh: bool) -> httpx.Client:
-        """The httpx client for a platform reached by `scheme`, built at its first use. `fresh`:
-        one that never reuses a connection, for the steps that must not be replayed, so no
-        answer left over on a kept-alive connection (a late one, a repeated one) is ever read
-        as theirs."""
-        key = (scheme, fresh)
+    def _client(self, scheme: str) -> httpx.Client:
+        """The httpx client for a platform reached by `scheme`, built at its first use."""
+        key = scheme
         client = self._clients.get(key)
         if client is None:
             with self._clients_lock:
@@ -740,7 +746,6 @@ class PlatformClient:
                         timeout=self._timeout,
                         headers=_DEFAULT_HEADERS,
                         allow_insecure_http=self._config.allow_insecure_http,
-                        fresh_connections=fresh,
                         transport=self._transport,
                     )
         return client
@@ -802,7 +807,7 @@ class PlatformClient:
         if self._stop.is_set():
             raise errors.Interrupted(f"{what}: stop requested; not sent")
         target = self._target_for(self.credentials)  # one snapshot, even if another thread reloads
-        client = self._client(target.scheme, fresh=not replayable)
+        client = self._client(target.scheme)
         headers = target.headers
         content = None
         if body is not None:
@@ -817,15 +822,6 @@ class PlatformClient:
                 with client.stream(
                     method, target.prefix + path, params=params, content=content, headers=headers
                 ) as response:
-                    if answered_early(response):
-                        # The answer was on the connection before this request went out: it
-                        # is another request's. Left unread, it takes its connection with it.
-                        cls = errors.Transient if replayable else errors.Ambiguous
-                        raise cls(
-                            f"{what}: an answer that was on the connection before the request "
-                            "went out (left over from an earlier one)",
-                            status=response.status_code,
-                        )
                     if not response.is_success:
                         raise errors.from_status(
                             response.status_code,

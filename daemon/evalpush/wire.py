@@ -20,13 +20,9 @@ What it promises:
 - A plain-http connection goes only to a loopback address unless insecure http is allowed:
   judged by the address connected to, not by the name.
 - TLS is verified with httpx's CA bundle (`SSL_CERT_FILE`, `SSL_CERT_DIR`, else certifi's).
-- `fresh_connections=True` gives a client that never reuses a connection: each request gets one
-  of its own, closed after its answer. The platform client sends its writes (create, samples,
-  finalize) so: a late or repeated answer on a kept-alive connection can then never be taken
-  for the answer to a write.
-- The answer's network stream says whether the answer was already in hand before the request
-  went out (`answered_early`): bytes left over on the connection after an earlier answer,
-  which h11 keeps and would give as the next answer.
+- A client never reuses a connection: each request gets one of its own, closed after its
+  answer, so a late or repeated answer on a kept-alive connection can never be taken for the
+  answer to a later request (the pool keeps no idle connection).
 
 Socket timeouts are used for the slices rather than `select`: a TLS socket may hold decrypted
 bytes that `select` does not see, and `SSLSocket.recv` with a timeout reads those first; a
@@ -55,7 +51,6 @@ __all__ = [
     "SLICE_SECONDS",
     "SlicedBackend",
     "SlicedStream",
-    "answered_early",
     "make_client",
     "request_deadline",
 ]
@@ -65,12 +60,6 @@ SLICE_SECONDS = 0.2
 
 WRITE_CHUNK_BYTES = 256 * 1024
 """A write hands the socket at most this much at a time, so a slow reader cannot hold one call."""
-
-KEEPALIVE_SECONDS = 5.0
-"""An idle connection older than this is closed rather than reused (servers drop them too)."""
-
-MAX_KEPT_CONNECTIONS = 20
-"""Kept-alive connections per pool; more are closed when released."""
 
 _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "evalpush_request_deadline", default=None
@@ -122,7 +111,6 @@ class SlicedStream(httpcore.NetworkStream):
         sock.settimeout(SLICE_SECONDS)
         self._sock = sock
         self._stop = stop
-        self._read_since_write = True  # False from a write until the next read that gets bytes
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         limit = _Limit(timeout, self._stop)
@@ -134,13 +122,11 @@ class SlicedStream(httpcore.NetworkStream):
                 continue  # a slice passed: look at the stop event and the deadline again
             except OSError as exc:
                 raise httpcore.ReadError(str(exc)) from exc
-            self._read_since_write = True
             return data
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         if not buffer:
             return
-        self._read_since_write = False
         limit = _Limit(timeout, self._stop)
         view = memoryview(buffer)
         while view:
@@ -195,8 +181,6 @@ class SlicedStream(httpcore.NetworkStream):
                 return True
             pending = getattr(self._sock, "pending", None)  # TLS: bytes already decrypted
             return bool(pending and pending()) or _poll(self._sock, select.POLLIN, 0)
-        if info == "answered_early":
-            return not self._read_since_write
         if info == "ssl_object":
             return self._sock._sslobj if isinstance(self._sock, ssl.SSLSocket) else None  # noqa: SLF001
         if info == "server_addr":
@@ -206,14 +190,6 @@ class SlicedStream(httpcore.NetworkStream):
         if info == "socket":
             return self._sock
         return None
-
-
-def answered_early(response: httpx.Response) -> bool:
-    """Whether the head of `response` (asked before its body is read: the connection is still
-    this request's) came whole from bytes that were already on its connection when the request
-    went out: the leftover of an earlier answer, which h11 keeps and gives as the next one."""
-    stream = response.extensions.get("network_stream")
-    return bool(stream is not None and stream.get_extra_info("answered_early"))
 
 
 _IN_PROGRESS = {errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK, errno.EINTR}
@@ -325,28 +301,23 @@ class _Transport(httpx.HTTPTransport):
         self._pool = pool  # what `HTTPTransport.handle_request` and `close` use
 
 
-def _limits(fresh: bool) -> dict[str, Any]:
-    return {
-        "max_connections": 100,
-        "max_keepalive_connections": 0 if fresh else MAX_KEPT_CONNECTIONS,
-        "keepalive_expiry": KEEPALIVE_SECONDS,
-    }
+POOL_LIMITS: dict[str, Any] = {"max_connections": 100, "max_keepalive_connections": 0}
+"""No idle connection is kept: a connection carries one exchange."""
 
 
 class _Client(httpx.Client):
     """An `httpx.Client` for an https platform whose transports, the proxies' included (as
     httpx reads them from the environment), are sliced pools."""
 
-    def __init__(self, stop: threading.Event, *, fresh: bool, **kwargs: Any) -> None:
+    def __init__(self, stop: threading.Event, **kwargs: Any) -> None:
         self._backend = SlicedBackend(stop)
-        self._pool_limits = _limits(fresh)
         self._ssl_context = httpx.create_ssl_context(trust_env=True)
         super().__init__(trust_env=True, **kwargs)
 
     def _init_transport(self, **_: Any) -> httpx.BaseTransport:
         return _Transport(
             httpcore.ConnectionPool(
-                ssl_context=self._ssl_context, network_backend=self._backend, **self._pool_limits
+                ssl_context=self._ssl_context, network_backend=self._backend, **POOL_LIMITS
             )
         )
 
@@ -365,7 +336,7 @@ class _Client(httpx.Client):
                 proxy_headers=proxy.headers.raw,
                 ssl_context=self._ssl_context,
                 network_backend=self._backend,
-                **self._pool_limits,
+                **POOL_LIMITS,
             )
         )
 
@@ -377,7 +348,6 @@ def make_client(
     timeout: httpx.Timeout,
     headers: dict[str, str],
     allow_insecure_http: bool,
-    fresh_connections: bool = False,
     transport: httpx.BaseTransport | None = None,
 ) -> httpx.Client:
     """The client for a platform reached by `scheme`: redirects off, every wait sliced. An
@@ -388,7 +358,7 @@ def make_client(
     if transport is not None:
         return httpx.Client(transport=transport, **common)
     if scheme == "https":
-        return _Client(stop, fresh=fresh_connections, **common)
+        return _Client(stop, **common)
     backend = SlicedBackend(stop, loopback_only=not allow_insecure_http)
-    pool = httpcore.ConnectionPool(network_backend=backend, **_limits(fresh_connections))
+    pool = httpcore.ConnectionPool(network_backend=backend, **POOL_LIMITS)
     return httpx.Client(transport=_Transport(pool), **common)

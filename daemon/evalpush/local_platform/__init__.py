@@ -65,6 +65,7 @@ Faults (each hits the next `count` requests of kind `on`; `refuse` is not tied t
 | `unread` | nothing: the request body is never read (a big upload blocks), then after `seconds` the connection is dropped | not done |
 | `echo_key` | HTTP `status` whose body quotes the Authorization header, raw and escaped | not done |
 | `bad_id` | a create (or resolve) answer whose id is `value` (default `../../../environmentshub/resolve?x=`) and whose viewer URL is `javascript:` | done |
+| `twice` | the answer, then `seconds` later the same answer again on the connection (read by the next request on it if that went out first) | done |
 | `repeat_page` | a listing's first page, whatever page or skip was asked, with no paging field (`page`, `skip`, `total`...) | - |
 | `endless_pages` | a listing page full of made-up items, no total, no end | - |
 

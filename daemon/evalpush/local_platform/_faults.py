@@ -22,6 +22,7 @@ FAULTS = (
     "echo_key",
     "bad_id",
     "repeat_page",
+    "twice",
     "endless_pages",
 )
 LISTING_FAULTS = frozenset({"repeat_page", "endless_pages"})
@@ -48,6 +49,9 @@ class Fault(msgspec.Struct, frozen=True):
       sent and JSON-escaped. The work is not done.
     - `bad_id`: do the work, then answer a create (or resolve) with the id `value` instead of the
       real one, and a `javascript:` viewer URL.
+    - `twice`: do the work, answer, then send the same answer again on the connection
+      `seconds` later (a server or proxy answering twice: on a kept-alive connection the copy
+      is read as the next request's answer if that request went out before it came).
     - `repeat_page`: a listing answers its first page whatever page or skip was asked, without
       any paging field (no page, skip or total).
     - `endless_pages`: a listing answers a full page of made-up items, with no total and no

@@ -248,6 +248,8 @@ class PlatformServer:
             return await self._trickle(fault, request, response)
         if fault.fault == "bad_id":
             return self._bad_id(fault, response)
+        if fault.fault == "twice":
+            return self._twice(fault, request, response)
         return web.Response(status=200, body=MALFORMED_BODY, content_type="text/html")
 
     async def _hold(self, seconds: float) -> None:
@@ -286,6 +288,26 @@ class PlatformServer:
                     break
         except (ConnectionError, RuntimeError):
             pass
+        return response
+
+    def _twice(
+        self, fault: Fault, request: web.Request, response: web.StreamResponse
+    ) -> web.StreamResponse:
+        """`response`, and `fault.seconds` later the same answer written again, as raw bytes on
+        the connection, whatever it carries by then."""
+        transport = request.transport
+        if transport is None or not isinstance(response, web.Response):
+            return response
+        body = response.body if isinstance(response.body, bytes) else b""
+        head = f"HTTP/1.1 {response.status} {response.reason}\r\n"
+        head += f"Content-Type: {response.content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+        copy = head.encode("latin-1") + body
+
+        def write_again() -> None:
+            if not transport.is_closing():
+                transport.write(copy)
+
+        asyncio.get_running_loop().call_later(fault.seconds, write_again)
         return response
 
     async def _unread(self, fault: Fault, request: web.Request) -> web.StreamResponse:
