@@ -450,7 +450,7 @@ class Tracker:
         """The scan step's results for the run, from its running scan; None when the upload
         must scan: nothing was fed (found ready at its first look), the running scan cannot
         stand for the file (`RunningScan.result`), the row is not a waiting one at its scan, or
-        the scan step would stop there (no environment name, no traces, bad lines to hold)."""
+        the scan step would stop there (no environment name, no line to send, bad lines to hold)."""
         if waiting.scan is None or waiting.fed is None or waiting.run is None:
             return None
         if not waiting.run.env_name:
@@ -461,7 +461,7 @@ class Tracker:
         if scanned is None or scanned.found.end != waiting.fed.offset:
             return None
         found = scanned.found
-        if not found.totals.traces and not found.set_aside:
+        if not found.totals.traces:
             return None
         hold = self._config.convert.on_bad_line == "hold"
         if found.set_aside and hold and not record.release_hold:

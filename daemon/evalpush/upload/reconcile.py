@@ -130,6 +130,21 @@ class Reconciler:
             ledger, record, Outcome.SUPERSEDED, state=State.UPLOADING, same_file=True
         )
 
+    def cancel(self, record: RunRecord, message: str) -> None:
+        """Close out the run's open evaluation as cancelled (`message` says why): it takes no
+        more samples. Already closed or deleted is as good."""
+        if record.evaluation_id is None or record.step == Step.DONE:
+            return
+        client, evaluation = self._ctx.client, record.evaluation_id
+        try:
+            self._ctx.replayable(
+                lambda: client.close_out(evaluation, "CANCELLED", error_message=message),
+                what="close out",
+                run=record.run_id,
+            )
+        except (Conflict, Gone):
+            pass  # already closed, or deleted: either way it takes no more samples
+
     def stored_ids(self, record: RunRecord) -> collections.Counter[str]:
         """How many times the evaluation holds each sample id."""
         client, evaluation = self._ctx.client, record.evaluation_id

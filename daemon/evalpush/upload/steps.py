@@ -19,7 +19,7 @@ from evalpush.prescan import Prescan
 from evalpush.read import FileIdentity, RangeDigest, identity, read_lines
 from evalpush.runs import Run, require_env_name
 from evalpush.setaside import SetAside
-from evalpush.states import SetAsideKind, Step
+from evalpush.states import Outcome, SetAsideKind, Step
 from evalpush.upload.context import Context
 from evalpush.upload.crash import crash_point
 from evalpush.upload.files import FileWatch, check_bytes, fingerprint
@@ -75,9 +75,9 @@ class Steps:
         found = first_pass(lines, max_line_bytes=max_line)
         totals = found.totals
         bad = found.set_aside
-        if totals.traces == 0 and not bad:
-            raise RunError(f"{run.traces_path}: no traces in the file: nothing to upload")
         ctx.ledger.add_set_aside(record, bad)
+        if totals.traces == 0:
+            raise RunError(nothing_to_upload(run, bad))
         # The same columns the daemon's tracker writes for a run it scanned while watching it.
         scanned = Prescan(ident, digest.digest(), found).columns()
         if bad and ctx.config.convert.on_bad_line == "hold" and not record.release_hold:
@@ -210,7 +210,17 @@ class Steps:
         return self._pushed(record, run, totals)
 
     def _pushed(self, record: RunRecord, run: Run, totals: RunTotals) -> RunRecord:
-        """Record conversion's exact totals (the finalize's metrics) with the step's end."""
+        """Record conversion's exact totals (the finalize's metrics) with the step's end. When
+        conversion refused every line the first pass counted, the evaluation holds nothing: it
+        is closed out as cancelled and the run fails, never finalized empty."""
+        if totals.traces == 0 and record.samples_sent == 0:
+            ledger = self._ctx.ledger
+            set_aside = ledger.set_aside(record)
+            message = nothing_to_upload(run, set_aside)
+            self._reconcile.cancel(record, message)
+            record = transitions.start_over(ledger, record, Outcome.CANCELLED)
+            ledger.add_set_aside(record, set_aside)  # what `status RUN` lists as the reasons
+            raise RunError(message)
         scanned = RunTotals.from_json(record.totals).traces
         if totals.traces != scanned:
             get_logger(run=run.run_id).warning(
@@ -371,6 +381,18 @@ class Steps:
             except Ambiguous:
                 if self._reconcile.is_finalized(record):
                     return None
+
+
+def nothing_to_upload(run: Run, set_aside: list[SetAside]) -> str:
+    """Why a run with no line to send fails: an empty file, or every line set aside (the first
+    one's reason given; `status RUN` lists them all)."""
+    if not set_aside:
+        return f"{run.traces_path}: no traces in the file: nothing to upload"
+    first = set_aside[0]
+    return (
+        f"{run.traces_path}: {len(set_aside)} lines, every one set aside (line {first.line}: "
+        f"{first.reason}): nothing to upload, no evaluation made"
+    )
 
 
 def _count_refusal(refusals: int, refusal: Gone | Conflict, evaluation: str) -> int:
