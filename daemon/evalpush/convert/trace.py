@@ -51,6 +51,8 @@ class Usage(msgspec.Struct, gc=False):
 
 
 _EMPTY_OBJECT = msgspec.Raw(b"{}")
+NULL = msgspec.Raw(b"null")
+"""A raw field's default: absent reads as null (msgspec takes no `Raw | None`)."""
 
 
 class Node(msgspec.Struct, gc=False):
@@ -65,8 +67,21 @@ class Node(msgspec.Struct, gc=False):
     usage: Usage | None = None
 
 
+class Call(msgspec.Struct, gc=False):
+    """A model call (verifiers 0.2 on): the node it committed, how it finished, its usage."""
+
+    node: int | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: msgspec.Raw = NULL
+
+
 class Trace(msgspec.Struct, gc=False):
-    """What conversion reads of a trace line; keys it does not name are skipped unread."""
+    """What conversion reads of a trace line; keys it does not name are skipped unread.
+
+    The seed's line (verifiers 0.1) carries usage and finish reasons on its nodes; a 0.2 line
+    (`version` 2, decoded by `evalpush.convert.formats`) carries them in `calls`, its task row
+    under `task.data` (moved to `task` once decoded) and the tools it advertised in `tools`."""
 
     id: str
     task: dict[str, Any]
@@ -78,6 +93,9 @@ class Trace(msgspec.Struct, gc=False):
     stop_condition: str | None = None
     errors: list[msgspec.Raw] = []
     timing: msgspec.Raw = _EMPTY_OBJECT
+    version: int | None = None
+    calls: list[Call] = []
+    tools: msgspec.Raw = NULL
 
     @property
     def idx(self) -> int:
@@ -242,43 +260,56 @@ def _finite(value: Any) -> Any:
 
 
 _OPEN_BRACE = ord("{")
+_OPEN_BRACKET = ord("[")
 
 
-def _check(trace: Trace, number: int) -> None:
-    """What the types alone do not say: task.idx, raw shapes, and the graph."""
-    _check_id(trace.id, number)
+def _check(trace: Trace, number: int, at: str = "") -> None:
+    """What the types alone do not say: task.idx, raw shapes, and the graph. `at` prefixes the
+    keys named (a trace inside an episode: `traces[1].`)."""
+    _check_id(trace.id, number, at)
     if "idx" not in trace.task:
-        raise BadRecord("missing 'task.idx'", line=number)
-    _check_idx(trace.task["idx"], number)
+        raise BadRecord(f"missing '{at}task.idx'", line=number)
+    _check_idx(trace.task["idx"], number, at)
+    check_parts(trace, number, at)
+
+
+def check_parts(trace: Any, number: int, at: str = "") -> None:
+    """The raw parts of a trace (its info, timing, errors, tools, messages) and its graph."""
     # A raw value is valid JSON: it is an object when it starts with a brace.
     if memoryview(trace.info)[0] != _OPEN_BRACE:
-        raise BadRecord("'info' must be an object", line=number)
+        raise BadRecord(f"'{at}info' must be an object", line=number)
     if memoryview(trace.timing)[0] != _OPEN_BRACE:
-        raise BadRecord("'timing' must be an object", line=number)
-    for i, raw in enumerate(trace.errors):
-        if memoryview(raw)[0] != _OPEN_BRACE:
-            raise BadRecord(f"'errors[{i}]' must be an object", line=number)
+        raise BadRecord(f"'{at}timing' must be an object", line=number)
+    check_errors(trace.errors, number, at)
+    if trace.tools != NULL and memoryview(trace.tools)[0] != _OPEN_BRACKET:
+        raise BadRecord(f"'{at}tools' must be a list", line=number)
     nodes = trace.nodes
     for i, node in enumerate(nodes):
         if memoryview(node.message)[0] != _OPEN_BRACE:
-            raise BadRecord(f"'nodes[{i}].message' must be an object", line=number)
+            raise BadRecord(f"'{at}nodes[{i}].message' must be an object", line=number)
     parents = [node.parent for node in nodes]
     if parents != chain(len(nodes)):  # a linear conversation is a valid graph: compared in C
-        _check_graph(parents, number)
+        _check_graph(parents, number, at)
 
 
-def _check_graph(parents: list[int | None], number: int) -> None:
+def check_errors(errors: list[msgspec.Raw], number: int, at: str = "") -> None:
+    for i, raw in enumerate(errors):
+        if memoryview(raw)[0] != _OPEN_BRACE:
+            raise BadRecord(f"'{at}errors[{i}]' must be an object", line=number)
+
+
+def _check_graph(parents: list[int | None], number: int, at: str = "") -> None:
     """Every parent in range, and no cycle."""
     count = len(parents)
     forward_only = True  # every parent precedes its child: then no cycle is possible
     for i, parent in enumerate(parents):
         if parent is not None:
             if not 0 <= parent < count:
-                raise BadRecord(f"'nodes[{i}].parent' {parent} is out of range", line=number)
+                raise BadRecord(f"'{at}nodes[{i}].parent' {parent} is out of range", line=number)
             if parent >= i:
                 forward_only = False
     if not forward_only:
-        _check_acyclic(parents, number)
+        _check_acyclic(parents, number, at)
 
 
 _CHAINS: dict[int, list[int | None]] = {}
@@ -295,17 +326,17 @@ def chain(length: int) -> list[int | None]:
     return parents
 
 
-def _check_id(id: str, number: int) -> None:
+def _check_id(id: str, number: int, at: str = "") -> None:
     if not id:
-        raise BadRecord("'id' must be a non-empty string", line=number)
+        raise BadRecord(f"'{at}id' must be a non-empty string", line=number)
 
 
-def _check_idx(idx: Any, number: int) -> None:
+def _check_idx(idx: Any, number: int, at: str = "") -> None:
     if type(idx) is not int:
-        raise BadRecord(f"'task.idx' must be an integer, got {idx!r}"[:200], line=number)
+        raise BadRecord(f"'{at}task.idx' must be an integer, got {idx!r}"[:200], line=number)
 
 
-def _check_acyclic(parents: list[int | None], number: int) -> None:
+def _check_acyclic(parents: list[int | None], number: int, at: str = "") -> None:
     """Every parent chain reaches a root: O(n) with the chains already proven."""
     reaches_root = [False] * len(parents)
     for i in range(len(parents)):
@@ -314,7 +345,9 @@ def _check_acyclic(parents: list[int | None], number: int) -> None:
         j: int | None = i
         while j is not None and not reaches_root[j]:
             if j in on_chain:
-                raise BadRecord(f"'nodes' parent links form a cycle through node {j}", line=number)
+                raise BadRecord(
+                    f"'{at}nodes' parent links form a cycle through node {j}", line=number
+                )
             chain.append(j)
             on_chain.add(j)
             j = parents[j]

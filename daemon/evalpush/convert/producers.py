@@ -1,0 +1,314 @@
+"""The later producers' lines (docs/TRACE_FORMATS.md): verifiers 0.2's trace (`version` 2) and
+0.3/0.4's episode, each recognised by its own markers and turned into what that version's own
+push sends.
+
+- `decode_line` decides what a line is: an object with a top-level `traces` list is an episode,
+  one with `version` 2 a 0.2 trace, anything else the seed's trace (`decode_trace`). The seed's
+  lines hold neither key, so the bytes are searched first (at memchr speed) and a line holding
+  neither is decoded as the seed's with no second look.
+- A 0.2 trace decodes into the seed's `Trace` (its task row moved up from `task.data`), with its
+  `calls` and `tools`; `sample.build_sample` derives its usage, truncation and token counts from
+  the calls, as 0.2 does.
+- An episode decodes into `Episode`; `episode_sample` projects it as 0.3/0.4 do: one sample per
+  episode, the summary trace's fields (the first trainable trace, else the first) with the
+  episode's id, the summary trace's agent, and the whole episode in `info.native_wrapper`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from evalpush.convert.trace import (
+    NULL,
+    Call,
+    Node,
+    Tally,
+    Trace,
+    _check,
+    _check_id,
+    _check_idx,
+    _decode,
+    _scores,
+    check_errors,
+    check_parts,
+    decode_tally,
+    decode_trace,
+)
+from evalpush.errors import BadRecord
+
+_VERSION_KEY = b'"version"'
+_TRACES_KEY = b'"traces"'
+
+
+class _Marker(msgspec.Struct, gc=False):
+    """The top-level keys that tell the producers' lines apart; the rest skipped unread."""
+
+    version: Any = None
+    traces: msgspec.Raw = NULL
+
+
+_MARKER = msgspec.json.Decoder(_Marker)
+
+
+class _TaskRow(msgspec.Struct, gc=False):
+    """`task` of a 0.2 trace or an episode: `{"type": ..., "data": {the row}}`."""
+
+    data: dict[str, Any]
+
+
+class _V2Trace(msgspec.Struct, gc=False):
+    id: str
+    task: _TaskRow
+    nodes: list[Node] = []
+    rewards: dict[str, float | None] = {}
+    metrics: dict[str, float | None] = {}
+    info: msgspec.Raw = msgspec.Raw(b"{}")
+    is_completed: bool = False
+    stop_condition: str | None = None
+    errors: list[msgspec.Raw] = []
+    timing: msgspec.Raw = msgspec.Raw(b"{}")
+    version: int | None = None
+    calls: list[Call] = []
+    tools: msgspec.Raw = NULL
+
+
+_V2 = msgspec.json.Decoder(_V2Trace)
+
+
+class Reward(msgspec.Struct, gc=False):
+    """A 0.3/0.4 reward: its raw score and its weight (the trace's reward sums score * weight)."""
+
+    score: float | None = None
+    weight: float = 1.0
+
+
+class Agent(msgspec.Struct, gc=False):
+    name: str = "agent"
+    trainable: bool = True
+
+
+class Build(msgspec.Struct, gc=False):
+    version: str = ""
+
+
+class EpisodeTrace(msgspec.Struct, gc=False):
+    """One agent's trace inside an episode, as conversion reads it."""
+
+    id: str
+    task: _TaskRow
+    agent: Agent | None = None
+    tools: msgspec.Raw = NULL
+    nodes: list[Node] = []
+    calls: list[Call] = []
+    rewards: dict[str, Reward | None] = {}
+    metrics: dict[str, float | None] = {}
+    info: msgspec.Raw = msgspec.Raw(b"{}")
+    is_completed: bool = False
+    stop_condition: str | None = None
+    errors: list[msgspec.Raw] = []
+    timing: msgspec.Raw = msgspec.Raw(b"{}")
+    verifiers: Build | None = None
+
+    @property
+    def trainable(self) -> bool:
+        return self.agent is None or self.agent.trainable
+
+    @property
+    def reward(self) -> float:
+        """Score times weight, summed over the rewards that have a score (nulls left out)."""
+        return sum(_value(r) for r in self.rewards.values() if r is not None)
+
+    def scores(self) -> dict[str, float]:
+        """Raw scores and metrics as the aggregates read them (nulls left out; a metric wins
+        over a reward of the same name)."""
+        values = {n: _score(r) for n, r in self.rewards.items() if r is not None}
+        for name, value in self.metrics.items():
+            if value is not None:
+                values[name] = value
+        return values
+
+
+def _score(reward: Reward) -> float:
+    return float("nan") if reward.score is None else reward.score
+
+
+def _value(reward: Reward) -> float:
+    return _score(reward) * reward.weight
+
+
+class RunRef(msgspec.Struct, gc=False):
+    id: str = ""
+
+
+class Episode(msgspec.Struct, gc=False):
+    """A 0.3/0.4 line: one rollout of a task by one or more agents."""
+
+    id: str
+    task: _TaskRow | None = None
+    run: RunRef | None = None
+    ok: bool = False
+    errors: list[msgspec.Raw] = []
+    traces: list[EpisodeTrace] = []
+
+    @property
+    def summary_index(self) -> int:
+        """The trace that stands for the episode: the first trainable one, else the first."""
+        return next((i for i, t in enumerate(self.traces) if t.trainable), 0)
+
+    @property
+    def idx(self) -> int:
+        """The summary trace's task idx (what numbers the episode's rollout)."""
+        return self.traces[self.summary_index].task.data["idx"]
+
+
+_EPISODE = msgspec.json.Decoder(Episode)
+
+
+def line_kind(data: bytes, number: int) -> str:
+    """ "episode", "v2" or "seed": what the line is, by its producer's top-level markers."""
+    if _TRACES_KEY not in data and _VERSION_KEY not in data:
+        return "seed"
+    marker = _decode(_MARKER, data, number)
+    if marker.traces != NULL:
+        return "episode"
+    if marker.version == 2:
+        return "v2"
+    return "seed"
+
+
+def decode_line(data: bytes, number: int) -> Trace | Episode:
+    """The line as a checked seed or 0.2 `Trace`, or a checked `Episode`; `BadRecord` names the
+    first problem."""
+    kind = line_kind(data, number)
+    if kind == "seed":
+        return decode_trace(data, number)
+    _check_text(data, number)
+    if kind == "v2":
+        return _decode_v2(data, number)
+    return _decode_episode(data, number)
+
+
+def decode_line_tally(data: bytes, number: int) -> Tally | Trace | Episode:
+    """The tally's decode: the seed's lines by `decode_tally` (only what the totals need); the
+    later producers' lines fully, as `decode_line` (so the tally refuses exactly what the full
+    check refuses for them)."""
+    if line_kind(data, number) == "seed":
+        return decode_tally(data, number)
+    return decode_line(data, number)
+
+
+def _check_text(data: bytes, number: int) -> None:
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
+
+
+def _decode_v2(data: bytes, number: int) -> Trace:
+    v2 = _decode(_V2, data, number)
+    trace = Trace(
+        id=v2.id,
+        task=v2.task.data,
+        nodes=v2.nodes,
+        rewards=_scores(v2.rewards),
+        metrics=_scores(v2.metrics),
+        info=v2.info,
+        is_completed=v2.is_completed,
+        stop_condition=v2.stop_condition,
+        errors=v2.errors,
+        timing=v2.timing,
+        version=2,
+        calls=v2.calls,
+        tools=v2.tools,
+    )
+    if "idx" not in v2.task.data:
+        raise BadRecord("missing 'task.data.idx'", line=number)
+    _check(trace, number)
+    return trace
+
+
+def _decode_episode(data: bytes, number: int) -> Episode:
+    episode = _decode(_EPISODE, data, number)
+    _check_id(episode.id, number)
+    check_errors(episode.errors, number)
+    for i, trace in enumerate(episode.traces):
+        at = f"traces[{i}]."
+        _check_id(trace.id, number, at)
+        if "idx" not in trace.task.data:
+            raise BadRecord(f"missing '{at}task.data.idx'", line=number)
+        _check_idx(trace.task.data["idx"], number, at)
+        check_parts(trace, number, at)
+    return episode
+
+
+# ---------------------------------------------------------------- episode -> sample
+
+TRUNCATING_0_3 = frozenset(
+    {"max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens", "context_length"}
+)
+TRUNCATING_0_4 = frozenset(
+    {"max_turns", "max_input_tokens", "max_output_tokens", "max_total_tokens", "compaction_failed"}
+)
+_EXCLUDED_NODE_KEYS = (b'"routed_experts"', b'"sampling_mask"')
+_EMPTY_CONTAINER = re.compile(rb"[\[{]\s*[\]}]")
+
+
+def truncating_stops(trace: EpisodeTrace) -> frozenset[str]:
+    """The stop conditions that mean truncated, as the trace's own verifiers version has them."""
+    version = trace.verifiers.version if trace.verifiers is not None else ""
+    return TRUNCATING_0_3 if version.startswith("0.3.") else TRUNCATING_0_4
+
+
+def native_record(data: bytes) -> msgspec.Raw | dict[str, Any]:
+    """The episode as its producer's `to_record` gives it: the line itself, but for the raw
+    tensors (`routed_experts`, `sampling_mask` on nodes), which the record leaves out."""
+    if not any(key in data for key in _EXCLUDED_NODE_KEYS):
+        return msgspec.Raw(data)
+    episode = msgspec.json.decode(data)
+    for trace in episode.get("traces") or ():
+        for node in trace.get("nodes") or ():
+            if type(node) is dict:
+                node.pop("routed_experts", None)
+                node.pop("sampling_mask", None)
+    return episode
+
+
+def episode_sample(
+    episode: Episode, rollout_number: int, data: bytes, trace_sample: Any
+) -> dict[str, Any]:
+    """The sample 0.3/0.4 send for an episode with traces: the summary trace's projection
+    (`trace_sample`, the caller's, so the derived views live in one place) under the episode's
+    id, with the whole episode in `info`."""
+    index = episode.summary_index
+    sample = trace_sample(episode.traces[index], rollout_number, episode.id)
+    sample["sample_id"] = episode.id
+    sample["info"] = {
+        **(sample["info"] or {}),
+        "native_wrapper": native_record(data),
+        "native_trace_index": index,
+    }
+    return sample
+
+
+def info_dict(raw: msgspec.Raw) -> dict[str, Any] | None:
+    """A trace's info as the producer's `dict(trace.info) or None`."""
+    return None if _EMPTY_CONTAINER.fullmatch(raw) else msgspec.json.decode(raw)
+
+
+__all__ = [
+    "Agent",
+    "Episode",
+    "EpisodeTrace",
+    "Reward",
+    "decode_line",
+    "decode_line_tally",
+    "episode_sample",
+    "info_dict",
+    "line_kind",
+    "native_record",
+    "truncating_stops",
+]
