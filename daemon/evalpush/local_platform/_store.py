@@ -393,19 +393,26 @@ class Store:
                 return self._evaluation(self._row(evaluation_id))
 
     def close_out(self, evaluation_id: str, body: Any) -> dict[str, Any]:
-        status = body.get("status") if isinstance(body, dict) else None
-        if not isinstance(status, str) or status.upper() not in CLOSE_OUT_STATUSES:
+        """`PUT /evaluations/{id}`: with a status, close the evaluation out (FAILED, CANCELLED);
+        with none, update its metadata and metrics (what verifiers 0.4's push sends before its
+        finalize). Either way only while it runs: a closed one answers 409."""
+        if not isinstance(body, dict):
+            raise Refusal(422, "the body must be a JSON object")
+        status = body.get("status")
+        if status is not None and (
+            not isinstance(status, str) or status.upper() not in CLOSE_OUT_STATUSES
+        ):
             raise Refusal(422, f"status must be one of {', '.join(sorted(CLOSE_OUT_STATUSES))}")
         metadata, metrics = _object_or_none(body, "metadata"), _object_or_none(body, "metrics")
         with self._lock, self._conn:
             row = self._row(evaluation_id)
-            self._require_running(row, "close out")
+            self._require_running(row, "close out" if status is not None else "update")
             self._conn.execute(
                 "UPDATE evaluations SET status = ?, error_message = ?, metadata = ?, metrics = ?,"
                 " updated_at = ? WHERE id = ?",
                 (
-                    status.upper(),
-                    body.get("error_message"),
+                    status.upper() if status is not None else row["status"],
+                    body.get("error_message", row["error_message"]),
                     _ENCODER.encode(metadata) if metadata is not None else row["metadata"],
                     _ENCODER.encode(metrics) if metrics is not None else row["metrics"],
                     _now(),
