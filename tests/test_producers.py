@@ -10,9 +10,11 @@ samples endpoint; offline: prime-runs' own projection, nothing being sent).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from evalpush.convert import Converted, RunTotals, convert_lines, scan, tally
@@ -97,3 +99,165 @@ def test_the_first_passes_total_the_run_as_conversion_does(path: Path) -> None:
         assert found.set_aside == []
         assert found.totals.to_json() == totals.to_json()
         assert RunTotals.from_json(found.totals.to_json()).metrics() == totals.metrics()
+
+
+# ---------------------------------------------------------------- through `evalpush push`
+
+
+def copy_run(path: Path, root: Path) -> Path:
+    """The recorded run's directory copied under `root/<group>/` (its logs/latest symlink kept
+    a symlink), as the producer left it."""
+    source = run_dir(path)
+    target = root / "group" / source.name
+    shutil.copytree(source, target, symlinks=True)
+    return target
+
+
+def stored(platform, evaluation_id: str) -> list[dict]:
+    return platform.samples(evaluation_id)
+
+
+def api(platform, method: str, path: str, body: Any = None) -> Any:
+    headers = {"Authorization": f"Bearer {platform.api_key or 'any-key'}"}
+    done = httpx.request(method, f"{platform.base_url}/api/v1{path}", json=body, headers=headers)
+    done.raise_for_status()
+    return done.json()
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=case_id)
+def test_push_uploads_each_producers_run_once_as_its_own_push_did(
+    path: Path, evalpush, platform, tmp_path: Path
+) -> None:
+    record = recording(path)
+    want_samples, want_metrics = sent(record)
+    directory = copy_run(path, tmp_path / "outputs")
+
+    done = evalpush("push", str(tmp_path / "outputs"))
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    ((evaluation_id, evaluation),) = platform.summary()["evaluations"].items()
+    assert (evaluation["status"], evaluation["finalize_count"]) == ("COMPLETED", 1)
+    found = differences(want_samples, sorted_like(stored(platform, evaluation_id), want_samples))
+    assert not found, "\n".join(found[:40])
+    metrics = dict(evaluation["metrics"])
+    if "projected" in record:  # prime-runs' aggregates alone: its bookkeeping is added at finish
+        assert metrics.pop("prime_runs") == {"traces_episodes_written": 0}
+    assert not differences(want_metrics, metrics)
+    create = next(
+        (r["body"] for r in record["requests"] if r["path"].endswith("/evaluations/")), None
+    )
+    if create is not None:
+        assert evaluation["name"] == create["name"]
+        metadata = dict(evaluation["metadata"])
+        if path.parents[1].name == "0.4.0":
+            # evalpush's one addition: the run id its own lookups find the evaluation by
+            assert metadata.pop("run_id") == json.loads(done_run_id(directory))
+        assert not differences(create["metadata"], metadata)
+    if path.parents[1].name == "0.4.0":  # prime-runs' update before its finalize
+        assert platform.summary()["requests"]["close"] == 1
+    again = evalpush("push", str(tmp_path / "outputs"))
+    assert again.returncode == 0 and "already finalized, nothing sent" in again.stdout
+    assert len(platform.summary()["evaluations"]) == 1
+
+
+def sorted_like(got: list[dict], want: list[dict]) -> list[dict]:
+    order = {s["sample_id"]: i for i, s in enumerate(want)}
+    return sorted(got, key=lambda s: order.get(s["sample_id"], len(order)))
+
+
+def done_run_id(directory: Path) -> str:
+    last = (directory / "traces.jsonl").read_bytes().splitlines()[-1]
+    return json.dumps(json.loads(last)["run"]["id"])
+
+
+ONLINE_0_4 = PRODUCERS / "0.4.0" / "recorded" / "episodes_v4_online.json"
+
+
+def as_run_of(directory: Path, run_id: str) -> None:
+    """The run's lines as if its eval had run against this platform: `run.id` is `run_id`."""
+    lines = []
+    for line in (directory / "traces.jsonl").read_bytes().splitlines():
+        episode = json.loads(line)
+        episode["run"]["id"] = run_id
+        lines.append(json.dumps(episode, ensure_ascii=False).encode())
+    (directory / "traces.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+
+
+def producer_evaluation(platform) -> str:
+    """An evaluation as prime-runs opens one before the first rollout."""
+    body = {
+        "name": "reverse-text--run",
+        "environments": [
+            {
+                "id": api(platform, "POST", "/environmentshub/resolve", {"name": "reverse-text"})[
+                    "data"
+                ]["id"]
+            }
+        ],
+        "tags": [],
+        "model_name": "openai/gpt-4.1-mini",
+        "dataset": "reverse-text",
+        "framework": "verifiers",
+        "metadata": {"model": "openai/gpt-4.1-mini", "num_examples": 3, "rollouts_per_example": 2},
+    }
+    return api(platform, "POST", "/evaluations/", body)["evaluation_id"]
+
+
+def test_a_0_4_run_its_eval_pushed_and_finalized_is_adopted_and_nothing_is_sent(
+    evalpush, platform, tmp_path: Path
+) -> None:
+    evaluation_id = producer_evaluation(platform)
+    api(platform, "POST", f"/evaluations/{evaluation_id}/finalize", {"metrics": {}})  # samples
+    # went to Prime Traces: the legacy table holds none, which is no reason to upload again
+    directory = copy_run(ONLINE_0_4, tmp_path / "outputs")
+    as_run_of(directory, evaluation_id)
+    before = platform.summary()["requests"]
+
+    done = evalpush("push", str(tmp_path / "outputs"))
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = platform.summary()
+    assert list(after["evaluations"]) == [evaluation_id]
+    assert after["evaluations"][evaluation_id]["sample_count"] == 0
+    for kind in ("create", "samples", "finalize", "close"):
+        assert after["requests"][kind] == before[kind], kind
+    detail = evalpush("status", evaluation_id)
+    assert "adopted the evaluation its eval pushed" in detail.stdout, detail.stdout
+
+
+def test_a_0_4_run_whose_eval_died_mid_run_completes_the_evaluation_it_left_open(
+    evalpush, platform, tmp_path: Path
+) -> None:
+    evaluation_id = producer_evaluation(platform)
+    want, _metrics = sent(recording(ONLINE_0_4))
+    directory = copy_run(ONLINE_0_4, tmp_path / "outputs")
+    as_run_of(directory, evaluation_id)
+    first = [dict(s, info=None) for s in want[:2]]  # what it streamed before it died
+    api(platform, "POST", f"/evaluations/{evaluation_id}/samples", {"samples": first})
+
+    done = evalpush("push", str(tmp_path / "outputs"))
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = platform.summary()
+    assert list(after["evaluations"]) == [evaluation_id], "no second evaluation"
+    evaluation = after["evaluations"][evaluation_id]
+    assert (evaluation["status"], evaluation["finalize_count"]) == ("COMPLETED", 1)
+    assert (evaluation["sample_count"], evaluation["duplicates"]) == (len(want), 0)
+    assert evaluation["metadata"]["run_id"] == evaluation_id
+    assert after["requests"]["close"] == 1  # the update before the finalize
+
+
+def test_an_offline_0_4_run_is_created_as_new_under_its_disabled_run_id(
+    evalpush, platform, tmp_path: Path
+) -> None:
+    path = PRODUCERS / "0.4.0" / "recorded" / "episodes_v4_offline.json"
+    directory = copy_run(path, tmp_path / "outputs")
+    run_id = json.loads(done_run_id(directory))
+    assert run_id.startswith("disabled-")
+
+    done = evalpush("push", str(tmp_path / "outputs"))
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    ((evaluation_id, evaluation),) = platform.summary()["evaluations"].items()
+    assert evaluation_id != run_id and evaluation["metadata"]["run_id"] == run_id
+    assert (evaluation["status"], evaluation["finalize_count"]) == ("COMPLETED", 1)

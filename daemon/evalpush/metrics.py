@@ -76,6 +76,7 @@ class Endpoint(StrEnum):
     LIST_SAMPLES = "list_samples"
     LIST_EVALUATIONS = "list_evaluations"
     CLOSE_OUT = "close_out"
+    UPDATE = "update"
     PROBE = "probe"
 
 

@@ -1016,6 +1016,22 @@ class PlatformClient:
             replayable=True,
         )
 
+    def update_evaluation(
+        self, evaluation_id: str, *, metadata: dict[str, Any], metrics: dict[str, Any]
+    ) -> None:
+        """`PUT /evaluations/{id}` with metadata and metrics and no status: the update verifiers
+        0.4 (prime-runs) sends before its finalize (409 `Conflict` when already closed)."""
+        what = f"update {evaluation_id}"
+        path = f"/evaluations/{_segment(evaluation_id, what)}"
+        self._send(
+            "PUT",
+            path,
+            endpoint="update",
+            what=what,
+            body=msgspec.json.encode({"metadata": metadata, "metrics": metrics}),
+            replayable=True,
+        )
+
     def probe(self) -> None:
         """A cheap authenticated read: returns if the platform answers and accepts the key."""
         self._send(

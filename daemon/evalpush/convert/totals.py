@@ -17,7 +17,7 @@ import msgspec
 
 from evalpush.convert.producers import Episode
 from evalpush.convert.trace import Tally, Trace
-from evalpush.runs import Run
+from evalpush.runs import Producer, Run
 
 _ENCODER = msgspec.json.Encoder()
 RAW_DENSE_BYTES = 256
@@ -246,17 +246,33 @@ def _float_text(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
+PRIME_RUNS_BOOKKEEPING = {"prime_runs": {"traces_episodes_written": 0}}
+"""What prime-runs adds to a 0.4 run's metrics when its episodes went to the legacy samples
+endpoint (no episode written to Prime Traces), as evalpush's do."""
+
+
 def summary(run: Run, totals: RunTotals) -> dict[str, Any]:
-    """Name, metadata and metrics of the run's evaluation (TRACE_FORMAT.md section 6)."""
+    """Name, metadata and metrics of the run's evaluation (TRACE_FORMAT.md section 6; a 0.4
+    run's as prime-runs sends them, docs/TRACE_FORMATS.md)."""
     metrics = totals.metrics()
-    metadata = {
-        "framework": "verifiers",
-        "run_id": run.run_id,
-        "model": run.model,
-        "num_examples": len(totals.rollouts),
-        "rollouts_per_example": run.num_rollouts,
-        **metrics,
-    }
+    if run.producer == Producer.EPISODES_0_4:
+        # prime-runs' config document, plus the run id: evalpush finds its own evaluations by it
+        metadata = {
+            "model": run.model,
+            "num_examples": len(totals.rollouts),
+            "rollouts_per_example": run.num_rollouts,
+            "run_id": run.run_id,
+        }
+        metrics = {**metrics, **PRIME_RUNS_BOOKKEEPING}
+    else:
+        metadata = {
+            "framework": "verifiers",
+            "run_id": run.run_id,
+            "model": run.model,
+            "num_examples": len(totals.rollouts),
+            "rollouts_per_example": run.num_rollouts,
+            **metrics,
+        }
     return {
         "name": run.evaluation_name,
         "run_id": run.run_id,

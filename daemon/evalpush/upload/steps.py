@@ -17,7 +17,7 @@ from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
 from evalpush.prescan import Prescan
 from evalpush.read import FileIdentity, RangeDigest, identity, read_lines
-from evalpush.runs import Run, require_env_name
+from evalpush.runs import Producer, Run, require_env_name
 from evalpush.setaside import SetAside
 from evalpush.states import Outcome, SetAsideKind, Step
 from evalpush.upload.context import Context
@@ -94,6 +94,17 @@ class Steps:
 
     def _create_body(self, record: RunRecord, run: Run) -> dict[str, Any]:
         report = summary(run, RunTotals.from_json(record.totals))
+        if run.producer == Producer.EPISODES_0_4:
+            # prime-runs' create: no metrics (they go with the update before the finalize)
+            return {
+                "name": report["name"],
+                "environments": [{"id": record.env_id}],
+                "tags": [],
+                "model_name": run.model,
+                "dataset": run.env_name,
+                "framework": "verifiers",
+                "metadata": report["metadata"],
+            }
         return {
             "name": report["name"],
             "environments": [{"id": record.env_id}],
@@ -109,6 +120,10 @@ class Steps:
         """Create the run's evaluation, unless the platform already has one to adopt."""
         ctx = self._ctx
         fresh = record.pending is not None or run.pushed_inline
+        if record.pending is None:
+            own = self._reconcile.producer_evaluation(record, run)
+            if own is not None:
+                return self._reconcile.adopt(record, own, by_producer=True)
         if fresh or not record.looked_up:
             found = self._reconcile.find_evaluation(record, run, fresh=fresh)
             if found is not None:
@@ -341,10 +356,15 @@ class Steps:
     # ------------------------------------------------------------ finalize
 
     def finalize(self, record: RunRecord, run: Run) -> RunRecord:
+        """Finalize with conversion's exact metrics. A 0.4 run first gets prime-runs' update
+        (`PUT` of its metadata and metrics, no status: replayable, so it needs no intent)."""
         ctx = self._ctx
         assert record.evaluation_id is not None
-        metrics = RunTotals.from_json(record.totals).metrics()
+        report = summary(run, RunTotals.from_json(record.totals))
+        metrics = report["metrics"]
         if record.pending is None or not self._reconcile.is_finalized(record):
+            if run.producer == Producer.EPISODES_0_4:
+                self._update(record, report["metadata"], metrics)
             record = ctx.ledger.update(record, pending=intent(Step.FINALIZE))
             url = self._send_finalize(record, metrics)
             crash_point("finalize-sent")
@@ -356,6 +376,15 @@ class Steps:
             at=ctx.clock(),
             defer=True,
             viewer_url=url or record.viewer_url or ctx.client.viewer_url(record.evaluation_id),
+        )
+
+    def _update(self, record: RunRecord, metadata: dict[str, Any], metrics: dict[str, Any]) -> None:
+        client, evaluation = self._ctx.client, record.evaluation_id
+        assert evaluation is not None
+        self._ctx.replayable(
+            lambda: client.update_evaluation(evaluation, metadata=metadata, metrics=metrics),
+            what="update evaluation",
+            run=record.run_id,
         )
 
     def _send_finalize(self, record: RunRecord, metrics: dict[str, Any]) -> str | None:
