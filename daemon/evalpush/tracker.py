@@ -54,6 +54,7 @@ from evalpush.runs import (
     Run,
     RunFacts,
     RunKind,
+    config_file,
     derive_run_id,
     load_run,
     readiness,
@@ -89,8 +90,9 @@ ConfigFacts = tuple[int, int, int]
 
 
 def _config_facts(directory: str) -> ConfigFacts | None:
+    config = config_file(Path(directory))
     try:
-        st = os.lstat(os.path.join(directory, CONFIG_FILE))
+        st = os.lstat(config if config is not None else os.path.join(directory, CONFIG_FILE))
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
