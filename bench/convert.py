@@ -9,9 +9,9 @@ child process; CPU seconds are that child's own (`os.wait4`), and so is peak RSS
           as its `push_traces` hands them to httpx (which encodes with `json.dumps`); no network
 3. floor: orjson parse + re-serialize of every line, nothing else
 
-and the same rollouts written as verifiers 0.4 episodes (`as_episode`: one agent's trace an
-episode, usage in `calls`, rewards as `{score, weight}`), converted by ours (`ours-0.4`) and by
-the floor (`floor-0.4`).
+and the same rollouts written as verifiers 0.4 episodes (`gen_traces.rewrite_as`: one agent's
+trace an episode, usage in `calls`, rewards as `{score, weight}`), converted by ours
+(`ours-0.4`) and by the floor (`floor-0.4`).
 
 Wall time includes interpreter start and imports (what a user waits for); for the seed, the
 import of verifiers alone is also reported, from inside the child. --repeat rounds, each running
@@ -138,57 +138,12 @@ def the_run(mb: float, cache: Path) -> Path:
     return generate(cache / "convert", int(mb * MB), reuse=True)
 
 
-def as_episode(line: bytes, n: int) -> bytes:
-    """A seed trace line as verifiers 0.4 writes the same rollout: an episode of one agent's
-    trace, the task row under `task.data`, usage and finish reasons moved from the nodes to
-    `calls`, rewards as `{score, weight}`."""
-    import orjson
-
-    trace = orjson.loads(line)
-    calls = []
-    for i, node in enumerate(trace.get("nodes", ())):
-        usage, finish = node.pop("usage", None), node.pop("finish_reason", None)
-        if node.get("sampled"):
-            calls.append({"node": i, "finish_reason": finish, "usage": usage})
-    task = {"type": "Task", "data": trace.pop("task")}
-    rewards = {k: {"score": v, "weight": 1.0} for k, v in trace.pop("rewards", {}).items()}
-    errors = trace.get("errors", [])
-    episode = {
-        "id": f"episode-{n}",
-        "env": {"id": "bench"},
-        "task": task,
-        "run": {"type": "eval", "id": "disabled-0123456789abcdef"},
-        "ok": not errors,
-        "errors": [],
-        "traces": [
-            {
-                "version": 1,
-                **trace,
-                "verifiers": {"version": "0.4.0"},
-                "task": task,
-                "agent": {"config": {}, "name": "agent", "trainable": True},
-                "calls": calls,
-                "rewards": rewards,
-            }
-        ],
-    }
-    return orjson.dumps(episode) + b"\n"
-
-
 def episode_run(seed_run: Path, cache: Path) -> Path:
     """The seed run's rollouts as a verifiers 0.4 run directory (made once, cached)."""
-    directory = cache / "convert-episodes" / f"{seed_run.name}--0a1b2c3d"
-    if (directory / "traces.jsonl").exists():
-        return directory
-    (directory / "configs" / "resolved").mkdir(parents=True, exist_ok=True)
-    config = {"env": {"taskset": {"id": "bench"}}, "model": "org/model", "select": {"limit": 1}}
-    (directory / "configs" / "resolved" / "eval.json").write_text(json.dumps(config))
-    partial = directory / "traces.jsonl.part"
-    with open(seed_run / "traces.jsonl", "rb") as lines, open(partial, "wb") as out:
-        for n, line in enumerate(lines):
-            out.write(as_episode(line, n))
-    partial.rename(directory / "traces.jsonl")
-    return directory
+    sys.path.insert(0, str(BENCH))
+    from gen_traces import rewrite_as
+
+    return rewrite_as(seed_run, cache / "convert-episodes", "0.4")
 
 
 def report(rows: dict[str, list[Measure]], size: int, traces: int, episode_bytes: int = 0) -> None:
