@@ -261,3 +261,107 @@ def test_an_offline_0_4_run_is_created_as_new_under_its_disabled_run_id(
     ((evaluation_id, evaluation),) = platform.summary()["evaluations"].items()
     assert evaluation_id != run_id and evaluation["metadata"]["run_id"] == run_id
     assert (evaluation["status"], evaluation["finalize_count"]) == ("COMPLETED", 1)
+
+
+# ---------------------------------------------------------------- lines told apart, hostile lines
+
+
+def convert_raw(tmp_path: Path, *lines: bytes) -> tuple[list, RunTotals]:
+    path = tmp_path / "traces.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    totals = RunTotals()
+    items = list(convert_lines(read_lines(path, max_line_bytes=MIB), totals, max_line_bytes=MIB))
+    return items, totals
+
+
+def episode(id: str = "e1", *traces: dict, ok: bool = True) -> dict:
+    return {"id": id, "run": {"type": "eval", "id": "r"}, "ok": ok, "traces": list(traces)}
+
+
+def ep_trace(id: str = "t1", idx: int = 0, **fields: Any) -> dict:
+    return {"id": id, "task": {"type": "T", "data": {"idx": idx}}, **fields}
+
+
+def test_a_seed_line_naming_the_markers_only_inside_its_values_converts_as_the_seeds(tmp_path):
+    line = {
+        "id": "s1",
+        "task": {"idx": 0, "prompt": 'say "traces": [] and "version": 2'},
+        "info": {"version": 2, "traces": [1]},
+        "rewards": {"r": 1.0},
+    }
+    items, totals = convert_raw(tmp_path, json.dumps(line).encode())
+
+    [item] = items
+    assert isinstance(item, Converted)
+    assert json.loads(item.sample)["info"] == {"version": 2, "traces": [1]}
+    assert totals.episodes == 0 and totals.traces == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ({"id": "e", "traces": {"0": {}}}, "'traces' must be a list"),
+        (episode("e", {"id": "t", "task": {"data": {}}}), "missing 'traces[0].task.data.idx'"),
+        (episode("e", ep_trace(idx="3")), "'traces[0].task.idx' must be an integer"),
+        (
+            episode("e", ep_trace(nodes=[{"message": {}, "parent": 4}])),
+            "'traces[0].nodes[0].parent' 4 is out of range",
+        ),
+        (episode("", ep_trace()), "'id' must be a non-empty string"),
+        ({"id": "v", "version": 2, "task": {"idx": 0}}, "missing 'task.data'"),
+        ({"id": "v", "version": 2, "task": {"data": {}}}, "missing 'task.data.idx'"),
+        (
+            {"id": "v", "version": 2, "task": {"data": {"idx": 0}}, "tools": "x"},
+            "'tools' must be a list",
+        ),
+    ],
+)
+def test_a_bad_later_line_is_set_aside_naming_what_is_wrong(tmp_path, line, reason):
+    items, totals = convert_raw(tmp_path, json.dumps(line).encode())
+
+    [item] = items
+    assert not isinstance(item, Converted)
+    assert reason in item.reason, item.reason
+    assert totals.traces == totals.episodes == 0
+
+
+def test_an_episode_with_no_trace_sends_nothing_and_counts_as_an_error(tmp_path):
+    good = episode("e1", ep_trace(rewards={"r": {"score": 1.0, "weight": 2.0}}))
+    empty = episode("e2", ok=False)
+
+    items, totals = convert_raw(tmp_path, json.dumps(good).encode(), json.dumps(empty).encode())
+
+    [sample] = [json.loads(i.sample) for i in items]
+    assert (sample["sample_id"], sample["reward"], sample["r"]) == ("e1", 2.0, 1.0)
+    assert totals.metrics() == {"avg_reward": 2.0, "avg_metrics": {"r": 1.0}, "avg_error": 0.5}
+
+
+def test_with_no_trainable_trace_the_aggregates_take_every_trace(tmp_path):
+    judge = {"agent": {"name": "judge", "trainable": False}}
+    line = episode(
+        "e1",
+        ep_trace("a", rewards={"r": {"score": 0.5}}, **judge),
+        ep_trace("b", rewards={"r": {"score": 1.5}, "gone": None}, **judge),
+    )
+
+    items, totals = convert_raw(tmp_path, json.dumps(line).encode())
+
+    sample = json.loads(items[0].sample)
+    assert (sample["agent"], sample["trainable"], sample["info"]["native_trace_index"]) == (
+        "judge",
+        False,
+        0,
+    )
+    assert "gone" not in sample
+    assert totals.metrics()["avg_metrics"] == {"r": 1.0}
+
+
+def test_the_native_wrapper_leaves_out_the_raw_tensors_as_the_producers_record_does(tmp_path):
+    node = {"message": {"role": "user", "content": "hi"}, "routed_experts": {"__nd__": 1}}
+    line = episode("e1", ep_trace(nodes=[node]))
+
+    items, _totals = convert_raw(tmp_path, json.dumps(line).encode())
+
+    wrapper = json.loads(items[0].sample)["info"]["native_wrapper"]
+    assert wrapper["traces"][0]["nodes"][0] == {"message": {"role": "user", "content": "hi"}}
+    assert wrapper["id"] == "e1"

@@ -27,6 +27,7 @@ from evalpush.convert.trace import (
     Node,
     Tally,
     Trace,
+    V2Trace,
     _check,
     _check_id,
     _check_idx,
@@ -208,9 +209,9 @@ def _check_text(data: bytes, number: int) -> None:
             raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
 
 
-def _decode_v2(data: bytes, number: int) -> Trace:
+def _decode_v2(data: bytes, number: int) -> V2Trace:
     v2 = _decode(_V2, data, number)
-    trace = Trace(
+    trace = V2Trace(
         id=v2.id,
         task=v2.task.data,
         nodes=v2.nodes,
@@ -221,7 +222,6 @@ def _decode_v2(data: bytes, number: int) -> Trace:
         stop_condition=v2.stop_condition,
         errors=v2.errors,
         timing=v2.timing,
-        version=2,
         calls=v2.calls,
         tools=v2.tools,
     )

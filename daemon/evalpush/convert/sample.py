@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from evalpush.convert import producers
-from evalpush.convert.trace import NULL, Call, Node, Trace, Usage, chain
+from evalpush.convert.trace import NULL, Call, Node, Trace, Usage, V2Trace, chain
 from evalpush.errors import BadRecord
 
 TRUNCATING_STOP_CONDITIONS = frozenset(
@@ -216,7 +216,7 @@ def _task_row(task: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in task.items() if v is not None} if None in task.values() else task
 
 
-def _v2_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
+def _v2_sample(trace: V2Trace, rollout_number: int) -> dict[str, Any]:
     """The sample 0.2's push sends: the seed's, with usage, truncation and token counts from
     the trace's calls and the tools it advertised as `tool_defs`."""
     branches = call_trajectory(trace.nodes, trace.calls, new_input=False)
@@ -289,7 +289,7 @@ def episode_trace_sample(trace: Any, rollout_number: int, episode_id: str) -> di
 
 def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
     """The platform sample of a checked trace (TRACE_FORMAT.md section 5)."""
-    if trace.version == 2:
+    if type(trace) is V2Trace:
         return _v2_sample(trace, rollout_number)
     branches = trajectory(trace.nodes)
     task = trace.task

@@ -80,8 +80,7 @@ class Trace(msgspec.Struct, gc=False):
     """What conversion reads of a trace line; keys it does not name are skipped unread.
 
     The seed's line (verifiers 0.1) carries usage and finish reasons on its nodes; a 0.2 line
-    (`version` 2, decoded by `evalpush.convert.formats`) carries them in `calls`, its task row
-    under `task.data` (moved to `task` once decoded) and the tools it advertised in `tools`."""
+    carries them in `calls` (`V2Trace`)."""
 
     id: str
     task: dict[str, Any]
@@ -93,14 +92,19 @@ class Trace(msgspec.Struct, gc=False):
     stop_condition: str | None = None
     errors: list[msgspec.Raw] = []
     timing: msgspec.Raw = _EMPTY_OBJECT
-    version: int | None = None
-    calls: list[Call] = []
-    tools: msgspec.Raw = NULL
 
     @property
     def idx(self) -> int:
         """`task.idx` (checked an int by `decode_trace`)."""
         return self.task["idx"]
+
+
+class V2Trace(Trace, gc=False):
+    """A verifiers 0.2 trace, checked (`convert.producers` decodes it): the seed's fields, its
+    task row moved up from `task.data`, plus its model calls and the tools it advertised."""
+
+    calls: list[Call] = []
+    tools: msgspec.Raw = NULL
 
 
 _DECODER = msgspec.json.Decoder(Trace)
@@ -281,7 +285,8 @@ def check_parts(trace: Any, number: int, at: str = "") -> None:
     if memoryview(trace.timing)[0] != _OPEN_BRACE:
         raise BadRecord(f"'{at}timing' must be an object", line=number)
     check_errors(trace.errors, number, at)
-    if trace.tools != NULL and memoryview(trace.tools)[0] != _OPEN_BRACKET:
+    tools = getattr(trace, "tools", NULL)
+    if tools != NULL and memoryview(tools)[0] != _OPEN_BRACKET:
         raise BadRecord(f"'{at}tools' must be a list", line=number)
     nodes = trace.nodes
     for i, node in enumerate(nodes):
