@@ -152,7 +152,7 @@ class Episode(msgspec.Struct, gc=False):
     run: RunRef | None = None
     ok: bool = False
     errors: list[msgspec.Raw] = []
-    traces: list[EpisodeTrace] = []
+    traces: list[EpisodeTrace] | None = None  # None: no top-level `traces`, not an episode
 
     @property
     def summary_index(self) -> int:
@@ -182,14 +182,24 @@ def line_kind(data: bytes, number: int) -> str:
 
 def decode_line(data: bytes, number: int) -> Trace | Episode:
     """The line as a checked seed or 0.2 `Trace`, or a checked `Episode`; `BadRecord` names the
-    first problem."""
-    kind = line_kind(data, number)
-    if kind == "seed":
-        return decode_trace(data, number)
-    _check_text(data, number)
-    if kind == "v2":
+    first problem. A line naming `traces` is decoded as an episode straight away (one decode for
+    the common case); only if that fails, or finds no top-level `traces`, is it told apart by
+    its markers."""
+    if _TRACES_KEY in data:
+        try:
+            episode = _decode(_EPISODE, data, number)
+        except BadRecord:
+            if line_kind(data, number) == "episode":
+                raise
+        else:
+            if episode.traces is not None:
+                _check_text(data, number)
+                _check_episode(episode, number)
+                return episode
+    if _VERSION_KEY in data and line_kind(data, number) == "v2":
+        _check_text(data, number)
         return _decode_v2(data, number)
-    return _decode_episode(data, number)
+    return decode_trace(data, number)
 
 
 def decode_line_tally(data: bytes, number: int) -> Tally | Trace | Episode:
@@ -231,8 +241,7 @@ def _decode_v2(data: bytes, number: int) -> V2Trace:
     return trace
 
 
-def _decode_episode(data: bytes, number: int) -> Episode:
-    episode = _decode(_EPISODE, data, number)
+def _check_episode(episode: Episode, number: int) -> None:
     _check_id(episode.id, number)
     check_errors(episode.errors, number)
     for i, trace in enumerate(episode.traces):
@@ -242,7 +251,6 @@ def _decode_episode(data: bytes, number: int) -> Episode:
             raise BadRecord(f"missing '{at}task.data.idx'", line=number)
         _check_idx(trace.task.data["idx"], number, at)
         check_parts(trace, number, at)
-    return episode
 
 
 # ---------------------------------------------------------------- episode -> sample
