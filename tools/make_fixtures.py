@@ -105,16 +105,23 @@ def run_driver(venv: Path, fixtures: Path) -> None:
 # --- inside: the recording platform -----------------------------------------------------------
 
 
-class _Recorder(BaseHTTPRequestHandler):
+class Recorder(BaseHTTPRequestHandler):
+    """Records each request (its path and JSON body; with `methods`, its method too) and
+    answers as the platform would: an environment id, an evaluation id, else `{}`."""
+
     requests: list[dict] = []
+    evaluation_id = "eval-1"
+    methods = False
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.requests.append({"path": self.path, "body": body})
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        method = {"method": self.command} if self.methods else {}
+        self.requests.append({**method, "path": self.path, "body": body})
         if self.path.endswith("/environmentshub/resolve"):
             answer = {"data": {"id": "env-1"}}
         elif self.path.endswith("/evaluations/"):
-            answer = {"evaluation_id": "eval-1"}
+            answer = {"evaluation_id": self.evaluation_id}
         else:
             answer = {}
         data = json.dumps(answer).encode()
@@ -124,20 +131,22 @@ class _Recorder(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    do_PUT = do_GET = do_POST  # noqa: N815
+
     def log_message(self, *args) -> None:
         pass
 
 
 @contextmanager
-def recording_platform():
+def recording_platform(recorder: type[Recorder] = Recorder):
     """A platform stand-in on loopback; yields the list every request is appended to."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), recorder)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     os.environ["PRIME_API_KEY"] = "fixture-key"
     os.environ["PRIME_API_BASE_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        yield _Recorder.requests
+        yield recorder.requests
     finally:
         server.shutdown()
         thread.join()

@@ -31,14 +31,20 @@ import random
 import shutil
 import sys
 import tempfile
-import threading
 import uuid
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_fixtures import T0, TINY_PNG, fixed_uuid4, install_taskset, traceback_text  # noqa: E402
+from make_fixtures import (  # noqa: E402
+    T0,
+    TINY_PNG,
+    Recorder,
+    fixed_uuid4,
+    install_taskset,
+    recording_platform,
+    traceback_text,
+)
 
 VERSIONS = ("0.2.1", "0.3.1", "0.4.0")
 
@@ -46,49 +52,19 @@ VERSIONS = ("0.2.1", "0.3.1", "0.4.0")
 # --- the recording platform -------------------------------------------------------------------
 
 
-class _Recorder(BaseHTTPRequestHandler):
-    requests: list[dict] = []
+class _Recorder(Recorder):
+    methods = True  # 0.4 sends a PUT too
     evaluation_id = "00000000-0000-4000-8000-000000000000"
-
-    def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length)) if length else None
-        self.requests.append({"method": self.command, "path": self.path, "body": body})
-        if self.path.endswith("/environmentshub/resolve"):
-            answer = {"data": {"id": "env-1"}}
-        elif self.path.endswith("/evaluations/"):
-            answer = {"evaluation_id": self.evaluation_id}
-        else:
-            answer = {}
-        data = json.dumps(answer).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_POST = do_PUT = do_GET = _answer  # noqa: N815 (http.server's naming)
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 @contextmanager
-def recording_platform():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    os.environ["PRIME_API_KEY"] = "fixture-key"
-    os.environ["PRIME_API_BASE_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
-    os.environ["PRIME_BASE_URL"] = os.environ["PRIME_API_BASE_URL"]
-    os.environ["PRIME_FRONTEND_URL"] = "http://frontend.invalid"
-    os.environ["PRIME_TRACES_OPT_OUT"] = "1"
-    try:
+def producer_platform():
+    """`make_fixtures.recording_platform`, with the settings the later producers read too."""
+    with recording_platform(_Recorder):
+        os.environ["PRIME_BASE_URL"] = os.environ["PRIME_API_BASE_URL"]
+        os.environ["PRIME_FRONTEND_URL"] = "http://frontend.invalid"
+        os.environ["PRIME_TRACES_OPT_OUT"] = "1"
         yield _Recorder
-    finally:
-        server.shutdown()
-        thread.join()
-        server.server_close()
 
 
 def fixed_randomness(seed: str) -> None:
@@ -487,7 +463,7 @@ def drive(version: str, fixtures: Path) -> None:
     fixed_randomness(version)
     for generated in ("runs", "recorded"):
         shutil.rmtree(fixtures / generated, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix="taskset-") as scratch, recording_platform() as rec:
+    with tempfile.TemporaryDirectory(prefix="taskset-") as scratch, producer_platform() as rec:
         install_taskset(Path(scratch))
         b = Build(version)
         {"0.2.1": drive_traces, "0.3.1": drive_episodes_v3, "0.4.0": drive_episodes_v4}[version](

@@ -60,20 +60,25 @@ class _TaskRow(msgspec.Struct, gc=False):
     data: dict[str, Any]
 
 
-class _V2Trace(msgspec.Struct, gc=False):
+class _CallsTrace(msgspec.Struct, gc=False):
+    """What 0.2's trace and 0.3/0.4's traces share: the task row under `task.data`, the model
+    calls, the advertised tools."""
+
     id: str
     task: _TaskRow
     nodes: list[Node] = []
-    rewards: dict[str, float | None] = {}
+    calls: list[Call] = []
+    tools: msgspec.Raw = NULL
     metrics: dict[str, float | None] = {}
     info: msgspec.Raw = msgspec.Raw(b"{}")
     is_completed: bool = False
     stop_condition: str | None = None
     errors: list[msgspec.Raw] = []
     timing: msgspec.Raw = msgspec.Raw(b"{}")
-    version: int | None = None
-    calls: list[Call] = []
-    tools: msgspec.Raw = NULL
+
+
+class _V2Trace(_CallsTrace, gc=False):
+    rewards: dict[str, float | None] = {}
 
 
 _V2 = msgspec.json.Decoder(_V2Trace)
@@ -95,22 +100,11 @@ class Build(msgspec.Struct, gc=False):
     version: str = ""
 
 
-class EpisodeTrace(msgspec.Struct, gc=False):
+class EpisodeTrace(_CallsTrace, gc=False):
     """One agent's trace inside an episode, as conversion reads it."""
 
-    id: str
-    task: _TaskRow
     agent: Agent | None = None
-    tools: msgspec.Raw = NULL
-    nodes: list[Node] = []
-    calls: list[Call] = []
     rewards: dict[str, Reward | None] = {}
-    metrics: dict[str, float | None] = {}
-    info: msgspec.Raw = msgspec.Raw(b"{}")
-    is_completed: bool = False
-    stop_condition: str | None = None
-    errors: list[msgspec.Raw] = []
-    timing: msgspec.Raw = msgspec.Raw(b"{}")
     verifiers: Build | None = None
 
     @property

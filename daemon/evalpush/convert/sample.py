@@ -219,34 +219,15 @@ def _task_row(task: dict[str, Any]) -> dict[str, Any]:
 def _v2_sample(trace: V2Trace, rollout_number: int) -> dict[str, Any]:
     """The sample 0.2's push sends: the seed's, with usage, truncation and token counts from
     the trace's calls and the tools it advertised as `tool_defs`."""
-    branches = call_trajectory(trace.nodes, trace.calls, new_input=False)
-    task = _task_row(trace.task)
-    errors = trace.errors
-    rewards = trace.rewards
     calls = trace.calls
-    sample = {
-        "sample_id": trace.id,
-        "example_id": task["idx"],
-        "rollout_number": rollout_number,
-        "task": task,
-        "prompt": [],
-        "completion": branches[-1]["messages"] if branches else [],
-        "answer": task.get("answer"),
-        "tool_defs": _tool_defs(trace.tools),
-        "reward": sum(rewards.values()),
-        "timing": _all_without_nulls(trace.timing),
-        "is_completed": trace.is_completed,
-        "is_truncated": truncated_by_calls(trace.stop_condition, calls, TRUNCATING_STOP_CONDITIONS),
-        "metrics": trace.metrics,
-        "error": _top_level_without_nulls(errors[-1]) if errors else None,
-        "stop_condition": trace.stop_condition,
-        "trajectory": branches,
-        "token_usage": usage_total([c.usage for c in calls if c.usage is not None]),
-        "info": None if _EMPTY_CONTAINER.fullmatch(trace.info) else trace.info,
-    }
-    for name, value in rewards.items():
-        sample.setdefault(name, value)
-    return sample
+    return _sample(
+        trace,
+        rollout_number,
+        call_trajectory(trace.nodes, calls, new_input=False),
+        truncated_by_calls(trace.stop_condition, calls, TRUNCATING_STOP_CONDITIONS),
+        usage_total([c.usage for c in calls if c.usage is not None]),
+        tool_defs=_tool_defs(trace.tools),
+    )
 
 
 def episode_trace_sample(trace: Any, rollout_number: int, episode_id: str) -> dict[str, Any]:
@@ -291,10 +272,28 @@ def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
     """The platform sample of a checked trace (TRACE_FORMAT.md section 5)."""
     if type(trace) is V2Trace:
         return _v2_sample(trace, rollout_number)
-    branches = trajectory(trace.nodes)
-    task = trace.task
-    if None in task.values():
-        task = {k: v for k, v in task.items() if v is not None}
+    return _sample(
+        trace,
+        rollout_number,
+        trajectory(trace.nodes),
+        is_truncated(trace),
+        usage_total([n.usage for n in trace.nodes if n.usage is not None]),
+    )
+
+
+_NO_TOOL_DEFS = object()
+
+
+def _sample(
+    trace: Trace,
+    rollout_number: int,
+    branches: list[dict[str, Any]],
+    truncated: bool,
+    usage: dict[str, Any] | None,
+    tool_defs: Any = _NO_TOOL_DEFS,
+) -> dict[str, Any]:
+    """The sample of a trace given its derived views (the seed's, or 0.2's with `tool_defs`)."""
+    task = _task_row(trace.task)
     errors = trace.errors
     rewards = trace.rewards
     sample = {
@@ -305,17 +304,20 @@ def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
         "prompt": [],
         "completion": branches[-1]["messages"] if branches else [],
         "answer": task.get("answer"),
+        "tool_defs": tool_defs,
         "reward": sum(rewards.values()),
         "timing": _all_without_nulls(trace.timing),
         "is_completed": trace.is_completed,
-        "is_truncated": is_truncated(trace),
+        "is_truncated": truncated,
         "metrics": trace.metrics,
         "error": _top_level_without_nulls(errors[-1]) if errors else None,
         "stop_condition": trace.stop_condition,
         "trajectory": branches,
-        "token_usage": usage_total([n.usage for n in trace.nodes if n.usage is not None]),
+        "token_usage": usage,
         "info": None if _EMPTY_CONTAINER.fullmatch(trace.info) else trace.info,
     }
+    if tool_defs is _NO_TOOL_DEFS:  # the seed's sample has no such key
+        del sample["tool_defs"]
     for name, value in rewards.items():
         sample.setdefault(name, value)
     return sample
