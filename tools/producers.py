@@ -38,13 +38,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_fixtures import (  # noqa: E402
     T0,
-    TINY_PNG,
     Recorder,
     fixed_uuid4,
     install_taskset,
     recording_platform,
-    traceback_text,
 )
+from make_fixtures import Build as SeedBuild  # noqa: E402
 
 VERSIONS = ("0.2.1", "0.3.1", "0.4.0")
 
@@ -76,13 +75,13 @@ def fixed_randomness(seed: str) -> None:
 # --- rollouts, built with the producer's own models -------------------------------------------
 
 
-class Build:
-    """Terse constructors over the version's models (imported lazily: only inside its venv)."""
+class Build(SeedBuild):
+    """The seed's constructors (`make_fixtures.Build`) where the models are the same, the
+    version's own where they changed (calls, rewards, timing)."""
 
     def __init__(self, version: str) -> None:
-        from verifiers.v1 import graph, trace, types
-
-        self.version, self.t, self.g, self.ty = version, trace, graph, types
+        super().__init__()
+        self.version = version
 
     def timing(self, at: float, generation: float = 6.25):
         t, start = self.t, T0 + at
@@ -127,40 +126,17 @@ class Build:
             error=error,
         )
 
-    def user(self, content):
-        return self.ty.UserMessage(content=content)
-
-    def system(self, text):
-        return self.ty.SystemMessage(content=text)
-
     def assistant(self, content=None, *, calls=(), reasoning=None):
         tool_calls = [self.ty.ToolCall(id=i, name=n, arguments=a) for i, n, a in calls] or None
         return self.ty.AssistantMessage(
             content=content, reasoning_content=reasoning, tool_calls=tool_calls
         )
 
-    def tool(self, call_id, content, name=None):
-        return self.ty.ToolMessage(tool_call_id=call_id, content=content, name=name)
-
-    def image_prompt(self, text):
-        ty = self.ty
-        return [
-            ty.TextContentPart(text=text),
-            ty.ImageUrlContentPart(image_url=ty.ImageUrlSource(url=TINY_PNG)),
-        ]
-
     def reverse_tool(self):
         return self.ty.Tool(
             name="reverse",
             description="Reverse a text.",
             parameters={"type": "object", "properties": {"text": {"type": "string"}}},
-        )
-
-    def error(self, kind, message, *, traceback=True):
-        return self.t.Error(
-            type=kind,
-            message=message,
-            traceback=traceback_text(kind, message) if traceback else None,
         )
 
     def reward(self, score, weight=1.0):
