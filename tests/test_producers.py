@@ -275,7 +275,14 @@ def convert_raw(tmp_path: Path, *lines: bytes) -> tuple[list, RunTotals]:
 
 
 def episode(id: str = "e1", *traces: dict, ok: bool = True) -> dict:
-    return {"id": id, "run": {"type": "eval", "id": "r"}, "ok": ok, "traces": list(traces)}
+    task = {"type": "T", "data": {"idx": 0}}
+    return {
+        "id": id,
+        "task": task,
+        "run": {"type": "eval", "id": "r"},
+        "ok": ok,
+        "traces": list(traces),
+    }
 
 
 def ep_trace(id: str = "t1", idx: int = 0, **fields: Any) -> dict:
@@ -300,7 +307,12 @@ def test_a_seed_line_naming_the_markers_only_inside_its_values_converts_as_the_s
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
-        ({"id": "e", "traces": {"0": {}}}, "'traces' must be a list"),
+        ({"id": "e", "task": {}, "traces": {"0": {}}}, "'traces' must be a list"),
+        ({**episode("e"), "ok": "yes"}, "'ok' must be a boolean"),
+        (
+            {"id": "v", "version": 2, "task": {"data": {"idx": 0}}, "calls": [{"node": "x"}]},
+            "'calls[0].node' must be an integer",
+        ),
         (episode("e", {"id": "t", "task": {"data": {}}}), "missing 'traces[0].task.data.idx'"),
         (episode("e", ep_trace(idx="3")), "'traces[0].task.idx' must be an integer"),
         (

@@ -2,10 +2,10 @@
 0.3/0.4's episode, each recognised by its own markers and turned into what that version's own
 push sends.
 
-- `decode_line` decides what a line is: an object with a top-level `traces` list is an episode,
-  one with `version` 2 a 0.2 trace, anything else the seed's trace (`decode_trace`). The seed's
-  lines hold neither key, so the bytes are searched first (at memchr speed) and a line holding
-  neither is decoded as the seed's with no second look.
+- `decode_line` decides what a line is: an object with a top-level `traces` is an episode,
+  one with `version` 2 a 0.2 trace, anything else the seed's trace. One parse does it (`_Line`:
+  the seed's trace plus those keys and the later producers' own parts, kept raw), so a seed
+  line costs what it did; a later line's raw parts are then decoded from their bytes.
 - A 0.2 trace decodes into the seed's `Trace` (its task row moved up from `task.data`), with its
   `calls` and `tools`; `sample.build_sample` derives its usage, truncation and token counts from
   the calls, as 0.2 does.
@@ -32,26 +32,38 @@ from evalpush.convert.trace import (
     _check_id,
     _check_idx,
     _decode,
+    _describe,
     _scores,
     check_errors,
     check_parts,
-    decode_tally,
-    decode_trace,
+    check_text,
+    checked_tally,
+    checked_trace,
 )
 from evalpush.errors import BadRecord
 
-_VERSION_KEY = b'"version"'
-_TRACES_KEY = b'"traces"'
+
+class _Line(Trace, gc=False):
+    """Any producer's line in one parse: the seed's trace, plus the top-level keys that mark
+    the later producers' lines (`traces`, `version`) and the parts only they have, kept raw (a
+    seed line holds none of them, so it decodes and checks exactly as before)."""
+
+    version: Any = None
+    traces: msgspec.Raw = NULL
+    calls: msgspec.Raw = NULL
+    tools: msgspec.Raw = NULL
+    ok: Any = None
 
 
-class _Marker(msgspec.Struct, gc=False):
-    """The top-level keys that tell the producers' lines apart; the rest skipped unread."""
+_LINE = msgspec.json.Decoder(_Line)
 
+
+class _TallyLine(Tally, gc=False):
     version: Any = None
     traces: msgspec.Raw = NULL
 
 
-_MARKER = msgspec.json.Decoder(_Marker)
+_TALLY_LINE = msgspec.json.Decoder(_TallyLine)
 
 
 class _TaskRow(msgspec.Struct, gc=False):
@@ -75,13 +87,6 @@ class _CallsTrace(msgspec.Struct, gc=False):
     stop_condition: str | None = None
     errors: list[msgspec.Raw] = []
     timing: msgspec.Raw = msgspec.Raw(b"{}")
-
-
-class _V2Trace(_CallsTrace, gc=False):
-    rewards: dict[str, float | None] = {}
-
-
-_V2 = msgspec.json.Decoder(_V2Trace)
 
 
 class Reward(msgspec.Struct, gc=False):
@@ -134,19 +139,13 @@ def _value(reward: Reward) -> float:
     return _score(reward) * reward.weight
 
 
-class RunRef(msgspec.Struct, gc=False):
-    id: str = ""
-
-
 class Episode(msgspec.Struct, gc=False):
-    """A 0.3/0.4 line: one rollout of a task by one or more agents."""
+    """A 0.3/0.4 line, as conversion reads it: one rollout of a task by one or more agents."""
 
     id: str
-    task: _TaskRow | None = None
-    run: RunRef | None = None
     ok: bool = False
     errors: list[msgspec.Raw] = []
-    traces: list[EpisodeTrace] | None = None  # None: no top-level `traces`, not an episode
+    traces: list[EpisodeTrace] = []
 
     @property
     def summary_index(self) -> int:
@@ -159,80 +158,93 @@ class Episode(msgspec.Struct, gc=False):
         return self.traces[self.summary_index].task.data["idx"]
 
 
-_EPISODE = msgspec.json.Decoder(Episode)
-
-
-def line_kind(data: bytes, number: int) -> str:
-    """ "episode", "v2" or "seed": what the line is, by its producer's top-level markers."""
-    if _TRACES_KEY not in data and _VERSION_KEY not in data:
-        return "seed"
-    marker = _decode(_MARKER, data, number)
-    if marker.traces != NULL:
+def _kind(line: _Line | _TallyLine) -> str:
+    """ "episode", "v2" or "seed": what a decoded line is, by its producer's top-level markers."""
+    if line.traces != NULL:
         return "episode"
-    if marker.version == 2:
+    if line.version == 2 and type(line.version) is int:
         return "v2"
     return "seed"
 
 
 def decode_line(data: bytes, number: int) -> Trace | Episode:
     """The line as a checked seed or 0.2 `Trace`, or a checked `Episode`; `BadRecord` names the
-    first problem. A line naming `traces` is decoded as an episode straight away (one decode for
-    the common case); only if that fails, or finds no top-level `traces`, is it told apart by
-    its markers."""
-    if _TRACES_KEY in data:
-        try:
-            episode = _decode(_EPISODE, data, number)
-        except BadRecord:
-            if line_kind(data, number) == "episode":
-                raise
-        else:
-            if episode.traces is not None:
-                _check_text(data, number)
-                _check_episode(episode, number)
-                return episode
-    if _VERSION_KEY in data and line_kind(data, number) == "v2":
-        _check_text(data, number)
-        return _decode_v2(data, number)
-    return decode_trace(data, number)
+    first problem. One parse tells it apart and decodes the seed's whole; a later producer's
+    parts, kept raw by it, are decoded from those bytes."""
+    line = _decode(_LINE, data, number)
+    kind = _kind(line)
+    if kind == "seed":
+        return checked_trace(line, data, number)
+    check_text(data, number)
+    if kind == "v2":
+        return _v2_of(line, number)
+    return _episode_of(line, number)
 
 
 def decode_line_tally(data: bytes, number: int) -> Tally | Trace | Episode:
-    """The tally's decode: the seed's lines by `decode_tally` (only what the totals need); the
-    later producers' lines fully, as `decode_line` (so the tally refuses exactly what the full
-    check refuses for them)."""
-    if line_kind(data, number) == "seed":
-        return decode_tally(data, number)
+    """The tally's decode: the seed's lines only for what the totals need (as `decode_tally`);
+    the later producers' lines fully, as `decode_line` (so the tally refuses exactly what the
+    full check refuses for them)."""
+    line = _decode(_TALLY_LINE, data, number)
+    if _kind(line) == "seed":
+        return checked_tally(line, number)
     return decode_line(data, number)
 
 
-def _check_text(data: bytes, number: int) -> None:
-    if not data.isascii():
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
+def _part(decoder: msgspec.json.Decoder, raw: msgspec.Raw, at: str, number: int) -> Any:
+    """A raw part of the line (`at`, its key) decoded and checked by `decoder`."""
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        message = str(exc).replace("`$", f"`$.{at}")
+        if "- at `" not in message:
+            message += f" - at `$.{at}`"
+        raise BadRecord(_describe(msgspec.ValidationError(message)), line=number) from None
 
 
-def _decode_v2(data: bytes, number: int) -> V2Trace:
-    v2 = _decode(_V2, data, number)
-    trace = V2Trace(
-        id=v2.id,
-        task=v2.task.data,
-        nodes=v2.nodes,
-        rewards=_scores(v2.rewards),
-        metrics=_scores(v2.metrics),
-        info=v2.info,
-        is_completed=v2.is_completed,
-        stop_condition=v2.stop_condition,
-        errors=v2.errors,
-        timing=v2.timing,
-        calls=v2.calls,
-        tools=v2.tools,
-    )
-    if "idx" not in v2.task.data:
+_CALLS = msgspec.json.Decoder(list[Call])
+
+
+def _v2_of(line: _Line, number: int) -> V2Trace:
+    row = line.task.get("data")
+    if not isinstance(row, dict):
+        raise BadRecord(
+            "missing 'task.data'" if row is None else "'task.data' must be an object", line=number
+        )
+    if "idx" not in row:
         raise BadRecord("missing 'task.data.idx'", line=number)
+    trace = V2Trace(
+        id=line.id,
+        task=row,
+        nodes=line.nodes,
+        rewards=_scores(line.rewards),
+        metrics=_scores(line.metrics),
+        info=line.info,
+        is_completed=line.is_completed,
+        stop_condition=line.stop_condition,
+        errors=line.errors,
+        timing=line.timing,
+        calls=[] if line.calls == NULL else _part(_CALLS, line.calls, "calls", number),
+        tools=line.tools,
+    )
     _check(trace, number)
     return trace
+
+
+_EPISODE_TRACES = msgspec.json.Decoder(list[EpisodeTrace])
+
+
+def _episode_of(line: _Line, number: int) -> Episode:
+    if line.ok is not None and type(line.ok) is not bool:
+        raise BadRecord(f"'ok' must be a boolean, got {line.ok!r}"[:200], line=number)
+    episode = Episode(
+        id=line.id,
+        ok=bool(line.ok),
+        errors=line.errors,
+        traces=_part(_EPISODE_TRACES, line.traces, "traces", number),
+    )
+    _check_episode(episode, number)
+    return episode
 
 
 def _check_episode(episode: Episode, number: int) -> None:
@@ -310,7 +322,6 @@ __all__ = [
     "decode_line_tally",
     "episode_sample",
     "info_dict",
-    "line_kind",
     "native_record",
     "truncating_stops",
 ]

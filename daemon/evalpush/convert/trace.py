@@ -111,7 +111,9 @@ _DECODER = msgspec.json.Decoder(Trace)
 
 
 class _TaskIdx(msgspec.Struct, gc=False):
-    idx: Any  # any JSON value, then checked as `decode_trace` checks it (an int, never a bool)
+    # any JSON value, then checked as `decode_trace` checks it (an int, never a bool); UNSET:
+    # absent (so a later producer's line, whose task holds no idx, decodes to show its markers)
+    idx: Any = msgspec.UNSET
 
 
 class Tally(msgspec.Struct, gc=False):
@@ -136,24 +138,37 @@ _TALLY = msgspec.json.Decoder(Tally)
 
 def decode_trace(data: bytes, number: int) -> Trace:
     """The line as a checked `Trace`; `BadRecord` names the first problem."""
-    trace = _decode(_DECODER, data, number)
-    if not data.isascii():
-        # Raw fields (messages, info) are not checked by the decoder: a bad byte there would
-        # reach the platform and get the whole batch refused.
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
+    return checked_trace(_decode(_DECODER, data, number), data, number)
+
+
+def checked_trace(trace: Trace, data: bytes, number: int) -> Trace:
+    """A decoded seed trace, checked (`data`: its line): what the types alone do not say."""
+    check_text(data, number)
     _check(trace, number)
     trace.rewards = _scores(trace.rewards)
     trace.metrics = _scores(trace.metrics)
     return trace
 
 
+def check_text(data: bytes, number: int) -> None:
+    """Raw fields (messages, info) are not checked by the decoder: a byte that is not UTF-8
+    there would reach the platform and get the whole batch refused."""
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
+
+
 def decode_tally(data: bytes, number: int) -> Tally:
     """The fields of the line the totals need, checked as `decode_trace` checks them."""
-    tally = _decode(_TALLY, data, number)
+    return checked_tally(_decode(_TALLY, data, number), number)
+
+
+def checked_tally(tally: Tally, number: int) -> Tally:
     _check_id(tally.id, number)
+    if tally.task.idx is msgspec.UNSET:
+        raise BadRecord("missing 'task.idx'", line=number)
     _check_idx(tally.task.idx, number)
     tally.rewards = _scores(tally.rewards)
     tally.metrics = _scores(tally.metrics)
