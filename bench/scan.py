@@ -12,9 +12,9 @@ measures, each in this process with the page cache warm (the daemon's steady sta
    idling, then over as long again with one full rescan in the middle (the daemon's idle:
    one rescan every 60 s); then `stop()`.
 3. Polling: CPU of one poll by watchdog's PollingObserver (a snapshot of every entry and a
-   diff; for comparison, evalpush does not use it) and by evalpush's own poller (the scan's
-   walk); then the process's CPU while idling through about `--idle-seconds` worth of polls at
-   the default `watch.poll_seconds` (a whole number of polls, at least one).
+   diff; for comparison, evalpush does not use it). A polled root is what the daemon's rescan,
+   every `watch.poll_seconds`, sees (item 1 is one poll); its steady-state share of a core is
+   that rescan's CPU over the default `watch.poll_seconds`.
 
 CPU is user + system time of this process (`resource.getrusage`), all threads included.
 """
@@ -43,7 +43,6 @@ from evalpush.discover import (
     Watcher,
     inotify_watches_in_use,
 )
-from evalpush.discover._poll import ScanPoller
 
 CACHE = Path(__file__).resolve().parent / ".cache" / "scan"
 RUNS_PER_PARENT = 100
@@ -126,7 +125,7 @@ def bench_inotify(root: Path, runs: int, idle_seconds: float) -> None:
         watcher.stop()
 
 
-def bench_polling(root: Path, runs: int, idle_seconds: float) -> None:
+def bench_polling(root: Path, runs: int) -> None:
     first = DirectorySnapshot(str(root), stat=os.lstat)
     wall, cpu, _ = measure(
         lambda: DirectorySnapshotDiff(first, DirectorySnapshot(str(root), stat=os.lstat))
@@ -135,29 +134,13 @@ def bench_polling(root: Path, runs: int, idle_seconds: float) -> None:
         f"watchdog's PollingObserver, one poll of {runs:,} run dirs ({len(first.paths):,} "
         f"entries: snapshot + diff): wall {wall:.3f} s, CPU {cpu:.3f} s"
     )
-    poller = ScanPoller(HintQueue(), poll_seconds=3600)
-    poller.watch(str(root))
-    samples = [measure(poller.poll)[:2] for _ in range(3)]
-    print(
-        f"evalpush's poller, one poll of {runs:,} run dirs: wall best "
-        f"{min(w for w, _ in samples):.3f} s, CPU best {min(c for _, c in samples):.3f} s"
-    )
-    if not idle_seconds:
-        return
+    scanner = Scanner([root])
+    cpu = min(measure(scanner.scan)[1] for _ in range(3))
     poll_seconds = WatchConfig().poll_seconds
-    polls = max(1, round(idle_seconds / poll_seconds))
-    window = (polls + 0.5) * poll_seconds  # the first poll comes poll_seconds after start()
-    watcher = Watcher([root], HintQueue(), kind=ObserverKind.POLLING, poll_seconds=poll_seconds)
-    watcher.start()
-    try:
-        used = idle(window)
-        print(
-            f"idle with polling every {poll_seconds:.0f} s, {polls} poll(s) in {window:.0f} s: "
-            f"CPU {used:.3f} s, {used / polls:.3f} s per poll = "
-            f"{100 * used / polls / poll_seconds:.2f}% of a core in steady state"
-        )
-    finally:
-        watcher.stop()
+    print(
+        f"evalpush polling: a rescan every {poll_seconds:.0f} s, CPU best {cpu:.3f} s a rescan = "
+        f"{100 * cpu / poll_seconds:.2f}% of a core in steady state"
+    )
 
 
 def main() -> int:
@@ -171,7 +154,7 @@ def main() -> int:
     print(f"tree: {root} ({wall:.1f} s to make or find)")
     bench_scan(root, args.runs)
     bench_inotify(root, args.runs, idle_seconds)
-    bench_polling(root, args.runs, idle_seconds)
+    bench_polling(root, args.runs)
     return 0
 
 

@@ -54,7 +54,6 @@ from typing import Any
 
 import pytest
 
-from evalpush import turns
 from evalpush.config import PlatformConfig
 from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
@@ -106,15 +105,6 @@ def no_thread_outlives_its_module() -> Iterator[None]:
     if leaked := threads.outliving(before | _REPORTED):
         _REPORTED.update(leaked)
         pytest.fail(f"threads outlived the module: {', '.join(map(threads.describe, leaked))}")
-
-
-@pytest.fixture
-def turns_taken(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Upload threads take turns only when they may run on several CPUs (`evalpush.turns`). On
-    a machine with one, a test of how turns pass is made to see two (no second CPU can be had
-    there); elsewhere nothing is changed."""
-    if not turns._several_cpus():
-        monkeypatch.setattr(turns, "_several_cpus", lambda: True)
 
 
 @pytest.fixture

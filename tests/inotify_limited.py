@@ -85,6 +85,8 @@ def _child(root: Path, kind: str) -> dict[str, Any]:
             (run / "traces.jsonl").write_text("")
             deadline = time.monotonic() + HINT_WAIT_SECONDS
             while not result["found"] and time.monotonic() < deadline:
+                if watcher.polling:  # no hints from a polled root: the daemon rescans it
+                    result["found"].extend(scanner.scan())
                 hint = hints.get(timeout=0.1)
                 if hint is not None and hint.kind is HintKind.RUN and scanner.look(hint.path):
                     result["found"].append(hint.path)

@@ -8,6 +8,7 @@ import json
 import math
 import random
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -930,6 +931,48 @@ class TestScanAgreesWithConversion:
         assert [s.line for s in found.set_aside] == refused == [1, 4]
         assert found.totals.to_json() == totals.to_json()
         assert found.end == path.stat().st_size
+
+    @pytest.mark.timeout(10)
+    @pytest.mark.parametrize("depth", [0, 700])
+    def test_how_deep_the_callers_stack_is_changes_no_line_taken_or_refused(
+        self, tmp_path: Path, depth: int
+    ) -> None:
+        # A line nesting 950 levels fits Python's recursion limit only from a shallow stack;
+        # the same file must give the same samples wherever it is read from (an upload thread,
+        # the tracker, a test runner's deep stack).
+        path = self._lines(tmp_path)
+
+        def at_depth(left: int, work: Callable[[], Any]) -> Any:
+            return work() if left == 0 else at_depth(left - 1, work)
+
+        def convert() -> list[int]:
+            lines = read_lines(path, max_line_bytes=MIB)
+            items = list(convert_lines(lines, RunTotals(), max_line_bytes=MIB))
+            return [i.line.number for i in items if isinstance(i, Converted)]
+
+        def scanned() -> list[int]:
+            found = scan(read_lines(path, max_line_bytes=MIB), max_line_bytes=MIB)
+            return [s.line for s in found.set_aside]
+
+        assert at_depth(depth, convert) == [2, 3, 5, 6]
+        assert at_depth(depth, scanned) == [1, 4]
+
+    @pytest.mark.timeout(10)
+    def test_a_deep_timing_holding_nulls_converts_from_a_deep_stack(self, tmp_path: Path) -> None:
+        # Nulls are dropped from timing at every depth, one Python frame a level.
+        deep = deeply_nested(800).replace(b": 1}", b': 1, "b": null}', 1)
+        path = tmp_path / "traces.jsonl"
+        path.write_bytes(deep + b"\n")
+
+        def at_depth(left: int) -> list[Converted | SetAside]:
+            if left:
+                return at_depth(left - 1)
+            lines = read_lines(path, max_line_bytes=MIB)
+            return list(convert_lines(lines, RunTotals(), max_line_bytes=MIB))
+
+        items = at_depth(500)
+        assert [type(i) for i in items] == [Converted]
+        assert b'"b"' not in items[0].sample
 
 
 # Lines bad only in what the tally skips: it takes them, and conversion sets them aside.

@@ -557,5 +557,5 @@ class TestDiscovery:
             run.write(run.lines(4), pause=0.1)
             finalized(daemon, run)
             assert daemon.stop() == 0
-        assert daemon.find("watching root", root=str(later))
+        assert daemon.find("watching root", root=str(later)), daemon.text()
         assert_run_exactly_once(local_platform, run.path)

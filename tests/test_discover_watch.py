@@ -2,7 +2,9 @@
 
 Each test drives hints the way the daemon will: a RUN hint is answered with `Scanner.look`, a
 SUBTREE hint with `Scanner.scan_subtree`, a ROOT hint with `Watcher.sync()` and a scan of the
-roots it newly watches. Waits are bounded (`HINT_WAIT_SECONDS`), never asserted as timings.
+roots it newly watches; a polled root gives no hints, so it is rescanned (after a `sync()`)
+every `POLL_SECONDS`, as the daemon's loop does. Waits are bounded (`HINT_WAIT_SECONDS`), never
+asserted as timings.
 """
 
 from __future__ import annotations
@@ -27,13 +29,12 @@ from evalpush.discover import (
     Watcher,
     inotify_watches_in_use,
 )
-from evalpush.discover._poll import ScanPoller
 from evalpush.errors import ConfigError
 from inotify_limited import limited_namespaces_available, run_limited
 from support.runs import make_run
 
 HINT_WAIT_SECONDS = 10.0
-QUIET_SECONDS = 0.3  # how long "no hint came" is watched for (six polls)
+QUIET_SECONDS = 0.3  # how long "no hint came" is watched for
 POLL_SECONDS = 0.05
 
 KINDS = [
@@ -43,16 +44,28 @@ KINDS = [
 
 
 class Daemonish:
-    """A root's watcher, scanner and hint queue, with the daemon's way of answering hints."""
+    """A root's watcher, scanner and hint queue, with the daemon's way of answering hints and
+    of rescanning a polled root."""
 
     def __init__(self, root: Path, kind: ObserverKind, *, marker: str = "") -> None:
         self.root = root
         self.hints = HintQueue()
         self.seen: list[Hint] = []
+        self.rescans = 0
         self.watcher = Watcher(
             [root], self.hints, kind=kind, poll_seconds=POLL_SECONDS, marker=marker
         )
         self.scanner = Scanner([root], marker=marker)
+        self.known: dict[str, RunDir] = {}
+
+    def start(self) -> None:
+        self.watcher.start()
+        self.known = dict(self.scanner.scan())  # the daemon's first scan
+
+    def rescan(self) -> None:
+        self.watcher.sync()
+        self.known = dict(self.scanner.scan())
+        self.rescans += 1
 
     def answer(self, hint: Hint) -> dict[str, RunDir | None]:
         """What the daemon learns from one hint: run dirs seen now (None: no longer a run)."""
@@ -66,20 +79,24 @@ class Daemonish:
         return learned
 
     def until(self, done: Callable[[dict[str, RunDir]], bool]) -> dict[str, RunDir]:
-        """Answer hints until `done(runs known)` or HINT_WAIT_SECONDS; the runs known then."""
-        known: dict[str, RunDir] = {}
+        """Answer hints (or, for a polled root, rescan every POLL_SECONDS) until `done(runs
+        known)` or HINT_WAIT_SECONDS; the runs known then."""
         deadline = time.monotonic() + HINT_WAIT_SECONDS
-        while not done(known) and time.monotonic() < deadline:
+        next_rescan = time.monotonic() + POLL_SECONDS
+        while not done(self.known) and time.monotonic() < deadline:
+            if self.watcher.polling and time.monotonic() >= next_rescan:
+                self.rescan()
+                next_rescan = time.monotonic() + POLL_SECONDS
             hint = self.hints.get(timeout=0.05)
             if hint is None:
                 continue
             self.seen.append(hint)
             for path, run in self.answer(hint).items():
                 if run is None:
-                    known.pop(path, None)
+                    self.known.pop(path, None)
                 else:
-                    known[path] = run
-        return known
+                    self.known[path] = run
+        return self.known
 
     def quiet(self) -> list[Hint]:
         """Every hint that arrives within QUIET_SECONDS."""
@@ -91,8 +108,7 @@ class Daemonish:
         return hints
 
     def settle(self) -> None:
-        """Drain whatever the setup caused (a poll needs one interval to notice anything)."""
-        time.sleep(3 * POLL_SECONDS)
+        """Drain whatever the setup caused."""
         self.quiet()
 
 
@@ -102,7 +118,7 @@ def watched(tmp_path: Path) -> Iterator[Callable[..., Daemonish]]:
 
     def start(kind: ObserverKind, root: Path | None = None, **kwargs: object) -> Daemonish:
         d = Daemonish(root or tmp_path / "root", kind, **kwargs)  # type: ignore[arg-type]
-        d.watcher.start()
+        d.start()
         started.append(d)
         return d
 
@@ -162,7 +178,10 @@ class TestHints:
         known = d.until(lambda known: str(run) in known and known[str(run)].size > 0)
 
         assert known[str(run)].size == 12
-        assert Hint(HintKind.RUN, str(run)) in d.seen
+        if kind is ObserverKind.INOTIFY:
+            assert Hint(HintKind.RUN, str(run)) in d.seen
+        else:  # a polled root gives no hints: the rescan saw it
+            assert d.seen == [] and d.rescans >= 1
 
     def test_the_marker_appearing_gives_a_run_hint(self, tmp_path, watched, kind):
         run = make_run(tmp_path / "root" / "run")
@@ -178,11 +197,14 @@ class TestHints:
         run = make_run(tmp_path / "root" / "run")
         d = watched(kind)
         d.settle()
+        assert str(run) in d.known
 
         (run / "traces.jsonl").unlink()
-        d.until(lambda _known: Hint(HintKind.RUN, str(run)) in d.seen)
+        known = d.until(lambda known: str(run) not in known)
 
-        assert Hint(HintKind.RUN, str(run)) in d.seen
+        assert str(run) not in known
+        if kind is ObserverKind.INOTIFY:
+            assert Hint(HintKind.RUN, str(run)) in d.seen
         assert d.scanner.look(str(run)) is None
 
     def test_a_symlink_out_of_the_root_gives_no_hint_about_what_it_points_to(
@@ -262,11 +284,37 @@ class TestLifecycle:
         watching = inotify_watches_in_use() - watches_before
         watcher.stop()
 
-        assert running and all(thread.daemon for thread in running)
+        # polling starts no thread at all: the daemon's loop rescans
+        assert bool(running) == (kind is ObserverKind.INOTIFY)
+        assert all(thread.daemon for thread in running)
         assert all(not thread.is_alive() for thread in running)
         assert inotify_watches_in_use() == watches_before
         # inotify: the root, its 20 + 20 directories, and the missing root's parent
         assert watching == (42 if kind is ObserverKind.INOTIFY else 0)
+
+    def test_a_root_made_while_its_parents_watch_is_being_set_up_is_still_found(self, tmp_path):
+        # `mkdir -p` racing a sync: the root appears after the sync saw it missing and before
+        # the watch on its parent exists, so no event ever tells of it.
+        root = tmp_path / "not" / "yet" / "outputs"
+        made: list[Path] = []
+
+        class Racing(Watcher):
+            def _schedule(self, handler, path, *, recursive):
+                if not recursive and not made:
+                    made.append(make_run(root / "t--m--h" / "run"))
+                return super()._schedule(handler, path, recursive=recursive)
+
+        d = Daemonish(root, ObserverKind.INOTIFY)
+        d.watcher = Racing([root], d.hints, kind=ObserverKind.INOTIFY)
+        d.start()
+        try:
+            known = d.until(lambda known: str(made[0]) in known and bool(d.watcher.watching))
+            watching = d.watcher.watching
+        finally:
+            d.watcher.stop()
+
+        assert list(known) == [str(made[0])]
+        assert watching == {str(root): ObserverKind.INOTIFY}
 
     def test_nothing_is_watched_and_no_thread_starts_before_start(self, tmp_path):
         before = set(threading.enumerate())
@@ -352,81 +400,6 @@ class TestLifecycle:
             watcher.stop()
 
         assert watching == {str(nfs): ObserverKind.POLLING, str(local): ObserverKind.INOTIFY}
-
-
-class TestScanPoller:
-    """One `poll()` at a time, called directly: exactly which hints each change gives."""
-
-    @pytest.fixture
-    def poller(self, tmp_path) -> Iterator[tuple[ScanPoller, HintQueue]]:
-        hints = HintQueue()
-        made = ScanPoller(hints, poll_seconds=3600, marker=".done")
-        yield made, hints
-        made.stop()
-
-    def drained(self, hints: HintQueue) -> set[Hint]:
-        found = set()
-        while (hint := hints.get(0)) is not None:
-            found.add(hint)
-        return found
-
-    def test_each_changed_run_gives_one_run_hint_and_an_unchanged_one_none(self, tmp_path, poller):
-        poll, hints = poller
-        root = tmp_path / "root"
-        grows, replaced, marked, vanishes, quiet = (
-            make_run(root / name, data=b"1\n")
-            for name in ("grows", "replaced", "marked", "vanishes", "quiet")
-        )
-        poll.watch(str(root))
-
-        with (grows / "traces.jsonl").open("ab") as f:
-            f.write(b"2\n")
-        (replaced / "traces.jsonl.tmp").write_bytes(b"1\n")
-        os.replace(replaced / "traces.jsonl.tmp", replaced / "traces.jsonl")
-        (marked / ".done").write_text("")
-        (vanishes / "traces.jsonl").unlink()
-        new = make_run(root / "deep" / "new")
-        poll.poll()
-
-        expected = {grows, replaced, marked, vanishes, new}
-        assert self.drained(hints) == {Hint(HintKind.RUN, str(d)) for d in expected}
-        poll.poll()
-        assert self.drained(hints) == set()
-        assert quiet.exists()
-
-    def test_a_polled_root_that_vanishes_and_an_awaited_one_that_appears_give_root_hints(
-        self, tmp_path, poller
-    ):
-        poll, hints = poller
-        (tmp_path / "here").mkdir()
-        poll.watch(str(tmp_path / "here"))
-        poll.await_root(str(tmp_path / "later"))
-
-        poll.poll()
-        nothing = self.drained(hints)
-        (tmp_path / "here").rmdir()
-        (tmp_path / "later").mkdir()
-        poll.poll()
-
-        assert nothing == set()
-        assert self.drained(hints) == {
-            Hint(HintKind.ROOT, str(tmp_path / "here")),
-            Hint(HintKind.ROOT, str(tmp_path / "later")),
-        }
-
-    def test_runs_behind_symlinks_are_never_polled(self, tmp_path, poller):
-        poll, hints = poller
-        outside = make_run(tmp_path / "outside" / "run")
-        (tmp_path / "root").mkdir()
-        (tmp_path / "root" / "link").symlink_to(tmp_path / "outside")
-        poll.watch(str(tmp_path / "root"))
-
-        with (outside / "traces.jsonl").open("ab") as f:
-            f.write(b"1\n")
-        make_run(tmp_path / "outside" / "another")
-        poll.poll()
-
-        assert self.drained(hints) == set()
 
 
 needs_namespaces = pytest.mark.skipif(

@@ -430,6 +430,12 @@ class TestOutageReports:
 
         class SlowProbes(FakePlatform):
             def probe(self) -> None:
+                # No second of the outage passes before every caller reached the gate: on a
+                # loaded box a caller's thread may start late, and the first report (at 5 s of
+                # this clock) came with fewer than three waiting.
+                deadline = time.monotonic() + 10
+                while gate.snapshot()["runs_waiting"] < 3 and time.monotonic() < deadline:
+                    time.sleep(0.001)
                 clock.advance(1.0)  # each probe stands for a second of the outage
                 super().probe()
 

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from evalpush import turns
 from evalpush.scheduler import Scheduler
 
 WAIT_SECONDS = 10.0
@@ -121,27 +120,3 @@ class TestScheduler:
     def test_a_scheduler_needs_a_worker(self) -> None:
         with pytest.raises(ValueError):
             Scheduler(lambda key: None, workers=0)
-
-
-@pytest.mark.usefixtures("turns_taken")
-def test_jobs_take_turns_handing_over_at_their_waits():
-    """Each job runs holding the turn (`evalpush.turns`); a job waiting hands it to another."""
-    first_waits, second_ran = threading.Event(), threading.Event()
-    held: dict[str, bool] = {}
-
-    def job(key: str) -> None:
-        held[key] = turns.holds_turn()
-        if key == "first":
-            with turns.waiting():
-                first_waits.set()
-                assert second_ran.wait(WAIT_SECONDS)
-            held["first, after its wait"] = turns.holds_turn()
-        else:
-            second_ran.set()
-
-    with Scheduler(job, workers=2) as scheduler:
-        scheduler.submit("first")
-        assert first_waits.wait(WAIT_SECONDS)
-        scheduler.submit("second")
-        assert scheduler.wait_idle(WAIT_SECONDS)
-    assert held == {"first": True, "second": True, "first, after its wait": True}

@@ -2,8 +2,8 @@
 
 `App.from_config` opens the ledger and builds the platform client, the connectivity gate and
 retry policy, the claims and the uploader; a test may pass in its own ledger or client (those it
-then closes itself). Nothing here touches the process: the GIL switch interval, log setup and
-signal handlers belong to `main` (`evalpush.cli`). Credentials are not read here: the client
+then closes itself). Nothing here touches the process: log setup and signal handlers belong to
+`main` (`evalpush.cli`). Credentials are not read here: the client
 reads them at its first request (a missing key is then the gate's wait for one, not a crash).
 A configuration reload builds a new `App` and closes the old one; nothing is patched in place.
 """

@@ -16,7 +16,6 @@ from typing import Generic, TypeVar
 
 import msgspec
 
-from evalpush import turns
 from evalpush.convert import Converted
 from evalpush.setaside import SetAside, SetAsideKind
 
@@ -157,8 +156,7 @@ class Prefetch(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         while True:
-            with turns.waiting():
-                item = self._queue.get()
+            item = self._queue.get()
             self._slots.release()
             if item is _DONE:
                 return

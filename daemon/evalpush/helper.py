@@ -40,7 +40,6 @@ from typing import IO, TYPE_CHECKING
 
 import msgspec
 
-from evalpush import turns
 from evalpush.errors import AuthError, Busy, EvalpushError, LedgerError
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
@@ -172,16 +171,15 @@ class Lane:
             raise HelperGone(self.helper.gone)
         self.idle.clear()
         try:
-            with turns.waiting():  # the helper works meanwhile: this thread only waits
-                _write_frame(self._requests, _Request(os.fsencode(directory), waited_for))
-                while True:
-                    data = _read_frame(self._replies)
-                    if data is None:
-                        raise EOFError("the helper closed its end")
-                    reply = _REPLY.decode(data)
-                    if not isinstance(reply, _Progress):
-                        break
-                    on_progress(reply.record)
+            _write_frame(self._requests, _Request(os.fsencode(directory), waited_for))
+            while True:
+                data = _read_frame(self._replies)
+                if data is None:
+                    raise EOFError("the helper closed its end")
+                reply = _REPLY.decode(data)
+                if not isinstance(reply, _Progress):
+                    break
+                on_progress(reply.record)
         except (OSError, EOFError, ValueError, msgspec.DecodeError) as exc:
             raise HelperGone(self.helper.lost(exc)) from None
         finally:
@@ -434,10 +432,9 @@ def _serve(app: App, lane: _LaneEnd) -> None:
             request = _REQUEST.decode(data)
             reply: _Result | _Failure
             try:
-                with turns.taking_turns():
-                    directory = Path(os.fsdecode(request.path))
-                    result, refused = push_one(app, directory, request.waited_for)
-                    reply = _reply(result, refused, app.stop.is_set())
+                directory = Path(os.fsdecode(request.path))
+                result, refused = push_one(app, directory, request.waited_for)
+                reply = _reply(result, refused, app.stop.is_set())
             except Exception as exc:  # noqa: BLE001 - the parent raises it as the push's failure
                 reply = _Failure(type(exc).__name__, _wire(str(exc)))
             lane.send(reply)

@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from evalpush import paths, schema, turns
+from evalpush import paths, schema
 from evalpush.claims import Holder
 from evalpush.errors import Busy, ClaimLost, LedgerError
 from evalpush.log import scrub
@@ -427,7 +427,7 @@ class Ledger:
         checksummed on the one before, so a commit never outlives an earlier one in a crash;
         and a checkpoint (which moves frames into the database and may start the log over)
         syncs the log before and the database after, so a commit it moved is durable too."""
-        with turns.waiting(), self._sync_lock:
+        with self._sync_lock:
             if self._synced >= committed:
                 return  # a sync that started after this commit covered it
             covered = self._committed

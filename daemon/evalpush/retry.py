@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgspec
 
-from evalpush import errors, turns
+from evalpush import errors
 from evalpush.log import get_logger
 from evalpush.runs import format_duration
 
@@ -616,8 +616,7 @@ class Retrier:
 
     def _pause(self, seconds: float, *, what: str) -> None:
         if seconds > 0:
-            with turns.waiting():  # a backoff lasts: the upload thread's turn goes to another
-                self._sleep(seconds)
+            self._sleep(seconds)
         if self._stop.is_set():
             raise errors.Interrupted(f"stop requested while waiting to retry {what}")
 

@@ -19,7 +19,6 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
-from evalpush import turns
 from evalpush.log import get_logger
 
 K = TypeVar("K", bound=Hashable)
@@ -128,8 +127,7 @@ class Scheduler(Generic[K]):
                 self._queued.discard(key)
                 self._running.add(key)
             try:
-                with turns.taking_turns():
-                    self._work(key)
+                self._work(key)
             except BaseException as exc:  # noqa: BLE001 - one job's failure is not the worker's
                 self._on_error(key, exc)
             finally:

@@ -272,8 +272,9 @@ class Daemon:
                 hint = self._hints.get(0)
             now = self._clock()
             if now >= next_rescan:
+                parts.watcher.sync()  # a root that appeared or was replaced: the scan covers it
                 parts.tracker.seen(parts.scanner.scan(), everything=True)
-                next_rescan = now + parts.config.watch.rescan_seconds
+                next_rescan = now + _rescan_seconds(parts)
             if now >= next_poll:
                 parts.tracker.poll_ledger()
                 next_poll = now + LEDGER_POLL_SECONDS
@@ -351,6 +352,17 @@ class Daemon:
         gate = parts.app.gate.state
         words.append("platform reachable" if gate == "open" else f"platform {gate}")
         return ", ".join(words)
+
+
+def _rescan_seconds(parts: _Parts) -> float:
+    """Until the next rescan: `watch.rescan_seconds`, or `watch.poll_seconds` when a root is
+    polled (no event comes from it: the rescan is how its changes are seen)."""
+    watch = parts.config.watch
+    return (
+        min(watch.rescan_seconds, watch.poll_seconds)
+        if parts.watcher.polling
+        else watch.rescan_seconds
+    )
 
 
 def _monotonic_of(wall: float) -> float:

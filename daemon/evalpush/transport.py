@@ -52,8 +52,6 @@ import zlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from evalpush import turns
-
 if TYPE_CHECKING:
     import ssl
 
@@ -223,8 +221,7 @@ class _SlicedStream:
         while True:
             limit.check(ReadTimeout, ReadError)
             try:
-                with turns.waiting():
-                    return self._sock.recv(max_bytes)
+                return self._sock.recv(max_bytes)
             except TimeoutError:
                 continue  # a slice passed: look at the stop event and the deadline again
             except OSError as exc:
@@ -233,10 +230,7 @@ class _SlicedStream:
     def write(self, buffer: bytes | memoryview, timeout: float | None) -> None:
         limit = _Limit(timeout, self._stop)
         view = memoryview(buffer)
-        # A body of several chunks waits for the platform to read them: another thread's turn
-        # (`evalpush.turns`); a small one goes into the socket's buffer at once.
-        with turns.waiting() if len(view) > WRITE_CHUNK_BYTES else contextlib.nullcontext():
-            self._write(view, limit)
+        self._write(view, limit)
 
     def _write(self, view: memoryview, limit: _Limit) -> None:
         while view:

@@ -7,19 +7,26 @@ any sample goes out, so an upload first passes over the run once without buildin
 - `scan`, the checked pass: every line through the full check (`decode_trace`), so it takes and
   refuses exactly the lines `convert_lines` does, and its totals are exactly conversion's.
 Both are a `Pass` fed every line at once; the daemon feeds one as the lines arrive.
+
+How deep a line may nest must not depend on where it is read: the decoder and the encoder
+recurse once per level within Python's recursion limit, so the room left depends on how deep the
+calling thread's stack already is (a pass in the tracker, the conversion in an upload thread, a
+test under a runner). A line too deep for the room left is tried once more on a new thread's
+empty stack (`_steady`), whose room is the same every time: the line alone decides.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
 from evalpush.convert.producers import Episode, decode_line, decode_line_tally, episode_sample
 from evalpush.convert.sample import build_sample, encode_sample, episode_trace_sample
 from evalpush.convert.totals import RunTotals
-from evalpush.convert.trace import Tally, Trace
+from evalpush.convert.trace import NestedTooDeeply, Tally, Trace
 from evalpush.errors import BadRecord
 from evalpush.read import Line
 from evalpush.setaside import SetAside
@@ -35,6 +42,32 @@ class Converted(NamedTuple):  # a tuple: one is made per line
     sample: bytes  # the encoded sample
 
 
+def _steady(work: Callable[..., T], *args: Any) -> T:
+    """`work(*args)`, with the same outcome whatever the depth of the calling thread's stack:
+    work that runs out of stack is done again on a fresh thread's, where running out is final."""
+    try:
+        return work(*args)
+    except (NestedTooDeeply, RecursionError):
+        pass
+    outcome: list[tuple[bool, Any]] = []
+
+    def fresh() -> None:
+        try:
+            outcome.append((True, work(*args)))
+        except RecursionError:
+            outcome.append((False, NestedTooDeeply("nested too deeply")))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=fresh, name="evalpush-deep-line", daemon=True)
+    thread.start()
+    thread.join()
+    done, value = outcome[0]
+    if done:
+        return value
+    raise value
+
+
 def _checked(
     line: Line, max_line_bytes: int, decode: Callable[[bytes, int], T]
 ) -> T | SetAside | None:
@@ -45,7 +78,7 @@ def _checked(
     if not line.data.strip():
         return None  # a blank line is no record (the producer skips them too)
     try:
-        return decode(line.data, line.number)
+        return _steady(decode, line.data, line.number)
     except BadRecord as exc:
         return SetAside(line.number, line.start, line.end - line.start, BAD_LINE, exc.reason)
 
@@ -70,16 +103,24 @@ def convert_lines(
                     totals.add(trace)
                     continue
                 number = totals.rollouts.count(trace.idx) + 1
-                sample = episode_sample(trace, number, line.data, episode_trace_sample)
+                encoded = _steady(_encoded_episode, trace, number, line.data, line.number)
             else:
                 number = totals.rollouts.count(trace.idx) + 1
-                sample = build_sample(trace, number)
-            encoded = encode_sample(sample, line.number)
+                encoded = _steady(_encoded_sample, trace, number, line.number)
         except BadRecord as exc:
             yield SetAside(line.number, line.start, line.end - line.start, BAD_LINE, exc.reason)
             continue
         yield Converted(line, encoded)
         totals.add(trace)
+
+
+def _encoded_sample(trace: Trace, rollout_number: int, line_number: int) -> bytes:
+    return encode_sample(build_sample(trace, rollout_number), line_number)
+
+
+def _encoded_episode(episode: Episode, rollout_number: int, data: bytes, line_number: int) -> bytes:
+    sample = episode_sample(episode, rollout_number, data, episode_trace_sample)
+    return encode_sample(sample, line_number)
 
 
 class Scan(msgspec.Struct):

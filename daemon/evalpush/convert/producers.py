@@ -24,6 +24,7 @@ import msgspec
 from evalpush.convert.trace import (
     NULL,
     Call,
+    NestedTooDeeply,
     Node,
     Tally,
     Trace,
@@ -195,6 +196,8 @@ def _part(decoder: msgspec.json.Decoder, raw: msgspec.Raw, at: str, number: int)
     """A raw part of the line (`at`, its key) decoded and checked by `decoder`."""
     try:
         return decoder.decode(raw)
+    except RecursionError:
+        raise NestedTooDeeply("nested too deeply", line=number) from None
     except msgspec.ValidationError as exc:
         message = str(exc).replace("`$", f"`$.{at}")
         if "- at `" not in message:

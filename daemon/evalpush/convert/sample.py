@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from evalpush.convert import producers
-from evalpush.convert.trace import NULL, Call, Node, Trace, Usage, V2Trace, chain
+from evalpush.convert.trace import NULL, Call, NestedTooDeeply, Node, Trace, Usage, V2Trace, chain
 from evalpush.errors import BadRecord
 
 TRUNCATING_STOP_CONDITIONS = frozenset(
@@ -327,5 +327,7 @@ def encode_sample(sample: dict[str, Any], number: int) -> bytes:
     """The sample as JSON (non-finite floats as null)."""
     try:
         return _ENCODER.encode(sample)
-    except (msgspec.EncodeError, OverflowError, RecursionError) as exc:
+    except RecursionError:
+        raise NestedTooDeeply("cannot be encoded as JSON: nested too deeply", line=number) from None
+    except (msgspec.EncodeError, OverflowError) as exc:
         raise BadRecord(f"cannot be encoded as JSON: {exc}", line=number) from None

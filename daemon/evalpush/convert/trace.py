@@ -37,6 +37,11 @@ MAX_DEPTH = 1024
 Python's recursion limit: either way the line is refused as nested too deeply)."""
 
 
+class NestedTooDeeply(BadRecord):
+    """A line nested deeper than the stack this thread had left could hold (see
+    `evalpush.convert.lines`, which tries such a line again on a fresh stack)."""
+
+
 # ---------------------------------------------------------------- the trace line, as typed
 
 
@@ -184,7 +189,7 @@ def _decode(decoder: msgspec.json.Decoder, data: bytes, number: int) -> Any:
     except msgspec.DecodeError:
         return _decode_lenient(decoder, data, number)
     except RecursionError:
-        raise BadRecord("nested too deeply", line=number) from None
+        raise NestedTooDeeply("nested too deeply", line=number) from None
 
 
 _MISSING = re.compile(
@@ -240,14 +245,16 @@ def _decode_lenient(decoder: msgspec.json.Decoder, data: bytes, number: int) -> 
     except RecursionError:
         value = None
     if value is None or _deeper_than(value, MAX_DEPTH):
-        raise BadRecord(f"invalid JSON: nested too deeply (over {MAX_DEPTH} levels)", line=number)
+        raise NestedTooDeeply(
+            f"invalid JSON: nested too deeply (over {MAX_DEPTH} levels)", line=number
+        )
     try:
         strict = json.dumps(_finite(value), allow_nan=False).encode()
         return decoder.decode(strict)
     except msgspec.ValidationError as exc:
         raise BadRecord(_describe(exc), line=number) from None
     except RecursionError:
-        raise BadRecord("nested too deeply", line=number) from None
+        raise NestedTooDeeply("nested too deeply", line=number) from None
     except (msgspec.DecodeError, ValueError) as exc:
         raise BadRecord(f"invalid JSON: {exc}", line=number) from None
 

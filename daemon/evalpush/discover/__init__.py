@@ -18,13 +18,14 @@ hint once): `RUN` (a file a run's readiness depends on changed in this directory
 `SUBTREE` (a directory appeared: scan it), `ROOT` (a root appeared, vanished or moved: call
 `sync()`, then scan what it returns). Nothing else happens in watchdog's threads. Hints can be
 lost (inotify drops events on overflow and misses files created in a new directory before its
-watch exists; polling sees nothing between polls), which is why the rescan is the truth.
+watch exists), which is why the rescan is the truth.
 
 `watch.observer`: `inotify` forces inotify through watchdog (`ConfigError` from `start()` if it
-is unavailable; its watch limit reached later is logged once as an error); `polling` walks the
-roots every `watch.poll_seconds` with the scan's own walk (changes made on another host of an
-NFS or CIFS share never reach this host's inotify; watchdog's PollingObserver would stat every
-file, about 4.5 times the CPU); `auto` uses inotify except for roots on a network filesystem,
+is unavailable; its watch limit reached later is logged once as an error); `polling` gives no
+hints: the daemon rescans every `watch.poll_seconds` instead of every `watch.rescan_seconds`
+(changes made on another host of an NFS or CIFS share never reach this host's inotify;
+watchdog's PollingObserver would stat every file, about 4.5 times the CPU of the scan's walk);
+`auto` uses inotify except for roots on a network filesystem,
 and falls back to polling, saying so once with the limit and how to raise it, when inotify is
 unavailable or its watch limit is reached. watchdog skips a subdirectory it cannot watch
 without a word, so the watcher probes the limit after each `sync()`.
@@ -36,7 +37,7 @@ are never encoded strictly; `printable()` makes them safe to log.
 
 Threads: `start()`, `sync()` and `stop()` are called from one thread, the caller's. The
 watcher's threads (watchdog's inotify observer: a dispatcher, an emitter per watch, inotify's
-reader; and one polling thread) are daemon threads; `stop()` stops and joins every one.
+reader) are daemon threads; `stop()` stops and joins every one.
 """
 
 from evalpush.discover._hints import Hint, HintKind, HintQueue, HintSink, hints_for

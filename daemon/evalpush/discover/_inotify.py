@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import errno
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -24,21 +26,37 @@ NETWORK_FILESYSTEMS = frozenset(
 )
 
 
+# inotify(7): the event the probe's watch asks for, and the flags it is made with.
+IN_CREATE = 0x00000100
+IN_DONT_FOLLOW = 0x02000000
+IN_CLOEXEC = os.O_CLOEXEC
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
 def probe_inotify(path: str) -> OSError | None:
-    """Can one more inotify watch be added (on `path`) now? None if so, else the kernel's error."""
+    """Can one more inotify watch be added (on `path`) now? None if so, else the kernel's error.
+
+    Three libc calls through ctypes: a new instance, one watch, closed again. watchdog makes
+    its watches the same way, but keeps these calls private."""
     try:
-        from watchdog.observers import inotify_c
-    except Exception as exc:  # not Linux, or a libc without inotify
+        libc = _libc()
+        init, add, remove = libc.inotify_init1, libc.inotify_add_watch, libc.inotify_rm_watch
+    except (OSError, AttributeError) as exc:  # not Linux, or a libc without inotify
         return OSError(errno.ENOSYS, f"inotify is not available here ({exc})")
-    fd = inotify_c.inotify_init()
+    fd = init(IN_CLOEXEC)
     if fd == -1:
         return _ctypes_error()
     try:
-        mask = inotify_c.InotifyConstants.IN_CREATE | inotify_c.InotifyConstants.IN_DONT_FOLLOW
-        wd = inotify_c.inotify_add_watch(fd, os.fsencode(path), mask)
+        wd = add(
+            fd, ctypes.c_char_p(os.fsencode(path)), ctypes.c_uint32(IN_CREATE | IN_DONT_FOLLOW)
+        )
         if wd == -1:
             return _ctypes_error()
-        inotify_c.inotify_rm_watch(fd, wd)
+        remove(fd, wd)
         return None
     finally:
         os.close(fd)

@@ -22,7 +22,6 @@ from evalpush.config import RunsConfig, WatchConfig
 from evalpush.discover import _inotify
 from evalpush.discover._hints import EVENTS, Hint, HintKind, HintSink, hints_for
 from evalpush.discover._inotify import describe_inotify_error, probe_inotify
-from evalpush.discover._poll import ScanPoller
 from evalpush.discover._scan import inside, printable, resolve
 from evalpush.errors import ConfigError
 from evalpush.log import get_logger
@@ -62,16 +61,17 @@ class _Watched(msgspec.Struct, frozen=True):
 
 
 class Watcher:
-    """Hints from inotify (watchdog) or polling over the roots (see the package docstring).
+    """Hints from inotify (watchdog) over the roots (see the package docstring).
 
     Roots are watched at their real paths (symlinks in a root's own path resolved), and hints
     carry real paths, as `Scanner` reports them. `start()` watches every root that exists and
-    waits for every root that does not (inotify on its nearest existing parent, or the poller
-    looking for it). `sync()` (call it on a ROOT hint and at every rescan) watches roots that
-    appeared, re-watches a root that was replaced, waits again for one that vanished, probes
-    the inotify limit, and returns the roots it began to watch: scan those, since what was
-    created in them before their watch gave no event. `stop()` joins every thread. No I/O and
-    no thread before `start()`.
+    waits for every root that does not (inotify on its nearest existing parent). A root to be
+    polled gives no hints: `polling` says so, and the daemon rescans every `poll_seconds`.
+    `sync()` (call it on a ROOT hint and at every rescan) watches roots that appeared,
+    re-watches a root that was replaced, waits again for one that vanished, probes the inotify
+    limit, and returns the roots it began to watch: scan those, since what was created in them
+    before their watch gave no event. `stop()` joins every thread. No I/O and no thread before
+    `start()`.
     """
 
     def __init__(
@@ -93,7 +93,6 @@ class Watcher:
         self._log = log if log is not None else get_logger(stage="discover")
         self._on_network_fs = on_network_filesystem or _inotify.on_network_filesystem
         self._inotify: BaseObserver | None = None
-        self._poller = ScanPoller(hints, poll_seconds=poll_seconds, marker=marker, log=self._log)
         self._watched: dict[str, _Watched] = {}  # real root path -> its watch
         self._parents: dict[str, ObservedWatch] = {}  # inotify watches on missing roots' parents
         # Read by watchdog's threads: immutable, swapped whole.
@@ -130,9 +129,8 @@ class Watcher:
         return newly
 
     def stop(self) -> None:
-        """Stop inotify's observer and the poller, and join all their threads."""
+        """Stop inotify's observer and join all its threads."""
         self._stop_inotify()
-        self._poller.stop()
         self._watched.clear()
         self._parents.clear()
         self._missing_roots = ()
@@ -149,6 +147,14 @@ class Watcher:
     def watching(self) -> dict[str, ObserverKind]:
         """Each watched root (real path) and how it is watched, for the log and `status`."""
         return {real: watched.kind for real, watched in self._watched.items()}
+
+    @property
+    def polling(self) -> bool:
+        """Whether a root is (or, once it exists, will be) watched by polling: by the daemon's
+        rescan every `poll_seconds`, since no event comes from it."""
+        return any(w.kind is ObserverKind.POLLING for w in self._watched.values()) or any(
+            self._kind_for(real) is ObserverKind.POLLING for real in self._missing_roots
+        )
 
     @property
     def waiting_for(self) -> list[str]:
@@ -191,9 +197,7 @@ class Watcher:
     def _watch_root(self, real: str, identity: tuple[int, int]) -> bool:
         kind = self._kind_for(real)
         watch = None
-        if kind is ObserverKind.POLLING:
-            self._poller.watch(real)
-        else:
+        if kind is not ObserverKind.POLLING:
             watch = self._schedule(_RunEvents(self), real, recursive=True)
             if watch is None:
                 return False
@@ -218,9 +222,7 @@ class Watcher:
 
     def _unwatch(self, real: str) -> None:
         watched = self._watched.pop(real)
-        if watched.watch is None:
-            self._poller.unwatch(real)
-        else:
+        if watched.watch is not None:
             self._unschedule(watched.watch)
         self._log.info("stopped watching root (gone, replaced or moved)", root=printable(real))
 
@@ -240,16 +242,15 @@ class Watcher:
         )
 
     def _await_missing(self) -> None:
-        """Watch for each missing root to appear: inotify on its nearest existing parent, or
-        the poller looking for it."""
+        """Watch for each missing root to appear: inotify on its nearest existing parent (a
+        polled one is found by the next rescan's `sync()`)."""
         polled = {r for r in self._missing_roots if self._kind_for(r) is ObserverKind.POLLING}
-        for real in polled:
-            self._poller.await_root(real)
-        for real in self._watched:
-            self._poller.forget(real)
-        wanted = {
-            _nearest_existing_parent(real) for real in self._missing_roots if real not in polled
-        } - {None}
+        planned = {
+            real: _nearest_existing_parent(real)
+            for real in self._missing_roots
+            if real not in polled
+        }
+        wanted = set(planned.values()) - {None}
         for parent in [p for p in self._parents if p not in wanted]:
             self._unschedule(self._parents.pop(parent))
         for parent in wanted - self._parents.keys():
@@ -257,6 +258,11 @@ class Watcher:
             watch = self._schedule(_RootEvents(self), parent, recursive=False)
             if watch is not None:  # else the next sync or rescan finds the root
                 self._parents[parent] = watch
+        # A directory on a root's way made while its parent's watch was being set up (`mkdir
+        # -p` racing this sync) gave no event: look again, and hint so a sync moves on.
+        for real, parent in planned.items():
+            if _directory_identity(real) is not None or _nearest_existing_parent(real) != parent:
+                self._hints.put(Hint(HintKind.ROOT, real))
 
     def _stop_inotify(self) -> None:
         observer, self._inotify = self._inotify, None
