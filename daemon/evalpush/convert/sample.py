@@ -232,40 +232,26 @@ def _v2_sample(trace: V2Trace, rollout_number: int) -> dict[str, Any]:
 
 def episode_trace_sample(trace: Any, rollout_number: int, episode_id: str) -> dict[str, Any]:
     """The sample 0.3/0.4 make of one trace of an episode (`producers.EpisodeTrace`): the
-    episode's id, the trace's agent, raw scores flattened (null rewards left out)."""
-    branches = call_trajectory(trace.nodes, trace.calls, new_input=True)
-    task = _task_row(trace.task.data)
-    errors = trace.errors
+    episode's id, the trace's agent, the reward score times weight, raw scores flattened (null
+    rewards left out)."""
     calls = trace.calls
-    sample = {
-        "sample_id": trace.id,
-        "example_id": task["idx"],
-        "rollout_number": rollout_number,
-        "episode_id": episode_id,
-        "agent": trace.agent.name if trace.agent is not None else "agent",
-        "trainable": trace.trainable,
-        "task": task,
-        "prompt": [],
-        "completion": branches[-1]["messages"] if branches else [],
-        "answer": task.get("answer"),
-        "tool_defs": _tool_defs(trace.tools),
-        "reward": trace.reward,
-        "timing": _all_without_nulls(trace.timing),
-        "is_completed": trace.is_completed,
-        "is_truncated": truncated_by_calls(
-            trace.stop_condition, calls, producers.truncating_stops(trace)
-        ),
-        "metrics": trace.metrics,
-        "error": _top_level_without_nulls(errors[-1]) if errors else None,
-        "stop_condition": trace.stop_condition,
-        "trajectory": branches,
-        "token_usage": usage_total([c.usage for c in calls if c.usage is not None]),
-        "info": producers.info_dict(trace.info),
-    }
-    for name, reward in trace.rewards.items():
-        if reward is not None:
-            sample.setdefault(name, reward.score)
-    return sample
+    return _sample(
+        trace,
+        rollout_number,
+        call_trajectory(trace.nodes, calls, new_input=True),
+        truncated_by_calls(trace.stop_condition, calls, producers.truncating_stops(trace)),
+        usage_total([c.usage for c in calls if c.usage is not None]),
+        tool_defs=_tool_defs(trace.tools),
+        head={
+            "episode_id": episode_id,
+            "agent": trace.agent.name if trace.agent is not None else "agent",
+            "trainable": trace.trainable,
+        },
+        row=trace.task.data,
+        reward=trace.reward,
+        info=producers.info_dict(trace.info),
+        flat={name: r.score for name, r in trace.rewards.items() if r is not None},
+    )
 
 
 def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
@@ -282,30 +268,42 @@ def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
 
 
 _NO_TOOL_DEFS = object()
+_NO_HEAD: dict[str, Any] = {}
+_THE_TRACES = object()
 
 
 def _sample(
-    trace: Trace,
+    trace: Any,
     rollout_number: int,
     branches: list[dict[str, Any]],
     truncated: bool,
     usage: dict[str, Any] | None,
+    *,
     tool_defs: Any = _NO_TOOL_DEFS,
+    head: dict[str, Any] = _NO_HEAD,
+    row: Any = _THE_TRACES,
+    reward: Any = _THE_TRACES,
+    info: Any = _THE_TRACES,
+    flat: Any = _THE_TRACES,
 ) -> dict[str, Any]:
-    """The sample of a trace given its derived views (the seed's, or 0.2's with `tool_defs`)."""
-    task = _task_row(trace.task)
+    """The sample of a trace given its derived views: the seed's; 0.2's with `tool_defs`; an
+    episode's trace's with its `head` (after the rollout number), task `row`, `reward`, `info`
+    and the scores it `flat`tens (left as they are: the trace's own task, reward sum, raw info,
+    rewards)."""
+    task = _task_row(trace.task if row is _THE_TRACES else row)
     errors = trace.errors
-    rewards = trace.rewards
+    rewards = trace.rewards if flat is _THE_TRACES else flat
     sample = {
         "sample_id": trace.id,
         "example_id": task["idx"],
         "rollout_number": rollout_number,
+        **head,
         "task": task,
         "prompt": [],
         "completion": branches[-1]["messages"] if branches else [],
         "answer": task.get("answer"),
         "tool_defs": tool_defs,
-        "reward": sum(rewards.values()),
+        "reward": sum(rewards.values()) if reward is _THE_TRACES else reward,
         "timing": _all_without_nulls(trace.timing),
         "is_completed": trace.is_completed,
         "is_truncated": truncated,
@@ -314,7 +312,9 @@ def _sample(
         "stop_condition": trace.stop_condition,
         "trajectory": branches,
         "token_usage": usage,
-        "info": None if _EMPTY_CONTAINER.fullmatch(trace.info) else trace.info,
+        "info": (None if _EMPTY_CONTAINER.fullmatch(trace.info) else trace.info)
+        if info is _THE_TRACES
+        else info,
     }
     if tool_defs is _NO_TOOL_DEFS:  # the seed's sample has no such key
         del sample["tool_defs"]
