@@ -76,7 +76,7 @@ import atexit, os
 def _report_peak(path=os.environ.get("EVALPUSH_BENCH_PEAK_FILE")):
     with open("/proc/self/status") as status:
         peak_kib = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
-    with open(path, "a") as out:  # one line a process: a push's helpers add theirs
+    with open(path, "a") as out:  # one line a process
         out.write(peak_kib + "\\n")
 
 if os.environ.get("EVALPUSH_BENCH_PEAK_FILE"):
@@ -110,7 +110,7 @@ def measure(argv: list[str], hook_dir: Path) -> Measure:
         stderr = err.read().decode(errors="replace")
     if child.returncode != 0:
         raise SystemExit(f"{argv[:4]} exited {child.returncode}:\n{stderr[-3000:]}")
-    # The push's and its helpers' peaks, added: at most what they held at once.
+    # The peaks the processes wrote, added (one: the push's).
     peak_bytes = sum(map(int, peak_file.read_text().split())) * 1024
     peak_file.unlink()
     cpu = usage.ru_utime + usage.ru_stime

@@ -65,7 +65,7 @@ _ledger.Ledger.close = _closing
 
 
 def _report(path=os.environ.get("BENCH_MANY_RUNS_LEDGER_FILE")):
-    with open(path, "a") as out:  # one line a process: a push's helpers add theirs
+    with open(path, "a") as out:  # one line a process
         out.write(f"{_counts['writes']} {_counts['syncs'] if _counts['syncs'] is not None else -1}\\n")
 
 

@@ -51,7 +51,6 @@ class TestDefaults:
         assert config.convert.on_bad_line == "skip"
         assert config.upload.model_dump() == {
             "max_concurrent_runs": 4,
-            "push_processes": 1,  # not in the SPEC's table: how `push` spreads many runs
             "max_batch_bytes": 26214400,
             "max_batch_samples": 1000,
         }

@@ -1,13 +1,14 @@
-"""The one place that decides what a platform answer or a transport failure means."""
+"""The one place that decides what a platform answer or a failed exchange means."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
+import httpx
 import pytest
 
-from evalpush import errors, log, transport
+from evalpush import errors, log
 from evalpush.errors import from_status, from_transport_error, parse_retry_after
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
@@ -72,7 +73,7 @@ class TestSecretsInMessages:
         assert log.REDACTED in message
 
     def test_a_transport_error_quoting_the_header_is_scrubbed(self) -> None:
-        exc = transport.LocalProtocolError(f"Illegal header value b'Bearer {self.KEY}\\n'")
+        exc = httpx.LocalProtocolError(f"Illegal header value b'Bearer {self.KEY}\\n'")
         message = str(from_transport_error(exc, what="probe"))
         assert self.KEY not in message and self.KEY[-10:] not in message
 
@@ -81,39 +82,39 @@ class TestFromTransportError:
     @pytest.mark.parametrize(
         ("exc", "cls"),
         [
-            (transport.ConnectError("[Errno 111] Connection refused"), errors.Unreachable),
-            (transport.ConnectError("[Errno -2] Name or service not known"), errors.Unreachable),
-            (transport.ConnectTimeout("timed out"), errors.Unreachable),
-            (transport.ProxyError("the proxy refused a tunnel: HTTP 407"), errors.Unreachable),
-            (transport.ReadTimeout("timed out"), errors.Ambiguous),
-            (transport.WriteTimeout("timed out"), errors.Ambiguous),
-            (transport.ReadError("[Errno 104] Connection reset by peer"), errors.Ambiguous),
-            (transport.WriteError("[Errno 32] Broken pipe"), errors.Ambiguous),
+            (httpx.ConnectError("[Errno 111] Connection refused"), errors.Unreachable),
+            (httpx.ConnectError("[Errno -2] Name or service not known"), errors.Unreachable),
+            (httpx.ConnectTimeout("timed out"), errors.Unreachable),
+            (httpx.ProxyError("the proxy refused a tunnel: HTTP 407"), errors.Unreachable),
+            (httpx.ReadTimeout("timed out"), errors.Ambiguous),
+            (httpx.WriteTimeout("timed out"), errors.Ambiguous),
+            (httpx.ReadError("[Errno 104] Connection reset by peer"), errors.Ambiguous),
+            (httpx.WriteError("[Errno 32] Broken pipe"), errors.Ambiguous),
             (
-                transport.RemoteProtocolError("Server disconnected without sending a response."),
+                httpx.RemoteProtocolError("Server disconnected without sending a response."),
                 errors.Ambiguous,
             ),
             # Nothing went out, and the same request fails the same way: no retry loop.
-            (transport.LocalProtocolError("Illegal header value b'Bearer x'"), errors.Unsendable),
+            (httpx.LocalProtocolError("Illegal header value b'Bearer x'"), errors.Unsendable),
             (
-                transport.UnsupportedProtocol("Request URL has an unsupported protocol"),
+                httpx.UnsupportedProtocol("Request URL has an unsupported protocol"),
                 errors.Unsendable,
             ),
         ],
     )
     def test_each_transport_error_maps_to_exactly_its_class(
-        self, exc: transport.TransportError, cls: type
+        self, exc: httpx.TransportError, cls: type
     ) -> None:
         error = from_transport_error(exc, what="push samples to e1")
         assert type(error) is cls
         assert str(error).startswith("push samples to e1: ")
 
     def test_an_unsendable_request_is_a_refusal_so_it_is_never_retried(self) -> None:
-        error = from_transport_error(transport.LocalProtocolError("bad"), what="x")
+        error = from_transport_error(httpx.LocalProtocolError("bad"), what="x")
         assert isinstance(error, errors.Refused) and not isinstance(error, errors.Transient)
 
     def test_a_transport_failure_has_no_status_so_the_gate_knows_nothing_answered(self) -> None:
-        assert from_transport_error(transport.ReadTimeout("t"), what="x").status is None
+        assert from_transport_error(httpx.ReadTimeout("t"), what="x").status is None
 
 
 class TestParseRetryAfter:

@@ -21,7 +21,7 @@ import httpx
 import orjson
 import pytest
 
-from evalpush import errors, log, platform, transport
+from evalpush import errors, log, platform
 from evalpush.config import PlatformConfig
 from evalpush.local_platform import LocalPlatform
 from evalpush.lookup import EvaluationIndex
@@ -254,7 +254,7 @@ class TestEveryRequestEnds:
                 filler.close()
             listener.close()
         assert isinstance(raised, errors.Interrupted), raised
-        assert isinstance(raised.__cause__, transport.ConnectError), "it hung in connect"
+        assert isinstance(raised.__cause__, httpx.ConnectError), "it hung in connect"
         assert took < STOP_AFTER_SECONDS + 2.0
 
     def test_nothing_is_sent_once_the_stop_is_set(
@@ -390,38 +390,40 @@ def mock_client(
 
 
 PATH_LIKE_ID = "../../../environmentshub/resolve?x="
+SECRET_LIKE_KEY = "sk-Qm4Zt8Wx2Lk9PjIds"
 
 
 class TestIdsAreData:
     @pytest.mark.parametrize(
         "value",
-        [
-            PATH_LIKE_ID,
-            "a/b",
-            "..",
-            "e1?x=1",
-            "e1#x",
-            "e 1",
-            "e1\n",
-            "e1\r\nX-Header: y",
-            "e1\x00",
-            "%2e%2e",
-            "é1",
-            "",
-            "a" * 129,
-        ],
+        ["", ".", "..", "a" * 1025, "e-" + SECRET_LIKE_KEY],
+        ids=["empty", "dot", "dot dot", "over 1024", "holding the key"],
     )
-    def test_what_is_not_an_id_is_refused(self, value: str) -> None:
+    def test_what_cannot_be_one_path_segment_is_not_an_evaluation_id(self, value: str) -> None:
+        log.register_secret(SECRET_LIKE_KEY)
         assert not is_platform_id(value)
 
     @pytest.mark.parametrize(
-        "value", ["e1", "env_abc123", "0b5f7b6e-1c4e-4c1e-9d8a-2f7f0f5a6b7c", "A_b-9" * 25]
+        "value",
+        [
+            "e1",
+            "0b5f7b6e-1c4e-4c1e-9d8a-2f7f0f5a6b7c",
+            PATH_LIKE_ID,
+            "a/b",
+            "e 1",
+            "e1:x@y",
+            "é1",
+            "e1\n",
+            "%2e%2e",
+            "...",
+            "a" * 1024,
+        ],
     )
     def test_what_the_platform_hands_out_is_an_id(self, value: str) -> None:
         assert is_platform_id(value)
 
-    @pytest.mark.parametrize("value", [PATH_LIKE_ID, "e1\nX: y"], ids=["path", "newline"])
-    def test_a_create_answer_with_a_malformed_id_is_ambiguous(
+    @pytest.mark.parametrize("value", ["..", "a" * 1025], ids=["dot dot", "over 1024"])
+    def test_a_create_answer_with_an_id_that_cannot_be_a_segment_is_ambiguous(
         self, value: str, platform_client: PlatformClient, local_platform: LocalPlatform
     ) -> None:
         env_id = platform_client.resolve_environment("gsm8k")
@@ -430,12 +432,38 @@ class TestIdsAreData:
             platform_client.create_evaluation(create_body(env_id))
         assert local_platform.summary()["runs"] == {"run-h": 1}, "the work was done"
 
-    def test_a_resolve_answer_with_a_malformed_id_is_transient(
-        self, platform_client: PlatformClient, local_platform: LocalPlatform
+    @pytest.mark.parametrize("value", [PATH_LIKE_ID, "env:1@x y", "ｅｎｖ-é", "e" * 300])
+    def test_an_environment_id_is_used_as_the_platform_gives_it(
+        self, value: str, platform_client: PlatformClient, local_platform: LocalPlatform
     ) -> None:
-        local_platform.inject("bad_id", on="resolve")
-        with pytest.raises(errors.Transient, match="malformed id"):
-            platform_client.resolve_environment("gsm8k")
+        local_platform.inject("bad_id", on="resolve", value=value)
+        assert platform_client.resolve_environment("gsm8k") == value
+
+    def test_an_environment_id_given_as_an_integer_is_used(self, tmp_path: Path) -> None:
+        answer = httpx.Response(200, json={"data": {"id": 42}})
+        client = PlatformClient(
+            PlatformConfig(),
+            environ={"PRIME_API_KEY": "k-int-1", "PRIME_API_BASE_URL": "https://api.test"},
+            home=tmp_path,
+            transport=CannedTransport(lambda request: answer),
+        )
+        assert client.resolve_environment("gsm8k") == "42"
+
+    def test_an_evaluation_id_is_sent_as_one_percent_encoded_segment(self, tmp_path: Path) -> None:
+        seen: list[httpx.Request] = []
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            seen.append(request)
+            return httpx.Response(200, json={"id": "a/b c?é#", "status": "RUNNING"})
+
+        client = PlatformClient(
+            PlatformConfig(),
+            environ={"PRIME_API_KEY": "k-seg-1", "PRIME_API_BASE_URL": "https://api.test"},
+            home=tmp_path,
+            transport=CannedTransport(answer),
+        )
+        client.get_evaluation("a/b c?é#")
+        assert seen[0].url.raw_path == b"/api/v1/evaluations/a%2Fb%20c%3F%C3%A9%23"
 
     def test_a_viewer_url_that_is_not_http_is_dropped(
         self, platform_client: PlatformClient, local_platform: LocalPlatform
@@ -447,16 +475,16 @@ class TestIdsAreData:
     @pytest.mark.parametrize(
         "call",
         [
-            lambda c: c.get_evaluation(PATH_LIKE_ID),
-            lambda c: c.push_samples("a/b", b'{"samples": []}'),
-            lambda c: c.finalize("x\ny", {}),
-            lambda c: list(c.iter_sample_ids("..")),
-            lambda c: c.close_out("e?1", "CANCELLED"),
-            lambda c: c.viewer_url(PATH_LIKE_ID),
+            lambda c: c.get_evaluation(".."),
+            lambda c: c.push_samples(".", b'{"samples": []}'),
+            lambda c: c.finalize("", {}),
+            lambda c: list(c.iter_sample_ids("a" * 1025)),
+            lambda c: c.close_out("..", "CANCELLED"),
+            lambda c: c.viewer_url("."),
         ],
         ids=["get", "samples", "finalize", "list", "close", "viewer"],
     )
-    def test_a_malformed_id_is_never_put_into_a_url(
+    def test_an_id_that_cannot_be_one_segment_is_never_put_into_a_url(
         self, call: Callable[[PlatformClient], Any], platform_client: PlatformClient
     ) -> None:
         with pytest.raises(errors.Unsendable, match="not a platform id"):
@@ -492,10 +520,10 @@ class TestIdsAreData:
         log.register_secret(key)
         assert platform.Evaluation.from_answer({"id": "e1", "viewer_url": url}).viewer_url is None
 
-    def test_a_listed_evaluation_with_a_malformed_id_is_listed_as_unusable_beside_the_others(
+    def test_a_listed_evaluation_whose_id_cannot_be_a_segment_is_listed_as_unusable_beside_others(
         self, tmp_path: Path
     ) -> None:
-        items = [{"id": PATH_LIKE_ID, "metadata": {"run_id": "x"}}, {"id": "e2", "metadata": {}}]
+        items = [{"id": "..", "metadata": {"run_id": "x"}}, {"id": "e2", "metadata": {}}]
 
         def answer(request: httpx.Request) -> httpx.Response:
             skip = int(request.url.params["skip"])
@@ -504,15 +532,15 @@ class TestIdsAreData:
         with mock_client(tmp_path, answer) as client:
             listed = [platform.Evaluation.from_answer(e) for e in client.iter_evaluations("gsm8k")]
 
-        assert [(e.id, e.usable) for e in listed] == [(PATH_LIKE_ID, False), ("e2", True)]
+        assert [(e.id, e.usable) for e in listed] == [("..", False), ("e2", True)]
 
-    def test_a_runs_own_evaluation_listed_with_a_malformed_id_fails_the_lookup_not_silently(
+    def test_a_runs_own_evaluation_listed_with_an_unusable_id_fails_the_lookup_not_silently(
         self, tmp_path: Path
     ) -> None:
         """Taking it for "not found" would create another evaluation (and again, every time)."""
         items = [
             {"id": "e1", "metadata": {"run_id": "r"}},
-            {"id": "e.2", "metadata": {"run_id": "r"}},
+            {"id": ".", "metadata": {"run_id": "r"}},
         ]
 
         def answer(request: httpx.Request) -> httpx.Response:
@@ -521,17 +549,17 @@ class TestIdsAreData:
 
         with mock_client(tmp_path, answer) as client:
             index = EvaluationIndex(client, lambda fn, _what, _run: fn())
-            with pytest.raises(errors.RunError, match="whose id evalpush cannot use"):
+            with pytest.raises(errors.RunError, match="whose id evalpush cannot put into a URL"):
                 index.find("gsm8k", "r", exclude=set, fresh=True)
-            assert index.find("gsm8k", "r", exclude=lambda: {"e.2"}, fresh=True).id == "e1"
+            assert index.find("gsm8k", "r", exclude=lambda: {"."}, fresh=True).id == "e1"
 
 
 class TestWhatRetryingCannotFix:
     @pytest.mark.parametrize(
         "exc",
         [
-            transport.LocalProtocolError("illegal header value in Authorization"),
-            transport.UnsupportedProtocol("proxy 'ftp://proxy': the scheme 'ftp' is not http"),
+            httpx.LocalProtocolError("illegal header value in Authorization"),
+            httpx.UnsupportedProtocol("proxy ftp://proxy: the scheme ftp is not http"),
         ],
     )
     def test_a_request_that_cannot_be_sent_fails_once_without_a_retry_loop(
@@ -575,3 +603,57 @@ class TestWhatRetryingCannotFix:
         with client, pytest.raises(errors.AuthError, match=str(key_file)) as caught:
             client.probe()
         assert "half" not in str(caught.value)
+
+
+class TestAnUnusableEvaluationIsClosedOut:
+    @pytest.mark.parametrize(
+        ("evaluation_id", "closed"), [("e" * 1100, True), ("..", False)], ids=["long", "dots"]
+    )
+    def test_a_runs_own_evaluation_with_an_unusable_id_fails_the_run_and_is_closed_out(
+        self, tmp_path: Path, evaluation_id: str, closed: bool
+    ) -> None:
+        """Where its id can still be sent (a long one), it is closed out as FAILED, so nothing
+        is left RUNNING; where none can (`..`), the failure says to delete it."""
+        puts: list[httpx.Request] = []
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            if request.method == "PUT":
+                puts.append(request)
+                return httpx.Response(200, json={"status": "FAILED"})
+            skip = int(request.url.params["skip"])
+            items = [{"id": evaluation_id, "metadata": {"run_id": "r"}}]
+            return httpx.Response(200, json={"evaluations": items if skip == 0 else []})
+
+        with mock_client(tmp_path, answer) as client:
+            index = EvaluationIndex(client, lambda fn, _what, _run: fn())
+            with pytest.raises(errors.RunError, match="cannot put into a URL") as raised:
+                index.find("gsm8k", "r", exclude=set, fresh=True)
+        if closed:
+            assert "closed out as FAILED" in str(raised.value)
+            (put,) = puts
+            assert put.url.raw_path.endswith(b"/evaluations/" + evaluation_id.encode())
+            assert orjson.loads(put.content)["status"] == "FAILED"
+        else:
+            assert "could not be closed out" in str(raised.value) and puts == []
+
+
+def test_a_sent_body_is_let_go_of_without_waiting_for_the_garbage_collector(
+    platform_client: PlatformClient, evaluation: str
+) -> None:
+    """httpx's request and answer objects form reference cycles: a body they held would stay
+    until a full collection (a push freezes its start-up objects and seldom runs one), one
+    25 MiB batch after another."""
+    import gc
+
+    gc.disable()
+    tracemalloc.start()
+    try:
+        for first in (0, 10, 20):
+            platform_client.push_samples(
+                evaluation, samples_body(*range(first, first + 10), pad=500_000), count=10
+            )
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        gc.enable()
+    assert held < 5 * 1024 * 1024, f"{held} bytes still held after three 5 MB batches"

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from evalpush import __version__, errors, transport
+from evalpush import __version__, errors
 from evalpush.config import MetricsConfig, PlatformConfig
 from evalpush.errors import ConfigError
 from evalpush.metrics import (
@@ -226,11 +226,11 @@ class TestRequests:
         [
             (None, Outcome.OK),
             (
-                errors.from_transport_error(transport.ConnectError("refused"), what="x"),
+                errors.from_transport_error(httpx.ConnectError("refused"), what="x"),
                 Outcome.UNREACHABLE,
             ),
             (
-                errors.from_transport_error(transport.ReadTimeout("slow"), what="x"),
+                errors.from_transport_error(httpx.ReadTimeout("slow"), what="x"),
                 Outcome.AMBIGUOUS,
             ),
             (errors.Transient("full"), Outcome.TRANSIENT),

@@ -413,7 +413,12 @@ class TestEndpoints:
         assert first.url.params["environment_name"] == "a b&c"
         assert first.headers["Host"] == "api.test:8443"
         assert first.headers["Authorization"] == "Bearer k-first-1"
-        assert first.extensions["timeout"] == {"connect": 3.0, "read": 7.0, "write": 7.0}
+        assert first.extensions["timeout"] == {
+            "connect": 3.0,
+            "read": 7.0,
+            "write": 7.0,
+            "pool": 3.0,
+        }
         assert str(second.url) == "https://other.test/api/v1/evaluations/?limit=1"
         assert second.headers["Host"] == "other.test"
         assert second.headers["Authorization"] == "Bearer k-second-2"
@@ -820,3 +825,67 @@ class TestSecrets:
         assert "platform call failed; retrying" in rendered and "a careless exception" in rendered
         assert key not in rendered
         assert rendered.count(log.REDACTED) >= 3
+
+
+class TestAnswersAreCheckedAgainstWhatWasAsked:
+    """An answer that does not fit its request may answer another one (a repeated answer on a
+    connection): for a step that must not be replayed it is ambiguous, and the run reconciles
+    by reading the platform."""
+
+    @pytest.mark.parametrize(
+        ("step", "answer"),
+        [
+            ("finalize", {"evaluation_id": "e-other", "status": "COMPLETED"}),
+            ("finalize", {"data": {"id": "e-other"}}),
+            ("finalize", {"evaluation_id": "e1", "status": "RUNNING"}),
+            ("samples", {"accepted": 2, "sample_count": 2}),
+            ("samples", {"evaluation_id": "e-other", "accepted": 3}),
+            ("create", {"data": {"id": "env-1"}}),
+            ("create", {"evaluation_id": "e1", "status": "COMPLETED"}),
+        ],
+        ids=[
+            "finalize naming another evaluation",
+            "finalize naming another evaluation under data",
+            "finalize with a status that is not final",
+            "samples accepting fewer than the batch",
+            "samples naming another evaluation",
+            "create answered with the environment",
+            "create answered with a finalized evaluation",
+        ],
+    )
+    def test_an_answer_that_does_not_fit_its_request_is_ambiguous(
+        self, tmp_path: Path, step: str, answer: dict[str, Any]
+    ) -> None:
+        client = mock_client(tmp_path, [httpx.Response(200, json=answer)])
+        call = {
+            "finalize": lambda: client.finalize("e1", {}),
+            "samples": lambda: client.push_samples("e1", b'{"samples": [1, 2, 3]}', count=3),
+            "create": lambda: client.create_evaluation({"environments": [{"id": "env-1"}]}),
+        }[step]
+        with pytest.raises(errors.Ambiguous):
+            call()
+
+    @pytest.mark.parametrize(
+        ("step", "answer"),
+        [
+            ("finalize", {"evaluation_id": "e1", "status": "COMPLETED", "viewer_url": None}),
+            ("finalize", {}),
+            ("samples", {"accepted": 3, "sample_count": 9}),
+            ("samples", {}),
+        ],
+    )
+    def test_an_answer_that_fits_its_request_is_taken(
+        self, tmp_path: Path, step: str, answer: dict[str, Any]
+    ) -> None:
+        client = mock_client(tmp_path, [httpx.Response(200, json=answer)])
+        if step == "finalize":
+            assert client.finalize("e1", {}) is None
+        else:
+            client.push_samples("e1", b'{"samples": [1, 2, 3]}', count=3)
+
+    def test_a_read_of_one_evaluation_answered_with_another_is_transient(
+        self, tmp_path: Path
+    ) -> None:
+        answer = httpx.Response(200, json={"id": "e-other", "status": "RUNNING"})
+        with pytest.raises(errors.Transient, match="another evaluation"):
+            mock_client(tmp_path, [answer]).get_evaluation("e1")

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import msgspec
 import pytest
 
@@ -176,7 +177,7 @@ class IntentChecking(ObservedTransport):
         """Called after each sync of the ledger's log: what power loss from now on leaves."""
         self._synced = self.pending()
 
-    def observe(self, method: str, path: str, headers: dict[bytes, bytes]) -> None:
+    def observe(self, method: str, path: str, headers: httpx.Headers) -> None:
         kind = (
             "create"
             if path.endswith("/evaluations/")

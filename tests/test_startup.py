@@ -26,18 +26,11 @@ NEVER_FOR_PUSH = {
     "prometheus_client": "the daemon's metrics",
     "watchdog": "the daemon's file watching",
     "structlog": "logging, until an event is logged",
-    "httpx": "an HTTP client: the daemon's own transport speaks HTTP/1.1 (transport.py)",
-    "httpcore": "imported by httpx",
-    "h11": "imported by httpx",
-    "rich": "the progress bar, on a terminal only",
     "pydantic_settings": "no longer used: config_sources.py merges the sources itself",
     "asyncio": "nothing a push runs needs an event loop",
 }
-ONLY_FOR_HTTPS = {
-    "ssl": "TLS, for an https platform only (this one is http on loopback)",
-}
 ONLY_FOR_VALIDATION = {
-    "pydantic": "validates settings that are not plainly valid (config_quick.py takes the rest)",
+    "pydantic": "validates the settings given (the defaults need none)",
     "pydantic_core": "imported by pydantic",
     "annotated_types": "imported by pydantic",
     "typing_inspection": "imported by pydantic",
@@ -80,7 +73,7 @@ def test_a_push_with_no_setting_to_read_imports_none_of_the_heavy_modules_it_doe
     imported = imported_by_push(platform, tmp_path)
 
     assert {"evalpush", "msgspec", "sqlite3"} <= imported
-    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_HTTPS, **ONLY_FOR_VALIDATION}
+    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_VALIDATION}
     assert {name: why for name, why in unwanted.items() if name in imported} == {}
 
 
@@ -91,28 +84,18 @@ def test_a_push_given_only_its_state_dir_in_the_environment_uses_it_and_imports_
 
     imported = imported_by_push(platform, tmp_path, EVALPUSH_STATE_DIR=str(state))
 
-    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_HTTPS, **ONLY_FOR_VALIDATION}
+    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_VALIDATION}
     assert {name: why for name, why in unwanted.items() if name in imported} == {}
     assert (state / "state.db").is_file()
 
 
-def test_a_push_with_a_plainly_valid_setting_in_the_environment_imports_no_pydantic(
-    platform: LocalPlatform, tmp_path: Path
-) -> None:
-    imported = imported_by_push(platform, tmp_path, EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="7")
-
-    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_HTTPS, **ONLY_FOR_VALIDATION}
-    assert {name: why for name, why in unwanted.items() if name in imported} == {}
-
-
-def test_a_push_with_a_setting_only_pydantic_reads_validates_it_with_pydantic(
+def test_a_push_with_a_setting_in_the_environment_validates_it_with_pydantic(
     platform: LocalPlatform, tmp_path: Path
 ) -> None:
     imported = imported_by_push(platform, tmp_path, EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES=" 7 ")
 
     assert "pydantic" in imported
-    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_HTTPS}
-    assert {name: why for name, why in unwanted.items() if name in imported} == {}
+    assert {name: why for name, why in NEVER_FOR_PUSH.items() if name in imported} == {}
 
 
 @pytest.mark.parametrize(
@@ -170,7 +153,7 @@ def test_a_client_of_an_http_platform_builds_no_tls_context(
     local_platform: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Loading the CA bundle is ~60 ms of a push's start-up; a loopback http:// platform never
-    needs it (an https one builds it at its first request: tests/test_transport_tls.py)."""
+    needs it (an https one builds it at its first request: tests/test_wire_tls.py)."""
     import httpx
 
     from evalpush.config import PlatformConfig

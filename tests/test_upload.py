@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
@@ -42,6 +43,7 @@ from evalpush.setaside import SetAside
 from evalpush.upload import Uploader
 from evalpush.upload.context import Context, no_progress
 from evalpush.upload.steps import MAX_REFUSALS_NOT_BORNE_OUT
+from pushing import assert_run_exactly_once
 from support import platform_view, producer, runs
 from support.canned import ObservedTransport
 from support.runs import rewrite_in_place
@@ -191,8 +193,8 @@ class RecordingTransport(ObservedTransport):
         super().__init__()
         self.requests: list[tuple[str, str, int]] = []
 
-    def observe(self, method: str, path: str, headers: dict[bytes, bytes]) -> None:
-        self.requests.append((method, path, int(headers.get(b"Content-Length", 0))))
+    def observe(self, method: str, path: str, headers: httpx.Headers) -> None:
+        self.requests.append((method, path, int(headers.get("Content-Length", 0))))
 
     def sample_bodies(self) -> list[int]:
         return [
@@ -1425,9 +1427,9 @@ class TestLedgerFull:
         push_samples = uploader.client.push_samples
         pushes = 0
 
-        def push_then_fill_the_disk(evaluation_id: str, body: bytes) -> None:
+        def push_then_fill_the_disk(evaluation_id: str, body: bytes, **count: int) -> None:
             nonlocal pushes
-            push_samples(evaluation_id, body)
+            push_samples(evaluation_id, body, **count)
             pushes += 1
             if pushes == 2:
                 fill_the_disk(tiny_disk)  # the platform has the batch; the ledger cannot say so
@@ -1852,3 +1854,34 @@ class TestByteOrderMark:
         assert ledger.set_aside(record) == []
         assert_uploaded_once(local_platform, run_dir, record)
         assert record.upload_end == traces.stat().st_size, "the range counts the BOM"
+
+
+class TestAnswersThatCannotBeUsed:
+    """A 2xx answer that cannot be used and comes back the same way again and again fails the
+    run with its reason after a bounded number of tries, instead of retrying for ever with
+    the run showing nothing (the tries here back off in milliseconds: FAST_BACKOFF)."""
+
+    def test_unusable_answers_again_and_again_fail_the_run_with_the_reason(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(4))
+        local_platform.inject("malformed", on="resolve", count=100)
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FAILED
+        assert "not JSON" in record.last_error and "times in a row" in record.last_error
+        assert ledger.get_run(record.run_id).last_error == record.last_error
+
+    def test_a_run_failed_so_is_uploaded_once_retried_after_the_platform_is_fixed(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, trace_lines(4))
+        local_platform.inject("malformed", on="resolve", count=100)
+        assert upload(uploader, run_dir).state == State.FAILED
+        local_platform.clear_faults()
+
+        record = uploader.upload(load_run(run_dir), retry_failed=True)
+
+        assert record.state == State.FINALIZED
+        assert_run_exactly_once(local_platform, run_dir)

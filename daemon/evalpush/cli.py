@@ -30,7 +30,15 @@ import msgspec
 from evalpush import __version__
 from evalpush.claims import Process, holder_alive
 from evalpush.config import Config, load_config
-from evalpush.errors import AuthError, Busy, ConfigError, EvalpushError, RunError, UsageError
+from evalpush.errors import (
+    AuthError,
+    Busy,
+    CertificateError,
+    ConfigError,
+    EvalpushError,
+    RunError,
+    UsageError,
+)
 from evalpush.ledger import Ledger, RunRecord, default_path
 from evalpush.log import scrubbed_output
 from evalpush.states import State
@@ -49,8 +57,9 @@ EXIT_CODES = """exit codes:
   0    every run finalized (or skipped, or finalized before)
   1    some run failed, is held, had records set aside, or is being uploaded by another
        process (push --no-wait); check: the platform cannot be reached
-  2    usage, configuration or credentials: no API key, or the platform refused it
-       (checked once before anything is sent; one line says which)
+  2    usage, configuration or credentials: no API key, the platform refused it, or
+       its TLS certificate failed verification (checked once before anything is sent;
+       one line says which)
   124  push --timeout ran out; progress is kept, push again to go on
   130  stopped by SIGINT (Ctrl-C), 143 by SIGTERM; progress is kept, push again to go on
 """
@@ -294,7 +303,6 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
                     found,
                     wait=not args.no_wait,
                     on_result=progress.done,
-                    log_level=level,
                 )
             except AuthError as exc:
                 refused = (
@@ -727,7 +735,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_check(args, config, None)
         config = _load(args)
         return _COMMANDS[args.command](args, config)
-    except (ConfigError, UsageError, AuthError) as exc:
+    except (ConfigError, UsageError, AuthError, CertificateError) as exc:
         print(f"evalpush: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except EvalpushError as exc:

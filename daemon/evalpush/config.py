@@ -2,10 +2,8 @@
 
 Each section is a frozen, slotted dataclass whose fields carry their defaults and rules
 (`_setting`). What is given (keyword arguments, flags, a file, setting variables) is validated
-by `evalpush.config_quick` when every value is plainly valid (the usual case), else by the
-pydantic models `evalpush.config_models` generates from the same rules, which also name what is
-wrong. pydantic is imported only then (it was a third of the instructions `evalpush push` ran
-to its first request); `EVALPUSH_STATE_DIR` alone is taken as it is.
+by the pydantic models `evalpush.config_models` generates from the same rules, which also name
+what is wrong; `EVALPUSH_STATE_DIR` alone is taken as it is.
 
 Precedence, highest first: command-line flag > environment variable > config file > default
 (`evalpush.config_sources`, which merges them key by key and is imported only when there is
@@ -190,14 +188,8 @@ class _Settings:
 
 
 def _validated(settings: type[S], data: Any) -> S:
-    """`data` validated as `settings`: by `config_quick` when every value is plainly valid,
-    else by the pydantic models (imported only then: pydantic was a third of `push`'s start-up),
-    which raise pydantic's `ValidationError` naming what is wrong."""
-    from evalpush.config_quick import plainly_valid
-
-    found = plainly_valid(settings, data)
-    if found is not None:
-        return found
+    """`data` validated as `settings` by the pydantic models (imported at the first value given:
+    defaults alone need none), which raise pydantic's `ValidationError` naming what is wrong."""
     from evalpush.config_models import validate_data
 
     return validate_data(settings, data)
@@ -260,11 +252,9 @@ class ConvertConfig(_Settings):
 
 @_SECTION
 class UploadConfig(_Settings):
-    """How many runs upload at once (over how many processes, for `push`), and how big a batch of
-    samples may be."""
+    """How many runs upload at once, and how big a batch of samples may be."""
 
     max_concurrent_runs: int = _setting(4, ge=1, le=64)
-    push_processes: int = _setting(1, ge=1, le=16)
     max_batch_bytes: int = _setting(25 * MIB, ge=1024, le=25 * MIB)
     max_batch_samples: int = _setting(1000, ge=1)
 

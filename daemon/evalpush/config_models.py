@@ -3,8 +3,7 @@
 The dataclasses are the one definition of every setting (type, default, rules); each model here
 is built from one of them the first time it is needed, with pydantic's `extra="forbid"` and
 `frozen`, so a validation error (its location, its message) is what a hand-written model gives.
-Imported only for settings `evalpush.config_quick` does not take as plainly valid: pydantic was
-a third of the instructions `evalpush push` ran before its first request.
+Imported at the first value given (defaults alone need none).
 """
 
 from __future__ import annotations

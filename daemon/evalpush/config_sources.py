@@ -4,8 +4,7 @@ Imported only when there is an `EVALPUSH_*` setting or a config file to read. Th
 merged as pydantic-settings merged them for this project, which it no longer loads (its import,
 asyncio and its sources package, was ~225 ms of a start-up with a setting variable): the
 file's tables, then each variable's value over them, then the flags over both, key by key.
-`config_quick` then takes the whole when every value is plainly valid, else `Config`'s
-generated pydantic model validates it.
+`Config`'s generated pydantic model then validates it.
 
 A variable's value: a TOML string ("x" or 'x') loses its quotes; for a key that wants an array
 (a list, a set, a mapping) the value is read as TOML (`["/a", "/b"]`), and left as it is when
@@ -30,7 +29,6 @@ from evalpush.config import (
     read_toml,
     sections,
 )
-from evalpush.config_quick import plainly_valid
 from evalpush.errors import ConfigError
 
 if typing.TYPE_CHECKING:
@@ -59,10 +57,7 @@ def load_sources(
     for section, values in flags.items():
         for key, value in values.items():
             _put(data, section, key, value)
-    config = plainly_valid(Config, data)
-    if config is not None:
-        return config
-    from pydantic import ValidationError  # something is not plainly valid: pydantic judges it
+    from pydantic import ValidationError
 
     from evalpush.config_models import validate_data
 

@@ -12,14 +12,17 @@ The tree (what the daemon does about each class in brackets)::
     │   └── BadRecord         one trace line or sample; names the line and the reason
     ├── Transient             the platform did not do the work; retry later with backoff
     │   ├── Unreachable       no connection at all; the whole daemon waits on one probe
+    │   │   └── CertificateRefused  the platform's certificate failed verification
     │   └── Ambiguous         the platform may have done the work: reconcile with a read first
     ├── Refused               the platform refused this request; sending it again will not help
     │   ├── Unsendable        the request cannot be built or sent as it is (a bad header or URL)
+    │   ├── UnusableAnswers   2xx answers that cannot be used, again and again (about a minute)
     │   ├── BatchRefused      413/422 on a samples batch: split it, then set samples aside
     │   ├── Gone              404: the evaluation was deleted; start a new one
     │   └── Conflict          409: the evaluation is already closed or finalized
     ├── NeedsPerson           nothing changes until an operator acts [pause, say so once]
     │   ├── AuthError         401/403 or no API key
+    │   ├── CertificateError  push: the platform's certificate failed verification [exit 2]
     │   └── LedgerError       the state database cannot be written (full disk, corrupt, locked)
     ├── Busy                  another live process holds the run's claim [leave the run alone]
     ├── ClaimLost             the run's claim was taken over: this upload stops, writing nothing
@@ -34,14 +37,12 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from evalpush.log import scrub
-from evalpush.transport import (
-    ConnectError,
-    LocalProtocolError,
-    TransportError,
-    UnsupportedProtocol,
-)
+
+if TYPE_CHECKING:  # httpx is imported by the platform client, never for an error class
+    import httpx
 
 __all__ = [
     "Ambiguous",
@@ -50,6 +51,8 @@ __all__ = [
     "BadRecord",
     "BatchRefused",
     "Busy",
+    "CertificateError",
+    "CertificateRefused",
     "ClaimLost",
     "ConfigError",
     "Conflict",
@@ -64,6 +67,7 @@ __all__ = [
     "Transient",
     "Unreachable",
     "Unsendable",
+    "UnusableAnswers",
     "UsageError",
     "from_status",
     "from_transport_error",
@@ -112,18 +116,32 @@ class BadRecord(BadInput):
 
 
 class Transient(EvalpushError):
-    """The platform did not do the work (or cannot be reached); retry later."""
+    """The platform did not do the work (or cannot be reached); retry later. `unusable`: a 2xx
+    answer that cannot be used (not JSON, no id, a malformed page): retried a bounded number
+    of times (`UnusableAnswers`), since one that comes back the same way may never change."""
 
     def __init__(
-        self, message: str, *, retry_after: float | None = None, status: int | None = None
+        self,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        status: int | None = None,
+        unusable: bool = False,
     ):
         self.retry_after = retry_after
         self.status = status
+        self.unusable = unusable
         super().__init__(message)
 
 
 class Unreachable(Transient):
     """No connection could be made; nothing was sent."""
+
+
+class CertificateRefused(Unreachable):
+    """The platform's TLS certificate failed verification: nothing was sent. The daemon waits
+    it out as an outage (certificates get fixed on the server); `push` stops at once
+    (`CertificateError`)."""
 
 
 class Ambiguous(Transient):
@@ -136,6 +154,11 @@ class Refused(EvalpushError):
     def __init__(self, message: str, *, status: int | None = None):
         self.status = status
         super().__init__(message)
+
+
+class UnusableAnswers(Refused):
+    """A 2xx answer that cannot be used came back attempt after attempt (for about a minute):
+    the run fails with it (`retry` queues it again)."""
 
 
 class Unsendable(Refused):
@@ -161,6 +184,10 @@ class NeedsPerson(EvalpushError):
 
 class AuthError(NeedsPerson):
     """The API key is missing, wrong, or lacks access (401/403)."""
+
+
+class CertificateError(NeedsPerson):
+    """`push`: the platform's certificate failed verification; it exits 2 with the reason."""
 
 
 class LedgerError(NeedsPerson):
@@ -236,18 +263,28 @@ def from_status(
     return Refused(detail, status=status)
 
 
-def from_transport_error(exc: TransportError, *, what: str) -> EvalpushError:
-    """The error a failed exchange stands for: was the request possibly acted on?
+def from_transport_error(exc: httpx.RequestError, *, what: str) -> EvalpushError:
+    """The error a failed httpx exchange stands for: was the request possibly acted on?
 
     A connection that never opened (`ConnectError`, its timeout, a proxy that refused the
-    tunnel) is `Unreachable`; one that broke or timed out after the request went out is
-    `Ambiguous`, since the platform may have done the work. A request that could not be put on
-    the wire (`LocalProtocolError`: an illegal header value; `UnsupportedProtocol`) is
-    `Unsendable`: retrying sends the same bytes, so it fails at once.
+    tunnel, no connection free in the pool) is `Unreachable`; one that broke or timed out after
+    the request went out, or an answer that is not HTTP, is `Ambiguous`, since the platform may
+    have done the work. A request that could not be put on the wire (`LocalProtocolError`: an
+    illegal header value; `UnsupportedProtocol`) is `Unsendable`: retrying sends the same
+    bytes, so it fails at once.
     """
+    import httpx
+
     detail = scrub(f"{what}: {type(exc).__name__}: {exc}".rstrip(": "))
-    if isinstance(exc, ConnectError):
+    if isinstance(exc, httpx.ConnectError) and "CERTIFICATE_VERIFY_FAILED" in str(exc):
+        return CertificateRefused(
+            f"{detail} (the platform's TLS certificate failed verification: fix it on the "
+            "server, or name the CA that signed it in SSL_CERT_FILE)"
+        )
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.ProxyError)):
         return Unreachable(detail)
-    if isinstance(exc, (LocalProtocolError, UnsupportedProtocol)):
+    if isinstance(exc, httpx.PoolTimeout):
+        return Unreachable(detail)
+    if isinstance(exc, (httpx.LocalProtocolError, httpx.UnsupportedProtocol)):
         return Unsendable(detail)
     return Ambiguous(detail)

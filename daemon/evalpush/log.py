@@ -307,8 +307,7 @@ def _configure_structlog(level: str, fmt: str, stream: Any) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]  # level names in any case
         ),
-        logger_factory=structlog.WriteLoggerFactory(stream),  # a line in one write: the
-        # helpers of a push share its stderr, and their lines must not cut into its own
+        logger_factory=structlog.WriteLoggerFactory(stream),  # a line in one write
         cache_logger_on_first_use=False,
     )
 
@@ -366,9 +365,7 @@ class Logger:
             _apply_pending()
         import structlog
 
-        return getattr(
-            structlog.get_logger("evalpush").bind(**_process_context, **self._context), method
-        )
+        return getattr(structlog.get_logger("evalpush").bind(**self._context), method)
 
 
 def _drop(*_args: Any, **_kwargs: Any) -> None:
@@ -377,12 +374,3 @@ def _drop(*_args: Any, **_kwargs: Any) -> None:
 
 def get_logger(**context: Any) -> Logger:
     return Logger(context)
-
-
-_process_context: dict[str, Any] = {}
-
-
-def bind_process(**context: Any) -> None:
-    """Keys every line this process logs from now on carries (a push's helper process says
-    which it is: its lines share the push's stderr)."""
-    _process_context.update(context)

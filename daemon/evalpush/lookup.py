@@ -25,7 +25,9 @@ O(N^2). So:
 
 Evaluations the run had before (its history, or forgotten) are never adopted; of the others,
 the newest is. Evaluations of other runs whose ids are not platform ids (another tool's) are
-listed and ignored; if the newest of this run's is such a one, the run fails with why.
+listed and ignored; if the newest of this run's is such a one (a create answered with an id no
+URL can carry), the run fails with why, and that evaluation is closed out (FAILED) where its id
+can still be sent (one over `MAX_ID_CHARS`; `.` and `..` cannot be), so none is left RUNNING.
 """
 
 from __future__ import annotations
@@ -35,12 +37,16 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, Protocol
 
-from evalpush.errors import RunError
+from evalpush.errors import EvalpushError, RunError
 from evalpush.platform import Evaluation
 
 
 class Lister(Protocol):
     def iter_evaluations(self, environment_name: str) -> Iterator[dict[str, Any]]: ...
+
+    def close_out(
+        self, evaluation_id: str, status: str, error_message: str | None = None
+    ) -> None: ...
 
 
 Retry = Callable[[Callable[[], Any], str, str], Any]
@@ -48,26 +54,18 @@ Retry = Callable[[Callable[[], Any], str, str], Any]
 
 
 def _newest(
-    candidates: Collection[Evaluation], exclude: Callable[[], set[str]], run_id: str
+    candidates: Collection[Evaluation], exclude: Callable[[], set[str]]
 ) -> Evaluation | None:
     """The last one listed (the platform lists in creation order) that is not excluded
-    (`exclude()` is asked only when there is a candidate: it reads the ledger).
-
-    `RunError` if that one has an id evalpush cannot use: it may be the one this run created
-    (a create answered with a malformed id is reconciled by this lookup), so it is neither
-    adopted nor taken as "none": creating another could make a second evaluation, over and over.
-    """
+    (`exclude()` is asked only when there is a candidate: it reads the ledger). The caller
+    checks its id: it may be the one this run created (a create answered with an unusable id
+    is reconciled by this lookup), so it is neither adopted nor taken as "none": creating
+    another could make a second evaluation, over and over."""
     found = None
     excluded = exclude() if candidates else set()
     for evaluation in candidates:
         if evaluation.id not in excluded:
             found = evaluation
-    if found is not None and not found.usable:
-        raise RunError(
-            f"the platform lists an evaluation of run {run_id} whose id evalpush cannot use "
-            f"({found.id[:40]!r}): it is not adopted, and no other is created beside it; "
-            "delete it on the platform to upload the run again"
-        )
     return found
 
 
@@ -124,8 +122,29 @@ class EvaluationIndex:
         one of the run's): from a listing made now (`fresh`), or from this process's listing
         of the environment."""
         if fresh:
-            return _newest(self._list(env_name, run_id).get(run_id, ()), exclude, run_id)
-        return _newest(self._indexed(env_name, run_id).get(run_id, ()), exclude, run_id)
+            listed = self._list(env_name, run_id)
+        else:
+            listed = self._indexed(env_name, run_id)
+        found = _newest(listed.get(run_id, ()), exclude)
+        if found is not None and not found.usable:
+            raise RunError(self._closed_out(found.id, run_id))
+        return found
+
+    def _closed_out(self, evaluation_id: str, run_id: str) -> str:
+        """Close out the run's evaluation whose id cannot be used; why the run fails."""
+        why = (
+            f"the platform gave run {run_id} an evaluation whose id evalpush cannot put into a "
+            f"URL ({evaluation_id[:40]!r}: empty, a dot segment or over 1024 characters)"
+        )
+        try:
+            self._retry(
+                lambda: self._client.close_out(evaluation_id, "FAILED", error_message=why),
+                "close out",
+                run_id,
+            )
+        except EvalpushError as exc:
+            return f"{why}; it could not be closed out ({exc}): delete it on the platform"
+        return f"{why}; it was closed out as FAILED"
 
     def _indexed(self, env_name: str, run_id: str) -> dict[str, list[Evaluation]]:
         with self._guard:

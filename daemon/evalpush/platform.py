@@ -15,15 +15,21 @@ What it promises:
 - Answers are data, never trusted: every body is read as a stream under a byte cap (an error
   body's first `ERROR_BODY_BYTES`; a JSON answer `MAX_ANSWER_BYTES`; a listing page
   `MAX_PAGE_BYTES`, the page shrunk when one does not fit), and a body past its cap is a
-  malformed answer. Ids from the platform must look like ids (`is_platform_id`), every path
-  segment is quoted anyway, and only http(s) viewer URLs are kept. A listing ends on its own
+  malformed answer. Ids are taken as the platform gives them: the environment id (only ever
+  in JSON bodies) whatever it is; an evaluation id percent-encoded as one path segment, and
+  refused only where no encoding keeps it one (`is_platform_id`). Only http(s) viewer URLs
+  are kept. A listing ends on its own
   hints, and is a malformed answer (`Transient`) when a page repeats the previous one, when it
   holds more items than the caller's bound, or past `MAX_PAGES`.
 - Every request ends by `platform.request_deadline_seconds`, and within a fraction of a second
-  of the stop event being set (`evalpush.transport`); a request cut off by a stop raises
+  of the stop event being set (`evalpush.wire`); a request cut off by a stop raises
   `Interrupted` (its outcome unknown: the upload protocol reconciles it on the next start).
-- One `PlatformClient` is safe to share between threads: the transport's connection pool is, and the
-  credentials are swapped as one immutable object.
+- HTTP is httpx's (`evalpush.wire`): redirects are not followed; the steps that must not be
+  replayed go on connections of their own, so no answer left on a kept-alive connection is
+  ever read as theirs; an answer that was on its connection before the request went out is
+  refused.
+- One `PlatformClient` is safe to share between threads: httpx's clients and their pools are,
+  and the credentials are swapped as one immutable object.
 """
 
 from __future__ import annotations
@@ -41,20 +47,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
+import httpx
 import msgspec
 
 from evalpush import __version__, errors
 from evalpush.config import PlatformConfig
 from evalpush.log import get_logger, holds_secret, register_secret, scrub
-from evalpush.transport import (
-    Origin,
-    Response,
-    StoppableTransport,
-    Timeouts,
-    Transport,
-    TransportError,
-    request_deadline,
-)
+from evalpush.wire import answered_early, make_client, request_deadline
 
 if TYPE_CHECKING:  # metrics imports prometheus_client, which a push never needs
     from evalpush.metrics import RequestObserver
@@ -99,7 +98,9 @@ MAX_PAGES = 20_000
 """No listing reads more pages than this (10 million samples at the default page size)."""
 MAX_EVALUATIONS_LISTED = 100_000
 """An environment listing holding more evaluations than this is read as never ending."""
-_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+MAX_ID_CHARS = 1024
+"""An evaluation id longer than this is not put into a URL: no platform hands one out."""
+_DOT_SEGMENTS = frozenset({".", ".."})
 _URL_CHARS = 2048
 
 
@@ -261,19 +262,34 @@ def _refuse_userinfo(source: str, raw: str) -> None:
         )
 
 
+def _http_url(text: str) -> httpx.URL:
+    """`text` as an http(s) URL that names a place to connect to; ValueError otherwise."""
+    try:
+        url = httpx.URL(text)
+        url.port  # noqa: B018 - a port out of range raises here
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise ValueError(str(exc) or "not a URL") from None
+    if url.scheme not in ("http", "https"):
+        raise ValueError(f"the scheme {url.scheme!r} is not http(s)")
+    if not url.host:
+        raise ValueError("no host")
+    return url
+
+
 def _api_base(source: str, raw: str, allow_insecure_http: bool) -> str:
     _refuse_userinfo(source, raw)
-    base = raw.rstrip("/").removesuffix(API_PREFIX).rstrip("/")
+    base = raw.strip().rstrip("/").removesuffix(API_PREFIX).rstrip("/")
     try:
         parts = urllib.parse.urlsplit(base)
-        origin = Origin.of(parts)
+        url = _http_url(base)
     except ValueError as exc:
         raise errors.ConfigError(f"{source}: {raw!r} is not an http(s) URL: {exc}") from None
     if parts.query or parts.fragment or not parts.path.isprintable() or " " in parts.path:
         raise errors.ConfigError(
             f"{source}: {raw!r} is not a base URL (a query, a fragment, or a space in its path)"
         )
-    if origin.scheme == "http" and not _is_loopback(origin.host) and not allow_insecure_http:
+    # A name ending in .localhost passes here; the connection checks the address it resolves to.
+    if url.scheme == "http" and not _is_loopback(url.host) and not allow_insecure_http:
         raise errors.ConfigError(
             f"{source}: {base} is plain http to a non-loopback host, which would send the API key "
             "in clear text; use https, or set platform.allow_insecure_http = true"
@@ -395,10 +411,11 @@ def most_samples_stored(samples_in_run: int) -> int:
 
 
 def is_platform_id(value: str) -> bool:
-    """Whether `value` looks like an id the platform hands out: UUID-like, letters, digits, `_`
-    and `-`, at most 128 characters, and nothing of the API key in it. Anything else (a `/`,
-    `..`, `?`, whitespace, a control character) is not put into a URL."""
-    return _ID.fullmatch(value) is not None and not holds_secret(value)
+    """Whether `value` can be put into a URL path as one segment (percent-encoded: a `/`, `?`,
+    a space, anything not ASCII stays inside it): anything but empty, `.` and `..` (which no
+    encoding keeps one segment), at most `MAX_ID_CHARS` characters, and nothing of the API key
+    in it."""
+    return 0 < len(value) <= MAX_ID_CHARS and value not in _DOT_SEGMENTS and not holds_secret(value)
 
 
 def _id_value(value: Any) -> str | None:
@@ -439,7 +456,7 @@ def _url_shape(text: str) -> bool:
     if len(text) > _URL_CHARS or not text.isprintable() or " " in text:
         return False
     try:
-        Origin.of(text)
+        _http_url(text)
     except ValueError:
         return False
     return _USERINFO.match(text) is None
@@ -451,11 +468,38 @@ def _viewer_url_in(data: Any) -> str | None:
     return None
 
 
-def _segment(value: str, what: str) -> str:
-    """`value` as one quoted path segment; a value that is not an id is never sent."""
-    if not is_platform_id(value):
-        raise errors.Unsendable(f"{what}: {value[:40]!r} is not a platform id; not sent")
+def _segment(value: str, what: str, *, any_length: bool = False) -> str:
+    """`value` as one percent-encoded path segment; a value that cannot be one is never sent.
+    `any_length`: one over `MAX_ID_CHARS` is sent too (to close out the evaluation it names)."""
+    if any_length and len(value) > MAX_ID_CHARS:
+        value_ok = value not in _DOT_SEGMENTS and not holds_secret(value)
+    else:
+        value_ok = is_platform_id(value)
+    if not value_ok:
+        raise errors.Unsendable(
+            f"{what}: {value[:40]!r} is not a platform id (empty, a dot segment, over "
+            f"{MAX_ID_CHARS} characters, or holding the key); not sent"
+        )
     return urllib.parse.quote(value, safe="")
+
+
+def _unwrapped(data: Any) -> Any:
+    """An answer's object, taken out of a `data` wrapper when it has one."""
+    if isinstance(data, dict) and isinstance(data.get("data"), dict) and "status" not in data:
+        return data["data"]
+    return data
+
+
+def _environment_ids(body: Mapping[str, Any]) -> set[str]:
+    """The environment ids a create body names."""
+    environments = body.get("environments")
+    if not isinstance(environments, list):
+        return set()
+    return {
+        found
+        for item in environments
+        if isinstance(item, Mapping) and (found := _id_value(item.get("id"))) is not None
+    }
 
 
 def _page_items(data: Any, keys: tuple[str, ...]) -> list[Any] | None:
@@ -493,6 +537,13 @@ def _is_last_page(data: Any, *, page: int | None, seen: int) -> bool:
     return total is not None and seen >= total
 
 
+def _handed_once(body: bytes) -> Iterator[bytes]:
+    """`body` for httpx as a stream that lets go of it once sent: httpx's request and answer
+    objects form reference cycles, which would hold each (up to 25 MiB) body until a full
+    garbage collection."""
+    yield body
+
+
 class _Answer(msgspec.Struct, frozen=True):
     """A 2xx answer, its body read whole under its cap."""
 
@@ -504,7 +555,7 @@ class _TooLarge(errors.Transient):
     """A read's answer ran past its byte cap (a listing shrinks its page and asks again)."""
 
 
-def _read_capped(response: Response, cap: int) -> bytearray | None:
+def _read_capped(response: httpx.Response, cap: int) -> bytearray | None:
     """The body, read as a stream; None as soon as it runs past `cap` bytes."""
     declared = response.headers.get("Content-Length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > cap:  # not "\xb2"
@@ -517,7 +568,7 @@ def _read_capped(response: Response, cap: int) -> bytearray | None:
     return body
 
 
-def _read_start(response: Response) -> str:
+def _read_start(response: httpx.Response) -> str:
     """The start of an error answer's body, as text; the rest is never read. A body that
     cannot be read (cut short, an encoding not asked for) is said so: the status stands,
     whatever its body (a 401 read as a broken exchange would be retried, not paused on)."""
@@ -528,7 +579,7 @@ def _read_start(response: Response) -> str:
             body += chunk
             if len(body) >= ERROR_BODY_BYTES:
                 break
-    except TransportError as exc:
+    except httpx.RequestError as exc:
         unreadable = f" [the rest of the body could not be read: {exc}]"
     text = body[:ERROR_BODY_BYTES].decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
     return text + unreadable
@@ -581,42 +632,28 @@ class _Listing:
             )
 
 
-_DEFAULT_HEADERS = [
-    (b"Accept", b"*/*"),
-    (b"Accept-Encoding", b"gzip, deflate"),  # what the transport decodes
-    (b"Connection", b"keep-alive"),
-    (b"User-Agent", USER_AGENT.encode()),
-]
-"""What every request carries, the host and the key aside."""
-
-
-def _json_body_headers(body: bytes) -> list[tuple[bytes, bytes]]:
-    return [(b"Content-Type", b"application/json"), (b"Content-Length", b"%d" % len(body))]
+_DEFAULT_HEADERS = {"Accept": "*/*", "Accept-Encoding": "gzip, deflate", "User-Agent": USER_AGENT}
+"""What every request carries, the key aside."""
 
 
 class _Target(msgspec.Struct, frozen=True):
-    """Where the requests made with one credentials snapshot go, and the fixed headers they
-    carry: the base URL parsed once, not once per request."""
+    """Where the requests made with one credentials snapshot go, and the key they carry: the
+    base URL taken apart once, not once per request."""
 
     credentials: Credentials
-    origin: Origin
-    path_prefix: bytes  # the base URL's path and the API prefix: a request's target starts so
-    headers: list[tuple[bytes, bytes]]
+    scheme: str
+    prefix: str  # the base URL and the API prefix: a request's URL starts so
+    headers: dict[str, str]
 
     @classmethod
     def of(cls, credentials: Credentials) -> _Target:
         base = urllib.parse.urlsplit(credentials.api_base)  # checked when loaded
-        origin = Origin.of(base)
-        path = urllib.parse.quote(base.path, safe="/%:@!$&'()*+,;=~")
+        path = urllib.parse.quote(base.path, safe="/%:@!$&'()*+,;=~").rstrip("/")
         return cls(
             credentials,
-            origin,
-            path.rstrip("/").encode("ascii") + API_PREFIX.encode("ascii"),
-            [
-                (b"Host", origin.host_header),
-                *_DEFAULT_HEADERS,
-                (b"Authorization", f"Bearer {credentials.api_key}".encode("ascii")),
-            ],
+            base.scheme,
+            f"{base.scheme}://{base.netloc}{path}{API_PREFIX}",
+            {"Authorization": f"Bearer {credentials.api_key}"},
         )
 
 
@@ -629,13 +666,13 @@ class PlatformClient:
         *,
         environ: Mapping[str, str] | None = None,
         home: Path | None = None,
-        transport: Transport | None = None,
+        transport: httpx.BaseTransport | None = None,
         stop: threading.Event | None = None,
         observer: RequestObserver | None = None,
     ) -> None:
-        """`stop`: once set, a request in flight is cut off within `transport.SLICE_SECONDS`
+        """`stop`: once set, a request in flight is cut off within `wire.SLICE_SECONDS`
         and raises `Interrupted` (the service's stop event; by default one never set).
-        `transport` replaces the stoppable one (tests feed canned answers through it).
+        `transport` replaces the network (tests feed canned answers through it).
         `observer` is told of every attempt once it ended: its endpoint (the public method's
         name, a `metrics.Endpoint` value), what it raised (None: it worked), and how long it
         took (the daemon's metrics)."""
@@ -646,12 +683,15 @@ class PlatformClient:
         self._stop = threading.Event() if stop is None else stop
         self._credentials: Credentials | None = None  # read at first use: see `credentials`
         self._reload_lock = threading.Lock()
-        self._transport = transport or StoppableTransport(self._stop)
-        self._timeouts = Timeouts(
+        self._transport = transport
+        self._timeout = httpx.Timeout(
             connect=config.connect_timeout_seconds,
             read=config.read_timeout_seconds,
             write=config.read_timeout_seconds,
+            pool=config.connect_timeout_seconds,
         )
+        self._clients: dict[tuple[str, bool], httpx.Client] = {}  # see `_client`
+        self._clients_lock = threading.Lock()
         self._target: _Target | None = None  # built from one credentials snapshot: `_target_for`
 
     @property
@@ -678,7 +718,32 @@ class PlatformClient:
         return old is None or (new.api_key, new.api_base) != (old.api_key, old.api_base)
 
     def close(self) -> None:
-        self._transport.close()
+        with self._clients_lock:
+            clients, self._clients = self._clients, {}
+        for client in clients.values():
+            client.close()
+
+    def _client(self, scheme: str, *, fresh: bool) -> httpx.Client:
+        """The httpx client for a platform reached by `scheme`, built at its first use. `fresh`:
+        one that never reuses a connection, for the steps that must not be replayed, so no
+        answer left over on a kept-alive connection (a late one, a repeated one) is ever read
+        as theirs."""
+        key = (scheme, fresh)
+        client = self._clients.get(key)
+        if client is None:
+            with self._clients_lock:
+                client = self._clients.get(key)
+                if client is None:
+                    client = self._clients[key] = make_client(
+                        self._stop,
+                        scheme=scheme,
+                        timeout=self._timeout,
+                        headers=_DEFAULT_HEADERS,
+                        allow_insecure_http=self._config.allow_insecure_http,
+                        fresh_connections=fresh,
+                        transport=self._transport,
+                    )
+        return client
 
     def __enter__(self) -> Self:
         return self
@@ -737,25 +802,30 @@ class PlatformClient:
         if self._stop.is_set():
             raise errors.Interrupted(f"{what}: stop requested; not sent")
         target = self._target_for(self.credentials)  # one snapshot, even if another thread reloads
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        client = self._client(target.scheme, fresh=not replayable)
         headers = target.headers
+        content = None
         if body is not None:
-            headers = [*headers, *_json_body_headers(body)]
-        try:  # the path is quoted segments and the query url-encoded: ASCII, unless a bug
-            request_path = target.path_prefix + (path + query).encode("ascii")
-        except UnicodeEncodeError as exc:
-            raise errors.Unsendable(scrub(f"{what}: cannot build the request: {exc}")) from None
+            headers = {
+                **headers,
+                "Content-Type": "application/json",
+                "Content-Length": str(len(body)),
+            }
+            content = _handed_once(body)
         with request_deadline(self._config.request_deadline_seconds):
             try:
-                response = self._transport.send(
-                    method.encode("ascii"),
-                    target.origin,
-                    request_path,
-                    headers,
-                    body,
-                    self._timeouts,
-                )
-                try:
+                with client.stream(
+                    method, target.prefix + path, params=params, content=content, headers=headers
+                ) as response:
+                    if answered_early(response):
+                        # The answer was on the connection before this request went out: it
+                        # is another request's. Left unread, it takes its connection with it.
+                        cls = errors.Transient if replayable else errors.Ambiguous
+                        raise cls(
+                            f"{what}: an answer that was on the connection before the request "
+                            "went out (left over from an earlier one)",
+                            status=response.status_code,
+                        )
                     if not response.is_success:
                         raise errors.from_status(
                             response.status_code,
@@ -764,14 +834,14 @@ class PlatformClient:
                             body=_read_start(response),
                         )
                     content = _read_capped(response, cap)
-                finally:
-                    response.close()
-            except TransportError as exc:
+            except httpx.RequestError as exc:
                 if self._stop.is_set():
                     raise errors.Interrupted(
                         f"{what}: stop requested; the request was cut off, its outcome unknown"
                     ) from exc
                 raise errors.from_transport_error(exc, what=what) from exc
+            except httpx.InvalidURL as exc:
+                raise errors.Unsendable(scrub(f"{what}: cannot build the request: {exc}")) from None
         if content is None:
             cls = _TooLarge if replayable else errors.Ambiguous
             raise cls(
@@ -799,7 +869,9 @@ class PlatformClient:
         cls = errors.Transient if replayable else errors.Ambiguous
         snippet = bytes(answer.body[:120]).decode("utf-8", "replace")
         return cls(
-            scrub(f"{what}: HTTP {answer.status} with {why}: {snippet!r}"), status=answer.status
+            scrub(f"{what}: HTTP {answer.status} with {why}: {snippet!r}"),
+            status=answer.status,
+            unusable=True,
         )
 
     def _get_json(
@@ -834,11 +906,10 @@ class PlatformClient:
             body=body,
             replayable=True,
         )
+        # Used as given: it only travels inside JSON bodies.
         env_id = _first_id(self._decode(answer, what=what, replayable=True), ("id",))
         if env_id is None:
             raise self._unexpected(answer, what=what, replayable=True, why="no environment id")
-        if not is_platform_id(env_id):
-            raise self._unexpected(answer, what=what, replayable=True, why="a malformed id")
         return env_id
 
     def create_evaluation(self, body: dict[str, Any]) -> tuple[str, str | None]:
@@ -859,17 +930,38 @@ class PlatformClient:
             raise self._unexpected(answer, what=what, replayable=False, why="no evaluation id")
         if not is_platform_id(evaluation_id):
             raise self._unexpected(answer, what=what, replayable=False, why="a malformed id")
+        if evaluation_id in _environment_ids(body):
+            why = "the environment's id, not a new evaluation's (another request's answer?)"
+            raise self._unexpected(answer, what=what, replayable=False, why=why)
+        if is_closed(data if isinstance(data, dict) else {}):
+            why = "an evaluation already closed, not a new one (another request's answer?)"
+            raise self._unexpected(answer, what=what, replayable=False, why=why)
         return evaluation_id, _viewer_url_in(data)
 
-    def push_samples(self, evaluation_id: str, body: bytes) -> None:
-        """Append one encoded `{"samples": [...]}` batch. NOT replayable."""
+    def push_samples(self, evaluation_id: str, body: bytes, *, count: int | None = None) -> None:
+        """Append one encoded `{"samples": [...]}` batch of `count` samples. NOT replayable: an
+        answer naming another evaluation, or accepting another number of samples than `count`,
+        is `Ambiguous` (it answers another request, or the batch was not taken whole)."""
         what = f"push samples to {evaluation_id}"
         path = f"/evaluations/{_segment(evaluation_id, what)}/samples"
         answer = self._send(
             "POST", path, endpoint="push_samples", what=what, body=body, replayable=False
         )
-        if answer.body.strip():
-            self._decode(answer, what=what, replayable=False)
+        if not answer.body.strip():
+            return
+        data = _unwrapped(self._decode(answer, what=what, replayable=False))
+        self._check_names(answer, data, evaluation_id, what=what)
+        accepted = _int(data, "accepted")
+        if count is not None and accepted is not None and accepted != count:
+            why = f"{accepted} samples accepted of the batch's {count}"
+            raise self._unexpected(answer, what=what, replayable=False, why=why)
+
+    def _check_names(self, answer: _Answer, data: Any, evaluation_id: str, *, what: str) -> None:
+        """An answer about an evaluation that names another one answers another request."""
+        named = _first_id(data, ("evaluation_id", "id"))
+        if named is not None and named != evaluation_id:
+            why = f"another evaluation named ({named[:40]!r})"
+            raise self._unexpected(answer, what=what, replayable=False, why=why)
 
     def finalize(self, evaluation_id: str, metrics: dict[str, Any]) -> str | None:
         """Finalize with the run's metrics; the viewer URL if given. NOT replayable."""
@@ -881,17 +973,24 @@ class PlatformClient:
         )
         if not answer.body.strip():
             return None
-        return _viewer_url_in(self._decode(answer, what=what, replayable=False))
+        data = _unwrapped(self._decode(answer, what=what, replayable=False))
+        self._check_names(answer, data, evaluation_id, what=what)
+        if isinstance(data, dict) and _status(data)[1] and not is_finalized(data):
+            why = f"the status {_status(data)[1][:20]!r}, not a final one"
+            raise self._unexpected(answer, what=what, replayable=False, why=why)
+        return _viewer_url_in(data)
 
     def get_evaluation(self, evaluation_id: str) -> dict[str, Any]:
         what = f"read evaluation {evaluation_id}"
         path = f"/evaluations/{_segment(evaluation_id, what)}"
         answer = self._send("GET", path, endpoint="get_evaluation", what=what, replayable=True)
-        data = self._decode(answer, what=what, replayable=True)
-        if isinstance(data, dict) and isinstance(data.get("data"), dict) and "status" not in data:
-            data = data["data"]
+        data = _unwrapped(self._decode(answer, what=what, replayable=True))
         if not isinstance(data, dict):
             raise self._unexpected(answer, what=what, replayable=True, why="no evaluation object")
+        named = _first_id(data, ("evaluation_id", "id"))
+        if named is not None and named != evaluation_id:
+            why = f"another evaluation ({named[:40]!r})"
+            raise self._unexpected(answer, what=what, replayable=True, why=why)
         return data
 
     def iter_sample_ids(
@@ -928,12 +1027,16 @@ class PlatformClient:
                 continue
             items = _page_items(data, ("samples", "data", "items"))
             if items is None:
-                raise errors.Transient(f"{what}: page {page} holds no list of samples")
+                raise errors.Transient(
+                    f"{what}: page {page} holds no list of samples", unusable=True
+                )
             ids = []
             for item in items:
                 sample_id = _id_value(item.get("sample_id")) if isinstance(item, dict) else None
                 if sample_id is None:
-                    raise errors.Transient(f"{what}: page {page} has a sample without sample_id")
+                    raise errors.Transient(
+                        f"{what}: page {page} has a sample without sample_id", unusable=True
+                    )
                 ids.append(sample_id)
             listing.took(ids, asked=page, echoed=_int(data, "page"), where="page")
             yield from ids
@@ -974,7 +1077,7 @@ class PlatformClient:
             items = _page_items(data, ("evaluations", "data", "items"))
             if items is None or not all(isinstance(item, dict) for item in items):
                 raise errors.Transient(
-                    f"{what}: the page at skip={skip} holds no list of evaluations"
+                    f"{what}: the page at skip={skip} holds no list of evaluations", unusable=True
                 )
             evaluations = [_checked_evaluation(item) for item in items]
             listing.took(
@@ -1005,8 +1108,8 @@ class PlatformClient:
         ):
             if value is not None:
                 body[key] = value
-        what = f"close out {evaluation_id} as {status}"
-        path = f"/evaluations/{_segment(evaluation_id, what)}"
+        what = f"close out {evaluation_id[:80]} as {status}"
+        path = f"/evaluations/{_segment(evaluation_id, what, any_length=True)}"
         self._send(
             "PUT",
             path,
@@ -1021,7 +1124,7 @@ class PlatformClient:
     ) -> None:
         """`PUT /evaluations/{id}` with metadata and metrics and no status: the update verifiers
         0.4 (prime-runs) sends before its finalize (409 `Conflict` when already closed)."""
-        what = f"update {evaluation_id}"
+        what = f"update {evaluation_id[:80]}"
         path = f"/evaluations/{_segment(evaluation_id, what)}"
         self._send(
             "PUT",

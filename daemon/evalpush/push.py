@@ -10,14 +10,10 @@ holder reached, or takes a run over if its holder went away before finishing it.
 `on_result` hears of each run's final result as it comes (the CLI prints it, and counts it in
 the progress bar). A refused key (or none) stops the whole push: every run in flight is
 interrupted with its progress kept, and `push` raises the `AuthError` once all have stopped.
-
-A push of many runs gives part of its upload threads to helper processes (`evalpush.helper`):
-each run is still one job here, its outcome heard and reported here.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,7 +24,6 @@ import msgspec
 from evalpush import paths
 from evalpush.app import App
 from evalpush.errors import AuthError, Busy, ClaimLost, Interrupted, RunError, RunIdTaken
-from evalpush.helper import HelperGone, Helpers, Lane, helper_count
 from evalpush.ledger import RunRecord
 from evalpush.lifecycle import upload_ended, upload_started
 from evalpush.log import get_logger
@@ -94,22 +89,17 @@ def push_runs(
     *,
     wait: bool = True,
     on_result: OnResult | None = None,
-    log_level: str = "warning",
 ) -> list[PushResult]:
-    """`push` of run directories already found (`find_runs`). `log_level`: the helper
-    processes' (the push's own is set up by its caller)."""
+    """`push` of run directories already found (`find_runs`)."""
     # An older evalpush stored what servers echoed as it was: scrub it of the key in use.
     app.ledger.scrub_secrets()
-    return _Push(app, on_result, log_level).run(found, wait=wait)
+    return _Push(app, on_result).run(found, wait=wait)
 
 
 class _Push:
-    def __init__(self, app: App, on_result: OnResult | None = None, log_level: str = "warning"):
+    def __init__(self, app: App, on_result: OnResult | None = None):
         self._app = app
         self._on_result = on_result
-        self._log_level = log_level
-        # The upload threads' ways to work: None, in this process; a `Lane`, in a helper.
-        self._lanes: queue.SimpleQueue[Lane | None] = queue.SimpleQueue()
         self._results: dict[Path, PushResult] = {}
         self._told: set[Path] = set()
         self._waited_for: dict[Path, int] = {}
@@ -123,15 +113,7 @@ class _Push:
             return []
         self._wait = wait
         workers = min(self._app.config.upload.max_concurrent_runs, len(found))
-        helpers = helper_count(self._app.config, len(found), workers)
-        lanes_each = workers // (helpers + 1)
-        with (
-            Helpers(self._app, helpers, lanes_each, self._log_level) as helping,
-            Scheduler(self._job, workers=workers, on_error=self._failed) as scheduler,
-        ):
-            lanes = helping.lanes  # fewer than asked for if a helper could not be started
-            for lane in [*lanes, *[None] * (workers - len(lanes))]:
-                self._lanes.put(lane)
+        with Scheduler(self._job, workers=workers, on_error=self._failed) as scheduler:
             self._all(scheduler, found)
             while wait and not self._app.stop.is_set():
                 busy = {p: r.busy.pid for p, r in self._results.items() if r.busy is not None}
@@ -165,12 +147,7 @@ class _Push:
             self._failures.append(exc)
 
     def _job(self, directory: Path) -> None:
-        waited_for = self._waited_for.get(directory)
-        lane = self._lanes.get()
-        try:
-            result, refused = self._push_in(lane, directory, waited_for)
-        finally:
-            self._lanes.put(lane)
+        result, refused = push_one(self._app, directory, self._waited_for.get(directory))
         if refused is not None:
             self._refuse(refused)
         with self._lock:
@@ -199,18 +176,6 @@ class _Push:
             return result
         return msgspec.structs.replace(result, busy=None, error="interrupted while waiting for it")
 
-    def _push_in(
-        self, lane: Lane | None, directory: Path, waited_for: int | None
-    ) -> tuple[PushResult, AuthError | None]:
-        """`push_one` here, or in the helper of `lane`; if that helper is gone, here after all
-        (it was killed and waited for: its claim is a dead process's, taken over here)."""
-        if lane is not None and not self._app.stop.is_set():
-            try:
-                return lane.push(directory, waited_for, self._app.uploader.progress)
-            except HelperGone:
-                pass
-        return push_one(self._app, directory, waited_for)
-
     def _refuse(self, exc: AuthError) -> None:
         """The platform refused the key (or there is none): nothing else can be sent, so the
         push stops; every run in flight keeps its progress."""
@@ -223,8 +188,7 @@ class _Push:
 def push_one(
     app: App, directory: Path, waited_for: int | None = None
 ) -> tuple[PushResult, AuthError | None]:
-    """Upload the run in `directory` (in this process; a helper's thread calls it too) and say
-    what became of it; with the `AuthError` if the platform refused the key (the whole push
+    """Upload the run in `directory` and say what became of it; with the `AuthError` if the platform refused the key (the whole push
     stops). `waited_for`: the pid of another process that held the run until now; its outcome
     is reported as is (a failed run is not retried), unless it left the run unfinished."""
     if app.stop.is_set():

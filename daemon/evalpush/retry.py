@@ -3,8 +3,9 @@
 What it promises:
 - `Backoff.delay` is pure: `rng() * min(cap, base * 2**attempt)` (full jitter), never below a
   `Retry-After` the platform sent.
-- `Retrier.call` retries `Transient` failures forever; an `Ambiguous` one only when the step is
-  replayable (otherwise the caller must reconcile with a read before sending again); `Refused`
+- `Retrier.call` retries `Transient` failures forever, but a 2xx answer that cannot be used
+  (`unusable`) only `UNUSABLE_ANSWER_ATTEMPTS` times in a row (`UnusableAnswers`, the run
+  fails with it); an `Ambiguous` one only when the step is replayable (otherwise the caller must reconcile with a read before sending again); `Refused`
   and anything else are raised at once. A stop request while waiting raises `Interrupted`.
 - `Gate` is shared by every upload so the daemon backs off as one: when the platform is
   unreachable or refuses the key, every caller waits while ONE of them probes (with backoff
@@ -53,6 +54,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+UNUSABLE_ANSWER_ATTEMPTS = 8
+"""A call answered this many times in a row with a 2xx that cannot be used (`unusable`) gives
+up (`UnusableAnswers`): about a minute of backoff at the call's cadence (0.5 s doubling)."""
 
 _MAX_EXPONENT = 62
 """2**attempt stops growing here; past the cap it changes nothing and a float would overflow."""
@@ -202,7 +207,8 @@ class Gate:
     A `one_shot` gate is for a command a person watches (`push`): it starts `unverified`, so
     the first caller probes once before anything is sent (a wrong key is found before any
     upload starts, and a push with nothing to send sends nothing), and a refused key is final
-    (`refused`): every caller gets the `AuthError` instead of waiting for a new key.
+    (`refused`): every caller gets the `AuthError` instead of waiting for a new key; so is a
+    certificate that fails verification (`CertificateError`).
     """
 
     def __init__(
@@ -226,7 +232,7 @@ class Gate:
         self._wake = threading.Event()
         self._mode = UNVERIFIED if one_shot else OPEN
         self._one_shot = one_shot
-        self._refusal: errors.AuthError | None = None
+        self._refusal: errors.NeedsPerson | None = None
         self._generation = 0
         self._probing = False
         self._closed_at = 0.0
@@ -356,6 +362,9 @@ class Gate:
                 return True
             if mode == AUTH and self._one_shot:
                 self._refuse_locked(reason)
+                return True
+            if isinstance(reason, errors.CertificateRefused) and self._one_shot:
+                self._refuse_locked(errors.CertificateError(str(reason)))
                 return True
             self._close_locked(mode, reason)
         return False
@@ -491,8 +500,9 @@ class Gate:
         self._cond.notify_all()
 
     def _refuse_locked(self, reason: errors.EvalpushError | None) -> None:
-        """A one-shot gate: the key is refused (or there is none), for good."""
-        if isinstance(reason, errors.AuthError):
+        """A one-shot gate: the key is refused (or there is none), or the platform's
+        certificate, for good."""
+        if isinstance(reason, errors.NeedsPerson):
             self._refusal = reason
         else:
             self._refusal = errors.AuthError(str(reason))
@@ -586,13 +596,23 @@ class Retrier:
             if not _should_retry(exc, replayable=replayable, wait_on_auth=self._wait_on_auth):
                 raise
             first_failure: list[Exception] = [exc]
+            unusable = [1 if getattr(exc, "unusable", False) else 0]  # in a row
 
         import tenacity
 
         def attempt() -> T:
             if first_failure:
                 raise first_failure.pop()
-            return self._attempt(fn)
+            try:
+                return self._attempt(fn)
+            except errors.Transient as exc:
+                unusable[0] = unusable[0] + 1 if exc.unusable else 0
+                if unusable[0] >= UNUSABLE_ANSWER_ATTEMPTS:
+                    raise errors.UnusableAnswers(
+                        f"{exc} (the same kind of answer {unusable[0]} times in a row)",
+                        status=exc.status,
+                    ) from exc
+                raise
 
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(
@@ -613,6 +633,10 @@ class Retrier:
             if self._wait_on_auth or not isinstance(exc, errors.AuthError):
                 self._gate.report(exc, token)
             raise
+
+    def pause_after(self, failures: int, *, what: str) -> None:
+        """Wait as a call waits after `failures + 1` failed attempts (a stop: `Interrupted`)."""
+        self._pause(self._backoff.delay(failures, self._rng), what=what)
 
     def _pause(self, seconds: float, *, what: str) -> None:
         if seconds > 0:

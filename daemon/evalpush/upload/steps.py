@@ -12,11 +12,20 @@ import msgspec
 from evalpush import transitions
 from evalpush.batch import Batch, Prefetch, batches
 from evalpush.convert import RunTotals, convert_lines, scan, summary, tally
-from evalpush.errors import Ambiguous, BatchRefused, Conflict, Gone, Refused, RunError
+from evalpush.errors import (
+    Ambiguous,
+    BatchRefused,
+    Conflict,
+    Gone,
+    Refused,
+    RunError,
+    UnusableAnswers,
+)
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
 from evalpush.prescan import Prescan
 from evalpush.read import FileIdentity, RangeDigest, identity, read_lines
+from evalpush.retry import UNUSABLE_ANSWER_ATTEMPTS
 from evalpush.runs import Producer, Run, require_env_name
 from evalpush.setaside import SetAside
 from evalpush.states import Outcome, SetAsideKind, Step
@@ -134,6 +143,7 @@ class Steps:
         record = ctx.ledger.update(
             record, pending=intent(Step.CREATE, env=run.env_name), looked_up=1
         )
+        unusable = 0  # create answers in a row that could not be used
         while True:
             try:
                 evaluation_id, url = ctx.once(
@@ -144,10 +154,18 @@ class Steps:
                 crash_point("create-sent")
                 self._reconcile.confirm_created(evaluation_id, run)
                 break
-            except Ambiguous:
+            except Ambiguous as exc:
                 found = self._reconcile.find_evaluation(record, run, fresh=True)
                 if found is not None:
                     return self._reconcile.adopt(record, found)
+                unusable = unusable + 1 if exc.unusable else 0
+                if unusable >= UNUSABLE_ANSWER_ATTEMPTS:
+                    raise UnusableAnswers(
+                        f"{exc} (the same kind of answer {unusable} times in a row, and no "
+                        "evaluation of the run listed)",
+                        status=exc.status,
+                    ) from exc
+                ctx.retrier.pause_after(unusable - 1, what="create evaluation")
             except Refused:
                 # The environment id is this process's since its first resolve: it may be gone.
                 ctx.environments.forget(run.env_name)
@@ -318,7 +336,7 @@ class Steps:
         assert evaluation is not None
         try:
             self._ctx.once(
-                lambda: client.push_samples(evaluation, batch.body()),
+                lambda: client.push_samples(evaluation, batch.body(), count=len(batch.samples)),
                 what="push samples",
                 run=record.run_id,
             )

@@ -1,4 +1,4 @@
-"""The stoppable transport over TLS: a real handshake with a certificate made by `openssl`, a
+"""The platform client's HTTP over TLS: a real handshake with a certificate made by `openssl`, a
 small TLS server on loopback, and a stop that ends a wait whether it is in the handshake or in
 a body that trickles."""
 
@@ -9,17 +9,21 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 
-from evalpush import errors, transport
+from evalpush import errors
 from evalpush.config import PlatformConfig
 from evalpush.platform import PlatformClient
+from support.environ import clean_environ
+from support.runs import trace_line, write_run
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
 
@@ -67,7 +71,7 @@ class TlsServer:
                 conn, _ = self._listener.accept()
             except TimeoutError:
                 continue
-            with conn:
+            with conn, contextlib.suppress(ssl.SSLError):  # a client refusing our certificate
                 self._behaviour(conn, self._context, self.done)
 
     def close(self) -> None:
@@ -155,8 +159,8 @@ def test_an_exchange_over_tls_reads_a_large_answer_whole(
 @pytest.mark.parametrize(
     ("behaviour", "cut_in"),
     [
-        (answer(b'{"id": "e1", "status": "RUNNING"}', trickle=True), transport.ReadError),
-        (never_handshake, transport.ConnectError),
+        (answer(b'{"id": "e1", "status": "RUNNING"}', trickle=True), httpx.ReadError),
+        (never_handshake, httpx.ConnectError),
     ],
     ids=["trickling body", "no handshake"],
 )
@@ -247,3 +251,67 @@ def test_an_https_platform_is_reached_through_a_connect_tunnel(
         proxy.close()
     port = server.base_url.rsplit(":", 1)[1]
     assert proxy.requests == [f"CONNECT localhost:{port} HTTP/1.1".encode()]
+
+
+def tunnel_opened(conn: socket.socket, context: ssl.SSLContext, done: threading.Event) -> None:
+    """An https proxy: TLS with the client, a CONNECT answered 200, then nothing behind it."""
+    conn.settimeout(5)
+    with contextlib.suppress(OSError), context.wrap_socket(conn, server_side=True) as tls:
+        read_request(tls)
+        tls.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        done.wait(5)
+
+
+def test_an_https_proxy_for_an_https_platform_is_refused_as_unsendable(
+    serve: Callable[[Behaviour], TlsServer],
+    make_client: Callable[..., PlatformClient],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TLS inside TLS is not supported: said at once, not waited on as an outage."""
+    proxy = serve(tunnel_opened)
+    platform = serve(answer(b"{}"))
+    monkeypatch.setenv("HTTPS_PROXY", proxy.base_url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with pytest.raises(errors.Unsendable, match="TLS inside TLS"):
+        make_client(platform).probe()
+
+
+def test_a_certificate_that_fails_verification_is_refused_as_such(
+    serve: Callable[[Behaviour], TlsServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test certificate is not trusted here (certifi's bundle): the daemon waits it out as
+    an outage, saying why."""
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    server = serve(answer(b"{}"))
+    config = PlatformConfig(api_base_url=server.base_url)
+    with PlatformClient(config, environ={"PRIME_API_KEY": "k-tls-1234"}, home=tmp_path) as client:
+        with pytest.raises(errors.CertificateRefused, match="CERTIFICATE_VERIFY_FAILED"):
+            client.probe()
+
+
+def test_push_to_a_platform_whose_certificate_fails_verification_exits_2_saying_why(
+    serve: Callable[[Behaviour], TlsServer], tmp_path: Path
+) -> None:
+    server = serve(answer(b"{}"))
+    root = tmp_path / "outputs"
+    write_run(root, lines=[trace_line(0, 0)])
+    (tmp_path / "home").mkdir()
+    environ = clean_environ(
+        PRIME_API_KEY="k-tls-1234",
+        PRIME_API_BASE_URL=server.base_url,
+        HOME=str(tmp_path / "home"),
+        EVALPUSH_STATE_DIR=str(tmp_path / "state"),
+        SSL_CERT_FILE=None,
+        SSL_CERT_DIR=None,
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "evalpush", "push", str(root)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "CERTIFICATE_VERIFY_FAILED" in done.stderr
