@@ -9,6 +9,10 @@ child process; CPU seconds are that child's own (`os.wait4`), and so is peak RSS
           as its `push_traces` hands them to httpx (which encodes with `json.dumps`); no network
 3. floor: orjson parse + re-serialize of every line, nothing else
 
+and the same rollouts written as verifiers 0.4 episodes (`gen_traces.rewrite_as`: one agent's
+trace an episode, usage in `calls`, rewards as `{score, weight}`), converted by ours
+(`ours-0.4`) and by the floor (`floor-0.4`).
+
 Wall time includes interpreter start and imports (what a user waits for); for the seed, the
 import of verifiers alone is also reported, from inside the child. --repeat rounds, each running
 every path once in turn; wall and CPU are each the best over the rounds, with their ranges.
@@ -134,8 +138,17 @@ def the_run(mb: float, cache: Path) -> Path:
     return generate(cache / "convert", int(mb * MB), reuse=True)
 
 
-def report(rows: dict[str, list[Measure]], size: int, traces: int) -> None:
-    """Best wall and best CPU per path (each over the rounds), with every round's range."""
+def episode_run(seed_run: Path, cache: Path) -> Path:
+    """The seed run's rollouts as a verifiers 0.4 run directory (made once, cached)."""
+    sys.path.insert(0, str(BENCH))
+    from gen_traces import rewrite_as
+
+    return rewrite_as(seed_run, cache / "convert-episodes", "0.4")
+
+
+def report(rows: dict[str, list[Measure]], size: int, traces: int, episode_bytes: int = 0) -> None:
+    """Best wall and best CPU per path (each over the rounds), with every round's range (the
+    0.4 rows are over the episode file, `episode_bytes`: their MB/s and CPU s/GB are of it)."""
     print(
         f"{'path':<7}{'wall s':>9}{'MB/s':>9}{'traces/s':>11}{'CPU s':>8}{'CPU s/GB':>10}"
         f"{'peak RSS MiB':>14}  {'walls':>11}  {'CPU s':>11}"
@@ -144,9 +157,10 @@ def report(rows: dict[str, list[Measure]], size: int, traces: int) -> None:
     cpu = {name: min(m.cpu_seconds for m in runs) for name, runs in rows.items()}
     for name, runs in rows.items():
         walls, cpus = [m.wall_seconds for m in runs], [m.cpu_seconds for m in runs]
+        mb = (episode_bytes if name.endswith("-0.4") else size) / MB
         print(
-            f"{name:<7}{wall[name]:>9.2f}{size / MB / wall[name]:>9.1f}"
-            f"{traces / wall[name]:>11.0f}{cpu[name]:>8.2f}{cpu[name] / (size / 1e9):>10.1f}"
+            f"{name:<9}{wall[name]:>7.2f}{mb / wall[name]:>9.1f}"
+            f"{traces / wall[name]:>11.0f}{cpu[name]:>8.2f}{cpu[name] / (mb / 1e3):>10.1f}"
             f"{max(m.peak_rss_bytes for m in runs) / MIB:>14.1f}  "
             f"{f'{min(walls):.2f}-{max(walls):.2f}':>11}  {f'{min(cpus):.2f}-{max(cpus):.2f}':>11}"
         )
@@ -165,6 +179,12 @@ def report(rows: dict[str, list[Measure]], size: int, traces: int) -> None:
         f"{cpu['ours'] / cpu['floor']:.2f}x its CPU"
     )
     print(f"ours CPU seconds per GB: {cpu['ours'] / (size / 1e9):.1f}")
+    if "ours-0.4" in rows:
+        print(
+            f"ours CPU seconds per GB of the same rollouts as 0.4 episodes "
+            f"({episode_bytes / MB:.1f} MB): {cpu['ours-0.4'] / (episode_bytes / 1e9):.1f} "
+            f"(floor {cpu['floor-0.4'] / (episode_bytes / 1e9):.1f})"
+        )
     peaks = {name: max(m.peak_rss_bytes for m in runs) for name, runs in rows.items()}
     print(f"ours peak RSS vs seed: {peaks['seed'] / peaks['ours']:.0f}x smaller")
 
@@ -185,10 +205,14 @@ def main() -> None:
     seed_python = producer_python(args.producer_venv)
     print(f"run: {run_dir}\n{size / MB:.1f} MB, {traces} traces, best of {args.repeat}\n")
 
+    episodes = episode_run(run_dir, args.cache)
+    episode_bytes = (episodes / "traces.jsonl").stat().st_size
     contenders = {
         "ours": [sys.executable, "-m", "evalpush", "convert", str(run_dir)],
         "seed": [str(seed_python), "-c", SEED_PATH, str(run_dir)],
         "floor": [sys.executable, "-c", FLOOR, str(traces_file)],
+        "ours-0.4": [sys.executable, "-m", "evalpush", "convert", str(episodes)],
+        "floor-0.4": [sys.executable, "-c", FLOOR, str(episodes / "traces.jsonl")],
     }
     rows: dict[str, list[Measure]] = {name: [] for name in contenders}
     compile_daemon(REPO / "daemon")
@@ -197,7 +221,7 @@ def main() -> None:
         for _ in range(args.repeat):  # in turn, so a swing in speed hits every path alike
             for name, argv in contenders.items():
                 rows[name].append(measure(argv, Path(hook_dir)))
-    report(rows, size, traces)
+    report(rows, size, traces, episode_bytes)
     summary = json.loads(rows["ours"][0].stderr.strip().splitlines()[-1])
     print(f"\nours: {summary['name']}, set aside: {summary['set_aside']}")
 

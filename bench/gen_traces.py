@@ -257,6 +257,99 @@ def generate(out: Path, size_bytes: int, seed: int = 0, *, reuse: bool = False) 
     return run_dir
 
 
+# ---------------------------------------------------------------- the later producers' shapes
+
+
+def _calls_of(trace: dict) -> list[dict]:
+    """The seed's per-node usage and finish reasons as 0.2 on record them: one call a sampled
+    node (taken off the nodes)."""
+    calls = []
+    for i, node in enumerate(trace.get("nodes", ())):
+        usage, finish = node.pop("usage", None), node.pop("finish_reason", None)
+        if node.get("sampled"):
+            calls.append({"node": i, "finish_reason": finish, "usage": usage})
+    return calls
+
+
+def _compact(value: dict) -> bytes:
+    """One line as pydantic writes it: compact, UTF-8."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+def as_v2_line(line: bytes, run_id: str) -> bytes:
+    """A seed trace line as verifiers 0.2 writes the same rollout (`version` 2, the task row
+    under `task.data`, usage in `calls`)."""
+    trace = json.loads(line)
+    calls = _calls_of(trace)
+    task = {"type": "Task", "data": trace.pop("task")}
+    v2 = {"id": trace.pop("id"), "task": task, "version": 2, "run": {"type": "eval", "id": run_id}}
+    return _compact({**v2, **trace, "calls": calls})
+
+
+def as_episode_line(line: bytes, n: int, run_id: str) -> bytes:
+    """A seed trace line as verifiers 0.4 writes the same rollout: an episode of one agent's
+    trace, the task row under `task.data`, usage in `calls`, rewards as `{score, weight}`."""
+    trace = json.loads(line)
+    calls = _calls_of(trace)
+    task = {"type": "Task", "data": trace.pop("task")}
+    rewards = {k: {"score": v, "weight": 1.0} for k, v in trace.pop("rewards", {}).items()}
+    inner = {
+        "version": 1,
+        **trace,
+        "verifiers": {"version": "0.4.0"},
+        "task": task,
+        "agent": {"config": {}, "name": "agent", "trainable": True},
+        "calls": calls,
+        "rewards": rewards,
+    }
+    episode = {
+        "id": f"episode-{n}-{run_id[-8:]}",
+        "env": {"id": TASKSET},
+        "task": task,
+        "run": {"type": "eval", "id": run_id},
+        "ok": not trace.get("errors"),
+        "errors": [],
+        "traces": [inner],
+    }
+    return _compact(episode)
+
+
+def rewrite_as(run_dir: Path, out: Path, producer: str) -> Path:
+    """The seed run `run_dir`'s rollouts as a `producer` ("0.2" or "0.4") run under `out`: 0.2 in
+    the seed's layout (same config.toml, same run id), 0.4 in its own (configs/resolved/eval.json,
+    a `<env>--<model>--<harness>--<8 hex>` directory, an offline `disabled-` run id). Made once."""
+    if producer == "0.2":
+        target, run_id = out / run_dir.name, run_dir.name
+    else:
+        target = out / f"{TASKSET}--{MODEL.replace('/', '--')}--default--{run_dir.name[:8]}"
+        run_id = f"disabled-{run_dir.name.replace('-', '')[:16]}"
+    if (target / "traces.jsonl").exists():
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    if producer == "0.2":
+        shutil.copyfile(run_dir / "config.toml", target / "config.toml")
+    else:
+        tasks = len(set(re.findall(rb'"idx": ?(\d+)', (run_dir / "traces.jsonl").read_bytes())))
+        config = {
+            "env": {"taskset": {"id": TASKSET}},
+            "run": {"name": target.name, "dir": target.name},
+            "model": MODEL,
+            "select": {"limit": tasks},
+            "num_rollouts": NUM_ROLLOUTS,
+            "push": False,
+        }
+        (target / "configs" / "resolved").mkdir(parents=True)
+        (target / "configs" / "resolved" / "eval.json").write_text(json.dumps(config))
+    partial = target / "traces.jsonl.part"
+    with open(run_dir / "traces.jsonl", "rb") as lines, open(partial, "wb") as written:
+        for n, line in enumerate(lines):
+            written.write(
+                as_v2_line(line, run_id) if producer == "0.2" else as_episode_line(line, n, run_id)
+            )
+    partial.rename(target / "traces.jsonl")
+    return target
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=72.0, help="target size, 10**6 bytes")

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,12 +42,11 @@ PUSH_TIMEOUT_SECONDS = 60
 
 
 def outputs(tmp_path: Path, sources: list[Path], *, group: str = "env--model--harness") -> Path:
+    """Copies of the run directories `sources` (whatever their layout) under
+    `tmp_path/outputs/<group>/`."""
     root = tmp_path / "outputs"
     for run in sources:
-        target = root / group / run.name
-        target.mkdir(parents=True)
-        for name in ("config.toml", "traces.jsonl"):
-            (target / name).write_bytes((run / name).read_bytes())
+        shutil.copytree(run, root / group / run.name, symlinks=True)
     return root
 
 

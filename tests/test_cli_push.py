@@ -67,6 +67,25 @@ class TestPush:
         (row,) = status_json(evalpush)
         assert (row["state"], row["samples_sent"], row["set_aside"]) == ("finalized", 2, 1)
 
+    def test_a_run_whose_every_line_is_set_aside_fails_with_its_reason_and_creates_nothing(
+        self, evalpush, platform, tmp_path
+    ):
+        lines = [b"{not json", b'{"id": "t-1", "task": {}}']
+        write_run(tmp_path / "outputs", lines=lines)
+
+        done = evalpush("push", str(tmp_path / "outputs"))
+
+        assert done.returncode == 1
+        assert platform.summary()["evaluations"] == {}
+        (row,) = status_json(evalpush)
+        assert (row["state"], row["samples_sent"], row["set_aside"]) == ("failed", 0, 2)
+        assert "2 lines, every one set aside" in row["last_error"], row["last_error"]
+        assert "nothing to upload" in row["last_error"]
+        detail = evalpush("status", RUN_ID)
+        assert "every one set aside" in detail.stdout
+        assert "line 2, offset 10, 26 B, bad_line: missing 'task.idx'" in detail.stdout
+        assert "every one set aside" in done.stdout + done.stderr
+
     def test_a_wrong_key_stops_the_push_before_anything_is_sent_with_one_line_and_exit_2(
         self, evalpush, platform, tmp_path
     ):

@@ -32,6 +32,7 @@ from pushing import (
     push_until_done,
     start_push,
 )
+from support.producer import generated_run_of
 
 MAX_ATTEMPTS = 40
 
@@ -83,6 +84,29 @@ class TestKilledAtEveryStepBoundary:
             process.communicate(timeout=PUSH_TIMEOUT_SECONDS)
         push_until_done(runs, push_environ(platform, tmp_path))
         assert_exactly_once(platform, runs)
+
+
+@pytest.fixture(scope="module")
+def producer_runs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """A verifiers 0.2 run and a 0.4 run (its own layout, an offline run id): generated rollouts
+    of about 400 KB each as those versions write them."""
+    out = tmp_path_factory.mktemp("producer-runs")
+    return [generated_run_of(p, out, 400_000, seed=4) for p in ("0.2", "0.4")]
+
+
+class TestLaterProducersKilledAtEveryStepBoundary:
+    @pytest.mark.parametrize("point", CRASH_POINTS)
+    def test_a_0_2_and_a_0_4_run_killed_at_a_step_boundary_end_exactly_once(
+        self, point: str, producer_runs: list[Path], platform: LocalPlatform, tmp_path: Path
+    ) -> None:
+        runs = outputs(tmp_path, producer_runs)
+        crashing = start_push(runs, push_environ(platform, tmp_path, **{CRASH_ENV: point}))
+        crashing.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+        assert crashing.returncode == -signal.SIGKILL, "the hook killed the push at the point"
+        push_until_done(runs, push_environ(platform, tmp_path))
+        assert_exactly_once(platform, runs)
+        kinds = {e["metadata"]["run_id"][:9] for e in platform.summary()["evaluations"].values()}
+        assert "disabled-" in kinds, "the 0.4 run is among them, under its own run id"
 
 
 POWER_LOSS_HOOK = """

@@ -271,6 +271,7 @@ def _create_unreadable(path: Path, data: bytes) -> None:
 VALID_CASES = ("NaN", "a BOM", "CRLF line ends", "a repeated id")
 SETTLED_STATES = {
     "an empty traces.jsonl": "failed",
+    "every line set aside": "failed",
     "no environment name": "failed",
     "config.toml changed after finalize": "finalized",
 }
@@ -293,6 +294,7 @@ def _write_corpus(world: World) -> None:
     repeated.write([*lines, lines[0]])
 
     world.add("an empty traces.jsonl").touch_traces()
+    world.add("every line set aside", num_tasks=1).write([b"{oops", b'{"id": "x", "task": {}}'])
     no_env = world.add("no environment name", env="")
     no_env.write(no_env.lines(2))
     no_config = world.add("no config.toml", write_config=False)
@@ -484,6 +486,17 @@ class TestRunLevel:
         world.reach(run, "finalized")
 
         assert_once(world, run)
+        world.assert_still_working()
+
+    def test_a_run_whose_every_line_is_set_aside_fails_with_its_reason_and_no_evaluation(
+        self, world: World
+    ) -> None:
+        run = world.run("every line set aside")
+        detail = world.detail(run)
+        assert detail["state"] == "failed"
+        assert "2 lines, every one set aside (line 1: invalid JSON" in detail["last_error"]
+        assert "every one set aside" in world.text(run)
+        assert evaluations_of(world.platform, run.run_id) == {}
         world.assert_still_working()
 
     def test_no_environment_name_fails_naming_the_key_and_once_set_retry_uploads_it_once(

@@ -54,7 +54,12 @@ def test_the_daemon_demo_settles_every_kind_of_run_on_its_own_local_platform(
         "by-settle-time": "finalized",
         "with-a-bad-line": "finalized",
         "debug": "skipped",
+        "verifiers-0.2": "finalized",
+        "verifiers-0.3": "finalized",
+        "verifiers-0.4": "finalized",
     }
+    for producer in ("verifiers-0.2", "verifiers-0.3", "verifiers-0.4"):
+        assert rows[producer][2] == "8/8", rows[producer]
     assert rows["finished-before-start"][2] == "40/40"
     assert rows["with-a-bad-line"][2:4] == ["11/11", "1"], "the bad line is set aside"
     assert all("http://127.0.0.1:" in " ".join(rows[kind]) for kind in rows if kind != "debug")
@@ -67,7 +72,7 @@ def test_the_demo_runs_again_in_the_same_directory(tmp_path: Path) -> None:
     again = run_demo(tmp_path, tmp_path / "demo")
 
     assert (first.returncode, again.returncode) == (0, 0), again.stderr
-    assert len(final_table(again.stdout)) == 6
+    assert len(final_table(again.stdout)) == 9
 
 
 def test_the_demo_refuses_a_directory_it_did_not_make(tmp_path: Path) -> None:

@@ -321,6 +321,26 @@ class TestServedEndpoints:
             0,
         )
 
+    def test_a_put_with_no_status_updates_metadata_and_metrics_and_leaves_it_running(
+        self, served: Served
+    ) -> None:
+        evaluation_id = served.create("run-update")
+        path = f"/api/v1/evaluations/{evaluation_id}"
+        update = {"metadata": {"model": "m", "num_examples": 3}, "metrics": {"avg_reward": 0.5}}
+
+        assert served.api("PUT", path, update).status_code == 200
+
+        evaluation = served.summary()["evaluations"][evaluation_id]
+        assert evaluation["status"] == "RUNNING"
+        assert (evaluation["metadata"], evaluation["metrics"]) == (
+            update["metadata"],
+            update["metrics"],
+        )
+        assert served.api("POST", f"{path}/finalize", {"metrics": {}}).status_code == 200
+        assert served.api("PUT", path, update).status_code == 409  # closed: no more updates
+        assert served.api("PUT", path, ["not", "an", "object"]).status_code == 422
+        assert served.api("PUT", path, {"status": "DONE"}).status_code == 422
+
     def test_a_fault_queued_through_the_control_endpoint_hits_the_next_request_of_its_kind(
         self, served: Served
     ) -> None:

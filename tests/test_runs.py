@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import uuid
@@ -10,8 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from evalpush.discover._scan import walk
 from evalpush.errors import RunError
-from evalpush.runs import RunKind, find_run_dirs, load_run, require_env_name
+from evalpush.runs import (
+    Producer,
+    RunKind,
+    find_run_dirs,
+    load_run,
+    require_env_name,
+    why_not_a_run,
+)
 from support.runs import make_run
 
 RUN_UUID = "6f1c9a52-0d3e-4b7a-9c1e-2f8d4a6b3c10"
@@ -240,3 +249,94 @@ class TestFindRunDirs:
         (root / "linked-parent").symlink_to(tmp_path / "outside")
 
         assert list(find_run_dirs(root)) == [root / "inside"]
+
+
+# ---------------------------------------------------------------- verifiers 0.3/0.4's layout
+
+
+def episode_line(run_id: str, n: int = 0) -> bytes:
+    episode = {"id": f"e{n}", "run": {"type": "eval", "id": run_id}, "ok": True, "traces": []}
+    return json.dumps(episode).encode() + b"\n"
+
+
+def resolved_run(
+    directory: Path, config: dict | None = None, lines: bytes = b"", kind: str = "eval"
+) -> Path:
+    """A 0.3/0.4 run directory: `configs/resolved/<kind>.json`, `traces.jsonl`, its logs."""
+    (directory / "configs" / "resolved").mkdir(parents=True)
+    default = {
+        "env": {"taskset": {"id": "gsm8k"}},
+        "run": {"name": "gsm8k--m--default--0a1b2c3d"},
+        "model": "org/model",
+        "select": {"limit": 5},
+        "num_rollouts": 3,
+        "push": True,
+    }
+    text = json.dumps(default if config is None else config)
+    (directory / "configs" / "resolved" / f"{kind}.json").write_text(text)
+    (directory / "traces.jsonl").write_bytes(lines)
+    (directory / "logs" / "attempt_1").mkdir(parents=True)
+    (directory / "logs" / "latest").symlink_to("attempt_1")
+    return directory
+
+
+class TestTheResolvedLayout:
+    def test_a_0_4_run_reads_its_config_and_takes_its_run_id_from_its_lines(self, tmp_path):
+        directory = resolved_run(
+            tmp_path / "gsm8k--m--default--0a1b2c3d", lines=episode_line("ev-1")
+        )
+
+        run = load_run(directory)
+
+        assert (run.run_id, run.kind, run.producer) == ("ev-1", RunKind.EVAL, Producer.EPISODES_0_4)
+        assert (run.env_name, run.model, run.num_rollouts) == ("gsm8k", "org/model", 3)
+        assert run.expected_traces == 15  # select.limit * num_rollouts
+        assert run.evaluation_name == "gsm8k--m--default--0a1b2c3d"
+
+    def test_a_0_3_run_expects_num_tasks_times_num_rollouts(self, tmp_path):
+        config = {"env": {"taskset": {"id": "x"}}, "model": "m", "num_tasks": 4, "num_rollouts": 2}
+        run = load_run(resolved_run(tmp_path / "r", config, episode_line("u-1")))
+
+        assert (run.producer, run.expected_traces) == (Producer.EPISODES_0_3, 8)
+
+    def test_a_resumed_run_is_the_run_of_its_last_attempt(self, tmp_path):
+        lines = episode_line("first", 0) + episode_line("first", 1) + episode_line("second", 2)
+        directory = resolved_run(tmp_path / "r", lines=lines + b'{"id": "half-writ')
+
+        assert load_run(directory).run_id == "second"
+
+    @pytest.mark.parametrize(
+        ("kind", "want"), [("debug", RunKind.DEBUG), ("replay", RunKind.REPLAY)]
+    )
+    def test_debug_and_replay_configs_mark_their_kind(self, tmp_path, kind, want):
+        directory = resolved_run(tmp_path / "r", lines=episode_line("x"), kind=kind)
+
+        assert load_run(directory).kind == want
+
+    def test_it_is_a_run_directory_only_once_a_line_is_written_and_says_so(self, tmp_path):
+        directory = resolved_run(tmp_path / "r")
+
+        assert list(find_run_dirs(tmp_path)) == []
+        assert "once its first line is written" in why_not_a_run(directory)
+        (directory / "traces.jsonl").write_bytes(episode_line("x"))
+        assert list(find_run_dirs(tmp_path)) == [directory]
+
+    def test_the_logs_and_their_latest_symlink_are_not_runs(self, tmp_path):
+        directory = resolved_run(tmp_path / "r", lines=episode_line("x"))
+        (directory / "logs" / "attempt_1" / "traces.jsonl").write_bytes(episode_line("y"))
+
+        assert list(find_run_dirs(tmp_path)) == [directory]
+        assert [r.path for r in walk(str(tmp_path))] == [str(directory)]
+
+    def test_a_config_that_is_not_json_is_a_run_error_naming_the_file(self, tmp_path):
+        directory = resolved_run(tmp_path / "r", lines=episode_line("x"))
+        (directory / "configs" / "resolved" / "eval.json").write_text("{oops")
+
+        with pytest.raises(RunError, match=r"configs/resolved/eval\.json: not valid JSON"):
+            load_run(directory)
+
+    def test_no_taskset_id_is_a_run_error_naming_the_key(self, tmp_path):
+        directory = resolved_run(tmp_path / "r", {"model": "m"}, episode_line("x"))
+
+        with pytest.raises(RunError, match=r"eval\.json: no environment name \('env\.taskset\.id'"):
+            require_env_name(load_run(directory))

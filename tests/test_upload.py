@@ -1086,6 +1086,35 @@ class TestTheCheapFirstPass:
             evaluation["metadata"]["num_examples"] == want.summary["metadata"]["num_examples"] + 1
         )
 
+    def test_a_run_whose_every_line_only_conversion_refuses_is_cancelled_never_finalized_empty(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        lines = [raw for _number, raw, _reason in refused_only_by_conversion()]
+        run_dir = write_run(runs_root, lines)
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FAILED
+        assert "3 lines, every one set aside" in record.last_error
+        assert "out of range" in record.last_error
+        [evaluation] = evaluations_of(local_platform, run_dir).values()
+        # The create went out on the tally's count; nothing was sent, and it is closed out.
+        assert evaluation["status"] == "CANCELLED"
+        assert evaluation["finalize_count"] == 0 and evaluation["sample_count"] == 0
+        assert [item.line for item in ledger.set_aside(record)] == [1, 2, 3]
+
+    def test_a_run_whose_every_line_is_refused_at_the_scan_creates_no_evaluation(
+        self, local_platform, uploader, ledger, runs_root
+    ):
+        run_dir = write_run(runs_root, [b"{oops", b'{"id": "x"}'])
+
+        record = upload(uploader, run_dir)
+
+        assert record.state == State.FAILED
+        assert "2 lines, every one set aside (line 1: invalid JSON" in record.last_error
+        assert local_platform.summary()["evaluations"] == {}
+        assert len(ledger.set_aside(record)) == 2
+
     def test_a_good_run_is_created_with_the_metrics_it_is_finalized_with(
         self, local_platform, uploader, runs_root
     ):

@@ -13,7 +13,11 @@ This script has two halves:
 
 Deterministic: run ids, trace ids and timestamps are fixed, so a re-run rewrites the same files.
 
-    python tools/make_fixtures.py [--venv .venv-producer] [--fixtures tests/fixtures]
+    python tools/make_fixtures.py [--venv .venv-producer] [--fixtures tests/fixtures] [--only V]
+
+The later producers (0.2.1, 0.3.1, 0.4.0) are driven by `producers.py`, each in its own venv
+(`<venv>-<version>`, its whole dependency tree installed there and nowhere else), into
+`tests/fixtures/producers/<version>/`.
 """
 
 from __future__ import annotations
@@ -43,44 +47,81 @@ T0 = 1767225600.0  # 2026-01-01T00:00:00Z: every timestamp is an offset from it
 # --- outside: the producer venv ---------------------------------------------------------------
 
 
-def producer_python(venv: Path) -> Path:
+LATER_PRODUCERS = {
+    # version: what its venv holds (the version's whole dependency tree, as pip resolves it)
+    "0.2.1": ["verifiers==0.2.1"],
+    "0.3.1": ["verifiers==0.3.1"],
+    "0.4.0": ["verifiers==0.4.0", "prime-runs==0.1.4"],
+}
+"""The later producers `producers.py` drives, each in a venv of its own."""
+
+
+def producer_python(
+    venv: Path, version: str = PRODUCER_VERSION, requirements: list[str] = PRODUCER_REQUIREMENTS
+) -> Path:
     """The venv's interpreter, after creating the venv and installing the producer if needed."""
     python = venv / "bin" / "python"
-    check = f"import importlib.metadata as m; assert m.version('verifiers') == '{PRODUCER_VERSION}'"
+    check = f"import importlib.metadata as m; assert m.version('verifiers') == '{version}'"
     if (
         python.exists()
         and subprocess.run([python, "-c", check], capture_output=True).returncode == 0
     ):
         return python
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([python, "-m", "pip", "install", "-q", *PRODUCER_REQUIREMENTS], check=True)
+    subprocess.run([python, "-m", "pip", "install", "-q", *requirements], check=True)
     return python
+
+
+def scratch_environ(home: str) -> dict[str, str]:
+    """The environment a producer runs in: a scratch HOME keeps an operator's
+    ~/.prime/config.json (team id, key) out of the data, and no PRIME_* variable gets in."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
+    env["HOME"] = home
+    return env
+
+
+def run_later_producer(venv_prefix: Path, fixtures: Path, version: str) -> None:
+    """`producers.py` in the later version's venv, into `fixtures/producers/<version>/`."""
+    python = producer_python(Path(f"{venv_prefix}-{version}"), version, LATER_PRODUCERS[version])
+    driver = Path(__file__).with_name("producers.py")
+    with tempfile.TemporaryDirectory(prefix="make-fixtures-") as home:
+        subprocess.run(
+            [python, driver, "--drive", version, "--fixtures", fixtures / "producers" / version],
+            check=True,
+            env=scratch_environ(home),
+        )
 
 
 def run_driver(venv: Path, fixtures: Path) -> None:
     python = producer_python(venv)
     with tempfile.TemporaryDirectory(prefix="make-fixtures-") as home:
-        # A scratch HOME keeps an operator's ~/.prime/config.json (team id, key) out of the data.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
-        env["HOME"] = home
         subprocess.run(
-            [python, __file__, "--drive", "--fixtures", str(fixtures)], check=True, env=env
+            [python, __file__, "--drive", "--fixtures", str(fixtures)],
+            check=True,
+            env=scratch_environ(home),
         )
 
 
 # --- inside: the recording platform -----------------------------------------------------------
 
 
-class _Recorder(BaseHTTPRequestHandler):
+class Recorder(BaseHTTPRequestHandler):
+    """Records each request (its path and JSON body; with `methods`, its method too) and
+    answers as the platform would: an environment id, an evaluation id, else `{}`."""
+
     requests: list[dict] = []
+    evaluation_id = "eval-1"
+    methods = False
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.requests.append({"path": self.path, "body": body})
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        method = {"method": self.command} if self.methods else {}
+        self.requests.append({**method, "path": self.path, "body": body})
         if self.path.endswith("/environmentshub/resolve"):
             answer = {"data": {"id": "env-1"}}
         elif self.path.endswith("/evaluations/"):
-            answer = {"evaluation_id": "eval-1"}
+            answer = {"evaluation_id": self.evaluation_id}
         else:
             answer = {}
         data = json.dumps(answer).encode()
@@ -90,20 +131,22 @@ class _Recorder(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    do_PUT = do_GET = do_POST  # noqa: N815
+
     def log_message(self, *args) -> None:
         pass
 
 
 @contextmanager
-def recording_platform():
+def recording_platform(recorder: type[Recorder] = Recorder):
     """A platform stand-in on loopback; yields the list every request is appended to."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), recorder)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     os.environ["PRIME_API_KEY"] = "fixture-key"
     os.environ["PRIME_API_BASE_URL"] = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        yield _Recorder.requests
+        yield recorder.requests
     finally:
         server.shutdown()
         thread.join()
@@ -738,12 +781,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--venv", type=Path, default=REPO / ".venv-producer")
     parser.add_argument("--fixtures", type=Path, default=REPO / "tests" / "fixtures")
+    parser.add_argument(
+        "--only",
+        choices=["seed", *LATER_PRODUCERS],
+        action="append",
+        help="regenerate only these producers' fixtures (default: all)",
+    )
     parser.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.drive:
         drive(args.fixtures.resolve())
-    else:
+        return
+    only = set(args.only or ["seed", *LATER_PRODUCERS])
+    if "seed" in only:
         run_driver(args.venv, args.fixtures.resolve())
+    for version in LATER_PRODUCERS:
+        if version in only:
+            run_later_producer(args.venv, args.fixtures.resolve(), version)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 Starts the local platform on loopback and the daemon (`evalpush run`'s, in this process) on a
 scratch tree, then writes runs into that tree while the daemon watches, as evals would: one
 finished before the daemon started, one that completes by its expected count, one by a marker
-file, one by settling (the settle time is cut to seconds for the demo), one with a bad line, and
-a debug run. A live status view follows them until every run has settled, then the status table
+file, one by settling (the settle time is cut to seconds for the demo), one with a bad line, a
+debug run, and one run in each later producer's format (verifiers 0.2's traces, 0.3's and 0.4's
+episodes in their own layout: docs/TRACE_FORMATS.md). A live status view follows them until every run has settled, then the status table
 shows each run's outcome and viewer URL. With `--keep`, the local platform keeps serving until
 Ctrl-C, so the URLs can be opened. Under a minute.
 """
@@ -105,9 +106,43 @@ def _write_run(
     return run
 
 
+def _as_v2(trace: dict, run_id: str) -> dict:
+    """A demo trace as verifiers 0.2 writes it: the row under `task.data`, usage in `calls`."""
+    calls = []
+    for i, node in enumerate(trace["nodes"]):
+        usage, finish = node.pop("usage", None), node.pop("finish_reason", None)
+        if node.get("sampled"):
+            calls.append({"node": i, "model": MODEL, "finish_reason": finish, "usage": usage})
+    return {
+        **trace,
+        "task": {"type": "ReverseTextTask", "data": trace["task"]},
+        "version": 2,
+        "run": {"type": "eval", "id": run_id},
+        "calls": calls,
+    }
+
+
+def _as_episode(trace: dict, run_id: str, version: str) -> dict:
+    """A demo trace as verifiers 0.3/0.4 write it: one agent's trace in an episode."""
+    inner = _as_v2(trace, run_id)
+    del inner["version"], inner["run"]
+    inner["rewards"] = {k: {"score": v, "weight": 1.0} for k, v in trace["rewards"].items()}
+    inner["verifiers"] = {"version": version}
+    inner["agent"] = {"config": {}, "name": "agent", "trainable": True}
+    return {
+        "id": f"{trace['id'][:24]}{run_id[-8:]}",
+        "env": {"id": TASKSET},
+        "task": inner["task"],
+        "run": {"type": "eval", "id": run_id},
+        "ok": True,
+        "errors": [],
+        "traces": [{"version": 1, **inner}],
+    }
+
+
 class DemoRun(msgspec.Struct, frozen=True):
     """One run the demo writes: its kind (its parent directory says it), how many traces,
-    whether its config says how many to expect, how it ends."""
+    whether its config says how many to expect, how it ends, which producer's format."""
 
     kind: str
     traces: int
@@ -115,6 +150,7 @@ class DemoRun(msgspec.Struct, frozen=True):
     marker: bool = False  # a marker file is written once its traces are
     bad_line: bool = False
     debug: bool = False
+    producer: str = "0.1"  # 0.1 (the seed), 0.2, 0.3 or 0.4
 
 
 DEMO_RUNS = [
@@ -124,6 +160,9 @@ DEMO_RUNS = [
     DemoRun("by-settle-time", 8, expected=False),
     DemoRun("with-a-bad-line", 12, bad_line=True),
     DemoRun("debug", 4, debug=True),
+    DemoRun("verifiers-0.2", 8, producer="0.2"),
+    DemoRun("verifiers-0.3", 8, producer="0.3"),
+    DemoRun("verifiers-0.4", 8, producer="0.4"),
 ]
 
 
@@ -131,17 +170,25 @@ def _run_dir(root: Path, kind: str, rng: random.Random) -> Path:
     return root / f"{TASKSET}--{kind}" / str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
-def _demo_lines(run: DemoRun, rng: random.Random) -> list[bytes]:
-    lines = [msgspec.json.encode(_trace(rng, n, n // 2)) for n in range(run.traces)]
+def _demo_lines(run: DemoRun, rng: random.Random, run_id: str) -> list[bytes]:
+    traces = [_trace(rng, n, n // 2) for n in range(run.traces)]
+    if run.producer == "0.2":
+        traces = [_as_v2(trace, run_id) for trace in traces]
+    elif run.producer in ("0.3", "0.4"):
+        version = f"{run.producer}.0"
+        traces = [_as_episode(trace, run_id, version) for trace in traces]
+    lines = [msgspec.json.encode(trace) for trace in traces]
     if run.bad_line:
         lines[2] = b'{"id": "broken", "task": {"idx": "three"}}'
     return [line + b"\n" for line in lines]
 
 
 def _start_run(root: Path, run: DemoRun) -> tuple[Path, list[bytes]]:
-    """Create the run directory as an eval does (config.toml, an empty traces.jsonl)."""
+    """Create the run directory as an eval does (its config, an empty traces.jsonl)."""
     rng = random.Random(f"{DEMO_SEED}/{run.kind}")
     directory = _run_dir(root, run.kind, rng)
+    if run.producer in ("0.3", "0.4"):
+        return _start_episode_run(root, run, rng, directory.name)
     directory.mkdir(parents=True)
     tasks = f"num_tasks = {run.traces // 2}\n" if run.expected else ""
     debug = 'command = "pytest -x"\n' if run.debug else ""
@@ -150,7 +197,35 @@ def _start_run(root: Path, run: DemoRun) -> tuple[Path, list[bytes]]:
         f'\n[taskset]\nid = "{TASKSET}"\n'
     )
     (directory / "traces.jsonl").touch()
-    return directory, _demo_lines(run, rng)
+    return directory, _demo_lines(run, rng, directory.name)
+
+
+def _start_episode_run(
+    root: Path, run: DemoRun, rng: random.Random, run_id: str
+) -> tuple[Path, list[bytes]]:
+    """A 0.3/0.4 run directory: `<env>--<model>--<harness>--<8 hex>` with its resolved config,
+    an empty traces.jsonl and its logs; a 0.4 eval that ran offline has a `disabled-` run id."""
+    name = f"{TASKSET}--{MODEL.replace('/', '--')}--default--{run_id[:8]}"
+    directory = root / f"{TASKSET}--{run.kind}" / name
+    (directory / "configs" / "resolved").mkdir(parents=True)
+    tasks = run.traces // 2
+    config: dict = {
+        "env": {"taskset": {"id": TASKSET}},
+        "run": {"name": name, "dir": name},
+        "model": MODEL,
+        "num_rollouts": 2,
+        "push": False,
+    }
+    if run.producer == "0.4":
+        config["select"] = {"limit": tasks}
+        run_id = f"disabled-{run_id.replace('-', '')[:16]}"
+    else:
+        config["num_tasks"] = tasks
+    (directory / "configs" / "resolved" / "eval.json").write_bytes(msgspec.json.encode(config))
+    (directory / "logs" / "attempt_1").mkdir(parents=True)
+    (directory / "logs" / "latest").symlink_to("attempt_1")
+    (directory / "traces.jsonl").touch()
+    return directory, _demo_lines(run, rng, run_id)
 
 
 def _write_slowly(directory: Path, lines: list[bytes], run: DemoRun, stop: threading.Event) -> None:

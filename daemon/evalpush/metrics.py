@@ -112,7 +112,7 @@ class Endpoint(StrEnum):
     LIST_SAMPLES = "list_samples"
     LIST_EVALUATIONS = "list_evaluations"
     CLOSE_OUT = "close_out"
-    UPDATE_EVALUATION = "update_evaluation"
+    UPDATE = "update"
     PROBE = "probe"
 
 

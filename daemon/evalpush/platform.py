@@ -1115,16 +1115,27 @@ class PlatformClient:
             replayable=True,
         )
 
-    def update_evaluation(self, evaluation_id: str, *, metadata: dict[str, Any]) -> None:
-        """Replace an evaluation's metadata (`PUT` without a status: neither its status nor
-        its samples change)."""
-        what = f"update {evaluation_id}"
+    def update_evaluation(
+        self,
+        evaluation_id: str,
+        *,
+        metadata: dict[str, Any],
+        metrics: dict[str, Any] | None = None,
+    ) -> None:
+        """`PUT /evaluations/{id}` with metadata (and metrics) and no status: neither its status
+        nor its samples change. What verifiers 0.4 (prime-runs) sends before its finalize, and
+        how a superseded evaluation is marked."""
+        what = f"update {evaluation_id[:80]}"
+        path = f"/evaluations/{_segment(evaluation_id, what)}"
+        body: dict[str, Any] = {"metadata": metadata}
+        if metrics is not None:
+            body["metrics"] = metrics
         self._send(
             "PUT",
-            f"/evaluations/{_segment(evaluation_id, what)}",
-            endpoint="update_evaluation",
+            path,
+            endpoint="update",
             what=what,
-            body=msgspec.json.encode({"metadata": metadata}),
+            body=msgspec.json.encode(body),
             replayable=True,
         )
 

@@ -41,6 +41,10 @@ CONFIG_FILE = "config.toml"
 TRACES_FILE = "traces.jsonl"
 LEGACY_TRACES_FILE = "results.jsonl"
 DEFAULT_MODEL = "deepseek/deepseek-v4-flash"
+CONFIGS_DIR = "configs"
+OFFLINE_RUN_PREFIX = "disabled-"
+"""A 0.4 run that ran offline has a run id `disabled-<16 hex>`: no evaluation was created."""
+RESOLVED_DIR = "resolved"
 
 
 class RunKind(enum.StrEnum):
@@ -49,8 +53,25 @@ class RunKind(enum.StrEnum):
     REPLAY = "replay"
 
 
+RESOLVED_CONFIGS = {
+    "eval.json": RunKind.EVAL,
+    "debug.json": RunKind.DEBUG,
+    "replay.json": RunKind.REPLAY,
+}
+"""verifiers 0.3/0.4 write the resolved config to `configs/resolved/<command>.json`: its name
+says the kind of run."""
+
+
+class Producer(enum.StrEnum):
+    """Which producer's layout and push a run follows (docs/TRACE_FORMATS.md)."""
+
+    TRACES = "traces"  # config.toml: verifiers 0.1 (the seed) and 0.2
+    EPISODES_0_3 = "0.3"  # configs/resolved/<command>.json with num_tasks
+    EPISODES_0_4 = "0.4"  # configs/resolved/<command>.json with select (prime-runs pushes)
+
+
 class Run(msgspec.Struct, frozen=True):
-    """One run directory and the fields of its config.toml the upload needs."""
+    """One run directory and the fields of its config the upload needs."""
 
     path: Path
     run_id: str
@@ -61,10 +82,16 @@ class Run(msgspec.Struct, frozen=True):
     num_rollouts: int
     num_tasks: int | None
     pushed_inline: bool
+    producer: Producer = Producer.TRACES
+    name: str = ""  # the run's own name (0.3/0.4 `run.name`), its evaluation's name
 
     @property
     def evaluation_name(self) -> str:
-        return f"{self.env_name}--{self.model}--{self.run_id[:8]}"
+        return self.name or f"{self.env_name}--{self.model}--{self.run_id[:8]}"
+
+    @property
+    def config_path(self) -> Path:
+        return config_file(self.path) or self.path / CONFIG_FILE
 
     @property
     def expected_traces(self) -> int | None:
@@ -87,8 +114,42 @@ def traces_file(directory: Path) -> Path | None:
     return None
 
 
+def resolved_config(directory: Path) -> Path | None:
+    """`configs/resolved/{eval,debug,replay}.json` (verifiers 0.3/0.4), the first there is."""
+    resolved = directory / CONFIGS_DIR / RESOLVED_DIR
+    for name in RESOLVED_CONFIGS:
+        if _regular_file(resolved / name):
+            return resolved / name
+    return None
+
+
+def config_file(directory: Path) -> Path | None:
+    """The run's config: `config.toml` (0.1, 0.2), else its resolved JSON (0.3, 0.4)."""
+    if _regular_file(directory / CONFIG_FILE):
+        return directory / CONFIG_FILE
+    return resolved_config(directory)
+
+
+def _has_a_line(path: Path) -> bool:
+    try:
+        return os.lstat(path).st_size > 0
+    except OSError:
+        return False
+
+
 def is_run_dir(directory: Path) -> bool:
-    return _regular_file(directory / CONFIG_FILE) and traces_file(directory) is not None
+    """config.toml + a trace file; or a resolved JSON config + a `traces.jsonl` that holds
+    something (0.3/0.4 take their run id from the lines: a run with none has no id yet)."""
+    traces = traces_file(directory)
+    if traces is None:
+        return False
+    if _regular_file(directory / CONFIG_FILE):
+        return True
+    return (
+        traces.name == TRACES_FILE
+        and resolved_config(directory) is not None
+        and _has_a_line(traces)
+    )
 
 
 def why_not_a_run(directory: Path) -> str | None:
@@ -102,16 +163,22 @@ def why_not_a_run(directory: Path) -> str | None:
         return f"{directory} is not a directory"
     except OSError as exc:
         return f"{directory}: {exc.strerror}"
-    has_config, traces = _regular_file(directory / CONFIG_FILE), traces_file(directory)
-    if has_config and traces is not None:
+    if is_run_dir(directory):
         return None
+    config, traces = config_file(directory), traces_file(directory)
+    if config is not None and traces is not None:
+        return (
+            f"{directory} holds {config.relative_to(directory)} and an empty {traces.name}: it "
+            "is a run directory once its first line is written (the line says the run's id)"
+        )
     if traces is not None:
         return (
-            f"{directory} holds {traces.name} but no {CONFIG_FILE}, so it is not a run directory "
-            f"yet: it is one once its {CONFIG_FILE} is written"
+            f"{directory} holds {traces.name} but no {CONFIG_FILE} (nor "
+            f"{CONFIGS_DIR}/{RESOLVED_DIR}/eval.json), so it is not a run directory yet: it is "
+            "one once its config is written"
         )
-    if has_config:
-        return f"{directory} holds {CONFIG_FILE} but no {TRACES_FILE} yet"
+    if config is not None:
+        return f"{directory} holds {config.relative_to(directory)} but no {TRACES_FILE} yet"
     return f"{directory} holds neither {CONFIG_FILE} nor {TRACES_FILE}: not a run directory"
 
 
@@ -135,19 +202,82 @@ KnownRunId = Callable[[Path], str | None]
 
 
 def derive_run_id(directory: Path, known: KnownRunId | None = None) -> str:
-    """The run id of `directory`: its leaf name when that is a UUID; else the id the ledger
+    """The run id of `directory`: its leaf name when that is a UUID; else the run id its last
+    complete line carries (`run.id`: 0.2 on; a resumed 0.3/0.4 run's lines carry the id of the
+    attempt that wrote them, and the last attempt's is the run's); else the id the ledger
     already knows for this path (`known`), so a run keeps its id when the host is renamed; else
     `uuid5(hostname + absolute path)`."""
     try:
         return str(uuid.UUID(directory.name))
     except ValueError:
         pass
+    from_lines = last_run_id(directory)
+    if from_lines:
+        return from_lines
     absolute = directory.absolute()
     already = known(absolute) if known is not None else None
     if already:
         return already
     key = b"evalpush:%s:%s" % (socket.gethostname().encode(), os.fsencode(absolute))
     return str(_uuid5(uuid.NAMESPACE_URL, key))
+
+
+class _RunRef(msgspec.Struct, gc=False):
+    id: Any = None
+
+
+class _RunOfLine(msgspec.Struct, gc=False):
+    run: _RunRef | None = None
+
+
+_RUN_OF_LINE = msgspec.json.Decoder(_RunOfLine)
+TAIL_CHUNK_BYTES = 64 * 1024
+
+
+def last_run_id(directory: Path) -> str | None:
+    """The run id (`run.id`) of the last complete line of the directory's trace file, if that
+    line is an object carrying one. The tail is read backwards, never more than one line of
+    `read.max_line_bytes`."""
+    traces = traces_file(directory)
+    if traces is None:
+        return None
+    line = _last_line(traces, ReadConfig().max_line_bytes)
+    if not line:
+        return None
+    try:
+        found = _RUN_OF_LINE.decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    run_id = found.run.id if found.run is not None else None
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def _last_line(path: Path, limit: int) -> bytes | None:
+    """The last `\n`-terminated line of `path` (a half-written one after it ignored)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        end = os.fstat(fd).st_size
+        tail = b""
+        position = end
+        while position > 0 and len(tail) <= limit + 1:
+            start = max(0, position - TAIL_CHUNK_BYTES)
+            tail = os.pread(fd, position - start, start) + tail
+            position = start
+            last = tail.rfind(b"\n")
+            if last < 0:
+                continue
+            before = tail.rfind(b"\n", 0, last)
+            if before >= 0 or position == 0:
+                line = tail[before + 1 : last]
+                return line if line.strip() else None
+        return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _uuid5(namespace: uuid.UUID, name: bytes) -> uuid.UUID:
@@ -182,7 +312,13 @@ def load_run(directory: Path, known: KnownRunId | None = None) -> Run:
     if traces is None:
         raise RunError(f"{directory}: no traces.jsonl (or results.jsonl): not a run directory")
     if not _regular_file(config_path):
-        raise RunError(f"{config_path}: no config.toml: not a run directory")
+        resolved = resolved_config(directory)
+        if resolved is None:
+            raise RunError(
+                f"{config_path}: no config.toml (nor {CONFIGS_DIR}/{RESOLVED_DIR}/eval.json): "
+                "not a run directory"
+            )
+        return _load_resolved(directory, resolved, traces, known)
     config = read_toml(config_path, RunError, "config.toml")
     taskset = config.get("taskset")
     taskset_id = taskset.get("id") if isinstance(taskset, dict) else None
@@ -203,12 +339,63 @@ def load_run(directory: Path, known: KnownRunId | None = None) -> Run:
     )
 
 
+def _load_resolved(
+    directory: Path, config_path: Path, traces: Path, known: KnownRunId | None
+) -> Run:
+    """A 0.3/0.4 run: its resolved JSON config (`env.taskset.id`, `model`, `num_rollouts`,
+    `run.name`, `push`; the task count `num_tasks` in 0.3, `select.limit` in 0.4)."""
+    try:
+        config = msgspec.json.decode(config_path.read_bytes())
+    except OSError as exc:
+        raise RunError(f"{config_path}: cannot be read: {exc.strerror or exc}") from None
+    except msgspec.DecodeError as exc:
+        raise RunError(f"{config_path}: not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise RunError(f"{config_path}: not a JSON object")
+    env, run, select = (_section(config, key, config_path) for key in ("env", "run", "select"))
+    taskset = _section(env, "taskset", config_path, "env.")
+    env_name, model, name = taskset.get("id") or "", config.get("model"), run.get("name") or ""
+    if not isinstance(env_name, str) or not isinstance(name, str):
+        raise RunError(f"{config_path}: 'env.taskset.id' and 'run.name' must be strings")
+    if not isinstance(model, str) or not model:
+        raise RunError(f"{config_path}: 'model' must be a non-empty string, got {model!r}")
+    producer = Producer.EPISODES_0_4 if "select" in config else Producer.EPISODES_0_3
+    if producer == Producer.EPISODES_0_4:
+        num_tasks = _int_key(select, "limit", None, config_path)
+    else:
+        num_tasks = _int_key(config, "num_tasks", None, config_path)
+    return Run(
+        path=directory,
+        run_id=derive_run_id(directory, known),
+        kind=RESOLVED_CONFIGS[config_path.name],
+        traces_path=traces,
+        env_name=env_name,
+        model=model,
+        num_rollouts=_int_key(config, "num_rollouts", 1, config_path) or 0,
+        num_tasks=num_tasks,
+        pushed_inline=bool(config.get("push", True)),
+        producer=producer,
+        name=name,
+    )
+
+
+def _section(config: dict[str, Any], key: str, path: Path, at: str = "") -> dict[str, Any]:
+    value = config.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise RunError(f"{path}: '{at}{key}' must be an object, got {type(value).__name__}")
+    return value
+
+
 def require_env_name(run: Run) -> str:
     if not run.env_name:
-        raise RunError(
-            f"{run.path / CONFIG_FILE}: no environment name ('[taskset] id' and 'id' are both "
-            "empty): nothing to upload to"
+        keys = (
+            "'[taskset] id' and 'id' are both empty"
+            if run.producer == Producer.TRACES
+            else "'env.taskset.id' is empty"
         )
+        raise RunError(f"{run.config_path}: no environment name ({keys}): nothing to upload to")
     return run.env_name
 
 

@@ -54,6 +54,7 @@ from evalpush.runs import (
     Run,
     RunFacts,
     RunKind,
+    config_file,
     derive_run_id,
     load_run,
     readiness,
@@ -89,8 +90,9 @@ ConfigFacts = tuple[int, int, int]
 
 
 def _config_facts(directory: str) -> ConfigFacts | None:
+    config = config_file(Path(directory))
     try:
-        st = os.lstat(os.path.join(directory, CONFIG_FILE))
+        st = os.lstat(config if config is not None else os.path.join(directory, CONFIG_FILE))
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -490,7 +492,7 @@ class Tracker:
         """The scan step's results for the run, from its running scan; None when the upload
         must scan: nothing was fed (found ready at its first look), the running scan cannot
         stand for the file (`RunningScan.result`), the row is not a waiting one at its scan, or
-        the scan step would stop there (no environment name, no traces, bad lines to hold)."""
+        the scan step would stop there (no environment name, no line to send, bad lines to hold)."""
         if waiting.scan is None or waiting.fed is None or waiting.run is None:
             return None
         if not waiting.run.env_name:
@@ -501,7 +503,7 @@ class Tracker:
         if scanned is None or scanned.found.end != waiting.fed.offset:
             return None
         found = scanned.found
-        if not found.totals.traces and not found.set_aside:
+        if not found.totals.traces:
             return None
         hold = self._config.convert.on_bad_line == "hold"
         if found.set_aside and hold and not record.release_hold:

@@ -4,6 +4,8 @@ once from the bench directory (not a package).
 
 - `gen_traces()`: the generator module; `gen_traces().generate(out, size_bytes, seed=...)`.
 - `generated_run(out, size_bytes, seed)`: one generated run directory under `out`.
+- `generated_run_of(producer, out, size_bytes, seed)`: the same rollouts as verifiers 0.2 or
+  0.4 write them (`gen_traces.rewrite_as`).
 """
 
 from __future__ import annotations
@@ -27,3 +29,8 @@ def gen_traces() -> ModuleType:
 
 def generated_run(out: Path, size_bytes: int, seed: int) -> Path:
     return gen_traces().generate(out, size_bytes, seed=seed)
+
+
+def generated_run_of(producer: str, out: Path, size_bytes: int, seed: int) -> Path:
+    seed_run = generated_run(out / "seed", size_bytes, seed=seed)
+    return gen_traces().rewrite_as(seed_run, out / producer, producer)

@@ -23,9 +23,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
-from evalpush.convert.sample import build_sample, encode_sample
+from evalpush.convert.producers import Episode, decode_line, decode_line_tally, episode_sample
+from evalpush.convert.sample import build_sample, encode_sample, episode_trace_sample
 from evalpush.convert.totals import RunTotals
-from evalpush.convert.trace import NestedTooDeeply, Tally, Trace, decode_tally, decode_trace
+from evalpush.convert.trace import NestedTooDeeply, Tally, Trace
 from evalpush.errors import BadRecord
 from evalpush.read import Line
 from evalpush.setaside import SetAside
@@ -91,14 +92,21 @@ def convert_lines(
     holds a sample, `totals` cover exactly the samples before it (what a batch boundary needs).
     """
     for line in lines:
-        trace = _checked(line, max_line_bytes, decode_trace)
+        trace = _checked(line, max_line_bytes, decode_line)
         if trace is None or isinstance(trace, SetAside):
             if trace is not None:
                 yield trace
             continue
         try:
-            number = totals.rollouts.count(trace.idx) + 1
-            encoded = _steady(_encoded_sample, trace, number, line.number)
+            if type(trace) is Episode:
+                if not trace.traces:  # counted in the run's aggregates; no sample to send
+                    totals.add(trace)
+                    continue
+                number = totals.rollouts.count(trace.idx) + 1
+                encoded = _steady(_encoded_episode, trace, number, line.data, line.number)
+            else:
+                number = totals.rollouts.count(trace.idx) + 1
+                encoded = _steady(_encoded_sample, trace, number, line.number)
         except BadRecord as exc:
             yield SetAside(line.number, line.start, line.end - line.start, BAD_LINE, exc.reason)
             continue
@@ -108,6 +116,11 @@ def convert_lines(
 
 def _encoded_sample(trace: Trace, rollout_number: int, line_number: int) -> bytes:
     return encode_sample(build_sample(trace, rollout_number), line_number)
+
+
+def _encoded_episode(episode: Episode, rollout_number: int, data: bytes, line_number: int) -> bytes:
+    sample = episode_sample(episode, rollout_number, data, episode_trace_sample)
+    return encode_sample(sample, line_number)
 
 
 class Scan(msgspec.Struct):
@@ -120,12 +133,12 @@ class Scan(msgspec.Struct):
 
 def scan(lines: Iterator[Line], *, max_line_bytes: int) -> Scan:
     """Check every line as conversion does and sum the good ones."""
-    return _pass(lines, Pass(decode_trace, max_line_bytes))
+    return _pass(lines, Pass(decode_line, max_line_bytes))
 
 
 def tally(lines: Iterator[Line], *, max_line_bytes: int) -> Scan:
     """Sum the lines, decoding only what the totals need; the cheap first pass."""
-    return _pass(lines, Pass(decode_tally, max_line_bytes))
+    return _pass(lines, Pass(decode_line_tally, max_line_bytes))
 
 
 class Pass:
@@ -135,7 +148,9 @@ class Pass:
 
     __slots__ = ("_decode", "_max_line_bytes", "result")
 
-    def __init__(self, decode: Callable[[bytes, int], Trace | Tally], max_line_bytes: int):
+    def __init__(
+        self, decode: Callable[[bytes, int], Trace | Tally | Episode], max_line_bytes: int
+    ):
         self._decode = decode
         self._max_line_bytes = max_line_bytes
         self.result = Scan(RunTotals(), [], 0)
@@ -143,7 +158,7 @@ class Pass:
     @classmethod
     def like(cls, *, checked: bool, max_line_bytes: int) -> Pass:
         """The pass of `scan` (`checked`: every line fully checked) or of `tally`."""
-        return cls(decode_trace if checked else decode_tally, max_line_bytes)
+        return cls(decode_line if checked else decode_line_tally, max_line_bytes)
 
     def add(self, line: Line) -> None:
         result = self.result

@@ -11,7 +11,8 @@ from typing import Any
 
 import msgspec
 
-from evalpush.convert.trace import NestedTooDeeply, Node, Trace, Usage, chain
+from evalpush.convert import producers
+from evalpush.convert.trace import NULL, Call, NestedTooDeeply, Node, Trace, Usage, V2Trace, chain
 from evalpush.errors import BadRecord
 
 TRUNCATING_STOP_CONDITIONS = frozenset(
@@ -151,33 +152,172 @@ def is_truncated(trace: Trace) -> bool:
     return False
 
 
+def _paths(parents: list[int | None]) -> list[list[int]]:
+    """Root -> leaf node indices of each branch, in ascending leaf order."""
+    if parents == chain(len(parents)):
+        return [list(range(len(parents)))] if parents else []
+    return [_path_to(leaf, parents) for leaf in _leaves(parents)]
+
+
+def call_trajectory(nodes: list[Node], calls: list[Call], *, new_input: bool) -> list[dict]:
+    """One entry per branch when usage lives on the calls (verifiers 0.2 on): a branch's calls
+    are those of the nodes on its path (the last call recorded for a node counts). Output
+    tokens: the completion tokens of its calls. Input tokens: 0.2 (`new_input` False) takes the
+    last call's whole sequence (prompt, cached, completion) minus the output; 0.3/0.4
+    (`new_input`) sum what each call fed in beyond the sequence the call before it ended on."""
+    if not nodes:
+        return []
+    messages = [_top_level_without_nulls(node.message) for node in nodes]
+    by_node = {call.node: call for call in calls if call.node is not None}
+    branches = []
+    for path in _paths([node.parent for node in nodes]):
+        usages = [
+            call.usage
+            for call in (by_node.get(i) for i in path)
+            if call is not None and call.usage is not None
+        ]
+        outputs = sum(u.completion_tokens for u in usages)
+        if new_input:
+            inputs = before = 0
+            for u in usages:
+                fed = u.prompt_tokens + (u.cached_input_tokens or 0)
+                inputs += max(0, fed - before)
+                before = fed + u.completion_tokens
+        elif usages:
+            last = usages[-1]
+            total = last.prompt_tokens + (last.cached_input_tokens or 0) + last.completion_tokens
+            inputs = total - outputs
+        else:
+            inputs = 0
+        branches.append(
+            {
+                "messages": [messages[i] for i in path],
+                "num_input_tokens": inputs,
+                "num_output_tokens": outputs,
+            }
+        )
+    return branches
+
+
+def truncated_by_calls(stop_condition: str | None, calls: list[Call], stops: frozenset) -> bool:
+    """Truncated: a stop condition in `stops`, or the last call that did not fail finished on
+    length (how 0.2 on tell it)."""
+    if stop_condition in stops:
+        return True
+    last = next((call for call in reversed(calls) if call.error == NULL), None)
+    return last is not None and last.finish_reason == "length"
+
+
+def _tool_defs(tools: msgspec.Raw) -> msgspec.Raw | None:
+    return None if tools == NULL or _EMPTY_CONTAINER.fullmatch(tools) else tools
+
+
+def _task_row(task: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in task.items() if v is not None} if None in task.values() else task
+
+
+def _v2_sample(trace: V2Trace, rollout_number: int) -> dict[str, Any]:
+    """The sample 0.2's push sends: the seed's, with usage, truncation and token counts from
+    the trace's calls and the tools it advertised as `tool_defs`."""
+    calls = trace.calls
+    return _sample(
+        trace,
+        rollout_number,
+        call_trajectory(trace.nodes, calls, new_input=False),
+        truncated_by_calls(trace.stop_condition, calls, TRUNCATING_STOP_CONDITIONS),
+        usage_total([c.usage for c in calls if c.usage is not None]),
+        tool_defs=_tool_defs(trace.tools),
+    )
+
+
+def episode_trace_sample(trace: Any, rollout_number: int, episode_id: str) -> dict[str, Any]:
+    """The sample 0.3/0.4 make of one trace of an episode (`producers.EpisodeTrace`): the
+    episode's id, the trace's agent, the reward score times weight, raw scores flattened (null
+    rewards left out)."""
+    calls = trace.calls
+    return _sample(
+        trace,
+        rollout_number,
+        call_trajectory(trace.nodes, calls, new_input=True),
+        truncated_by_calls(trace.stop_condition, calls, producers.truncating_stops(trace)),
+        usage_total([c.usage for c in calls if c.usage is not None]),
+        tool_defs=_tool_defs(trace.tools),
+        head={
+            "episode_id": episode_id,
+            "agent": trace.agent.name if trace.agent is not None else "agent",
+            "trainable": trace.trainable,
+        },
+        row=trace.task.data,
+        reward=trace.reward,
+        info=producers.info_dict(trace.info),
+        flat={name: r.score for name, r in trace.rewards.items() if r is not None},
+    )
+
+
 def build_sample(trace: Trace, rollout_number: int) -> dict[str, Any]:
     """The platform sample of a checked trace (docs/TRACE_FORMAT.md section 5)."""
-    branches = trajectory(trace.nodes)
-    task = trace.task
-    if None in task.values():
-        task = {k: v for k, v in task.items() if v is not None}
+    if type(trace) is V2Trace:
+        return _v2_sample(trace, rollout_number)
+    return _sample(
+        trace,
+        rollout_number,
+        trajectory(trace.nodes),
+        is_truncated(trace),
+        usage_total([n.usage for n in trace.nodes if n.usage is not None]),
+    )
+
+
+_NO_TOOL_DEFS = object()
+_NO_HEAD: dict[str, Any] = {}
+_THE_TRACES = object()
+
+
+def _sample(
+    trace: Any,
+    rollout_number: int,
+    branches: list[dict[str, Any]],
+    truncated: bool,
+    usage: dict[str, Any] | None,
+    *,
+    tool_defs: Any = _NO_TOOL_DEFS,
+    head: dict[str, Any] = _NO_HEAD,
+    row: Any = _THE_TRACES,
+    reward: Any = _THE_TRACES,
+    info: Any = _THE_TRACES,
+    flat: Any = _THE_TRACES,
+) -> dict[str, Any]:
+    """The sample of a trace given its derived views: the seed's; 0.2's with `tool_defs`; an
+    episode's trace's with its `head` (after the rollout number), task `row`, `reward`, `info`
+    and the scores it `flat`tens (left as they are: the trace's own task, reward sum, raw info,
+    rewards)."""
+    task = _task_row(trace.task if row is _THE_TRACES else row)
     errors = trace.errors
-    rewards = trace.rewards
+    rewards = trace.rewards if flat is _THE_TRACES else flat
     sample = {
         "sample_id": trace.id,
         "example_id": task["idx"],
         "rollout_number": rollout_number,
+        **head,
         "task": task,
         "prompt": [],
         "completion": branches[-1]["messages"] if branches else [],
         "answer": task.get("answer"),
-        "reward": sum(rewards.values()),
+        "tool_defs": tool_defs,
+        "reward": sum(rewards.values()) if reward is _THE_TRACES else reward,
         "timing": _all_without_nulls(trace.timing),
         "is_completed": trace.is_completed,
-        "is_truncated": is_truncated(trace),
+        "is_truncated": truncated,
         "metrics": trace.metrics,
         "error": _top_level_without_nulls(errors[-1]) if errors else None,
         "stop_condition": trace.stop_condition,
         "trajectory": branches,
-        "token_usage": usage_total([n.usage for n in trace.nodes if n.usage is not None]),
-        "info": None if _EMPTY_CONTAINER.fullmatch(trace.info) else trace.info,
+        "token_usage": usage,
+        "info": (None if _EMPTY_CONTAINER.fullmatch(trace.info) else trace.info)
+        if info is _THE_TRACES
+        else info,
     }
+    if tool_defs is _NO_TOOL_DEFS:  # the seed's sample has no such key
+        del sample["tool_defs"]
     for name, value in rewards.items():
         sample.setdefault(name, value)
     return sample

@@ -15,8 +15,9 @@ from typing import Any
 
 import msgspec
 
+from evalpush.convert.producers import Episode
 from evalpush.convert.trace import Tally, Trace
-from evalpush.runs import Run
+from evalpush.runs import Producer, Run
 
 _ENCODER = msgspec.json.Encoder()
 RAW_DENSE_BYTES = 256
@@ -111,7 +112,13 @@ class RolloutCounter:
 
 
 class RunTotals(msgspec.Struct):
-    """Running sums over a run's good traces in file order (docs/TRACE_FORMAT.md section 6)."""
+    """Running sums over a run's good lines in file order (docs/TRACE_FORMAT.md section 6).
+
+    A run of traces (the seed's, 0.2's): `traces` counts them, the sums are over them, `errored`
+    counts those with errors. A run of episodes (0.3/0.4): `traces` counts the samples (the
+    episodes with a trace), `episodes` every episode and `not_ok` those not ok (`avg_error`); the
+    sums are over every trace of every episode (`all_traces` of them), and again over the
+    trainable ones only (`trainable_*`), which the aggregates use when there are any."""
 
     traces: int = 0
     reward_sum: float = 0.0
@@ -119,9 +126,19 @@ class RunTotals(msgspec.Struct):
     metric_sums: dict[str, float] = msgspec.field(default_factory=dict)
     metric_counts: dict[str, int] = msgspec.field(default_factory=dict)
     rollouts: RolloutCounter = msgspec.field(default_factory=RolloutCounter)
+    episodes: int = 0
+    not_ok: int = 0
+    all_traces: int = 0
+    trainable_traces: int = 0
+    trainable_reward_sum: float = 0.0
+    trainable_metric_sums: dict[str, float] = msgspec.field(default_factory=dict)
+    trainable_metric_counts: dict[str, int] = msgspec.field(default_factory=dict)
 
-    def add(self, trace: Trace | Tally) -> int:
-        """Count a checked trace in; returns its rollout number within its task."""
+    def add(self, trace: Trace | Tally | Episode) -> int:
+        """Count a checked line in; returns its rollout number within its task (0 for an
+        episode with no trace: it has no sample)."""
+        if type(trace) is Episode:
+            return self._add_episode(trace)
         rewards, metrics = trace.rewards, trace.metrics
         self.traces += 1
         self.reward_sum += sum(rewards.values())
@@ -133,12 +150,46 @@ class RunTotals(msgspec.Struct):
             counts[name] = counts.get(name, 0) + 1
         return self.rollouts.add(trace.idx)
 
+    def _add_episode(self, episode: Episode) -> int:
+        self.episodes += 1
+        self.not_ok += not episode.ok
+        for trace in episode.traces:
+            reward, scores = trace.reward, trace.scores()
+            self.all_traces += 1
+            self.reward_sum += reward
+            _add_scores(self.metric_sums, self.metric_counts, scores)
+            if trace.trainable:
+                self.trainable_traces += 1
+                self.trainable_reward_sum += reward
+                _add_scores(self.trainable_metric_sums, self.trainable_metric_counts, scores)
+        if not episode.traces:
+            return 0
+        self.traces += 1
+        return self.rollouts.add(episode.idx)
+
     def metrics(self) -> dict[str, Any]:
+        if self.episodes:
+            return self._episode_metrics()
         n = self.traces
         return {
             "avg_reward": self.reward_sum / n if n else 0.0,
             "avg_metrics": {k: s / self.metric_counts[k] for k, s in self.metric_sums.items()},
             "avg_error": self.errored / n if n else 0.0,
+        }
+
+    def _episode_metrics(self) -> dict[str, Any]:
+        """0.3/0.4's aggregates: over the trainable traces, or every trace when none is
+        trainable; `avg_error` the share of episodes not ok."""
+        if self.trainable_traces:
+            n, reward = self.trainable_traces, self.trainable_reward_sum
+            sums, counts = self.trainable_metric_sums, self.trainable_metric_counts
+        else:
+            n, reward = self.all_traces, self.reward_sum
+            sums, counts = self.metric_sums, self.metric_counts
+        return {
+            "avg_reward": reward / n if n else 0.0,
+            "avg_metrics": {k: s / counts[k] for k, s in sums.items()},
+            "avg_error": self.not_ok / self.episodes,
         }
 
     def to_json(self) -> bytes:
@@ -149,6 +200,14 @@ class RunTotals(msgspec.Struct):
             "metric_sums": {k: _float_text(v) for k, v in self.metric_sums.items()},
             "rollouts": self.rollouts.to_state(),
         }
+        if self.episodes:
+            state["trainable_reward_sum"] = _float_text(self.trainable_reward_sum)
+            state["trainable_metric_sums"] = {
+                k: _float_text(v) for k, v in self.trainable_metric_sums.items()
+            }
+        else:  # a run of traces saves what it always did
+            for key in _EPISODE_KEYS:
+                del state[key]
         return _ENCODER.encode(state)
 
     @classmethod
@@ -157,7 +216,29 @@ class RunTotals(msgspec.Struct):
         state["reward_sum"] = float(state["reward_sum"])
         state["metric_sums"] = {k: float(v) for k, v in state["metric_sums"].items()}
         state["rollouts"] = RolloutCounter.from_state(state["rollouts"])
+        if "trainable_reward_sum" in state:
+            state["trainable_reward_sum"] = float(state["trainable_reward_sum"])
+            state["trainable_metric_sums"] = {
+                k: float(v) for k, v in state["trainable_metric_sums"].items()
+            }
         return cls(**state)
+
+
+_EPISODE_KEYS = (
+    "episodes",
+    "not_ok",
+    "all_traces",
+    "trainable_traces",
+    "trainable_reward_sum",
+    "trainable_metric_sums",
+    "trainable_metric_counts",
+)
+
+
+def _add_scores(sums: dict[str, float], counts: dict[str, int], scores: dict[str, float]) -> None:
+    for name, value in scores.items():
+        sums[name] = sums.get(name, 0.0) + value
+        counts[name] = counts.get(name, 0) + 1
 
 
 def _float_text(value: float) -> float | str:
@@ -165,17 +246,33 @@ def _float_text(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
+PRIME_RUNS_BOOKKEEPING = {"prime_runs": {"traces_episodes_written": 0}}
+"""What prime-runs adds to a 0.4 run's metrics when its episodes went to the legacy samples
+endpoint (no episode written to Prime Traces), as evalpush's do."""
+
+
 def summary(run: Run, totals: RunTotals) -> dict[str, Any]:
-    """Name, metadata and metrics of the run's evaluation (docs/TRACE_FORMAT.md section 6)."""
+    """Name, metadata and metrics of the run's evaluation (docs/TRACE_FORMAT.md section 6; a 0.4
+    run's as prime-runs sends them, docs/TRACE_FORMATS.md)."""
     metrics = totals.metrics()
-    metadata = {
-        "framework": "verifiers",
-        "run_id": run.run_id,
-        "model": run.model,
-        "num_examples": len(totals.rollouts),
-        "rollouts_per_example": run.num_rollouts,
-        **metrics,
-    }
+    if run.producer == Producer.EPISODES_0_4:
+        # prime-runs' config document, plus the run id: evalpush finds its own evaluations by it
+        metadata = {
+            "model": run.model,
+            "num_examples": len(totals.rollouts),
+            "rollouts_per_example": run.num_rollouts,
+            "run_id": run.run_id,
+        }
+        metrics = {**metrics, **PRIME_RUNS_BOOKKEEPING}
+    else:
+        metadata = {
+            "framework": "verifiers",
+            "run_id": run.run_id,
+            "model": run.model,
+            "num_examples": len(totals.rollouts),
+            "rollouts_per_example": run.num_rollouts,
+            **metrics,
+        }
     return {
         "name": run.evaluation_name,
         "run_id": run.run_id,

@@ -56,6 +56,8 @@ class Usage(msgspec.Struct, gc=False):
 
 
 _EMPTY_OBJECT = msgspec.Raw(b"{}")
+NULL = msgspec.Raw(b"null")
+"""A raw field's default: absent reads as null (msgspec takes no `Raw | None`)."""
 
 
 class Node(msgspec.Struct, gc=False):
@@ -70,8 +72,20 @@ class Node(msgspec.Struct, gc=False):
     usage: Usage | None = None
 
 
+class Call(msgspec.Struct, gc=False):
+    """A model call (verifiers 0.2 on): the node it committed, how it finished, its usage."""
+
+    node: int | None = None
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: msgspec.Raw = NULL
+
+
 class Trace(msgspec.Struct, gc=False):
-    """What conversion reads of a trace line; keys it does not name are skipped unread."""
+    """What conversion reads of a trace line; keys it does not name are skipped unread.
+
+    The seed's line (verifiers 0.1) carries usage and finish reasons on its nodes; a 0.2 line
+    carries them in `calls` (`V2Trace`)."""
 
     id: str
     task: dict[str, Any]
@@ -90,11 +104,21 @@ class Trace(msgspec.Struct, gc=False):
         return self.task["idx"]
 
 
+class V2Trace(Trace, gc=False):
+    """A verifiers 0.2 trace, checked (`convert.producers` decodes it): the seed's fields, its
+    task row moved up from `task.data`, plus its model calls and the tools it advertised."""
+
+    calls: list[Call] = []
+    tools: msgspec.Raw = NULL
+
+
 _DECODER = msgspec.json.Decoder(Trace)
 
 
 class _TaskIdx(msgspec.Struct, gc=False):
-    idx: Any  # any JSON value, then checked as `decode_trace` checks it (an int, never a bool)
+    # any JSON value, then checked as `decode_trace` checks it (an int, never a bool); UNSET:
+    # absent (so a later producer's line, whose task holds no idx, decodes to show its markers)
+    idx: Any = msgspec.UNSET
 
 
 class Tally(msgspec.Struct, gc=False):
@@ -119,24 +143,37 @@ _TALLY = msgspec.json.Decoder(Tally)
 
 def decode_trace(data: bytes, number: int) -> Trace:
     """The line as a checked `Trace`; `BadRecord` names the first problem."""
-    trace = _decode(_DECODER, data, number)
-    if not data.isascii():
-        # Raw fields (messages, info) are not checked by the decoder: a bad byte there would
-        # reach the platform and get the whole batch refused.
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
+    return checked_trace(_decode(_DECODER, data, number), data, number)
+
+
+def checked_trace(trace: Trace, data: bytes, number: int) -> Trace:
+    """A decoded seed trace, checked (`data`: its line): what the types alone do not say."""
+    check_text(data, number)
     _check(trace, number)
     trace.rewards = _scores(trace.rewards)
     trace.metrics = _scores(trace.metrics)
     return trace
 
 
+def check_text(data: bytes, number: int) -> None:
+    """Raw fields (messages, info) are not checked by the decoder: a byte that is not UTF-8
+    there would reach the platform and get the whole batch refused."""
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadRecord(f"not UTF-8 (byte {exc.start})", line=number) from None
+
+
 def decode_tally(data: bytes, number: int) -> Tally:
     """The fields of the line the totals need, checked as `decode_trace` checks them."""
-    tally = _decode(_TALLY, data, number)
+    return checked_tally(_decode(_TALLY, data, number), number)
+
+
+def checked_tally(tally: Tally, number: int) -> Tally:
     _check_id(tally.id, number)
+    if tally.task.idx is msgspec.UNSET:
+        raise BadRecord("missing 'task.idx'", line=number)
     _check_idx(tally.task.idx, number)
     tally.rewards = _scores(tally.rewards)
     tally.metrics = _scores(tally.metrics)
@@ -251,43 +288,57 @@ def _finite(value: Any) -> Any:
 
 
 _OPEN_BRACE = ord("{")
+_OPEN_BRACKET = ord("[")
 
 
-def _check(trace: Trace, number: int) -> None:
-    """What the types alone do not say: task.idx, raw shapes, and the graph."""
-    _check_id(trace.id, number)
+def _check(trace: Trace, number: int, at: str = "") -> None:
+    """What the types alone do not say: task.idx, raw shapes, and the graph. `at` prefixes the
+    keys named (a trace inside an episode: `traces[1].`)."""
+    _check_id(trace.id, number, at)
     if "idx" not in trace.task:
-        raise BadRecord("missing 'task.idx'", line=number)
-    _check_idx(trace.task["idx"], number)
+        raise BadRecord(f"missing '{at}task.idx'", line=number)
+    _check_idx(trace.task["idx"], number, at)
+    check_parts(trace, number, at)
+
+
+def check_parts(trace: Any, number: int, at: str = "") -> None:
+    """The raw parts of a trace (its info, timing, errors, tools, messages) and its graph."""
     # A raw value is valid JSON: it is an object when it starts with a brace.
     if memoryview(trace.info)[0] != _OPEN_BRACE:
-        raise BadRecord("'info' must be an object", line=number)
+        raise BadRecord(f"'{at}info' must be an object", line=number)
     if memoryview(trace.timing)[0] != _OPEN_BRACE:
-        raise BadRecord("'timing' must be an object", line=number)
-    for i, raw in enumerate(trace.errors):
-        if memoryview(raw)[0] != _OPEN_BRACE:
-            raise BadRecord(f"'errors[{i}]' must be an object", line=number)
+        raise BadRecord(f"'{at}timing' must be an object", line=number)
+    check_errors(trace.errors, number, at)
+    tools = getattr(trace, "tools", NULL)
+    if tools != NULL and memoryview(tools)[0] != _OPEN_BRACKET:
+        raise BadRecord(f"'{at}tools' must be a list", line=number)
     nodes = trace.nodes
     for i, node in enumerate(nodes):
         if memoryview(node.message)[0] != _OPEN_BRACE:
-            raise BadRecord(f"'nodes[{i}].message' must be an object", line=number)
+            raise BadRecord(f"'{at}nodes[{i}].message' must be an object", line=number)
     parents = [node.parent for node in nodes]
     if parents != chain(len(nodes)):  # a linear conversation is a valid graph: compared in C
-        _check_graph(parents, number)
+        _check_graph(parents, number, at)
 
 
-def _check_graph(parents: list[int | None], number: int) -> None:
+def check_errors(errors: list[msgspec.Raw], number: int, at: str = "") -> None:
+    for i, raw in enumerate(errors):
+        if memoryview(raw)[0] != _OPEN_BRACE:
+            raise BadRecord(f"'{at}errors[{i}]' must be an object", line=number)
+
+
+def _check_graph(parents: list[int | None], number: int, at: str = "") -> None:
     """Every parent in range, and no cycle."""
     count = len(parents)
     forward_only = True  # every parent precedes its child: then no cycle is possible
     for i, parent in enumerate(parents):
         if parent is not None:
             if not 0 <= parent < count:
-                raise BadRecord(f"'nodes[{i}].parent' {parent} is out of range", line=number)
+                raise BadRecord(f"'{at}nodes[{i}].parent' {parent} is out of range", line=number)
             if parent >= i:
                 forward_only = False
     if not forward_only:
-        _check_acyclic(parents, number)
+        _check_acyclic(parents, number, at)
 
 
 _CHAINS: dict[int, list[int | None]] = {}
@@ -304,17 +355,17 @@ def chain(length: int) -> list[int | None]:
     return parents
 
 
-def _check_id(id: str, number: int) -> None:
+def _check_id(id: str, number: int, at: str = "") -> None:
     if not id:
-        raise BadRecord("'id' must be a non-empty string", line=number)
+        raise BadRecord(f"'{at}id' must be a non-empty string", line=number)
 
 
-def _check_idx(idx: Any, number: int) -> None:
+def _check_idx(idx: Any, number: int, at: str = "") -> None:
     if type(idx) is not int:
-        raise BadRecord(f"'task.idx' must be an integer, got {idx!r}"[:200], line=number)
+        raise BadRecord(f"'{at}task.idx' must be an integer, got {idx!r}"[:200], line=number)
 
 
-def _check_acyclic(parents: list[int | None], number: int) -> None:
+def _check_acyclic(parents: list[int | None], number: int, at: str = "") -> None:
     """Every parent chain reaches a root: O(n) with the chains already proven."""
     reaches_root = [False] * len(parents)
     for i in range(len(parents)):
@@ -323,7 +374,9 @@ def _check_acyclic(parents: list[int | None], number: int) -> None:
         j: int | None = i
         while j is not None and not reaches_root[j]:
             if j in on_chain:
-                raise BadRecord(f"'nodes' parent links form a cycle through node {j}", line=number)
+                raise BadRecord(
+                    f"'{at}nodes' parent links form a cycle through node {j}", line=number
+                )
             chain.append(j)
             on_chain.add(j)
             j = parents[j]

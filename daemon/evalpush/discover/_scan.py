@@ -13,7 +13,7 @@ import msgspec
 from evalpush.config import RunsConfig, WatchConfig
 from evalpush.log import get_logger
 from evalpush.read import FileIdentity
-from evalpush.runs import CONFIG_FILE, LEGACY_TRACES_FILE, TRACES_FILE
+from evalpush.runs import CONFIG_FILE, CONFIGS_DIR, LEGACY_TRACES_FILE, TRACES_FILE, resolved_config
 
 
 class RunDir(msgspec.Struct, frozen=True, gc=False):
@@ -48,10 +48,10 @@ def printable(path: str | Path) -> str:
 class _Listing:
     """What one `scandir` of a directory says about it as a run directory."""
 
-    __slots__ = ("config", "traces", "legacy", "marker", "subdirs")
+    __slots__ = ("config", "configs", "traces", "legacy", "marker", "subdirs")
 
     def __init__(self, directory: str, marker: str) -> None:
-        self.config = self.marker = False
+        self.config = self.configs = self.marker = False
         self.traces: os.DirEntry[str] | None = None
         self.legacy: os.DirEntry[str] | None = None
         self.subdirs: list[str] = []
@@ -69,15 +69,26 @@ class _Listing:
                     elif name == marker:
                         self.marker = True
                 elif entry.is_dir(follow_symlinks=False):
+                    self.configs = self.configs or entry.name == CONFIGS_DIR
                     self.subdirs.append(entry.path)
 
     def run(self, directory: str) -> RunDir | None:
-        """The run directory this listing shows; None when it is not one."""
+        """The run directory this listing shows; None when it is not one: config.toml and a
+        trace file, or (verifiers 0.3/0.4) `configs/resolved/<command>.json` and a
+        `traces.jsonl` holding something (its lines carry the run's id)."""
         traces = self.traces or self.legacy
-        if not self.config or traces is None:
+        if traces is None:
             return None
+        resolved = not self.config
+        if resolved and (
+            not self.configs or self.traces is None or resolved_config(Path(directory)) is None
+        ):
+            return None
+        traces = self.traces if resolved else traces
         st = traces.stat(follow_symlinks=False)  # the one syscall a run costs beyond scandir
         if not stat.S_ISREG(st.st_mode):  # replaced since the directory was listed
+            return None
+        if resolved and st.st_size == 0:
             return None
         return RunDir(
             directory, traces.name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, self.marker

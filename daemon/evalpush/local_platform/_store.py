@@ -393,8 +393,14 @@ class Store:
                 return self._evaluation(self._row(evaluation_id))
 
     def close_out(self, evaluation_id: str, body: Any) -> dict[str, Any]:
-        status = body.get("status") if isinstance(body, dict) else None
-        if status is None and isinstance(body, dict):
+        """`PUT /evaluations/{id}`: with a status, close the evaluation out (FAILED, CANCELLED;
+        only while it runs: a closed one answers 409); with none, update its metadata and
+        metrics (what verifiers 0.4's push sends before its finalize, and how evalpush marks an
+        evaluation superseded), in any state."""
+        if not isinstance(body, dict):
+            raise Refusal(422, "the body must be a JSON object")
+        status = body.get("status")
+        if status is None:
             return self._update(evaluation_id, body)
         if not isinstance(status, str) or status.upper() not in CLOSE_OUT_STATUSES:
             raise Refusal(422, f"status must be one of {', '.join(sorted(CLOSE_OUT_STATUSES))}")
@@ -407,7 +413,7 @@ class Store:
                 " updated_at = ? WHERE id = ?",
                 (
                     status.upper(),
-                    body.get("error_message"),
+                    body.get("error_message", row["error_message"]),
                     _ENCODER.encode(metadata) if metadata is not None else row["metadata"],
                     _ENCODER.encode(metrics) if metrics is not None else row["metrics"],
                     _now(),

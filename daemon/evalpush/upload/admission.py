@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 
 from evalpush import paths, transitions
-from evalpush.errors import Conflict, Gone, RunIdTaken
+from evalpush.errors import RunIdTaken
 from evalpush.ledger import Ledger, RunRecord
 from evalpush.log import get_logger
 from evalpush.read import Change, FileIdentity, digest_of, verify, what_is_at
@@ -147,28 +147,15 @@ class Admission:
         record = self._reconcile.settle_create(record, run)
         if change == Change.GONE:
             message = f"{run.traces_path}: the run's trace file {_gone_how(run.traces_path)}"
-            self._cancel(record, message)
+            self._reconcile.cancel(record, message)
             record = transitions.start_over(ledger, record, Outcome.CANCELLED)
             return transitions.fail(ledger, record, message)
         get_logger(run=run.run_id).warning(
             "trace file replaced or rewritten mid-upload: the open evaluation is cancelled and "
             "the run uploads again from the start"
         )
-        self._cancel(record, "the run's trace file was replaced (resumed eval)")
+        self._reconcile.cancel(record, "the run's trace file was replaced (resumed eval)")
         return transitions.start_over(ledger, record, Outcome.CANCELLED, state=restart_as)
-
-    def _cancel(self, record: RunRecord, message: str) -> None:
-        if record.evaluation_id is None or record.step == Step.DONE:
-            return
-        client, evaluation = self._ctx.client, record.evaluation_id
-        try:
-            self._ctx.replayable(
-                lambda: client.close_out(evaluation, "CANCELLED", error_message=message),
-                what="close out",
-                run=record.run_id,
-            )
-        except (Conflict, Gone):
-            pass  # already closed, or deleted: either way it takes no more samples
 
 
 def _gone_how(path: Path) -> str:

@@ -21,8 +21,8 @@ from evalpush.batch import Batch
 from evalpush.errors import Ambiguous, Conflict, Gone
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
-from evalpush.platform import Evaluation, most_samples_stored
-from evalpush.runs import Run
+from evalpush.platform import Evaluation, is_platform_id, most_samples_stored
+from evalpush.runs import OFFLINE_RUN_PREFIX, Producer, Run
 from evalpush.states import Outcome, State, Step
 from evalpush.upload.context import Context
 
@@ -81,9 +81,40 @@ class Reconciler:
             pending=None,
         )
 
-    def adopt(self, record: RunRecord, evaluation: Evaluation) -> RunRecord:
+    def producer_evaluation(self, record: RunRecord, run: Run) -> Evaluation | None:
+        """A 0.4 run's own evaluation: its eval created it before the first rollout and took its
+        id as the run id, so it is read by that id (`GET /evaluations/{run id}`). None for an
+        offline run (`disabled-...`: nothing was created), a run id that is no platform id, one
+        of this run's earlier evaluations (superseded, cancelled, forgotten), an evaluation the
+        platform does not hold, and one closed without being finalized (the eval failed): the
+        run then uploads as a new evaluation."""
+        run_id = run.run_id
+        if (
+            run.producer != Producer.EPISODES_0_4
+            or run_id.startswith(OFFLINE_RUN_PREFIX)
+            or not is_platform_id(run_id)
+            or run_id in self._ctx.ledger.earlier_evaluations(record)
+        ):
+            return None
+        client = self._ctx.client
+        try:
+            data = self._ctx.replayable(
+                lambda: client.get_evaluation(run_id), what="read evaluation", run=run_id
+            )
+        except Gone:
+            return None
+        found = Evaluation.from_answer(data, id=run_id)
+        if found.id != run_id or (found.closed and not found.finalized):
+            return None
+        return found
+
+    def adopt(
+        self, record: RunRecord, evaluation: Evaluation, *, by_producer: bool = False
+    ) -> RunRecord:
         """Make `evaluation` the run's: finalized, the upload is done; open, its samples are
-        reconciled over the whole range before any is sent."""
+        reconciled over the whole range before any is sent. `by_producer`: the evaluation a 0.4
+        eval created for itself, whose samples may live in Prime Traces: a low sample count on
+        the platform is no reason to upload it again."""
         ctx = self._ctx
         url = evaluation.viewer_url or ctx.client.viewer_url(evaluation.id)
         get_logger(run=record.run_id).info(
@@ -91,8 +122,13 @@ class Reconciler:
         )
         if evaluation.finalized:
             held = evaluation.sample_count
-            if held is not None and held < record.samples_seen:
+            if held is not None and held < record.samples_seen and not by_producer:
                 return self._supersede(record, evaluation, url)
+            reason = (
+                "already on the platform: adopted the evaluation its eval pushed"
+                if by_producer
+                else "already on the platform: adopted its finalized evaluation"
+            )
             return transitions.finalize(
                 ctx.ledger,
                 record,
@@ -100,8 +136,8 @@ class Reconciler:
                 evaluation_id=evaluation.id,
                 viewer_url=url,
                 looked_up=1,
-                reason="already on the platform: adopted its finalized evaluation",
-                samples_sent=record.samples_seen if held is None else held,
+                reason=reason,
+                samples_sent=record.samples_seen if held is None or by_producer else held,
             )
         return ctx.ledger.update(
             record,
@@ -129,6 +165,21 @@ class Reconciler:
         return transitions.start_over(
             ledger, record, Outcome.SUPERSEDED, state=State.UPLOADING, same_file=True
         )
+
+    def cancel(self, record: RunRecord, message: str) -> None:
+        """Close out the run's open evaluation as cancelled (`message` says why): it takes no
+        more samples. Already closed or deleted is as good."""
+        if record.evaluation_id is None or record.step == Step.DONE:
+            return
+        client, evaluation = self._ctx.client, record.evaluation_id
+        try:
+            self._ctx.replayable(
+                lambda: client.close_out(evaluation, "CANCELLED", error_message=message),
+                what="close out",
+                run=record.run_id,
+            )
+        except (Conflict, Gone):
+            pass  # already closed, or deleted: either way it takes no more samples
 
     def stored_ids(self, record: RunRecord) -> collections.Counter[str]:
         """How many times the evaluation holds each sample id."""

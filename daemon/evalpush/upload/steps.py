@@ -26,9 +26,9 @@ from evalpush.log import get_logger
 from evalpush.prescan import Prescan
 from evalpush.read import FileIdentity, RangeDigest, identity, read_lines
 from evalpush.retry import UNUSABLE_ANSWER_ATTEMPTS
-from evalpush.runs import Run, require_env_name
+from evalpush.runs import Producer, Run, require_env_name
 from evalpush.setaside import SetAside
-from evalpush.states import SetAsideKind, Step
+from evalpush.states import Outcome, SetAsideKind, Step
 from evalpush.upload.context import Context
 from evalpush.upload.crash import crash_point
 from evalpush.upload.files import FileWatch, check_bytes, fingerprint
@@ -84,9 +84,9 @@ class Steps:
         found = first_pass(lines, max_line_bytes=max_line)
         totals = found.totals
         bad = found.set_aside
-        if totals.traces == 0 and not bad:
-            raise RunError(f"{run.traces_path}: no traces in the file: nothing to upload")
         ctx.ledger.add_set_aside(record, bad)
+        if totals.traces == 0:
+            raise RunError(nothing_to_upload(run, bad))
         # The same columns the daemon's tracker writes for a run it scanned while watching it.
         scanned = Prescan(ident, digest.digest(), found).columns()
         if bad and ctx.config.convert.on_bad_line == "hold" and not record.release_hold:
@@ -104,17 +104,29 @@ class Steps:
     def _create_body(self, record: RunRecord, run: Run) -> dict[str, Any]:
         totals = RunTotals.from_json(record.totals)
         report = summary(run, totals)
+        # the eval's own push's metadata and one key more: what evalpush knows of the run
+        metadata = {
+            **report["metadata"],
+            provenance.KEY: provenance.metadata(self._ctx, record, run, totals),
+        }
+        if run.producer == Producer.EPISODES_0_4:
+            # prime-runs' create: no metrics (they go with the update before the finalize)
+            return {
+                "name": report["name"],
+                "environments": [{"id": record.env_id}],
+                "tags": [],
+                "model_name": run.model,
+                "dataset": run.env_name,
+                "framework": "verifiers",
+                "metadata": metadata,
+            }
         return {
             "name": report["name"],
             "environments": [{"id": record.env_id}],
             "model_name": run.model,
             "dataset": run.env_name,
             "framework": "verifiers",
-            # the eval's own push's metadata and one key more: what evalpush knows of the run
-            "metadata": {
-                **report["metadata"],
-                provenance.KEY: provenance.metadata(self._ctx, record, run, totals),
-            },
+            "metadata": metadata,
             "metrics": report["metrics"],
             "tags": [],
         }
@@ -123,6 +135,10 @@ class Steps:
         """Create the run's evaluation, unless the platform already has one to adopt."""
         ctx = self._ctx
         fresh = record.pending is not None or run.pushed_inline
+        if record.pending is None:
+            own = self._reconcile.producer_evaluation(record, run)
+            if own is not None:
+                return self._reconcile.adopt(record, own, by_producer=True)
         if fresh or not record.looked_up:
             found = self._reconcile.find_evaluation(record, run, fresh=fresh)
             if found is not None:
@@ -233,7 +249,17 @@ class Steps:
         return self._pushed(record, run, totals)
 
     def _pushed(self, record: RunRecord, run: Run, totals: RunTotals) -> RunRecord:
-        """Record conversion's exact totals (the finalize's metrics) with the step's end."""
+        """Record conversion's exact totals (the finalize's metrics) with the step's end. When
+        conversion refused every line the first pass counted, the evaluation holds nothing: it
+        is closed out as cancelled and the run fails, never finalized empty."""
+        if totals.traces == 0 and record.samples_sent == 0:
+            ledger = self._ctx.ledger
+            set_aside = ledger.set_aside(record)
+            message = nothing_to_upload(run, set_aside)
+            self._reconcile.cancel(record, message)
+            record = transitions.start_over(ledger, record, Outcome.CANCELLED)
+            ledger.add_set_aside(record, set_aside)  # what `status RUN` lists as the reasons
+            raise RunError(message)
         scanned = RunTotals.from_json(record.totals).traces
         if totals.traces != scanned:
             get_logger(run=run.run_id).warning(
@@ -354,10 +380,15 @@ class Steps:
     # ------------------------------------------------------------ finalize
 
     def finalize(self, record: RunRecord, run: Run) -> RunRecord:
+        """Finalize with conversion's exact metrics. A 0.4 run first gets prime-runs' update
+        (`PUT` of its metadata and metrics, no status: replayable, so it needs no intent)."""
         ctx = self._ctx
         assert record.evaluation_id is not None
-        metrics = RunTotals.from_json(record.totals).metrics()
+        report = summary(run, RunTotals.from_json(record.totals))
+        metrics = report["metrics"]
         if record.pending is None or not self._reconcile.is_finalized(record):
+            if run.producer == Producer.EPISODES_0_4:
+                self._update(record, report["metadata"], metrics)
             record = ctx.ledger.update(record, pending=intent(Step.FINALIZE))
             url = self._send_finalize(record, metrics)
             crash_point("finalize-sent")
@@ -372,6 +403,15 @@ class Steps:
         )
         provenance.mark_superseded(ctx, record)
         return record
+
+    def _update(self, record: RunRecord, metadata: dict[str, Any], metrics: dict[str, Any]) -> None:
+        client, evaluation = self._ctx.client, record.evaluation_id
+        assert evaluation is not None
+        self._ctx.replayable(
+            lambda: client.update_evaluation(evaluation, metadata=metadata, metrics=metrics),
+            what="update evaluation",
+            run=record.run_id,
+        )
 
     def _send_finalize(self, record: RunRecord, metrics: dict[str, Any]) -> str | None:
         client, evaluation = self._ctx.client, record.evaluation_id
@@ -396,6 +436,18 @@ class Steps:
             except Ambiguous:
                 if self._reconcile.is_finalized(record):
                     return None
+
+
+def nothing_to_upload(run: Run, set_aside: list[SetAside]) -> str:
+    """Why a run with no line to send fails: an empty file, or every line set aside (the first
+    one's reason given; `status RUN` lists them all)."""
+    if not set_aside:
+        return f"{run.traces_path}: no traces in the file: nothing to upload"
+    first = set_aside[0]
+    return (
+        f"{run.traces_path}: {len(set_aside)} lines, every one set aside (line {first.line}: "
+        f"{first.reason}): nothing to upload, no evaluation made"
+    )
 
 
 def _count_refusal(refusals: int, refusal: Gone | Conflict, evaluation: str) -> int:
