@@ -321,7 +321,7 @@ class TestServedEndpoints:
             0,
         )
 
-    def test_a_put_with_no_status_updates_metadata_and_metrics_and_leaves_it_running(
+    def test_a_put_with_no_status_updates_metadata_and_metrics_and_leaves_the_status(
         self, served: Served
     ) -> None:
         evaluation_id = served.create("run-update")
@@ -337,7 +337,10 @@ class TestServedEndpoints:
             update["metrics"],
         )
         assert served.api("POST", f"{path}/finalize", {"metrics": {}}).status_code == 200
-        assert served.api("PUT", path, update).status_code == 409  # closed: no more updates
+        marked = {"metadata": {**update["metadata"], "evalpush": {"superseded_by": "e2"}}}
+        assert served.api("PUT", path, marked).status_code == 200  # in any state: a mark
+        evaluation = served.summary()["evaluations"][evaluation_id]
+        assert (evaluation["status"], evaluation["metadata"]) == ("COMPLETED", marked["metadata"])
         assert served.api("PUT", path, ["not", "an", "object"]).status_code == 422
         assert served.api("PUT", path, {"status": "DONE"}).status_code == 422
 

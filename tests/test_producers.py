@@ -19,6 +19,7 @@ import pytest
 
 from evalpush.convert import Converted, RunTotals, convert_lines, scan, tally
 from evalpush.read import read_lines
+from pushing import as_the_eval_sends
 from test_fixtures import differences
 
 PRODUCERS = Path(__file__).parent / "fixtures" / "producers"
@@ -148,7 +149,13 @@ def test_push_uploads_each_producers_run_once_as_its_own_push_did(
     )
     if create is not None:
         assert evaluation["name"] == create["name"]
-        metadata = dict(evaluation["metadata"])
+        # evalpush's one key, kept through a 0.4 run's update: every line seen (an episode is
+        # one, with or without a trace), complete when they reach the expected count
+        ours = evaluation["metadata"]["evalpush"]
+        lines = len((directory / "traces.jsonl").read_bytes().splitlines())
+        assert ours["seen_traces"] == lines
+        assert ours["complete"] == (lines >= ours["expected_traces"])
+        metadata = as_the_eval_sends(evaluation["metadata"])
         if path.parents[1].name == "0.4.0":
             # evalpush's one addition: the run id its own lookups find the evaluation by
             assert metadata.pop("run_id") == json.loads(done_run_id(directory))

@@ -47,7 +47,9 @@ def supersedes(ctx: Context, record: RunRecord) -> str | None:
 def metadata(ctx: Context, record: RunRecord, run: Run, totals: RunTotals) -> dict[str, Any]:
     """The `evalpush` key of the create body's metadata (see the module docstring)."""
     set_aside = ctx.ledger.set_aside_count(record)
-    seen = totals.traces + set_aside
+    # A line is a trace (the seed's, 0.2's) or an episode (0.3/0.4; one without a trace sends
+    # no sample but is a line the expected count counts).
+    seen = (totals.episodes or totals.traces) + set_aside
     expected = run.expected_traces
     return {
         "version": __version__,

@@ -104,11 +104,7 @@ class Steps:
     def _create_body(self, record: RunRecord, run: Run) -> dict[str, Any]:
         totals = RunTotals.from_json(record.totals)
         report = summary(run, totals)
-        # the eval's own push's metadata and one key more: what evalpush knows of the run
-        metadata = {
-            **report["metadata"],
-            provenance.KEY: provenance.metadata(self._ctx, record, run, totals),
-        }
+        metadata = self._metadata(record, run, report, totals)
         if run.producer == Producer.EPISODES_0_4:
             # prime-runs' create: no metrics (they go with the update before the finalize)
             return {
@@ -129,6 +125,15 @@ class Steps:
             "metadata": metadata,
             "metrics": report["metrics"],
             "tags": [],
+        }
+
+    def _metadata(
+        self, record: RunRecord, run: Run, report: dict[str, Any], totals: RunTotals
+    ) -> dict[str, Any]:
+        """The eval's own push's metadata and one key more: what evalpush knows of the run."""
+        return {
+            **report["metadata"],
+            provenance.KEY: provenance.metadata(self._ctx, record, run, totals),
         }
 
     def create(self, record: RunRecord, run: Run) -> RunRecord:
@@ -384,11 +389,12 @@ class Steps:
         (`PUT` of its metadata and metrics, no status: replayable, so it needs no intent)."""
         ctx = self._ctx
         assert record.evaluation_id is not None
-        report = summary(run, RunTotals.from_json(record.totals))
+        totals = RunTotals.from_json(record.totals)
+        report = summary(run, totals)
         metrics = report["metrics"]
         if record.pending is None or not self._reconcile.is_finalized(record):
             if run.producer == Producer.EPISODES_0_4:
-                self._update(record, report["metadata"], metrics)
+                self._update(record, self._metadata(record, run, report, totals), metrics)
             record = ctx.ledger.update(record, pending=intent(Step.FINALIZE))
             url = self._send_finalize(record, metrics)
             crash_point("finalize-sent")
