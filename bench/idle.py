@@ -1,4 +1,4 @@
-"""The daemon at rest and at work on a big tree (SPEC numbers: an idle daemon with 10,000
+"""The daemon at rest and at work on a big tree (target numbers: an idle daemon with 10,000
 finished runs uses under 1% of a core, starts up to READY within 2 s, and finalizes a run that
 becomes ready within 2 s plus its transfer time).
 
