@@ -33,9 +33,10 @@ def final_table(stdout: str) -> dict[str, list[str]]:
     """The status table the demo ends with: each run's kind (its parent directory) -> its row."""
     lines = stdout.splitlines()
     header = max(i for i, line in enumerate(lines) if line.startswith("RUN "))
-    rows = {}
+    rows: dict[str, list[str]] = {}
     for line in lines[header + 1 :]:
         kind = line.split("/reverse-text--")[1].split("/")[0]
+        assert kind not in rows, f"two ledger rows for the {kind} run:\n{stdout}"
         rows[kind] = line.split()
     return rows
 

@@ -384,3 +384,52 @@ def test_the_native_wrapper_leaves_out_the_raw_tensors_as_the_producers_record_d
     wrapper = json.loads(items[0].sample)["info"]["native_wrapper"]
     assert wrapper["traces"][0]["nodes"][0] == {"message": {"role": "user", "content": "hi"}}
     assert wrapper["id"] == "e1"
+
+
+# ---------------------------------------------------------------- found before its first line
+
+
+@pytest.mark.parametrize("case", ["0.3.1/runs/episodes_v3", "0.4.0/runs/episodes_v4_offline"])
+@pytest.mark.parametrize("restart", [False, True], ids=["watched", "daemon-restarted"])
+def test_a_run_found_before_its_first_line_is_one_run_under_the_id_its_lines_carry(
+    case: str, restart: bool, local_platform, tmp_path: Path
+) -> None:
+    """A 0.3/0.4 directory is not named by a UUID: until a whole line names the run, the daemon
+    knows it by a stand-in. Once lines arrive (while it watches, or after a restart), the
+    run takes their id: one ledger row, one evaluation, never a stand-in left waiting."""
+    from daemon_support import RUN_STARTED, Daemon, daemon_environ, status
+
+    source = next((PRODUCERS / case).iterdir())
+    staged, tree = tmp_path / "staged", tmp_path / "outputs"
+    shutil.copytree(source, staged, symlinks=True)
+    lines = (staged / "traces.jsonl").read_bytes()
+    half = len(lines.splitlines()[0]) // 2
+    (staged / "traces.jsonl").write_bytes(lines[:half])  # the first rollout half-written
+    run_id = json.loads(done_run_id_of(lines))
+    (tree / "group").mkdir(parents=True)
+    directory = tree / "group" / source.name
+    environ = daemon_environ(local_platform, tmp_path, [tree])
+
+    with Daemon(environ) as daemon:
+        daemon.wait_for(RUN_STARTED)
+        staged.rename(directory)  # config written, no whole line yet
+        found = daemon.wait_for("run found: waiting until it is finished")
+        assert found["run"] != run_id
+        if restart:
+            assert daemon.stop() == 0
+        with (directory / "traces.jsonl").open("ab") as out:
+            out.write(lines[half:])
+        if restart:
+            daemon = Daemon(environ).started()
+        daemon.wait_for("run finalized", run=run_id, timeout=30)
+        rows = status(environ)
+        assert daemon.stop() == 0
+
+    assert list(rows) == [run_id], rows
+    assert rows[run_id]["state"] == "finalized"
+    ((evaluation, summary),) = local_platform.summary()["evaluations"].items()
+    assert summary["finalize_count"] == 1
+
+
+def done_run_id_of(lines: bytes) -> str:
+    return json.dumps(json.loads(lines.splitlines()[-1])["run"]["id"])

@@ -343,12 +343,18 @@ def run_demo(out: IO[str], *, directory: Path | None = None, keep: bool = False)
         running.start()
         try:
             writers.start()
-            rows = _follow(out, default_path(config.state_dir), writers)
+            rows, settled = _follow(out, default_path(config.state_dir), writers)
         finally:
             writers.stop()
             daemon.request(Request.STOP)
             running.join()
         out.write((CLEAR_BELOW if out.isatty() else "\n") + status_table(rows, wide=True) + "\n")
+        if not settled:
+            out.write(
+                f"\nnot every demo run settled within {DEMO_SECONDS:g} s "
+                f"({len(DEMO_RUNS)} runs): the rows above say where each one stands\n"
+            )
+            return 1
         if keep:
             out.write(f"\nserving {platform.base_url} until Ctrl-C\n")
             out.flush()
@@ -363,8 +369,9 @@ def run_demo(out: IO[str], *, directory: Path | None = None, keep: bool = False)
 SETTLED = frozenset({State.FINALIZED, State.SKIPPED, State.FAILED, State.HELD})
 
 
-def _follow(out: IO[str], ledger_path: Path, writers: DemoWriters) -> list[dict]:
-    """The live status view, until every demo run has settled (or the demo's time is up)."""
+def _follow(out: IO[str], ledger_path: Path, writers: DemoWriters) -> tuple[list[dict], bool]:
+    """The live status view, until every demo run has settled (or the demo's time is up: then
+    the second value is False)."""
     deadline = time.monotonic() + DEMO_SECONDS
     rows: list[dict] = []
     shown = ""
@@ -378,9 +385,9 @@ def _follow(out: IO[str], ledger_path: Path, writers: DemoWriters) -> list[dict]
             out.flush()
             shown = view
         if done and not writers.writing:
-            break
+            return rows, True
         time.sleep(REFRESH_SECONDS)
-    return rows
+    return rows, False
 
 
 def _rows(ledger_path: Path) -> list[dict]:

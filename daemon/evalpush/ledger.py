@@ -843,6 +843,27 @@ class Ledger:
             )
             db.execute("DELETE FROM runs WHERE id = ?", (record.id,))
 
+    def rename(self, record: RunRecord, run_id: str) -> RunRecord | None:
+        """The run id its trace lines carry, for a run first recorded under a stand-in (a
+        directory whose name is not a UUID, found before its first line named the run: see
+        `runs.derive_run_id`). Only a waiting run nobody holds is renamed; if the ledger knows a
+        run by that id already, the stand-in row is dropped and None returned (the other row is
+        the run)."""
+        with self._transaction() as db:
+            taken = db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if taken:
+                db.execute(
+                    "DELETE FROM runs WHERE id = ? AND claim_owner IS NULL AND state = ?",
+                    (record.id, State.WAITING),
+                )
+                return None
+            cursor = db.execute(
+                "UPDATE runs SET run_id = ?, updated_at = ? "
+                "WHERE id = ? AND claim_owner IS NULL AND state = ? AND evaluation_id IS NULL",
+                (run_id, self._clock(), record.id, State.WAITING),
+            )
+        return self.get(record.id) if cursor.rowcount else None
+
     def restart(
         self, record: RunRecord, *, outcome: Outcome, state: State, same_file: bool = False
     ) -> RunRecord:

@@ -204,7 +204,9 @@ KnownRunId = Callable[[Path], str | None]
 def derive_run_id(directory: Path, known: KnownRunId | None = None) -> str:
     """The run id of `directory`: its leaf name when that is a UUID; else the run id its last
     complete line carries (`run.id`: 0.2 on; a resumed 0.3/0.4 run's lines carry the id of the
-    attempt that wrote them, and the last attempt's is the run's); else the id the ledger
+    attempt that wrote them, and the last attempt's is the run's; before a whole line is in,
+    the daemon's tracker records the run under a stand-in from below and renames it once a line
+    names it, `named_by_lines_later`); else the id the ledger
     already knows for this path (`known`), so a run keeps its id when the host is renamed; else
     `uuid5(hostname + absolute path)`."""
     try:
@@ -220,6 +222,17 @@ def derive_run_id(directory: Path, known: KnownRunId | None = None) -> str:
         return already
     key = b"evalpush:%s:%s" % (socket.gethostname().encode(), os.fsencode(absolute))
     return str(_uuid5(uuid.NAMESPACE_URL, key))
+
+
+def named_by_lines_later(directory: Path) -> bool:
+    """Whether `derive_run_id`'s answer for `directory` is a stand-in that a line written later
+    replaces: its name is not a UUID and no complete line of its trace file names the run yet
+    (a 0.3/0.4 run found before its first rollout finished)."""
+    try:
+        uuid.UUID(directory.name)
+        return False
+    except ValueError:
+        return last_run_id(directory) is None
 
 
 class _RunRef(msgspec.Struct, gc=False):

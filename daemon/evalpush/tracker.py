@@ -56,6 +56,8 @@ from evalpush.runs import (
     RunKind,
     config_file,
     derive_run_id,
+    last_run_id,
+    named_by_lines_later,
     load_run,
     readiness,
     traces_file,
@@ -112,6 +114,7 @@ class _Waiting(msgspec.Struct):
     scan: RunningScan | None = None  # the lines fed so far, once the run was seen waiting
     feeder: LineCounter | None = None  # feeds `scan`, FEED_BYTES at a time (or when ready)
     fed: LineCount | None = None  # the trace file as the feeder last saw it
+    stand_in: bool = False  # `run_id` is a stand-in until a line names the run
 
     def due_at(self) -> float:
         """When the tracker must look again: at the settle time, or to write its progress."""
@@ -211,7 +214,8 @@ class Tracker:
     # ------------------------------------------------------------ deciding
 
     def _first_look(self, path: str, rundir: RunDir) -> None:
-        record = self._ledger.get_run(derive_run_id(Path(path), known=self._ledger.run_id_at))
+        run_id = derive_run_id(Path(path), known=self._ledger.run_id_at)
+        record = self._ledger.get_run(run_id) or self._renamed(path, run_id)
         if record is None:
             self._discovered(path, rundir)
         elif self._held(record):
@@ -230,6 +234,15 @@ class Tracker:
         else:
             with self._lock:
                 self._settled[path] = _facts(rundir)
+
+    def _renamed(self, path: str, run_id: str) -> RunRecord | None:
+        """The run at `path` recorded waiting under a stand-in id before its first line named
+        it (by a daemon stopped since), renamed to `run_id`; None if there is none."""
+        stand_in = self._ledger.run_id_at(Path(path))
+        record = self._ledger.get_run(stand_in) if stand_in and stand_in != run_id else None
+        if record is None or record.state != State.WAITING or record.evaluation_id is not None:
+            return None
+        return self._ledger.rename(record, run_id)
 
     def _discovered(self, path: str, rundir: RunDir) -> None:
         """A run the ledger has never seen: one that is not an eval run goes to the uploader
@@ -257,6 +270,7 @@ class Tracker:
             else derive_run_id(Path(path), known=self._ledger.run_id_at)
         )
         waiting = _Waiting(run_id, run, problem, config, counter, in_ledger)
+        waiting.stand_in = named_by_lines_later(Path(path))
         with self._lock:
             self._waiting[path] = waiting
         self._decide(path, waiting, rundir, new=new, first=True)
@@ -308,6 +322,8 @@ class Tracker:
             return
         if not self._read_config_again(path, waiting):
             return
+        if waiting.stand_in and count.lines and not self._named(path, waiting):
+            return
         expected = waiting.run.expected_traces if waiting.run is not None else None
         facts = RunFacts(count.lines, expected, rundir.marker, count.mtime, count.grown_at)
         now = self._clock()
@@ -342,6 +358,29 @@ class Tracker:
                 self._record_progress(path, waiting, progress, now)
             else:
                 waiting.unwritten = True
+
+    def _named(self, path: str, waiting: _Waiting) -> bool:
+        """The run's first line is in: the run takes the id it carries in place of the stand-in
+        it was found under (and its row in the ledger with it). False when the row could not be
+        renamed (another process holds it, or knows the run by that id): the next look decides
+        afresh."""
+        run_id = last_run_id(Path(path))
+        if run_id is None or run_id == waiting.run_id:
+            waiting.stand_in = run_id is None
+            return True
+        if waiting.in_ledger:
+            record = self._ledger.get_run(waiting.run_id)
+            if record is None or self._ledger.rename(record, run_id) is None:
+                with self._lock:
+                    self._waiting.pop(path, None)
+                return False
+        self._log.info(
+            "run named by its first line", run=run_id, stand_in=waiting.run_id[:8]
+        )
+        waiting.run_id, waiting.stand_in = run_id, False
+        if waiting.run is not None:
+            waiting.run = msgspec.structs.replace(waiting.run, run_id=run_id)
+        return True
 
     def _unreadable(self, path: str, waiting: _Waiting, *, new: bool) -> None:
         """A trace file the daemon may not read: the run waits, saying so in the ledger (for
