@@ -57,8 +57,8 @@ from evalpush.runs import (
     config_file,
     derive_run_id,
     last_run_id,
-    named_by_lines_later,
     load_run,
+    named_by_lines_later,
     readiness,
     traces_file,
 )
@@ -374,9 +374,7 @@ class Tracker:
                 with self._lock:
                     self._waiting.pop(path, None)
                 return False
-        self._log.info(
-            "run named by its first line", run=run_id, stand_in=waiting.run_id[:8]
-        )
+        self._log.info("run named by its first line", run=run_id, stand_in=waiting.run_id[:8])
         waiting.run_id, waiting.stand_in = run_id, False
         if waiting.run is not None:
             waiting.run = msgspec.structs.replace(waiting.run, run_id=run_id)
