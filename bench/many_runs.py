@@ -162,8 +162,8 @@ def requests_only(count: int, workers: int, *, pin: bool = False) -> str:
     else, through evalpush's platform client from `workers` threads in this process, against a
     fresh local platform: what the push's per-run bookkeeping (claim, ledger, syncs, run
     loading, scan, conversion) comes on top of."""
+    from evalpush.client import PlatformClient
     from evalpush.config import PlatformConfig
-    from evalpush.platform import PlatformClient
 
     cpus = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="bench-many-", dir=push.BENCH / ".cache") as tmp:

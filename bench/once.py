@@ -169,8 +169,8 @@ from evalpush.config import Config
 from evalpush.discover import look_at
 from evalpush.ledger import Ledger, default_path
 from evalpush.runs import load_run
-from evalpush.states import Step
-from evalpush.tracker import Tracker
+from evalpush.core.states import Step
+from evalpush.service import Tracker
 from evalpush.upload.context import Context
 from evalpush.upload.reconcile import Reconciler
 from evalpush.upload.steps import Steps

@@ -54,11 +54,10 @@ from typing import Any
 
 import pytest
 
+from evalpush.client import Backoff, Gate, PlatformClient, Retrier
 from evalpush.config import PlatformConfig
 from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
-from evalpush.platform import PlatformClient
-from evalpush.retry import Backoff, Gate, Retrier
 from support import commands, threads
 from support.environ import cli_environ
 from support.files import open_directory

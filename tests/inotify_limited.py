@@ -68,8 +68,8 @@ def run_limited(
 def _child(root: Path, kind: str) -> dict[str, Any]:
     from structlog.testing import capture_logs
 
+    from evalpush.core.errors import ConfigError
     from evalpush.discover import HintKind, HintQueue, Scanner, Watcher
-    from evalpush.errors import ConfigError
 
     hints = HintQueue()
     watcher = Watcher([root], hints, kind=kind, poll_seconds=0.1)

@@ -29,8 +29,7 @@ import pytest
 from evalpush.config import Config
 from evalpush.convert import scan, summary
 from evalpush.local_platform import LocalPlatform
-from evalpush.read import read_lines
-from evalpush.runs import load_run
+from evalpush.runs import load_run, read_lines
 from support.environ import cli_environ
 from support.producer import generated_run
 

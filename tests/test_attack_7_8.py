@@ -38,7 +38,8 @@ import pytest
 
 import ledger_v1
 from as_nobody import NOBODY, as_nobody
-from evalpush import cli, push, report
+from evalpush import cli, push
+from evalpush.cli import report
 from evalpush.local_platform import LocalPlatform
 from support import platform_view, runs
 from support.commands import evalpush

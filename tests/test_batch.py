@@ -7,10 +7,11 @@ import threading
 import msgspec
 import pytest
 
-from evalpush.batch import Batch, Prefetch, batches
 from evalpush.convert import Converted
-from evalpush.read import Line
-from evalpush.setaside import SetAside, SetAsideKind
+from evalpush.core.setaside import SetAside
+from evalpush.core.states import SetAsideKind
+from evalpush.runs import Line
+from evalpush.upload import Batch, Prefetch, batches
 
 
 def converted(number: int, size: int = 10) -> Converted:

@@ -23,12 +23,19 @@ import pytest
 from structlog.testing import capture_logs
 
 import ledger_v1
-from evalpush.claims import LINGER_SECONDS, Claims, Process, process_start
-from evalpush.errors import Busy, ClaimLost
-from evalpush.ledger import SCHEMA_VERSION, Ledger, RunRecord, State
+from evalpush.core.errors import Busy, ClaimLost
+from evalpush.core.setaside import SetAside
+from evalpush.core.states import Outcome, State
+from evalpush.ledger import (
+    LINGER_SECONDS,
+    SCHEMA_VERSION,
+    Claims,
+    Ledger,
+    Process,
+    RunRecord,
+    process_start,
+)
 from evalpush.local_platform import LocalPlatform
-from evalpush.setaside import SetAside
-from evalpush.states import Outcome
 from evalpush.upload import CRASH_ENV
 from pushing import (
     PUSH_TIMEOUT_SECONDS,

@@ -8,13 +8,15 @@ from pathlib import Path
 import pytest
 
 from evalpush.config import RunsConfig
-from evalpush.read import Line, identity, read_lines
 from evalpush.runs import (
+    Line,
     LineCounter,
     ReadinessRules,
     ReadyRule,
     RunFacts,
     format_duration,
+    identity,
+    read_lines,
     readiness,
 )
 from support.files import append, write

@@ -22,7 +22,7 @@ from evalpush.config import (
     WatchConfig,
     load_config,
 )
-from evalpush.errors import ConfigError
+from evalpush.core.errors import ConfigError
 from evalpush.upload import CRASH_ENV
 
 

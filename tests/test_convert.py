@@ -30,10 +30,10 @@ from evalpush.convert import (
     summary,
     tally,
 )
-from evalpush.errors import BadRecord
-from evalpush.read import read_lines
-from evalpush.runs import Run, RunKind
-from evalpush.setaside import SetAside, SetAsideKind
+from evalpush.core.errors import BadRecord
+from evalpush.core.setaside import SetAside
+from evalpush.core.states import SetAsideKind
+from evalpush.runs import Run, RunKind, read_lines
 from support.producer import gen_traces
 
 MIB = 1024 * 1024

@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 from daemon_support import Daemon, RunDir, daemon_environ, status, wait_until
-from evalpush import transitions
-from evalpush.ledger import Ledger, default_path
+from evalpush.ledger import Ledger, default_path, transitions
 from evalpush.local_platform import LocalPlatform
 from pushing import assert_run_exactly_once, start_push
 

@@ -19,6 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from evalpush.config import RunsConfig, WatchConfig
+from evalpush.core.errors import ConfigError
 from evalpush.discover import (
     Hint,
     HintKind,
@@ -29,7 +30,6 @@ from evalpush.discover import (
     Watcher,
     inotify_watches_in_use,
 )
-from evalpush.errors import ConfigError
 from inotify_limited import limited_namespaces_available, run_limited
 from support.runs import make_run
 

@@ -8,8 +8,9 @@ from email.utils import format_datetime
 import httpx
 import pytest
 
-from evalpush import errors, log
-from evalpush.errors import from_status, from_transport_error, parse_retry_after
+from evalpush import log
+from evalpush.core import errors
+from evalpush.core.errors import from_status, from_transport_error, parse_retry_after
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -21,12 +21,11 @@ import httpx
 import orjson
 import pytest
 
-from evalpush import errors, log, platform
+from evalpush import log
+from evalpush.client import EvaluationIndex, PlatformClient, Retrier, is_platform_id, platform
 from evalpush.config import PlatformConfig
+from evalpush.core import errors
 from evalpush.local_platform import LocalPlatform
-from evalpush.lookup import EvaluationIndex
-from evalpush.platform import PlatformClient, is_platform_id
-from evalpush.retry import Retrier
 from support.canned import CannedTransport
 
 MakeClient = Callable[..., PlatformClient]

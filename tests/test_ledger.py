@@ -20,12 +20,13 @@ import pytest
 
 import ledger_v1
 from as_nobody import as_nobody
-from evalpush import cli, report
-from evalpush.errors import LedgerError
-from evalpush.ledger import SCHEMA_VERSION, Ledger, State, Step
+from evalpush import cli
+from evalpush.cli import report
+from evalpush.core.errors import LedgerError
+from evalpush.core.setaside import SetAside
+from evalpush.core.states import Outcome, State, Step
+from evalpush.ledger import SCHEMA_VERSION, Ledger
 from evalpush.log import register_secret
-from evalpush.setaside import SetAside
-from evalpush.states import Outcome
 
 
 def a_run(ledger: Ledger, path: str = "/runs/a", run_id: str = "0f1e2d3c-aaaa"):

@@ -16,10 +16,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from evalpush import __version__, errors
+from evalpush import __version__
+from evalpush.client import PlatformClient
 from evalpush.config import MetricsConfig, PlatformConfig
-from evalpush.errors import ConfigError
-from evalpush.metrics import (
+from evalpush.core import errors
+from evalpush.core.errors import ConfigError
+from evalpush.service import (
     RUN_STATES,
     DaemonFeed,
     Endpoint,
@@ -33,7 +35,6 @@ from evalpush.metrics import (
     outcome_of,
     server_for,
 )
-from evalpush.platform import PlatformClient
 
 THRESHOLD_SECONDS = 600.0
 NOW = 1_700_000_000.0
@@ -406,7 +407,7 @@ class TestServer:
     def test_connections_past_the_cap_are_closed_and_a_scrape_still_gets_through_after(
         self, world, metrics
     ):
-        from evalpush.metrics import MAX_CONNECTIONS
+        from evalpush.service import MAX_CONNECTIONS
 
         server = MetricsServer(metrics, Health(world.probes(), THRESHOLD_SECONDS), "127.0.0.1", 0)
         with server:

@@ -19,18 +19,20 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from evalpush import errors, log
-from evalpush.config import PlatformConfig
-from evalpush.local_platform import MAX_BODY_BYTES, LocalPlatform
-from evalpush.platform import (
+from evalpush import log
+from evalpush.client import (
     DEFAULT_API_BASE,
     DEFAULT_FRONTEND_URL,
     USER_AGENT,
+    Gate,
     PlatformClient,
+    Retrier,
     is_finalized,
     load_credentials,
 )
-from evalpush.retry import Gate, Retrier
+from evalpush.config import PlatformConfig
+from evalpush.core import errors
+from evalpush.local_platform import MAX_BODY_BYTES, LocalPlatform
 from support.canned import CannedTransport
 
 MakeClient = Callable[..., PlatformClient]

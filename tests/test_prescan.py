@@ -22,19 +22,16 @@ import orjson
 import pytest
 
 from daemon_support import RUN_FINALIZED, Daemon, RunDir, daemon_environ
-from evalpush.claims import Claims
+from evalpush.client import PlatformClient, Retrier
 from evalpush.config import Config
+from evalpush.core.setaside import SetAside
+from evalpush.core.states import State, Step
 from evalpush.discover import look_at
-from evalpush.ledger import Ledger, RunRecord, State, Step, default_path
+from evalpush.ledger import Claims, Ledger, RunRecord, default_path
 from evalpush.local_platform import LocalPlatform
-from evalpush.platform import PlatformClient
-from evalpush.prescan import RunningScan
-from evalpush.read import BOM
-from evalpush.retry import Retrier
-from evalpush.runs import LineCounter, load_run
-from evalpush.setaside import SetAside
-from evalpush.tracker import FEED_BYTES, Tracker
-from evalpush.upload import Uploader
+from evalpush.runs import BOM, LineCounter, load_run
+from evalpush.service import FEED_BYTES, Tracker
+from evalpush.upload import RunningScan, Uploader
 from evalpush.upload.context import Context
 from evalpush.upload.reconcile import Reconciler
 from evalpush.upload.steps import Steps
@@ -406,7 +403,7 @@ class TestTheTrackerAndTheUpload:
         monkeypatch: pytest.MonkeyPatch,
         feed_bytes: int,
     ):
-        monkeypatch.setattr("evalpush.tracker.FEED_BYTES", feed_bytes)
+        monkeypatch.setattr("evalpush.service.tracker.FEED_BYTES", feed_bytes)
         config = config_of()
         # Lines the first pass and conversion both refuse: the create's metadata is then exact.
         refused = [b'{"id": "a", oops}', b"", orjson.dumps({"id": "no-task"})]
@@ -461,7 +458,7 @@ class TestTheTrackerAndTheUpload:
         make_context: Callable[..., Context],
         monkeypatch: pytest.MonkeyPatch,
     ):
-        monkeypatch.setattr("evalpush.tracker.FEED_BYTES", 1)  # fed at each look
+        monkeypatch.setattr("evalpush.service.tracker.FEED_BYTES", 1)  # fed at each look
         config = config_of()
         lines = [tool_calls(n) for n in range(40)]
         data = file_bytes(lines)
@@ -491,7 +488,7 @@ class TestTheTrackerAndTheUpload:
         change: str,
         feed_bytes: int,
     ):
-        monkeypatch.setattr("evalpush.tracker.FEED_BYTES", feed_bytes)
+        monkeypatch.setattr("evalpush.service.tracker.FEED_BYTES", feed_bytes)
         config = config_of()
         run_dir = new_run(tmp_path / "runs", num_tasks=25)
         watching = Watching(ledger, config, run_dir)

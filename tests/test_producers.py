@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from evalpush.convert import Converted, RunTotals, convert_lines, scan, tally
-from evalpush.read import read_lines
+from evalpush.runs import read_lines
 from pushing import as_the_eval_sends
 from test_fixtures import differences
 

@@ -19,12 +19,12 @@ import msgspec
 import pytest
 
 from evalpush.app import App
+from evalpush.client import Gate, PlatformClient
 from evalpush.config import Config
-from evalpush.ledger import Ledger, State, default_path
+from evalpush.core.states import State
+from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
-from evalpush.platform import PlatformClient
 from evalpush.push import push
-from evalpush.retry import Gate
 from support.canned import ObservedTransport
 
 ONE_TRACE = (

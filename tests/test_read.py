@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from as_nobody import without_read_access
-from evalpush import read
-from evalpush.read import (
+from evalpush.runs import (
     Change,
     FileChangedError,
     Fingerprint,
@@ -24,6 +23,7 @@ from evalpush.read import (
     compare,
     digest_of,
     identity,
+    read,
     read_lines,
     verify,
 )

@@ -12,15 +12,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from evalpush import errors
-from evalpush.retry import (
-    OUTAGE_FIRST_REPORT_SECONDS,
-    Backoff,
-    Gate,
-    Outage,
-    OutageEvent,
-    Retrier,
-)
+from evalpush.client import OUTAGE_FIRST_REPORT_SECONDS, Backoff, Gate, Outage, OutageEvent, Retrier
+from evalpush.core import errors
 
 BACKOFF = Backoff(base_seconds=0.5, cap_seconds=8.0)
 TINY = Backoff(base_seconds=0.001, cap_seconds=0.005)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from evalpush.core.errors import RunError
 from evalpush.discover._scan import walk
-from evalpush.errors import RunError
 from evalpush.runs import (
     Producer,
     RunKind,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from evalpush.scheduler import Scheduler
+from evalpush.app import Scheduler
 
 WAIT_SECONDS = 10.0
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from evalpush.sdnotify import MAX_STATUS_CHARS, Notifier
+from evalpush.service import MAX_STATUS_CHARS, Notifier
 
 RECEIVE_TIMEOUT_SECONDS = 10.0
 
@@ -203,7 +203,7 @@ class TestFailures:
 
 def test_a_real_process_notifies_the_socket_named_in_its_environment(listener):
     code = (
-        "from evalpush.sdnotify import Notifier\n"
+        "from evalpush.service.sdnotify import Notifier\n"
         "n = Notifier.from_environ()\n"
         "n.ready(); n.status('12 waiting'); n.ping_if_due(0.0); n.stopping()\n"
     )

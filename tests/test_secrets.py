@@ -14,9 +14,10 @@ import pytest
 import structlog
 
 from evalpush import log
-from evalpush.ledger import Ledger, State, default_path
+from evalpush.core.setaside import SetAside
+from evalpush.core.states import State
+from evalpush.ledger import Ledger, default_path
 from evalpush.log import REDACTED, register_secret, scrub
-from evalpush.setaside import SetAside
 
 KEY = "pk-3fT9qLm2Xv8Rw1Zb7Nc4Hs6Jd0Ky"
 ODD_KEY = 'pk-7Hd/2Lq+Xz9="Rm\\4Tc8Wv1Bn5'

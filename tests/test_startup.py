@@ -156,8 +156,8 @@ def test_a_client_of_an_http_platform_builds_no_tls_context(
     needs it (an https one builds it at its first request: tests/test_wire_tls.py)."""
     import httpx
 
+    from evalpush.client import PlatformClient
     from evalpush.config import PlatformConfig
-    from evalpush.platform import PlatformClient
 
     built: list[object] = []
     real = httpx.create_ssl_context

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evalpush.platform import SYSTEMD_CREDENTIAL_NAME
+from evalpush.client import SYSTEMD_CREDENTIAL_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "systemd" / "evalpush.service"

@@ -25,21 +25,18 @@ import orjson
 import pytest
 
 import disks
-from evalpush.app import App
-from evalpush.claims import Claims
+from evalpush.app import App, Scheduler
+from evalpush.cli import status_rows
+from evalpush.client import PlatformClient, Retrier
 from evalpush.config import Config, PlatformConfig
 from evalpush.convert import RunTotals, convert_lines, summary, tally
-from evalpush.errors import Busy, ClaimLost, Interrupted, LedgerError, RunIdTaken
-from evalpush.ledger import Ledger, RunRecord, State, Step
+from evalpush.core.errors import Busy, ClaimLost, Interrupted, LedgerError, RunIdTaken
+from evalpush.core.setaside import SetAside
+from evalpush.core.states import State, Step
+from evalpush.ledger import Claims, Ledger, RunRecord
 from evalpush.local_platform import LocalPlatform
-from evalpush.platform import PlatformClient
 from evalpush.push import push
-from evalpush.read import read_lines
-from evalpush.report import status_rows
-from evalpush.retry import Retrier
-from evalpush.runs import derive_run_id, load_run
-from evalpush.scheduler import Scheduler
-from evalpush.setaside import SetAside
+from evalpush.runs import derive_run_id, load_run, read_lines
 from evalpush.upload import Uploader
 from evalpush.upload.context import Context, no_progress
 from evalpush.upload.steps import MAX_REFUSALS_NOT_BORNE_OUT

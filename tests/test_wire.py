@@ -16,10 +16,9 @@ from typing import Any
 import orjson
 import pytest
 
-from evalpush import errors, wire
+from evalpush.client import UNUSABLE_ANSWER_ATTEMPTS, PlatformClient, Retrier, wire
 from evalpush.config import PlatformConfig
-from evalpush.platform import PlatformClient
-from evalpush.retry import UNUSABLE_ANSWER_ATTEMPTS, Retrier
+from evalpush.core import errors
 from support.scripted import Exchange, Server, answering, ok, once, recording
 
 SAFETY_SECONDS = 10.0

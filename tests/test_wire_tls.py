@@ -19,9 +19,9 @@ import httpx
 import orjson
 import pytest
 
-from evalpush import errors
+from evalpush.client import PlatformClient
 from evalpush.config import PlatformConfig
-from evalpush.platform import PlatformClient
+from evalpush.core import errors
 from support.environ import clean_environ
 from support.runs import trace_line, write_run
 

@@ -26,11 +26,10 @@ from pathlib import Path
 
 import orjson
 
+from evalpush.client import Gate, PlatformClient, Retrier
 from evalpush.config import Config, PlatformConfig
 from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
-from evalpush.platform import PlatformClient
-from evalpush.retry import Gate, Retrier
 from evalpush.runs import load_run
 from evalpush.upload import Uploader
 

@@ -21,15 +21,14 @@ from pathlib import Path
 
 import msgspec
 
-from evalpush import paths
-from evalpush.app import App
-from evalpush.errors import AuthError, Busy, ClaimLost, Interrupted, RunError, RunIdTaken
+from evalpush.app import App, Scheduler
+from evalpush.core import paths
+from evalpush.core.errors import AuthError, Busy, ClaimLost, Interrupted, RunError, RunIdTaken
+from evalpush.core.states import State
 from evalpush.ledger import RunRecord
-from evalpush.lifecycle import upload_ended, upload_started
 from evalpush.log import get_logger
 from evalpush.runs import find_run_dirs
-from evalpush.scheduler import Scheduler
-from evalpush.states import State
+from evalpush.upload import upload_ended, upload_started
 
 __all__ = ["PushResult", "find_runs", "push", "push_one", "push_runs"]
 

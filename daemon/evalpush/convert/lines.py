@@ -27,10 +27,10 @@ from evalpush.convert.producers import Episode, decode_line, decode_line_tally, 
 from evalpush.convert.sample import build_sample, encode_sample, episode_trace_sample
 from evalpush.convert.totals import RunTotals
 from evalpush.convert.trace import NestedTooDeeply, Tally, Trace
-from evalpush.errors import BadRecord
-from evalpush.read import Line
-from evalpush.setaside import SetAside
-from evalpush.states import SetAsideKind
+from evalpush.core.errors import BadRecord
+from evalpush.core.setaside import SetAside
+from evalpush.core.states import SetAsideKind
+from evalpush.runs import Line
 
 BAD_LINE = SetAsideKind.BAD_LINE
 
@@ -143,7 +143,7 @@ def tally(lines: Iterator[Line], *, max_line_bytes: int) -> Scan:
 
 class Pass:
     """One first pass taken a line at a time: `scan` and `tally` feed it a file's lines in one
-    go, the daemon's tracker (`evalpush.prescan`) as they arrive; either way the same lines in
+    go, the daemon's tracker (`evalpush.upload.prescan`) as they arrive; either way the same lines in
     the same order make the same `Scan`, bit for bit."""
 
     __slots__ = ("_decode", "_max_line_bytes", "result")

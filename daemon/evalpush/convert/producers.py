@@ -41,7 +41,7 @@ from evalpush.convert.trace import (
     checked_tally,
     checked_trace,
 )
-from evalpush.errors import BadRecord
+from evalpush.core.errors import BadRecord
 
 
 class _Line(Trace, gc=False):

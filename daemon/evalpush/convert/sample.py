@@ -13,7 +13,7 @@ import msgspec
 
 from evalpush.convert import producers
 from evalpush.convert.trace import NULL, Call, NestedTooDeeply, Node, Trace, Usage, V2Trace, chain
-from evalpush.errors import BadRecord
+from evalpush.core.errors import BadRecord
 
 TRUNCATING_STOP_CONDITIONS = frozenset(
     {

@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from evalpush.errors import BadRecord
+from evalpush.core.errors import BadRecord
 
 NAN = float("nan")
 

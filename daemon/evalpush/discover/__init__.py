@@ -49,6 +49,7 @@ from evalpush.discover._inotify import (
 )
 from evalpush.discover._scan import RunDir, Scanner, look_at, printable, walk
 from evalpush.discover._watch import ObserverKind, Watcher
+from evalpush.discover.check import watch_verdicts
 
 __all__ = [
     "Hint",
@@ -67,4 +68,5 @@ __all__ = [
     "printable",
     "probe_inotify",
     "walk",
+    "watch_verdicts",
 ]

@@ -12,8 +12,14 @@ import msgspec
 
 from evalpush.config import RunsConfig, WatchConfig
 from evalpush.log import get_logger
-from evalpush.read import FileIdentity
-from evalpush.runs import CONFIG_FILE, CONFIGS_DIR, LEGACY_TRACES_FILE, TRACES_FILE, resolved_config
+from evalpush.runs import (
+    CONFIG_FILE,
+    CONFIGS_DIR,
+    LEGACY_TRACES_FILE,
+    TRACES_FILE,
+    FileIdentity,
+    resolved_config,
+)
 
 
 class RunDir(msgspec.Struct, frozen=True, gc=False):

@@ -19,11 +19,11 @@ from watchdog.events import (
 from watchdog.observers.api import BaseObserver, ObservedWatch
 
 from evalpush.config import RunsConfig, WatchConfig
+from evalpush.core.errors import ConfigError
 from evalpush.discover import _inotify
 from evalpush.discover._hints import EVENTS, Hint, HintKind, HintSink, hints_for
 from evalpush.discover._inotify import describe_inotify_error, probe_inotify
 from evalpush.discover._scan import inside, printable, resolve
-from evalpush.errors import ConfigError
 from evalpush.log import get_logger
 from evalpush.runs import CONFIG_FILE, LEGACY_TRACES_FILE, TRACES_FILE
 

@@ -82,7 +82,7 @@ import threading
 from pathlib import Path
 from typing import Any, Self
 
-from evalpush.errors import ConfigError
+from evalpush.core.errors import ConfigError
 from evalpush.local_platform._faults import REQUEST_KINDS, Fault
 from evalpush.local_platform._server import MAX_BODY_BYTES, PlatformServer
 from evalpush.local_platform._store import Store

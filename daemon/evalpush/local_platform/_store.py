@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from evalpush.errors import ConfigError
+from evalpush.core.errors import ConfigError
 
 RUNNING, COMPLETED = "RUNNING", "COMPLETED"
 CLOSE_OUT_STATUSES = frozenset({"FAILED", "CANCELLED"})

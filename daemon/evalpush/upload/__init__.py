@@ -1,6 +1,6 @@
 """The upload stage: one run's state machine, scan -> resolve -> create -> push -> finalize.
 
-A run is uploaded only under its claim (`evalpush.claims`): taken before anything is read or
+A run is uploaded only under its claim (`evalpush.ledger.claims`): taken before anything is read or
 sent, released on every way out Python sees; every ledger write is fenced by it. A run another
 live process holds is left alone (`Busy`); one whose holder is gone is taken over and resumed
 exactly as after a crash, from what its row records (an intent is reconciled with a read).
@@ -17,7 +17,7 @@ Exactly once, step by step (docs/ARCHITECTURE.md tells the whole protocol):
   for a run id the ledger never saw, after an ambiguous failure or a crash in between, or when
   the eval may have pushed itself, the platform is searched for one whose `metadata.run_id`
   matches (and is not an earlier evaluation of this run), which is adopted instead of creating
-  a second (`evalpush.lookup`);
+  a second (`evalpush.client.lookup`);
 - push: each batch's byte range is recorded before it is sent and the acknowledged offset after;
   an ambiguous failure or a crash in between is reconciled by listing the evaluation's sample
   ids, and only samples not already stored are sent;
@@ -32,7 +32,21 @@ or a crash left open), `files` (the trace file against its fingerprint), `crash`
 crash tests kill at).
 """
 
+from evalpush.upload.batch import Batch, Prefetch, batches
 from evalpush.upload.crash import CRASH_ENV
+from evalpush.upload.lifecycle import upload_ended, upload_started
+from evalpush.upload.prescan import Prescan, RunningScan
 from evalpush.upload.uploader import Progress, Uploader
 
-__all__ = ["CRASH_ENV", "Progress", "Uploader"]
+__all__ = [
+    "CRASH_ENV",
+    "Batch",
+    "Prefetch",
+    "Prescan",
+    "Progress",
+    "RunningScan",
+    "Uploader",
+    "batches",
+    "upload_ended",
+    "upload_started",
+]

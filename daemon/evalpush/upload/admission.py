@@ -15,13 +15,22 @@ from pathlib import Path
 
 import msgspec
 
-from evalpush import paths, transitions
-from evalpush.errors import RunIdTaken
-from evalpush.ledger import Ledger, RunRecord
+from evalpush.core import paths
+from evalpush.core.errors import RunIdTaken
+from evalpush.core.states import Outcome, State, Step
+from evalpush.ledger import Ledger, RunRecord, transitions
 from evalpush.log import get_logger
-from evalpush.read import Change, FileIdentity, digest_of, verify, what_is_at
-from evalpush.runs import Run, RunKind, derive_run_id, is_run_dir
-from evalpush.states import Outcome, State, Step
+from evalpush.runs import (
+    Change,
+    FileIdentity,
+    Run,
+    RunKind,
+    derive_run_id,
+    digest_of,
+    is_run_dir,
+    verify,
+    what_is_at,
+)
 from evalpush.upload.context import Context
 from evalpush.upload.files import fingerprint
 from evalpush.upload.reconcile import Reconciler

@@ -7,11 +7,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from evalpush.client import Environments, EvaluationIndex, PlatformClient, Retrier
 from evalpush.config import Config
 from evalpush.ledger import Ledger, RunRecord
-from evalpush.lookup import Environments, EvaluationIndex
-from evalpush.platform import PlatformClient
-from evalpush.retry import Retrier
 
 T = TypeVar("T")
 

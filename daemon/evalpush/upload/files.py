@@ -15,11 +15,12 @@ import os
 from pathlib import Path
 
 from evalpush.ledger import RunRecord
-from evalpush.read import (
+from evalpush.runs import (
     Change,
     FileChangedError,
     FileIdentity,
     Fingerprint,
+    Run,
     digest_of,
     digest_open,
     identity,
@@ -28,7 +29,6 @@ from evalpush.read import (
     verify,
     what_is_at,
 )
-from evalpush.runs import Run
 
 
 class Rewritten(FileChangedError):

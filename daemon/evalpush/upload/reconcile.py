@@ -16,14 +16,13 @@ import collections
 
 import msgspec
 
-from evalpush import transitions
-from evalpush.batch import Batch
-from evalpush.errors import Ambiguous, Conflict, Gone
-from evalpush.ledger import RunRecord
+from evalpush.client import Evaluation, is_platform_id, most_samples_stored
+from evalpush.core.errors import Ambiguous, Conflict, Gone
+from evalpush.core.states import Outcome, State, Step
+from evalpush.ledger import RunRecord, transitions
 from evalpush.log import get_logger
-from evalpush.platform import Evaluation, is_platform_id, most_samples_stored
 from evalpush.runs import OFFLINE_RUN_PREFIX, Producer, Run
-from evalpush.states import Outcome, State, Step
+from evalpush.upload.batch import Batch
 from evalpush.upload.context import Context
 
 
@@ -54,7 +53,7 @@ class Reconciler:
 
     def find_evaluation(self, record: RunRecord, run: Run, *, fresh: bool) -> Evaluation | None:
         """This run's evaluation on the platform, if one exists that is not an earlier one of
-        this run (`evalpush.lookup` says when a listing made now is needed)."""
+        this run (`evalpush.client.lookup` says when a listing made now is needed)."""
         return self._ctx.evaluations.find(
             created_in(record, run),
             run.run_id,

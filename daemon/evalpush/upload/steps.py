@@ -9,10 +9,9 @@ from typing import Any
 
 import msgspec
 
-from evalpush import provenance, transitions
-from evalpush.batch import Batch, Prefetch, batches
+from evalpush.client import UNUSABLE_ANSWER_ATTEMPTS
 from evalpush.convert import RunTotals, convert_lines, scan, summary, tally
-from evalpush.errors import (
+from evalpush.core.errors import (
     Ambiguous,
     BatchRefused,
     Conflict,
@@ -21,17 +20,25 @@ from evalpush.errors import (
     RunError,
     UnusableAnswers,
 )
-from evalpush.ledger import RunRecord
+from evalpush.core.setaside import SetAside
+from evalpush.core.states import Outcome, SetAsideKind, Step
+from evalpush.ledger import RunRecord, transitions
 from evalpush.log import get_logger
-from evalpush.prescan import Prescan
-from evalpush.read import FileIdentity, RangeDigest, identity, read_lines
-from evalpush.retry import UNUSABLE_ANSWER_ATTEMPTS
-from evalpush.runs import Producer, Run, require_env_name
-from evalpush.setaside import SetAside
-from evalpush.states import Outcome, SetAsideKind, Step
+from evalpush.runs import (
+    FileIdentity,
+    Producer,
+    RangeDigest,
+    Run,
+    identity,
+    read_lines,
+    require_env_name,
+)
+from evalpush.upload import provenance
+from evalpush.upload.batch import Batch, Prefetch, batches
 from evalpush.upload.context import Context
 from evalpush.upload.crash import crash_point
 from evalpush.upload.files import FileWatch, check_bytes, fingerprint
+from evalpush.upload.prescan import Prescan
 from evalpush.upload.reconcile import Reconciler, intent, without_stored
 
 HOLD_REASON = "{count} bad lines set aside: fix them, or `evalpush retry` uploads the rest"
@@ -65,7 +72,7 @@ class Steps:
         """One cheap pass fixes what the upload covers: the byte range, its fingerprint, its
         totals and its bad lines (held for a person with `convert.on_bad_line = "hold"`). A run
         the daemon watched while it was written comes queued at resolve instead: its tracker
-        kept this step's results as the lines arrived (`evalpush.prescan`)."""
+        kept this step's results as the lines arrived (`evalpush.upload.prescan`)."""
         ctx = self._ctx
         require_env_name(run)
         try:

@@ -1,7 +1,7 @@
 """The uploader: the entry point of the upload stage, shared by every worker thread.
 
 `upload(run)` claims the run, admits it (`admission`), drives its steps (`steps`) until it is
-finalized or cannot go on, records the outcome through `evalpush.transitions`, and releases the
+finalized or cannot go on, records the outcome through `evalpush.ledger.transitions`, and releases the
 claim on every way out Python sees. One job per run at a time in this process is the scheduler's
 promise; the claim keeps every other process (and a copy of the run in this one) off it.
 """
@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from evalpush import transitions
-from evalpush.claims import Claims
-from evalpush.errors import (
+from evalpush.client import PlatformClient
+from evalpush.core.errors import (
     AuthError,
     Conflict,
     Gone,
@@ -22,12 +21,10 @@ from evalpush.errors import (
     Refused,
     RunError,
 )
-from evalpush.ledger import RunRecord
+from evalpush.core.states import Outcome, State, Step
+from evalpush.ledger import Claims, RunRecord, transitions
 from evalpush.log import get_logger
-from evalpush.platform import PlatformClient
-from evalpush.read import Change, FileChangedError
-from evalpush.runs import Run, RunKind, derive_run_id
-from evalpush.states import Outcome, State, Step
+from evalpush.runs import Change, FileChangedError, Run, RunKind, derive_run_id
 from evalpush.upload.admission import Admission
 from evalpush.upload.context import Context, Progress
 from evalpush.upload.files import Rewritten
@@ -132,7 +129,7 @@ class Uploader:
             RunError,
             Refused,
             OSError,
-        ) as exc:  # its driver logs the outcome (evalpush.lifecycle)
+        ) as exc:  # its driver logs the outcome (evalpush.upload.lifecycle)
             return self._failed(record, run, exc)
         except Interrupted:
             self._interrupted(record)

@@ -1,0 +1,868 @@
+"""The `evalpush` command: one entry point, one subcommand per job.
+
+Exit codes (`EXIT_CODES`, shown by `--help`): 0 every run finalized; 1 some run failed, is held,
+had records set aside, or is busy elsewhere (and `check`: the platform cannot be reached); 2 the
+command line, the configuration or the credentials are wrong (no key, or the platform refused
+it: checked once, before anything is sent, and said in one line); 124 `push --timeout` ran out;
+128 + the signal (130 SIGINT, 143 SIGTERM) when `push` was stopped by one. Progress is kept
+in the ledger in every case: the next push goes on from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import enum
+import gc
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import IO, TYPE_CHECKING, Any
+
+import msgspec
+
+from evalpush import __version__
+from evalpush.config import Config, load_config
+from evalpush.core.errors import (
+    AuthError,
+    Busy,
+    CertificateError,
+    ConfigError,
+    EvalpushError,
+    RunError,
+    UsageError,
+)
+from evalpush.core.states import State
+from evalpush.ledger import SCHEMA_VERSION, Ledger, Process, RunRecord, default_path, holder_alive
+from evalpush.log import scrubbed_output
+
+if TYPE_CHECKING:
+    from evalpush.runs import Line
+
+EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
+EXIT_TIMEOUT = 124
+"""`push --timeout` ran out: what `timeout(1)` exits with, so a script tells "out of time, push
+again to go on" from "some run needs a person" (1) without parsing the output."""
+EXIT_SIGNAL_BASE = 128
+"""A push stopped by signal N exits 128 + N (130 SIGINT, 143 SIGTERM), as a shell reports it."""
+
+EXIT_CODES = """exit codes:
+  0    every run finalized (or skipped, or finalized before)
+  1    some run failed, is held, had records set aside, or is being uploaded by another
+       process (push --no-wait); check: the platform cannot be reached
+  2    usage, configuration or credentials: no API key, the platform refused it, or
+       its TLS certificate failed verification (checked once before anything is sent;
+       one line says which)
+  124  push --timeout ran out; progress is kept, push again to go on
+  130  stopped by SIGINT (Ctrl-C), 143 by SIGTERM; progress is kept, push again to go on
+"""
+
+
+_DURATION = re.compile(
+    r"(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s?)?"
+)
+
+
+def parse_duration(text: str) -> float:
+    """`90s`, `5m`, `1h30m`, or plain seconds (`90`), as seconds; argparse's type for it."""
+    match = _DURATION.fullmatch(text.strip())
+    if not text.strip() or match is None or not any(match.groups()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 90s, 5m, 1h30m)")
+    hours, minutes, seconds = (float(match[unit] or 0) for unit in "hms")
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a timeout must be longer than 0")
+    return total
+
+
+def _global_flags(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    """`--config` and `--state-dir`, accepted before the subcommand and after it. On the
+    subcommands they default to SUPPRESS, so one given before the subcommand is not reset."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=default,
+        help="config file (TOML); default $EVALPUSH_CONFIG",
+    )
+    parser.add_argument("--state-dir", type=Path, default=default, help="where the ledger lives")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's, given its width as `shutil.get_terminal_size` finds it: argparse would import
+    `shutil` (and with it bz2 and lzma, ~7 ms) for every parser built, help printed or not."""
+
+    def __init__(self, prog: str) -> None:
+        try:
+            columns = int(os.environ.get("COLUMNS", "0"))
+        except ValueError:
+            columns = 0
+        if columns <= 0:
+            try:
+                columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+            except (AttributeError, ValueError, OSError):
+                columns = 80
+        super().__init__(prog, width=columns - 2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="evalpush",
+        description="Upload verifiers eval runs to the platform, exactly once.",
+        epilog=EXIT_CODES,
+        formatter_class=_HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"evalpush {__version__}")
+    _global_flags(parser, default=None)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(
+            name,
+            help=help,
+            description=help,
+            epilog=EXIT_CODES,
+            formatter_class=_HelpFormatter,
+        )
+        _global_flags(p, default=argparse.SUPPRESS)
+        return p
+
+    p = command("convert", "print a run's samples as JSON lines (no network)")
+    p.add_argument("dir", type=Path, help="the run directory")
+
+    p = command("push", "upload the given run dirs (or roots holding them) now")
+    p.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
+    p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="do not wait for runs another process is uploading: report them and exit 1",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='one JSON document on stdout: {"results": [one object per run]}',
+    )
+    p.add_argument(
+        "--timeout",
+        type=parse_duration,
+        metavar="DURATION",
+        help="stop cleanly after DURATION (e.g. 90s, 5m, 1h): progress is kept; exit 124",
+    )
+
+    command("run", "the daemon: watch watch.roots and upload each run once it is finished")
+
+    p = command("status", "every run the ledger knows and how far it got, or one run in full")
+    p.add_argument(
+        "run",
+        metavar="RUN",
+        nargs="?",
+        help="one run in full: run id (or a unique prefix) or path",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON instead of text: a list of one object per run; one object with RUN",
+    )
+    p.add_argument(
+        "--daemon",
+        action="store_true",
+        help='only the ledger and the daemon\'s view (with --json: {"ledger", "schema", "daemon"})',
+    )
+    p.add_argument(
+        "--state",
+        action="append",
+        choices=[str(s) for s in State],
+        metavar="STATE",
+        help="only runs in STATE (again for more): " + ", ".join(str(s) for s in State),
+    )
+    p.add_argument(
+        "--limit", type=int, metavar="N", help="only the N runs updated last (the newest)"
+    )
+
+    p = command("retry", "put a failed or held run back in the queue")
+    p.add_argument("run", metavar="RUN", nargs="?", help="run id (or a unique prefix) or path")
+    p.add_argument("--all-failed", action="store_true", help="every failed run")
+
+    p = command("forget", "drop a run from the ledger (it will be seen as new)")
+    p.add_argument("run", metavar="RUN", help="run id (or a unique prefix) or path")
+    p.add_argument(
+        "--yes",
+        action="store_true",
+        help="forget a run that has an evaluation (the next push creates a second one)",
+    )
+
+    command("check", "check config, ledger, credentials and the platform: one row each")
+
+    command("migrate", "upgrade the ledger from an older evalpush, keeping a backup of it")
+
+    p = command("demo", "the main job on an embedded default: local platform, sample runs")
+    p.add_argument("--dir", type=Path, default=None, help="scratch dir (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the local platform up until Ctrl-C")
+
+    p = command("local-platform", "serve the local stand-in of the platform")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8700)
+    p.add_argument("--api-key", default=None, help="bearer key to require (default: any)")
+    p.add_argument("--db", type=Path, default=None, help="SQLite file (default: in memory)")
+    return parser
+
+
+def _load(args: argparse.Namespace) -> Config:
+    flags = {"state": {"dir": args.state_dir}} if args.state_dir else None
+    return load_config(args.config, flags=flags)
+
+
+def cmd_convert(args: argparse.Namespace, config: Config) -> int:
+    gc.freeze()  # as in cmd_push: what is loaded by now is never garbage
+    try:
+        report = _convert_to_streams(args.dir, config, sys.stdout.buffer, sys.stderr.buffer)
+    except RunError as exc:
+        print(f"evalpush: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_PARTIAL if report["set_aside"] or not report["env_name"] else EXIT_OK
+
+
+def _convert_to_streams(
+    directory: Path, config: Config, out: IO[bytes], err: IO[bytes]
+) -> dict[str, Any]:
+    """`evalpush convert`: samples as JSON lines on `out`, then the summary on `err`.
+
+    Returns the summary (with its `set_aside` records).
+    """
+    import msgspec
+
+    from evalpush.convert import RunTotals, convert_lines, summary
+    from evalpush.core.setaside import SetAside
+    from evalpush.runs import load_run
+
+    run = load_run(directory)
+    totals = RunTotals()
+    set_aside: list[dict[str, Any]] = []
+    lines = _readable_lines(run.traces_path, config.read.max_line_bytes)
+    pending: list[bytes] = []
+    for item in convert_lines(lines, totals, max_line_bytes=config.read.max_line_bytes):
+        if isinstance(item, SetAside):
+            set_aside.append(
+                {"line": item.line, "offset": item.offset, "reason": item.reason, "size": item.size}
+            )
+            err.write(f"{run.traces_path}: line {item.line}: {item.reason}\n".encode())
+            continue
+        pending.append(item.sample)
+        if len(pending) >= 256:
+            out.write(b"\n".join(pending) + b"\n")
+            pending.clear()
+    if pending:
+        out.write(b"\n".join(pending) + b"\n")
+    out.flush()
+    if not run.env_name:
+        err.write(f"{run.path}: no environment name ('[taskset] id' or 'id')\n".encode())
+    report = {**summary(run, totals), "set_aside": set_aside}
+    err.write(msgspec.json.encode(report) + b"\n")
+    err.flush()
+    return report
+
+
+def _readable_lines(path: Path, max_line_bytes: int) -> Iterator[Line]:
+    """`read_lines`, with a trace file that cannot be read reported as the run's error."""
+    from evalpush.runs import read_lines
+
+    try:
+        yield from read_lines(path, max_line_bytes=max_line_bytes)
+    except PermissionError:
+        raise RunError(f"{path}: not readable (permission denied)") from None
+    except OSError as exc:
+        raise RunError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+
+
+def cmd_push(args: argparse.Namespace, config: Config) -> int:
+    from evalpush import log
+    from evalpush.app import App
+    from evalpush.cli.report import push_object, push_progress
+    from evalpush.client import Gate
+    from evalpush.push import find_runs, push_runs
+
+    missing = [str(d) for d in args.dirs if not d.exists()]
+    if missing:
+        print(f"evalpush push: no such directory: {', '.join(missing)}", file=sys.stderr)
+        return EXIT_USAGE
+    found = find_runs([d.resolve() for d in args.dirs])
+    if not found:
+        print(
+            "evalpush push: no eval run found (a run dir holds config.toml and traces.jsonl)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    progress = push_progress(sys.stdout, sys.stderr, found, quiet=args.json)
+    # One-shot: the key is checked by one probe before anything is sent, and a refused key
+    # stops the push (exit 2) instead of waiting for a new one; outages are told on stderr.
+    gate = Gate(one_shot=True, on_outage=progress.outage)
+    stopped = _Stopped()
+    with App.from_config(config, progress=progress.update, gate=gate, wait_on_auth=False) as app:
+        _tell_upgrade(app.ledger)
+        app.client.credentials  # noqa: B018 - no key (or an unusable base URL): one error, up front
+        # What is loaded by now (modules, config, clients) lives as long as the process: keep it
+        # out of every garbage collection to come (about 6% of a push's CPU).
+        gc.freeze()
+        with (
+            progress,
+            _stop_on_signals(stopped.by_signal(app.request_stop)),
+            _stop_after(args.timeout, stopped.by_timeout(app.request_stop)),
+        ):
+            # Set up here so the log's lines print above the bar while it shows. A push logs at
+            # warning unless log.level is set: its own lines say what became of each run.
+            level = config.log.level if "level" in config.log.model_fields_set else "warning"
+            log.configure(level, config.log.format, stream=progress.console_stream)
+            try:
+                results = push_runs(
+                    app,
+                    found,
+                    wait=not args.no_wait,
+                    on_result=progress.done,
+                )
+            except AuthError as exc:
+                refused = (
+                    f"the platform refused the API key from {app.client.credentials.key_source}"
+                )
+                raise AuthError(f"{refused}: {exc}") from None
+        if args.json:
+            objects = [
+                push_object(r, app.ledger.set_aside(r.record) if r.record else []) for r in results
+            ]
+    if args.json:
+        import msgspec
+
+        document = msgspec.json.encode({"results": objects})
+        sys.stdout.buffer.write(msgspec.json.format(document, indent=2) + b"\n")
+        sys.stdout.flush()
+    finished = all(r.ok for r in results)
+    if stopped.code is not None and not finished:  # a stop after the last run changed nothing
+        done = sum(1 for r in results if r.ok)
+        print(
+            f"evalpush push: {stopped.why}: stopped with {done} of {len(results)} runs done; "
+            "progress is kept, push again to go on",
+            file=sys.stderr,
+        )
+        return stopped.code
+    return EXIT_OK if finished else EXIT_PARTIAL
+
+
+class _Stopped:
+    """Why a push was stopped before it was done (a signal, or its timeout), and the exit code
+    that says so; the first reason wins."""
+
+    def __init__(self) -> None:
+        self.code: int | None = None
+        self.why = ""
+
+    def _set(self, code: int, why: str) -> None:
+        if self.code is None:
+            self.code, self.why = code, why
+
+    def by_signal(self, request_stop: Callable[[], None]) -> Callable[[int], None]:
+        def stop(signum: int) -> None:
+            self._set(EXIT_SIGNAL_BASE + signum, signal.Signals(signum).name)
+            request_stop()
+
+        return stop
+
+    def by_timeout(self, request_stop: Callable[[], None]) -> Callable[[float], None]:
+        def stop(seconds: float) -> None:
+            from evalpush.runs import format_duration
+
+            self._set(EXIT_TIMEOUT, f"--timeout {format_duration(seconds)} ran out")
+            request_stop()
+
+        return stop
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: Callable[[int], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT request a clean stop while the block runs (the handler only records
+    it: the work sees the stop event and winds down)."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        stop(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, before in previous.items():
+            signal.signal(signum, before)
+
+
+@contextlib.contextmanager
+def _stop_after(seconds: float | None, stop: Callable[[float], None]) -> Iterator[None]:
+    """Call `stop(seconds)` once `seconds` have passed while the block runs (None: never)."""
+    if seconds is None:
+        yield
+        return
+    timer = threading.Timer(seconds, stop, args=(seconds,))
+    timer.name = "push-timeout"
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
+
+
+def cmd_run(args: argparse.Namespace, config: Config) -> int:
+    """The daemon in the foreground (what systemd starts). Exit 0 after SIGTERM/SIGINT."""
+    from evalpush import log
+    from evalpush.service import Daemon, Notifier, Request
+
+    log.configure(config.log.level, config.log.format, stream=sys.stdout)
+    log.capture_warnings()
+
+    def reload_config() -> Config:
+        again = _load(args)
+        log.configure(again.log.level, again.log.format, stream=sys.stdout)
+        return again
+
+    config_file = args.config or os.environ.get("EVALPUSH_CONFIG")
+    daemon = Daemon(
+        reload_config,
+        notifier=Notifier.from_environ(),
+        config_file=None if config_file is None else str(Path(config_file).absolute()),
+    )
+    requests = {
+        signal.SIGTERM: Request.STOP,
+        signal.SIGINT: Request.STOP,
+        signal.SIGHUP: Request.RELOAD,
+    }
+    previous = {
+        signum: signal.signal(signum, lambda signum, _frame: daemon.request(requests[signum]))
+        for signum in requests
+    }
+    try:
+        return daemon.run(config)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def cmd_status(args: argparse.Namespace, config: Config) -> int:
+    """Read-only: a missing ledger is said (with its path), never created."""
+    from evalpush.cli.report import (
+        daemon_json,
+        daemon_text,
+        detail_text,
+        mark_paused,
+        not_running_text,
+        run_detail,
+        select_rows,
+        status_rows,
+        status_table,
+    )
+    from evalpush.service import gatefile
+
+    path = default_path(config.state_dir)
+    view = gatefile.read(config.state_dir)
+    last = gatefile.last_seen(config.state_dir) if view is None else None
+    if not os.path.lexists(path):
+        if args.run is not None:
+            raise UsageError(f"no run {args.run!r}: there is no ledger at {path} yet")
+        if args.daemon and args.json:
+            _print_json({"ledger": str(path), "schema": None, "daemon": daemon_json(view, last)})
+        elif args.json:
+            _print_json([])
+        else:
+            print(f"no runs: there is no ledger at {path} yet")
+            if args.daemon:
+                print(daemon_text(view) if view is not None else not_running_text(last))
+        return EXIT_OK
+    with Ledger.for_reading(path) as ledger:
+        if args.run is not None:
+            detail = run_detail(ledger, _find(ledger, args.run, busy_ok=True))
+            mark_paused([detail], view)
+            _print_json(detail) if args.json else print(detail_text(detail))
+            return EXIT_OK
+        if args.daemon and args.json:
+            document: Any = {
+                "ledger": str(path),
+                "schema": ledger.file_version,
+                "daemon": daemon_json(view, last),
+            }
+            _print_json(document)
+            return EXIT_OK
+        records = {record.run_id: record for record in ledger.all()}
+        rows = select_rows(status_rows(ledger), states=args.state, limit=args.limit)
+        mark_paused(rows, view)
+        if args.json:
+            shown = {row["run_id"] for row in rows if row["state"] != State.SUPERSEDED}
+            document = [
+                run_detail(ledger, records[run_id]) for run_id in records if run_id in shown
+            ]
+            mark_paused(document, view)
+        count = len(records)
+        old = ledger.file_version != SCHEMA_VERSION
+    if args.json:
+        _print_json(document)
+        return EXIT_OK
+    print(f"ledger:     {path}: {count} run{'' if count == 1 else 's'}")
+    if old:
+        print(f"            {upgrade_advice(ledger.file_version)}")
+    print(daemon_text(view) if view is not None else not_running_text(last))
+    if args.daemon:
+        return EXIT_OK
+    print(status_table(rows, ledger=path))
+    if args.state or (args.limit is not None and len(rows) >= args.limit):
+        print(f"({len(rows)} shown; `evalpush status RUN` shows one in full)")
+    return EXIT_OK
+
+
+def _print_json(value: Any) -> None:
+    import msgspec
+
+    sys.stdout.buffer.write(msgspec.json.format(msgspec.json.encode(value), indent=2) + b"\n")
+    sys.stdout.flush()
+
+
+def _existing_ledger(config: Config, key: str) -> Path:
+    """The ledger `retry` and `forget` change; a UsageError when there is none (they never
+    create one: there is nothing to retry or forget in a ledger that does not exist)."""
+    path = default_path(config.state_dir)
+    if not os.path.lexists(path):
+        raise UsageError(f"no run {key!r}: there is no ledger at {path} yet")
+    return path
+
+
+def upgrade_advice(version: int) -> str:
+    """What a reader says of a ledger an older evalpush wrote."""
+    return (
+        f"schema {version} from an older evalpush, read through a copy; "
+        f"`evalpush migrate` upgrades it to {SCHEMA_VERSION} (with a backup)"
+    )
+
+
+def _tell_upgrade(ledger: Ledger) -> None:
+    """A command that upgraded the ledger on opening it says so on stderr."""
+    if ledger.upgrade is not None:
+        print(f"evalpush: {ledger.upgrade.message}", file=sys.stderr)
+
+
+def cmd_migrate(args: argparse.Namespace, config: Config) -> int:
+    """Upgrade the ledger in place after a backup beside it (what a daemon or push of this
+    version would do by itself at its start), and say what was done."""
+    path = default_path(config.state_dir)
+    if not os.path.lexists(path):
+        print(f"no ledger at {path}: nothing to upgrade (the first push or run creates one)")
+        return EXIT_OK
+    with Ledger(path) as ledger:
+        upgrade = ledger.upgrade
+    if upgrade is None:
+        print(f"ledger {path} is at schema {SCHEMA_VERSION}, this evalpush's: nothing to do")
+    else:
+        print(upgrade.message)
+    return EXIT_OK
+
+
+def cmd_retry(args: argparse.Namespace, config: Config) -> int:
+    from evalpush.ledger import transitions
+
+    if (args.run is None) == (not args.all_failed):
+        raise UsageError("retry takes a RUN or --all-failed (not both)")
+    with Ledger(_existing_ledger(config, args.run or "--all-failed")) as ledger:
+        _tell_upgrade(ledger)
+        if args.all_failed:
+            failed = ledger.in_state(State.FAILED)
+            for record in failed:
+                transitions.requeue(ledger, record)
+                print(f"queued {record.run_id} ({record.path})")
+            print(f"{len(failed)} failed run{'' if len(failed) == 1 else 's'} queued")
+            return EXIT_OK
+        record = _find(ledger, args.run)
+        if record.state not in (State.FAILED, State.HELD):
+            print(
+                f"evalpush retry: run {record.run_id} is {record.state}; only failed or held "
+                "runs are retried",
+                file=sys.stderr,
+            )
+            return EXIT_PARTIAL
+        transitions.requeue(ledger, record)
+    print(f"queued {record.run_id} ({record.path})")
+    return EXIT_OK
+
+
+def cmd_forget(args: argparse.Namespace, config: Config) -> int:
+    with Ledger(_existing_ledger(config, args.run)) as ledger:
+        _tell_upgrade(ledger)
+        record = _find(ledger, args.run)
+        if record.evaluation_id is not None and not args.yes and not _confirm_forget(record):
+            return EXIT_PARTIAL
+        ledger.forget(record)
+    print(f"forgot {record.run_id} ({record.path})")
+    return EXIT_OK
+
+
+def _confirm_forget(record: RunRecord) -> bool:
+    """Say what forgetting a run with an evaluation costs; ask on a terminal, refuse without."""
+    what = "finalized" if record.state == State.FINALIZED else "open"
+    print(
+        f"evalpush forget: run {record.run_id} has a {what} evaluation on the platform "
+        f"({record.viewer_url or record.evaluation_id}). After forgetting it, the next push "
+        "uploads the run again as a SECOND evaluation"
+        + ("" if what == "finalized" else ", and this one stays open")
+        + ".",
+        file=sys.stderr,
+    )
+    if not sys.stdin.isatty():
+        print("evalpush forget: pass --yes to forget it anyway", file=sys.stderr)
+        return False
+    answer = input("Forget it? [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _find(ledger: Ledger, key: str, *, busy_ok: bool = False) -> RunRecord:
+    """The one run `key` names (a path, a run id or a prefix of one), else a `UsageError`
+    saying why: no key, no such run, or which runs an ambiguous prefix could mean. A run
+    another live process holds is `Busy`, unless `busy_ok` (to read it)."""
+    if not key:
+        raise UsageError("an empty run key names no run: give a run id, a prefix or a path")
+    path = Path(key)
+    found = ledger.match(str(path.resolve())) if path.exists() else []
+    found = found or ledger.match(key)
+    if not found:
+        from evalpush.runs import why_not_a_run
+
+        why = why_not_a_run(path) if path.is_dir() else None
+        raise UsageError(
+            f"no run {key!r} in the ledger (see `evalpush status`)" + (f": {why}" if why else "")
+        )
+    if len(found) > 1:
+        candidates = "\n".join(f"  {r.run_id}  {r.path}" for r in found)
+        raise UsageError(f"{key!r} could be any of {len(found)} runs:\n{candidates}")
+    record = found[0]
+    holder = record.holder
+    if not busy_ok and holder is not None and holder_alive(holder, Process.current(), time.time()):
+        raise Busy(
+            f"run {record.run_id} is being uploaded by {holder.describe()}: try again once it is "
+            "done",
+            pid=holder.pid,
+            host=holder.host,
+            since=holder.since,
+        )
+    return record
+
+
+class Check(enum.StrEnum):
+    """What `check` looks at, in order."""
+
+    CONFIG = "config"
+    WATCH = "watch"
+    LEDGER = "ledger"
+    CREDENTIALS = "credentials"
+    PLATFORM = "platform"
+
+
+class _Row(msgspec.Struct, frozen=True):
+    check: Check
+    ok: bool | None  # None: skipped, since what it needs failed
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        result = "SKIP" if self.ok is None else ("OK" if self.ok else "FAIL")
+        fix = f"; fix: {self.fix}" if self.fix else ""
+        return f"{self.check:<12} {result:<6} {self.detail}{fix}"
+
+
+KEY_REFUSED = "the platform refused the key"
+KEY_FIX = (
+    "set PRIME_API_KEY, or platform.api_key_file, or $CREDENTIALS_DIRECTORY/prime-api-key, "
+    "or run `prime login`"
+)
+
+
+def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigError | None) -> int:
+    """Every check, one row each (OK, FAIL with the fix, or SKIP when what it needs failed):
+    exit 2 when the configuration or the credentials are wrong (the platform refusing the key
+    included), 1 when only the ledger or the platform fails, 0 when all pass. Reads only."""
+    from evalpush.client import PlatformClient
+
+    source = args.config or os.environ.get("EVALPUSH_CONFIG") or "defaults and the environment"
+    if config is None:
+        rows = [
+            _Row(Check.CONFIG, False, str(error), "correct the key it names"),
+            *(_Row(c, None, "needs a valid configuration") for c in list(Check)[1:]),
+        ]
+        return _check_report(rows)
+    rows = [_Row(Check.CONFIG, True, f"{source}: valid")]
+    rows.append(_check_watch(config))
+    rows.append(_check_ledger(default_path(config.state_dir)))
+    with PlatformClient(config.platform) as client:
+        rows.append(_check_credentials(client))
+        if rows[-1].ok:
+            rows.append(_check_platform(client))
+        else:
+            rows.append(_Row(Check.PLATFORM, None, "needs credentials"))
+    return _check_report(rows)
+
+
+def _check_watch(config: Config) -> _Row:
+    """The daemon's roots: absolute, there, readable; the filesystem and watcher of each."""
+    from evalpush.config import WatchConfig
+    from evalpush.discover import watch_verdicts
+
+    if config.watch.roots == WatchConfig().roots:  # the default: not set
+        return _Row(
+            Check.WATCH,
+            None,
+            "watch.roots not set (the default ./outputs is relative): only `push` can be used (it takes its own directories); "
+            "set absolute roots for the daemon (`evalpush run`)",
+        )
+    verdicts, watches = watch_verdicts(config.watch)
+    bad = [v for v in verdicts if not v.ok]
+    detail = "; ".join(v.detail for v in verdicts) + f"; {watches}"
+    if not bad:
+        return _Row(Check.WATCH, True, detail)
+    fixes = "; ".join(dict.fromkeys(v.fix for v in bad))
+    return _Row(Check.WATCH, False, detail, fixes)
+
+
+def _check_credentials(client: Any) -> _Row:
+    try:
+        creds = client.credentials
+    except (AuthError, ConfigError) as exc:
+        # A missing key's message says where to set one; an unusable URL's, what to change.
+        says_how = isinstance(exc, ConfigError) or "prime login" in str(exc)
+        return _Row(Check.CREDENTIALS, False, str(exc), "" if says_how else KEY_FIX)
+    team = f" (team {creds.team_id})" if creds.team_id else ""
+    return _Row(Check.CREDENTIALS, True, f"key from {creds.key_source}; api {creds.api_base}{team}")
+
+
+def _check_ledger(path: Path) -> _Row:
+    """Read-only: a ledger that is not there yet is fine where it can be created; one from
+    an older evalpush is read through a copy (the file is left as it is) and said to be."""
+    if not os.path.lexists(path):
+        parent = path.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if os.access(parent, os.W_OK | os.X_OK):
+            return _Row(Check.LEDGER, True, f"{path}: not created yet; the first push or run will")
+        return _Row(
+            Check.LEDGER,
+            False,
+            f"{path}: cannot be created ({parent} is not writable by this user)",
+            "give this user the directory, or set state.dir / --state-dir",
+        )
+    try:
+        with Ledger(path, read_only=True) as ledger:
+            runs = f"{len(ledger.all())} runs known"
+            if ledger.file_version != SCHEMA_VERSION:
+                runs += f" ({upgrade_advice(ledger.file_version)})"
+    except EvalpushError as exc:
+        return _Row(Check.LEDGER, False, str(exc), "see the message")
+    if not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)):
+        return _Row(
+            Check.LEDGER,
+            False,
+            f"{path}: {runs}, but not writable by this user (uploads write to it)",
+            "run as its owner, or fix its owner and mode",
+        )
+    return _Row(Check.LEDGER, True, f"{path}: {runs}, writable")
+
+
+def _check_platform(client: Any) -> _Row:
+    started = time.monotonic()
+    try:
+        client.probe()
+    except AuthError as exc:
+        return _Row(Check.PLATFORM, False, f"{KEY_REFUSED}: {exc}", KEY_FIX)
+    except EvalpushError as exc:
+        return _Row(
+            Check.PLATFORM,
+            False,
+            f"cannot be reached: {exc}",
+            "check platform.api_base_url (or PRIME_API_BASE_URL), the network and any proxy",
+        )
+    elapsed_ms = (time.monotonic() - started) * 1000
+    return _Row(Check.PLATFORM, True, f"reachable, key accepted ({elapsed_ms:.0f} ms)")
+
+
+def _check_report(rows: list[_Row]) -> int:
+    print(f"{'CHECK':<12} {'RESULT':<6} DETAIL")
+    for row in rows:
+        print(row.line())
+    failed = [row for row in rows if row.ok is False]
+    if not failed:
+        return EXIT_OK
+    print(
+        f"evalpush check: {len(failed)} failed: "
+        + "; ".join(f"{row.check}: {row.detail}" for row in failed),
+        file=sys.stderr,
+    )
+    setup = any(
+        row.check in (Check.CONFIG, Check.CREDENTIALS)
+        or (row.check == Check.WATCH and "relative" in row.detail)
+        or (row.check == Check.PLATFORM and row.detail.startswith(KEY_REFUSED))
+        for row in failed
+    )
+    return EXIT_USAGE if setup else EXIT_PARTIAL
+
+
+def cmd_demo(args: argparse.Namespace, config: Config) -> int:
+    from evalpush import log
+    from evalpush.cli.demo import run_demo
+
+    # The live view is the demo's output; the daemon's lifecycle lines would drown it.
+    log.configure("warning", config.log.format, stream=sys.stderr)
+    return run_demo(sys.stdout, directory=args.dir, keep=args.keep)
+
+
+def cmd_local_platform(args: argparse.Namespace, config: Config) -> int:
+    from evalpush.local_platform import serve
+
+    serve(host=args.host, port=args.port, api_key=args.api_key, db=args.db)
+    return EXIT_OK
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
+    "convert": cmd_convert,
+    "push": cmd_push,
+    "run": cmd_run,
+    "status": cmd_status,
+    "retry": cmd_retry,
+    "forget": cmd_forget,
+    "migrate": cmd_migrate,
+    "demo": cmd_demo,
+    "local-platform": cmd_local_platform,
+}
+
+
+def _print_any_file_name() -> None:
+    """A file name that is not UTF-8 reaches text as lone surrogates: print them escaped rather
+    than fail on them (what evalpush prints on purpose is escaped already, `evalpush.core.paths`)."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+
+@scrubbed_output  # nothing the command prints can carry the API key
+def main(argv: Sequence[str] | None = None) -> int:
+    _print_any_file_name()
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "check":  # a configuration error is one of its rows
+            try:
+                config: Config | None = _load(args)
+            except ConfigError as exc:
+                return cmd_check(args, None, exc)
+            return cmd_check(args, config, None)
+        config = _load(args)
+        return _COMMANDS[args.command](args, config)
+    except (ConfigError, UsageError, AuthError, CertificateError) as exc:
+        print(f"evalpush: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except EvalpushError as exc:
+        print(f"evalpush: {exc}", file=sys.stderr)
+        return EXIT_PARTIAL
+    except KeyboardInterrupt:
+        return 130

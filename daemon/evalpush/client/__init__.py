@@ -1,0 +1,52 @@
+"""The platform: credentials, the evaluations API's client over httpx, the lookups it answers, and the retry policy and gate that ride out its outages."""
+
+from evalpush.client.lookup import Environments, EvaluationIndex
+from evalpush.client.platform import (
+    DEFAULT_API_BASE,
+    DEFAULT_FRONTEND_URL,
+    SYSTEMD_CREDENTIAL_NAME,
+    USER_AGENT,
+    Evaluation,
+    PlatformClient,
+    is_finalized,
+    is_platform_id,
+    load_credentials,
+    most_samples_stored,
+)
+from evalpush.client.retry import (
+    AUTH,
+    OUTAGE_FIRST_REPORT_SECONDS,
+    PAUSED,
+    UNREACHABLE,
+    UNUSABLE_ANSWER_ATTEMPTS,
+    Backoff,
+    Gate,
+    Outage,
+    OutageEvent,
+    Retrier,
+)
+
+__all__ = [
+    "AUTH",
+    "Backoff",
+    "DEFAULT_API_BASE",
+    "DEFAULT_FRONTEND_URL",
+    "Environments",
+    "Evaluation",
+    "EvaluationIndex",
+    "Gate",
+    "OUTAGE_FIRST_REPORT_SECONDS",
+    "Outage",
+    "OutageEvent",
+    "PAUSED",
+    "PlatformClient",
+    "Retrier",
+    "SYSTEMD_CREDENTIAL_NAME",
+    "UNREACHABLE",
+    "UNUSABLE_ANSWER_ATTEMPTS",
+    "USER_AGENT",
+    "is_finalized",
+    "is_platform_id",
+    "load_credentials",
+    "most_samples_stored",
+]

@@ -1,0 +1,33 @@
+"""Configuration: every setting defined once, read from the file, the environment and the flags, and validated."""
+
+from evalpush.config.settings import (
+    NOT_SETTINGS,
+    Config,
+    LogConfig,
+    MetricsConfig,
+    PlatformConfig,
+    ReadConfig,
+    RunsConfig,
+    UploadConfig,
+    WatchConfig,
+    load_config,
+    read_toml,
+    section_keys,
+    sections,
+)
+
+__all__ = [
+    "Config",
+    "LogConfig",
+    "MetricsConfig",
+    "NOT_SETTINGS",
+    "PlatformConfig",
+    "ReadConfig",
+    "RunsConfig",
+    "UploadConfig",
+    "WatchConfig",
+    "load_config",
+    "read_toml",
+    "section_keys",
+    "sections",
+]

@@ -1,0 +1,26 @@
+"""The ledger: durable per-run progress, claims on runs, and the run state transitions."""
+
+from evalpush.ledger.claims import (
+    LINGER_SECONDS,
+    Claims,
+    Holder,
+    Process,
+    holder_alive,
+    process_start,
+)
+from evalpush.ledger.store import SCHEMA_VERSION, Ledger, RunRecord, default_path
+from evalpush.ledger.transitions import next_step
+
+__all__ = [
+    "Claims",
+    "Holder",
+    "LINGER_SECONDS",
+    "Ledger",
+    "Process",
+    "RunRecord",
+    "SCHEMA_VERSION",
+    "default_path",
+    "holder_alive",
+    "next_step",
+    "process_start",
+]

@@ -1,0 +1,225 @@
+"""The ledger's tables, version by version, and how a file is brought to the current version.
+
+The version is SQLite's `user_version`. `migrate` runs every step a file lacks inside ONE write
+transaction (`BEGIN IMMEDIATE`) that reads the version first, so any number of processes may
+open a new or an old ledger at once: each sees the file wholly before a migration or wholly
+after it, never half-built (creating a new file is migrating from version 0).
+
+- Version 1: runs keyed by path.
+- Version 2: runs keyed by run id, with the path they were last seen at (as text for people and
+  as the raw bytes), the trace file's fingerprint (mtime, ctime, SHA-256 of the bytes scanned),
+  whether the platform was searched for the run id, and the run's claim; `forgotten`
+  evaluations. A run that schema 1 saw at two paths had two rows: the one updated last is kept,
+  and the other's evaluation goes to its history as `duplicate`.
+- Version 3: `settles_at`, when a waiting run becomes ready by the settle rule if its file does
+  not grow again (the daemon writes it; `status` counts down to it); an index on `state`.
+- Version 4: `last_error_at`, when `last_error` was written (`status RUN` shows it).
+- Version 5: no table changes; a run's `totals` may hold its rollout counts deflated
+  (`dense_deflated`, `convert.totals.RolloutCounter`, when they are over 256 bytes raw), which
+  an evalpush of version 4 would fail on mid-upload: the version makes it refuse the file at
+  once instead, naming it. Counts saved raw (an older evalpush's, or a few) still read.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+from evalpush.core.errors import LedgerError
+
+_V1 = [
+    """
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY,
+        path TEXT NOT NULL UNIQUE,
+        run_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        step TEXT NOT NULL DEFAULT 'scan',
+        file_device INTEGER,
+        file_inode INTEGER,
+        file_size INTEGER,
+        upload_end INTEGER,
+        env_id TEXT,
+        evaluation_id TEXT,
+        viewer_url TEXT,
+        pending TEXT,
+        acked_offset INTEGER NOT NULL DEFAULT 0,
+        acked_line INTEGER NOT NULL DEFAULT 0,
+        samples_sent INTEGER NOT NULL DEFAULT 0,
+        samples_seen INTEGER NOT NULL DEFAULT 0,
+        bytes_sent INTEGER NOT NULL DEFAULT 0,
+        totals BLOB,
+        release_hold INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        finalized_at REAL
+    )""",
+    "CREATE INDEX runs_run_id ON runs (run_id)",
+    """
+    CREATE TABLE set_aside (
+        run INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        line INTEGER NOT NULL,
+        offset INTEGER NOT NULL,
+        size INTEGER NOT NULL,
+        kind TEXT NOT NULL,
+        reason TEXT NOT NULL,
+        PRIMARY KEY (run, offset)
+    )""",
+    """
+    CREATE TABLE history (
+        run INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        evaluation_id TEXT NOT NULL,
+        viewer_url TEXT,
+        outcome TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (run, evaluation_id)
+    )""",
+]
+
+_V1_COLUMNS = (
+    "id, run_id, path, kind, state, reason, step, file_device, file_inode, file_size, "
+    "upload_end, env_id, evaluation_id, viewer_url, pending, acked_offset, acked_line, "
+    "samples_sent, samples_seen, bytes_sent, totals, release_hold, attempts, last_error, "
+    "created_at, updated_at, finalized_at"
+)
+
+# Schema 1 keyed runs by path, so a run seen at two paths has two rows (and two evaluations).
+# Version 2 keeps one row per run id, the one updated last; the others' evaluations become its
+# history (`duplicate`) and their set-aside records go.
+_V2 = [
+    """
+    CREATE TABLE runs_v2 (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL UNIQUE,
+        path TEXT NOT NULL,
+        path_raw BLOB NOT NULL,
+        kind TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        step TEXT NOT NULL DEFAULT 'scan',
+        file_device INTEGER,
+        file_inode INTEGER,
+        file_size INTEGER,
+        file_mtime_ns INTEGER,
+        file_ctime_ns INTEGER,
+        file_digest BLOB,
+        upload_end INTEGER,
+        env_id TEXT,
+        evaluation_id TEXT,
+        viewer_url TEXT,
+        pending TEXT,
+        acked_offset INTEGER NOT NULL DEFAULT 0,
+        acked_line INTEGER NOT NULL DEFAULT 0,
+        samples_sent INTEGER NOT NULL DEFAULT 0,
+        samples_seen INTEGER NOT NULL DEFAULT 0,
+        bytes_sent INTEGER NOT NULL DEFAULT 0,
+        totals BLOB,
+        release_hold INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        looked_up INTEGER NOT NULL DEFAULT 0,
+        claim_owner TEXT,
+        claim_host TEXT,
+        claim_boot TEXT,
+        claim_pid INTEGER,
+        claim_start INTEGER,
+        claim_pidns TEXT,
+        claim_since REAL,
+        claim_expires REAL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        finalized_at REAL
+    )""",
+    f"""
+    INSERT INTO runs_v2 ({_V1_COLUMNS}, path_raw, looked_up)
+    SELECT {_V1_COLUMNS}, CAST(path AS BLOB), 1 FROM runs AS r
+    WHERE NOT EXISTS (
+        SELECT 1 FROM runs AS later WHERE later.run_id = r.run_id
+        AND (later.updated_at > r.updated_at OR (later.updated_at = r.updated_at AND later.id > r.id))
+    )""",
+    """
+    INSERT OR IGNORE INTO history (run, evaluation_id, viewer_url, outcome, at)
+    SELECT kept.id, h.evaluation_id, h.viewer_url, h.outcome, h.at
+    FROM history AS h JOIN runs AS dup ON dup.id = h.run JOIN runs_v2 AS kept USING (run_id)
+    WHERE dup.id != kept.id""",
+    """
+    INSERT OR IGNORE INTO history (run, evaluation_id, viewer_url, outcome, at)
+    SELECT kept.id, dup.evaluation_id, dup.viewer_url, 'duplicate', dup.updated_at
+    FROM runs AS dup JOIN runs_v2 AS kept USING (run_id)
+    WHERE dup.id != kept.id AND dup.evaluation_id IS NOT NULL""",
+    "DELETE FROM history WHERE run NOT IN (SELECT id FROM runs_v2)",
+    "DELETE FROM set_aside WHERE run NOT IN (SELECT id FROM runs_v2)",
+    "DROP TABLE runs",
+    "ALTER TABLE runs_v2 RENAME TO runs",
+    "CREATE INDEX runs_path_raw ON runs (path_raw)",
+    """
+    CREATE TABLE forgotten (
+        run_id TEXT NOT NULL,
+        evaluation_id TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (run_id, evaluation_id)
+    )""",
+]
+
+_V3 = [
+    "ALTER TABLE runs ADD COLUMN settles_at REAL",
+    # The daemon asks every few seconds which runs are queued, and counts runs by state.
+    "CREATE INDEX runs_state ON runs (state)",
+]
+
+_V4 = ["ALTER TABLE runs ADD COLUMN last_error_at REAL"]
+
+_V5: list[str] = []
+
+_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5]
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+
+def version(db: sqlite3.Connection, path: Path) -> int:
+    """The file's schema version; `LedgerError` if a newer evalpush wrote it."""
+    found = db.execute("PRAGMA user_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        raise LedgerError(
+            f"{path}: schema version {found} is newer than this evalpush knows "
+            f"({SCHEMA_VERSION}): upgrade evalpush, or use the one that wrote it"
+        )
+    return found
+
+
+def migrate(
+    db: sqlite3.Connection,
+    path: Path,
+    before: Callable[[sqlite3.Connection, int], None] | None = None,
+) -> int | None:
+    """Bring the file to `SCHEMA_VERSION` in one write transaction that reads the version first;
+    the version it was at (0: a new file), None if it was current. Foreign keys must be off on
+    `db` (a table rebuilt must not cascade to its references). `before(db, version)` is called
+    inside that transaction before any change to a file that has a version (the backup: no
+    other process can write the file between it and the upgrade)."""
+    if version(db, path) == SCHEMA_VERSION:  # versions only rise: no lock needed to see this
+        return None
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        found = version(db, path)
+        if found == SCHEMA_VERSION:  # another process migrated it meanwhile
+            db.execute("COMMIT")
+            return None
+        if found and before is not None:
+            before(db, found)
+        for statements in _MIGRATIONS[found:]:
+            for statement in statements:
+                db.execute(statement)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        if db.execute("PRAGMA foreign_key_check").fetchall():
+            raise sqlite3.IntegrityError("the migration left rows without their run")
+        db.execute("COMMIT")
+        return found
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise

@@ -1,0 +1,166 @@
+"""Run state transitions: the only writer of a run's `state`.
+
+Each function is one named change of state with what goes with it (reason, error, attempts),
+written in one fenced ledger transaction (the caller holds the run's claim, except where a
+function says otherwise; `start`, and `finalize` when asked, go with the run's next write),
+and returns the run's new row. The upload steps write their own
+progress (`step`, offsets, intents) with `Ledger.update`, which refuses `state`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from evalpush.core.states import Outcome, State, Step
+from evalpush.ledger.store import Ledger, RunRecord
+
+WAITING_FOR_KEY = "waiting for a working API key"
+QUEUED_BY_RETRY = "queued by `evalpush retry`"
+
+
+def start(ledger: Ledger, record: RunRecord) -> RunRecord:
+    """An upload begins (or resumes at its step): a new attempt, the last error cleared.
+    Written with the run's next write (deferred: the claim says the run is being worked on)."""
+    return ledger.set_state(
+        record,
+        State.UPLOADING,
+        defer=True,
+        reason="",
+        attempts=record.attempts + 1,
+        last_error=None,
+    )
+
+
+def discover(
+    ledger: Ledger, *, path: Path, run_id: str, kind: str, reason: str, settles_at: float | None
+) -> RunRecord:
+    """A run the daemon found that is not finished yet: added to the ledger, waiting."""
+    record = ledger.add(path=path, run_id=run_id, kind=kind, state=State.WAITING, reason=reason)
+    return ledger.update(record, settles_at=settles_at)
+
+
+def wait(ledger: Ledger, record: RunRecord, reason: str, *, settles_at: float | None) -> RunRecord:
+    """The run is not finished yet: `reason` says how far it is (which traces, which marker),
+    `settles_at` when the settle rule makes it ready if its file does not grow again."""
+    return ledger.set_state(record, State.WAITING, reason=reason, settles_at=settles_at)
+
+
+def queue(ledger: Ledger, record: RunRecord, reason: str, **scanned: Any) -> RunRecord:
+    """The run is ready: queued for upload (with `scanned`, what its scan step records: the
+    daemon scanned it while watching it being written, and the upload starts at resolve)."""
+    return ledger.set_state(record, State.READY, reason=reason, settles_at=None, **scanned)
+
+
+def interrupt(ledger: Ledger, record: RunRecord) -> RunRecord:
+    """A stop ended the upload: it resumes at its step next time."""
+    return ledger.set_state(record, State.READY, reason=f"interrupted; resumes at {record.step}")
+
+
+def await_key(ledger: Ledger, record: RunRecord, error: str) -> RunRecord:
+    """The platform refused the key (or there is none): ready again once a key works."""
+    return ledger.set_state(record, State.READY, reason=WAITING_FOR_KEY, last_error=error)
+
+
+def fail(ledger: Ledger, record: RunRecord, error: str) -> RunRecord:
+    """An error retrying cannot fix; `evalpush retry` (or the next push) tries again. The
+    error kept ends with what to do about it (`next_step`)."""
+    return ledger.set_state(record, State.FAILED, last_error=next_step(error, record.run_id))
+
+
+NEXT_STEP = ", then `evalpush retry "
+"""How every failure's message goes on: what to fix, then the command that tries again."""
+
+
+def next_step(error: str, run_id: str) -> str:
+    """`error` ending with what a person does next: fix what it names, then retry the run."""
+    if NEXT_STEP in error:
+        return error
+    if "config.toml" in error:
+        fix = "fix config.toml"
+    elif "traces.jsonl" in error or "trace file" in error or "results.jsonl" in error:
+        fix = "fix or restore the trace file"
+    elif "HTTP " in error or "platform" in error:
+        fix = "check what the platform said"
+    else:
+        fix = "fix the cause"
+    return f"{error}; {fix}{NEXT_STEP}{run_id[:8]}`"
+
+
+def hold(ledger: Ledger, record: RunRecord, reason: str, **progress: Any) -> RunRecord:
+    """Bad lines were set aside and the configuration wants a person to decide; `progress`
+    is what the scan recorded, written with it."""
+    return ledger.set_state(record, State.HELD, reason=reason, **progress)
+
+
+def skip(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
+    """A run that is not uploaded (debug, or a replay), with why."""
+    return ledger.set_state(record, State.SKIPPED, reason=reason)
+
+
+def finalize(
+    ledger: Ledger, record: RunRecord, *, at: float, defer: bool = False, **fields: Any
+) -> RunRecord:
+    """The platform holds the run's evaluation, finalized (sent now, or adopted). `defer`:
+    written with the run's release (an acknowledgement: see `Ledger.update`)."""
+    return ledger.set_state(
+        record,
+        State.FINALIZED,
+        defer=defer,
+        step=Step.DONE,
+        pending=None,
+        finalized_at=at,
+        **fields,
+    )
+
+
+def restore_finalized(ledger: Ledger, record: RunRecord) -> RunRecord:
+    """A run whose upload is done (step `done`) but marked otherwise: finalized again. (An older
+    evalpush marked a finalized run failed when its config failed to load once; the run then
+    went nowhere, and every push reported it failed. A write under no claim that raced a
+    finalize, the daemon's tracker queueing the run, left it ready.)"""
+    return ledger.set_state(record, State.FINALIZED, reason="", last_error=None)
+
+
+def requeue(ledger: Ledger, record: RunRecord) -> RunRecord:
+    """`evalpush retry`: a failed or held run back in the queue (a held run then uploads
+    without its bad lines). Written only while nobody holds the run."""
+    return ledger.set_state(
+        record,
+        State.READY,
+        release_hold=int(record.state == State.HELD),
+        reason=QUEUED_BY_RETRY,
+        last_error=None,
+    )
+
+
+def start_over(
+    ledger: Ledger,
+    record: RunRecord,
+    outcome: Outcome,
+    *,
+    state: State = State.READY,
+    same_file: bool = False,
+) -> RunRecord:
+    """The upload begins again from scan, in `state`: the current evaluation (if any) goes to
+    the history as `outcome` (superseded, cancelled, deleted, closed)."""
+    return ledger.restart(record, outcome=outcome, state=state, same_file=same_file)
+
+
+__all__ = [
+    "QUEUED_BY_RETRY",
+    "WAITING_FOR_KEY",
+    "await_key",
+    "discover",
+    "fail",
+    "finalize",
+    "hold",
+    "interrupt",
+    "queue",
+    "requeue",
+    "restore_finalized",
+    "skip",
+    "start",
+    "start_over",
+    "wait",
+]

@@ -1,0 +1,434 @@
+"""The service: `evalpush run`, the daemon that watches the roots and uploads finished runs.
+
+It wires the stages: discover (a `Watcher` for hints, a `Scanner` for the truth) feeds the
+`Tracker`, which decides readiness and hands ready runs to the `Scheduler`, whose workers run
+the uploader (`App`). One loop, on the main thread, owns all of it:
+
+- it waits on the hint queue, at most until the next thing is due: a rescan every
+  `watch.rescan_seconds`, a waiting run's settle time, a look at the ledger for queued runs
+  (`evalpush retry`), a watchdog ping and a STATUS line for systemd;
+- signal handlers only record (`request`); the loop acts between turns: SIGTERM/SIGINT stop it
+  (no new work; an upload in flight is cut off within a second or two and resumes at its step
+  next start; exit 0), SIGHUP reloads: the configuration is read again and, if valid, every
+  part is rebuilt from it (nothing is patched; a bad new configuration is logged and the old
+  one kept), and the credentials are read again;
+- sd_notify: READY=1 once the ledger is open and the first scan is queued, STATUS= kept
+  current, WATCHDOG=1 from this loop (a wedged loop is restarted by systemd), STOPPING=1;
+- with the STATUS line, the gate's state goes to `daemon.json` for `status` (`gatefile`), and,
+  with `[metrics] listen` set, runs by state to the metrics (`metrics.DaemonFeed`, which also
+  serves `/metrics`, `/livez` and `/readyz` and hears of every request, retry and batch; each
+  turn of the loop is what `/livez` reads).
+
+No key, or a key the platform refuses, does not stop it: uploads wait on the gate, which says
+so once and probes again as soon as the key changes.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import queue
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from evalpush import __version__
+from evalpush.app import App, Scheduler
+from evalpush.config import Config
+from evalpush.core import paths
+from evalpush.core.errors import (
+    AuthError,
+    Busy,
+    ClaimLost,
+    ConfigError,
+    EvalpushError,
+    Interrupted,
+    RunError,
+)
+from evalpush.core.states import State
+from evalpush.discover import Hint, HintKind, HintQueue, Scanner, Watcher
+from evalpush.ledger import RunRecord, next_step
+from evalpush.log import get_logger
+from evalpush.service import gatefile
+from evalpush.service.sdnotify import Notifier
+from evalpush.service.tracker import Tracker
+from evalpush.upload import upload_ended, upload_started
+
+LEDGER_POLL_SECONDS = 2.0
+"""How often the ledger is looked at for runs queued by another command (`evalpush retry`)."""
+STATUS_SECONDS = 5.0
+"""How often the STATUS line for systemd (and `daemon.json`, and the metrics' runs by state)
+is brought up to date."""
+
+if TYPE_CHECKING:
+    from evalpush.service.metrics import DaemonFeed
+MAX_WAIT_SECONDS = 5.0
+"""The loop's longest sleep without a hint (a bound on how late anything due can be)."""
+
+
+class Request(enum.StrEnum):
+    """What a signal asked of the loop."""
+
+    STOP = "stop"
+    RELOAD = "reload"
+
+
+class _Parts:
+    """What one configuration builds: the app, the scheduler, discover and the tracker."""
+
+    def __init__(
+        self,
+        config: Config,
+        hints: HintQueue,
+        *,
+        environ: Mapping[str, str] | None,
+        home: Path | None,
+        feed: DaemonFeed | None = None,
+    ) -> None:
+        self.config = config
+        self._feed = feed
+        hooks: dict[str, Any] = {}
+        if feed is not None:  # the metrics hear of every request, retry and batch
+            hooks = {"observer": feed, "on_retry": feed.retried, "progress": feed.batch_acked}
+        self.app = App.from_config(config, environ=environ, home=home, **hooks)
+        if self.app.ledger.upgrade is not None:
+            self.app.ledger.upgrade.log()
+        try:
+            self.tracker = Tracker(
+                self.app.ledger, config, self._submit, alive=self.app.claims.alive
+            )
+            self.scanner = Scanner.from_config(config.watch, config.runs)
+            self.watcher = Watcher.from_config(config.watch, config.runs, hints)
+            self.scheduler: Scheduler[str] = Scheduler(
+                self._upload, workers=config.upload.max_concurrent_runs, on_error=self._failed
+            )
+        except BaseException:
+            self.app.close()
+            raise
+        self._log = get_logger(stage="service")
+
+    def start(self) -> None:
+        self.scheduler.start()
+        try:
+            self.watcher.start()
+        except BaseException:
+            self.scheduler.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop taking work, cut off what is in flight, join every thread, close the app."""
+        self.app.request_stop()
+        try:
+            self.watcher.stop()
+            self.scheduler.stop()
+        finally:
+            self.app.close()
+
+    def _submit(self, path: str) -> None:
+        self.scheduler.submit(path)
+
+    def _upload(self, path: str) -> None:
+        """One scheduler job: take the run as far as it goes now (the uploader decides what it
+        needs: nothing, a new path, a skip, an upload), then tell the tracker."""
+        record: RunRecord | None = None
+        set_aside = 0
+        log = self._run_logger(path)
+        try:
+            try:
+                run = self.app.load_run(Path(path))
+            except RunError as exc:
+                record = self.app.uploader.fail(Path(path), exc)
+                error = record.last_error if record.state == State.FAILED else None
+                log.error(
+                    "run cannot be uploaded",
+                    error=paths.printable(error or next_step(str(exc), record.run_id)),
+                )
+                return
+            upload_started(log)
+            started = time.monotonic()
+            record = self.app.uploader.upload(run, retry_failed=False)
+            set_aside = self.app.ledger.set_aside_count(record)
+            upload_ended(
+                log,
+                record,
+                time.monotonic() - started,
+                set_aside=set_aside,
+                expected=run.expected_traces,
+            )
+        except Busy as exc:
+            log.info("another process is uploading the run: leaving it to it", holder=exc.pid)
+        except (Interrupted, AuthError):
+            pass  # stopping (the gate waits out a refused key itself): it resumes at its step
+        except ClaimLost as exc:
+            log.warning(
+                "the run's claim was taken over: leaving the run to its new holder",
+                error=paths.printable(str(exc)),
+            )
+        finally:
+            self.tracker.finished(path, record)
+            if self._feed is not None:
+                self._feed.upload_done(record, set_aside)
+
+    def _failed(self, path: str, exc: BaseException) -> None:
+        self.tracker.finished(path, None)
+        self._run_logger(path).error(
+            "upload failed unexpectedly", error=paths.printable(str(exc)), exc_info=exc
+        )
+
+    def _run_logger(self, path: str) -> Any:
+        """The log bound to a run: its id and its path, shown escaped (a name that is not UTF-8
+        would otherwise reach the JSON line as a lone surrogate)."""
+        return self._log.bind(run=self.app.run_id_of(Path(path)), path=paths.display(path))
+
+
+class Daemon:
+    """`evalpush run`. `load_config` reads the configuration (again on SIGHUP)."""
+
+    def __init__(
+        self,
+        load_config: Callable[[], Config],
+        *,
+        notifier: Notifier | None = None,
+        environ: Mapping[str, str] | None = None,
+        home: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        config_file: str | None = None,
+    ) -> None:
+        """`config_file`: the file `load_config` reads (None: none), for the start-up line."""
+        self._config_file = config_file
+        self._load_config = load_config
+        self._notifier = notifier or Notifier(None)
+        self._environ = environ
+        self._home = home
+        self._clock = clock
+        self._hints = HintQueue()
+        # A signal handler may interrupt the main thread anywhere, another handler included:
+        # SimpleQueue.put is reentrant (a lock taken there would deadlock a second signal that
+        # arrives while the first handler holds it).
+        self._requests: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._log = get_logger(stage="service")
+        self._feed: DaemonFeed | None = None
+
+    def request(self, what: Request) -> None:
+        """Record what a signal asks; the loop acts on it (safe from a signal handler, and
+        from one interrupting another)."""
+        self._requests.put(what)
+        self._hints.put(Hint(HintKind.WAKE, ""))
+
+    def run(self, config: Config) -> int:
+        """Run until a stop is requested; 0 then. `ConfigError` if `config` cannot start; an
+        error the loop cannot go on from (an unusable ledger) is raised after every part, the
+        ones a reload built included, is stopped."""
+        self._parts = self._build(config)
+        try:
+            self._notifier.ready()
+            self._log.info("evalpush daemon running", **self._start_facts(self._parts))
+            self._loop()
+        finally:
+            self._notifier.stopping()
+            self._log.info("evalpush daemon stopping")
+            self._parts.stop()
+            if self._feed is not None:
+                self._feed.stop()
+            gatefile.stopped(self._parts.config.state_dir)
+        return 0
+
+    def _start_facts(self, parts: _Parts) -> dict[str, Any]:
+        """The start-up line's fields: what an operator checks first (never the key)."""
+        config, app = parts.config, parts.app
+        try:
+            credentials = app.client.credentials
+            platform, key_source = credentials.api_base, credentials.key_source
+        except EvalpushError:
+            platform = config.platform.api_base_url or "(from the environment: not usable yet)"
+            key_source = "none found (uploads wait for one)"
+        watching = parts.watcher.watching
+        roots = {
+            str(root): str(watching.get(os.path.realpath(root), "not there yet: waited for"))
+            for root in config.watch.roots
+        }
+        return {
+            "version": __version__,
+            "config": self._config_file or "(none: defaults and the environment)",
+            "platform": platform,
+            "key_source": key_source,
+            "roots": roots,
+            "metrics": (self._feed.url if self._feed is not None else None) or "off",
+            "state_dir": str(config.state_dir),
+        }
+
+    def _build(self, config: Config) -> _Parts:
+        relative = [str(root) for root in config.watch.roots if not root.is_absolute()]
+        if relative:
+            raise ConfigError(
+                f"watch.roots: {', '.join(repr(r) for r in relative)} is relative: the daemon "
+                "resolves it against its working directory (/ under systemd, so './outputs' "
+                "would be '/outputs'); give absolute paths"
+            )
+        if self._feed is None and config.metrics.listen:
+            from evalpush.service.metrics import DaemonFeed
+
+            self._feed = DaemonFeed()
+        parts = _Parts(config, self._hints, environ=self._environ, home=self._home, feed=self._feed)
+        try:
+            parts.start()
+            parts.tracker.load()
+            if self._feed is not None:
+                self._feed.attach(config.metrics, parts.app.gate, parts.app.ledger.path)
+                if self._feed.url is not None:
+                    self._log.info("serving /metrics, /livez and /readyz", url=self._feed.url)
+            self._check_credentials(parts)  # a ConfigError (an unusable URL) stops the parts too
+        except BaseException:
+            parts.stop()
+            raise
+        return parts
+
+    def _check_credentials(self, parts: _Parts) -> None:
+        """Say at start that there is no usable key, once: the gate is closed with it (and says
+        so), so the first upload waits on the gate for a key instead of saying it again."""
+        app = parts.app
+        try:
+            app.client.credentials  # noqa: B018 - read them now to report a missing key
+        except AuthError as exc:
+            app.gate.report(exc, app.gate.wait_open(app.stop, app.client))  # open: no wait
+
+    # ------------------------------------------------------------ the loop
+
+    def _loop(self) -> None:
+        """Turn until a stop is requested. `self._parts` is always what runs now (a reload
+        replaces it), so whatever way the loop ends, `run` stops what is running."""
+        parts = self._parts
+        now = self._clock()
+        next_rescan = now  # the first scan: queued before READY, done on the first turn
+        next_poll = now + LEDGER_POLL_SECONDS
+        next_status = now
+        settles = float("inf")
+        while True:
+            wait = min(next_rescan, next_poll, next_status, _monotonic_of(settles)) - self._clock()
+            if self._notifier.watchdog_seconds is not None:
+                wait = min(wait, self._notifier.watchdog_seconds)
+            hint = self._hints.get(max(0.0, min(wait, MAX_WAIT_SECONDS)))
+            requests = self._take_requests()
+            if Request.STOP in requests:
+                return
+            if Request.RELOAD in requests:
+                parts = self._parts = self._reload(parts)
+                next_rescan = self._clock()
+            while hint is not None:
+                self._follow(parts, hint)
+                hint = self._hints.get(0)
+            now = self._clock()
+            if now >= next_rescan:
+                parts.watcher.sync()  # a root that appeared or was replaced: the scan covers it
+                parts.tracker.seen(parts.scanner.scan(), everything=True)
+                next_rescan = now + _rescan_seconds(parts)
+            if now >= next_poll:
+                parts.tracker.poll_ledger()
+                next_poll = now + LEDGER_POLL_SECONDS
+            settles = parts.tracker.due()
+            if now >= next_status:
+                self._publish(parts, self._status_line(parts))
+                next_status = now + STATUS_SECONDS
+            self._notifier.ping_if_due(self._clock())
+            if self._feed is not None:
+                self._feed.loop_turned()
+
+    def _follow(self, parts: _Parts, hint: Hint) -> None:
+        if hint.kind == HintKind.RUN:
+            parts.tracker.look(hint.path, parts.scanner.look(hint.path))
+        elif hint.kind == HintKind.SUBTREE:
+            parts.tracker.seen(parts.scanner.scan_subtree(hint.path), everything=False)
+        elif hint.kind == HintKind.ROOT:
+            for root in parts.watcher.sync():
+                parts.tracker.seen(parts.scanner.scan_subtree(root), everything=False)
+
+    def _take_requests(self) -> set[Request]:
+        taken = set()
+        while True:
+            try:
+                taken.add(self._requests.get_nowait())
+            except queue.Empty:
+                return taken
+
+    # ------------------------------------------------------------ SIGHUP
+
+    def _reload(self, parts: _Parts) -> _Parts:
+        """Read the configuration again; if it is valid, rebuild every part from it."""
+        self._notifier.reloading()
+        try:
+            config = self._load_config()
+        except ConfigError as exc:
+            self._log.error(
+                "reload: the new configuration is not valid; keeping the old one", error=str(exc)
+            )
+            self._notifier.ready()
+            return parts
+        changed = _changes(parts.config, config)
+        self._log.info("reload: rebuilding from the configuration", changed=changed or "nothing")
+        parts.stop()
+        try:
+            rebuilt = self._build(config)
+        except EvalpushError as exc:
+            self._log.error(
+                "reload: cannot start with the new configuration; keeping the old one",
+                error=str(exc),
+            )
+            rebuilt = self._build(parts.config)
+        self._notifier.ready()
+        return rebuilt
+
+    # ------------------------------------------------------------ STATUS
+
+    def _publish(self, parts: _Parts, status: str) -> None:
+        """The STATUS line to systemd, the gate to `daemon.json` (for `status`), runs by state
+        to the metrics."""
+        self._notifier.status(status)
+        try:
+            gatefile.write(parts.config.state_dir, parts.app.gate.snapshot(), status)
+        except OSError as exc:
+            self._log.debug("daemon.json not written", error=str(exc))
+        if self._feed is not None:
+            self._feed.refresh(parts.app.ledger)
+
+    @staticmethod
+    def _status_line(parts: _Parts) -> str:
+        counts = parts.tracker.counts()
+        words = [
+            f"{counts.get(state, 0):,} {state}"
+            for state in ("uploading", "ready", "waiting", "finalized", "failed", "held")
+            if counts.get(state) or state in ("uploading", "waiting", "finalized")
+        ]
+        gate = parts.app.gate.state
+        words.append("platform reachable" if gate == "open" else f"platform {gate}")
+        return ", ".join(words)
+
+
+def _rescan_seconds(parts: _Parts) -> float:
+    """Until the next rescan: `watch.rescan_seconds`, or `watch.poll_seconds` when a root is
+    polled (no event comes from it: the rescan is how its changes are seen)."""
+    watch = parts.config.watch
+    return (
+        min(watch.rescan_seconds, watch.poll_seconds)
+        if parts.watcher.polling
+        else watch.rescan_seconds
+    )
+
+
+def _monotonic_of(wall: float) -> float:
+    """A wall-clock deadline (the tracker's settle times) on the monotonic clock."""
+    return wall - time.time() + time.monotonic()
+
+
+def _changes(old: Config, new: Config) -> dict[str, Any]:
+    """What a reload changes, key by key (`section.key`: [old, new])."""
+    before, after = old.model_dump(mode="json"), new.model_dump(mode="json")
+    return {
+        f"{section}.{key}": [before[section].get(key), value]
+        for section, values in after.items()
+        for key, value in values.items()
+        if before[section].get(key) != value
+    }
+
+
+__all__ = ["Daemon", "Request"]

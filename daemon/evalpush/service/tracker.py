@@ -1,0 +1,612 @@
+"""The daemon's view of the runs under its roots: which are finished, which wait, and why.
+
+Discover tells it where runs are (a scan's `RunDir`s, or one directory a hint points at); the
+tracker decides what each one needs:
+
+- a run whose trace file is as the ledger last saw it in a final state (finalized, skipped,
+  failed, held) needs nothing: a dict lookup per rescan, no file opened, no row read;
+- a run that is not finished yet is *waiting* (so is one whose config.toml cannot be read yet:
+  the producer may still be writing it; config.toml is read again whenever its stat changes,
+  and if it is still unreadable once the run settles or shows its marker, the uploader fails
+  the run saying why): its complete lines are counted as they arrive
+  (`runs.LineCounter`, reading only new bytes), `runs.readiness` decides, and the ledger keeps
+  how far it is (`reason`) and when it settles (`settles_at`) for `status`. From its second
+  look on, its new lines are also fed to a `prescan.RunningScan` (decoded once, as the upload's
+  scan would; by a counter of its own, `FEED_BYTES` at a time and when the run is ready): when
+  the run is ready, the scan's results go to the ledger with its queueing and its upload starts
+  at resolve, reading the file once more, to push. A finalized run whose
+  file grew or was replaced waits the same way (in memory only: the ledger keeps showing its
+  finalized evaluation until the new one starts; its upload scans); a run whose trace file it
+  may not read waits too, its reason naming the file (and one warning), until a rescan can read
+  it;
+- a run that is ready, or that the ledger has queued (`ready`: interrupted, or `evalpush
+  retry`; `uploading` with its holder gone: a process killed mid-upload, whose claim the
+  upload takes over), or that the uploader must look at first (a new path for a known run id: moved or
+  copied; a config that cannot be read) is handed to `submit`, the scheduler's.
+
+Threads: everything runs on the daemon's loop thread except `finished`, which upload workers
+call; one lock guards the maps.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from evalpush.config import Config
+from evalpush.core import paths
+from evalpush.core.errors import ClaimLost, LedgerError, RunError
+from evalpush.core.states import State, Step
+from evalpush.discover import RunDir, look_at
+from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive, transitions
+from evalpush.log import get_logger
+from evalpush.runs import (
+    CONFIG_FILE,
+    LineCount,
+    LineCounter,
+    ReadinessRules,
+    Run,
+    RunFacts,
+    RunKind,
+    config_file,
+    derive_run_id,
+    last_run_id,
+    load_run,
+    named_by_lines_later,
+    readiness,
+    traces_file,
+)
+from evalpush.upload import Prescan, RunningScan
+
+FEED_BYTES = 4 << 20
+"""A waiting run's new lines go to its running scan once this many bytes wait to be fed (and
+when it is ready): decoded in runs of thousands of lines, not a few at each look, which costs
+less CPU per line; the catch-up at readiness is at most this much."""
+
+WAIT_WRITE_SECONDS = 1.0
+"""A waiting run's progress goes to the ledger at most this often (its reason changes with every
+line a run writes; `status` shows it, and a second behind is near enough)."""
+
+UNSETTLED = float("inf")
+"""The settle time of a run whose trace file cannot be read: none (the ledger shows none)."""
+
+FINAL_STATES = frozenset({State.FINALIZED, State.SKIPPED, State.FAILED, State.HELD})
+QUEUED_STATES = frozenset({State.READY, State.UPLOADING})
+
+Facts = tuple[int, int, int, int]
+"""(device, inode, size, mtime_ns) of a trace file: what makes a rescan see a change."""
+
+
+def _facts(rundir: RunDir) -> Facts:
+    return (rundir.device, rundir.inode, rundir.size, rundir.mtime_ns)
+
+
+ConfigFacts = tuple[int, int, int]
+"""(inode, size, mtime_ns) of a run's config.toml: a change means it is read again."""
+
+
+def _config_facts(directory: str) -> ConfigFacts | None:
+    config = config_file(Path(directory))
+    try:
+        st = os.lstat(config if config is not None else os.path.join(directory, CONFIG_FILE))
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class _Waiting(msgspec.Struct):
+    run_id: str
+    run: Run | None  # None while config.toml cannot be read (`problem` says why)
+    problem: str
+    config: ConfigFacts | None  # config.toml as it was when `run` (or `problem`) was read
+    counter: LineCounter
+    in_ledger: bool  # the ledger shows it waiting (a finalized run that changed does not)
+    progress: str = ""  # as the ledger shows it
+    settles_at: float = 0.0
+    written_at: float = float("-inf")
+    unwritten: bool = False  # progress changed within WAIT_WRITE_SECONDS of the last write
+    scan: RunningScan | None = None  # the lines fed so far, once the run was seen waiting
+    feeder: LineCounter | None = None  # feeds `scan`, FEED_BYTES at a time (or when ready)
+    fed: LineCount | None = None  # the trace file as the feeder last saw it
+    stand_in: bool = False  # `run_id` is a stand-in until a line names the run
+
+    def due_at(self) -> float:
+        """When the tracker must look again: at the settle time, or to write its progress."""
+        if self.unwritten:
+            return min(self.settles_at, self.written_at + WAIT_WRITE_SECONDS)
+        return self.settles_at
+
+
+class Tracker:
+    def __init__(
+        self,
+        ledger: Ledger,
+        config: Config,
+        submit: Callable[[str], object],
+        *,
+        alive: Callable[[Holder], bool] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._ledger = ledger
+        self._config = config
+        self._submit = submit
+        self._alive = alive or (lambda holder: holder_alive(holder, Process.current(), clock()))
+        self._clock = clock
+        self._rules = ReadinessRules.from_config(config.runs)
+        self._lock = threading.Lock()
+        self._settled: dict[str, Facts] = {}  # path -> facts of a run that needs nothing now
+        self._waiting: dict[str, _Waiting] = {}
+        self._in_flight: set[str] = set()
+        self._log = get_logger(stage="tracker")
+
+    # ------------------------------------------------------------ what the ledger knows
+
+    def load(self) -> None:
+        """Start from the ledger: runs in a final state are settled at the file facts it
+        recorded (one query, no row objects); queued ones are submitted."""
+        settled: dict[str, Facts] = {}
+        for raw, state, device, inode, size, mtime_ns in self._ledger.file_facts():
+            if state in FINAL_STATES and None not in (device, inode, size, mtime_ns):
+                settled[os.fsdecode(raw)] = (device, inode, size, mtime_ns)  # type: ignore[assignment]
+        with self._lock:
+            self._settled = settled
+        self.poll_ledger()
+
+    def poll_ledger(self) -> None:
+        """Submit what the ledger has queued and nobody holds: a run interrupted by a stop or
+        a crash, one `evalpush retry` put back."""
+        for record in self._ledger.in_state(*QUEUED_STATES):
+            if not self._held(record):
+                self._hand_over(os.fsdecode(record.path_raw))
+
+    def counts(self) -> dict[str, int]:
+        return self._ledger.state_counts()
+
+    # ------------------------------------------------------------ what discover found
+
+    def seen(self, rundirs: dict[str, RunDir], *, everything: bool) -> None:
+        """Run directories found by a scan (`everything`: of every root, so a run not among
+        them is gone) or by a hint's look at a subtree."""
+        if everything:
+            with self._lock:
+                gone = [path for path in self._waiting if path not in rundirs]
+                for path in gone:
+                    del self._waiting[path]
+                for path in [p for p in self._settled if p not in rundirs]:
+                    del self._settled[path]
+        for path, rundir in rundirs.items():
+            self.look(path, rundir)
+
+    def look(self, path: str, rundir: RunDir | None) -> None:
+        """One run directory, as it is now (None: gone, or not a run directory any more)."""
+        with self._lock:
+            if path in self._in_flight:
+                return
+            if rundir is None:
+                self._waiting.pop(path, None)
+                self._settled.pop(path, None)
+                return
+            if self._settled.get(path) == _facts(rundir):
+                return
+            waiting = self._waiting.get(path)
+        if waiting is not None:
+            self._decide(path, waiting, rundir)
+        else:
+            self._first_look(path, rundir)
+
+    def due(self) -> float:
+        """Decide again for every waiting run whose settle time has come, or whose progress
+        waits to be written; returns when the next one is due (infinity when none waits)."""
+        now = self._clock()
+        with self._lock:
+            due = [(p, w) for p, w in self._waiting.items() if w.due_at() <= now]
+        for path, waiting in due:
+            self._decide(path, waiting, look_at(path, self._rules.marker))
+        with self._lock:
+            return min((w.due_at() for w in self._waiting.values()), default=float("inf"))
+
+    # ------------------------------------------------------------ deciding
+
+    def _first_look(self, path: str, rundir: RunDir) -> None:
+        run_id = derive_run_id(Path(path), known=self._ledger.run_id_at)
+        record = self._ledger.get_run(run_id) or self._renamed(path, run_id)
+        if record is None:
+            self._discovered(path, rundir)
+        elif self._held(record):
+            return  # another process (or this one's worker) has it; the next look decides
+        elif record.path_raw != paths.raw(path) or record.state in QUEUED_STATES:
+            self._hand_over(path)  # moved, copied, interrupted or retried: the uploader decides
+        elif record.state == State.WAITING:
+            self._start_waiting(path, rundir, in_ledger=True)
+        elif record.state == State.FINALIZED and _changed(record, rundir):
+            self._log.info(
+                "finalized run changed: it uploads again once ready",
+                run=record.run_id,
+                path=paths.display(path),
+            )
+            self._start_waiting(path, rundir, in_ledger=False)
+        else:
+            with self._lock:
+                self._settled[path] = _facts(rundir)
+
+    def _renamed(self, path: str, run_id: str) -> RunRecord | None:
+        """The run at `path` recorded waiting under a stand-in id before its first line named
+        it (by a daemon stopped since), renamed to `run_id`; None if there is none."""
+        stand_in = self._ledger.run_id_at(Path(path))
+        record = self._ledger.get_run(stand_in) if stand_in and stand_in != run_id else None
+        if record is None or record.state != State.WAITING or record.evaluation_id is not None:
+            return None
+        return self._ledger.rename(record, run_id)
+
+    def _discovered(self, path: str, rundir: RunDir) -> None:
+        """A run the ledger has never seen: one that is not an eval run goes to the uploader
+        (which records why it is not uploaded); an eval run waits, and so does one whose
+        config.toml cannot be read yet (the producer may be writing it)."""
+        self._start_waiting(path, rundir, in_ledger=False, new=True)
+
+    def _start_waiting(
+        self, path: str, rundir: RunDir, *, in_ledger: bool, new: bool = False
+    ) -> None:
+        config = _config_facts(path)
+        run, problem = _load(path, self._ledger)
+        if run is not None and run.kind != RunKind.EVAL:
+            self._hand_over(path)  # a debug or replay run: the uploader records the skip
+            return
+        traces = run.traces_path if run is not None else traces_file(Path(path))
+        if traces is None:
+            return  # no longer a run directory
+        counter = LineCounter(
+            traces, clock=self._clock, max_line_bytes=self._config.read.max_line_bytes
+        )
+        run_id = (
+            run.run_id
+            if run is not None
+            else derive_run_id(Path(path), known=self._ledger.run_id_at)
+        )
+        waiting = _Waiting(run_id, run, problem, config, counter, in_ledger)
+        waiting.stand_in = named_by_lines_later(Path(path))
+        with self._lock:
+            self._waiting[path] = waiting
+        self._decide(path, waiting, rundir, new=new, first=True)
+
+    def _read_config_again(self, path: str, waiting: _Waiting) -> bool:
+        """Read config.toml again if it changed since it was read (one lstat): a producer may
+        have been writing it (not TOML yet, or still empty: no num_tasks). False when the run
+        turned out not to be an eval run (it is handed to the uploader)."""
+        config = _config_facts(path)
+        if config == waiting.config:
+            return True
+        run, problem = _load(path, self._ledger)
+        if run is not None and run.kind != RunKind.EVAL:
+            with self._lock:
+                self._waiting.pop(path, None)
+            self._hand_over(path)
+            return False
+        waiting.run, waiting.problem, waiting.config = run, problem, config
+        return True
+
+    def _decide(
+        self,
+        path: str,
+        waiting: _Waiting,
+        rundir: RunDir | None,
+        *,
+        new: bool = False,
+        first: bool = False,
+    ) -> None:
+        """Count what arrived, ask readiness; hand over a ready run, record a waiting one.
+
+        A run whose config.toml cannot be read is ready by the marker or the settle rule only
+        (its expected count is unknown); the uploader then records why it cannot be uploaded.
+
+        The first look only counts: a run found finished (the daemon's first scan, a run
+        written while it was down) is scanned by its upload, on an upload worker. A run seen
+        waiting gets a running scan at its next look, fed by a counter of its own from byte 0
+        (`_feed`)."""
+        try:
+            count = waiting.counter.update()
+        except PermissionError:
+            self._unreadable(path, waiting, new=new)
+            return
+        except OSError:
+            rundir = None
+        if rundir is None:  # gone, or no longer a run directory
+            with self._lock:
+                self._waiting.pop(path, None)
+            return
+        if not self._read_config_again(path, waiting):
+            return
+        if waiting.stand_in and count.lines and not self._named(path, waiting):
+            return
+        expected = waiting.run.expected_traces if waiting.run is not None else None
+        facts = RunFacts(count.lines, expected, rundir.marker, count.mtime, count.grown_at)
+        now = self._clock()
+        decided = readiness(facts, now, self._rules)
+        if not first and waiting.run is not None:
+            self._feed(waiting, count, ready=decided.ready)
+        if decided.ready:
+            with self._lock:
+                self._waiting.pop(path, None)
+            if (
+                expected is not None
+                and count.lines < expected
+                and self._short(path, waiting, rundir, decided.reason, new=new)
+            ):
+                return
+            self._ready(path, waiting, decided.reason, new=new)
+            return
+        waiting.settles_at = decided.settles_at
+        progress = decided.progress
+        if waiting.problem:
+            progress = f"{progress}; {waiting.problem}"
+        if new:
+            if self._record_new(path, waiting, progress):
+                self._log.info(
+                    "run found: waiting until it is finished",
+                    run=waiting.run_id,
+                    path=paths.display(path),
+                    **({"problem": waiting.problem} if waiting.problem else {}),
+                )
+        elif waiting.in_ledger and progress != waiting.progress:
+            if now - waiting.written_at >= WAIT_WRITE_SECONDS:
+                self._record_progress(path, waiting, progress, now)
+            else:
+                waiting.unwritten = True
+
+    def _named(self, path: str, waiting: _Waiting) -> bool:
+        """The run's first line is in: the run takes the id it carries in place of the stand-in
+        it was found under (and its row in the ledger with it). False when the row could not be
+        renamed (another process holds it, or knows the run by that id): the next look decides
+        afresh."""
+        run_id = last_run_id(Path(path))
+        if run_id is None or run_id == waiting.run_id:
+            waiting.stand_in = run_id is None
+            return True
+        if waiting.in_ledger:
+            record = self._ledger.get_run(waiting.run_id)
+            if record is None or self._ledger.rename(record, run_id) is None:
+                with self._lock:
+                    self._waiting.pop(path, None)
+                return False
+        self._log.info("run named by its first line", run=run_id, stand_in=waiting.run_id[:8])
+        waiting.run_id, waiting.stand_in = run_id, False
+        if waiting.run is not None:
+            waiting.run = msgspec.structs.replace(waiting.run, run_id=run_id)
+        return True
+
+    def _unreadable(self, path: str, waiting: _Waiting, *, new: bool) -> None:
+        """A trace file the daemon may not read: the run waits, saying so in the ledger (for
+        `status`) and in one warning; every rescan tries again, so fixing the permissions is
+        enough. Nothing settles it: no line of it was seen."""
+        problem = (
+            f"{paths.display(waiting.counter.path)}: not readable (permission denied); "
+            "make it readable to the daemon's user"
+        )
+        waiting.settles_at = UNSETTLED
+        if problem == waiting.progress:
+            return
+        self._log.warning(
+            "trace file not readable: the run waits",
+            run=waiting.run_id,
+            path=paths.display(path),
+            why=problem,
+        )
+        if new:
+            self._record_new(path, waiting, problem)
+        elif waiting.in_ledger:
+            self._record_progress(path, waiting, problem, self._clock())
+        else:  # a finalized run's changed file: the ledger shows its evaluation meanwhile
+            waiting.progress = problem
+
+    def _feed(self, waiting: _Waiting, count: LineCount, *, ready: bool) -> None:
+        """Feed the run's new lines to its running scan once FEED_BYTES of them wait, or now
+        that it is ready (its own counter: a replacement, a shrink or a rewrite in place
+        restarts it, see `LineCounter`)."""
+        if waiting.scan is None or waiting.feeder is None:
+            waiting.scan = RunningScan(
+                checked=self._config.convert.on_bad_line == "hold",
+                max_line_bytes=self._config.read.max_line_bytes,
+            )
+            waiting.feeder = LineCounter(
+                waiting.counter.path,
+                clock=self._clock,
+                max_line_bytes=self._config.read.max_line_bytes,
+            )
+            waiting.fed = None
+        fed_to = waiting.fed.offset if waiting.fed is not None else 0
+        if not ready and count.offset - fed_to < FEED_BYTES and not count.replaced:
+            return
+        try:
+            waiting.fed = waiting.feeder.update(waiting.scan)
+        except OSError:  # gone since the count: the next look decides; nothing fed stands
+            waiting.scan = waiting.feeder = waiting.fed = None
+
+    def _record_new(self, path: str, waiting: _Waiting, progress: str) -> bool:
+        """Add the run to the ledger, waiting (a run found ready is queued right after); False
+        if another process added it first (then the next look starts from its row)."""
+        try:
+            transitions.discover(
+                self._ledger,
+                path=Path(path),
+                run_id=waiting.run_id,
+                kind=RunKind.EVAL,  # only eval runs wait (or runs whose config is unreadable)
+                reason=progress,
+                settles_at=_settle_time(waiting),
+            )
+        except LedgerError:
+            if self._ledger.get_run(waiting.run_id) is None:
+                raise
+            with self._lock:
+                self._waiting.pop(path, None)
+            return False
+        waiting.in_ledger, waiting.progress, waiting.written_at = True, progress, self._clock()
+        return True
+
+    def _record_progress(self, path: str, waiting: _Waiting, progress: str, now: float) -> None:
+        record = self._ledger.get_run(waiting.run_id)
+        if record is None or self._held(record) or record.state != State.WAITING:
+            with self._lock:  # forgotten, or another process took it over: look again afresh
+                self._waiting.pop(path, None)
+            return
+        try:
+            transitions.wait(self._ledger, record, progress, settles_at=_settle_time(waiting))
+        except ClaimLost:
+            return
+        waiting.progress, waiting.written_at, waiting.unwritten = progress, now, False
+        self._log.debug("run still waiting", run=record.run_id, path=path, why=progress)
+
+    def _short(
+        self, path: str, waiting: _Waiting, rundir: RunDir, reason: str, *, new: bool
+    ) -> bool:
+        """A run finished with fewer traces than expected (an eval that crashed): a warning,
+        and with `runs.on_incomplete = "hold"` the run is held for a person (True: handled);
+        else it goes on to be uploaded as a partial evaluation (False)."""
+        hold = self._config.runs.on_incomplete == "hold"
+        self._log.warning(
+            "run finished short of its expected traces: "
+            + ("held for a person" if hold else "uploading it as a partial evaluation"),
+            run=waiting.run_id,
+            path=paths.display(path),
+            why=reason,
+            on_incomplete=self._config.runs.on_incomplete,
+        )
+        if not hold:
+            return False
+        if new and not self._record_new(path, waiting, ""):
+            return True
+        record = self._ledger.get_run(waiting.run_id)
+        if record is not None and record.state == State.WAITING and not self._held(record):
+            try:
+                transitions.hold(
+                    self._ledger,
+                    record,
+                    f"incomplete: {reason}; `evalpush retry {waiting.run_id[:8]}` uploads it "
+                    'as it is (runs.on_incomplete = "hold")',
+                )
+            except ClaimLost:
+                return True
+        with self._lock:
+            self._settled[path] = _facts(rundir)
+        return True
+
+    def _ready(self, path: str, waiting: _Waiting, reason: str, *, new: bool) -> None:
+        self._log.info("run is ready", run=waiting.run_id, path=paths.display(path), why=reason)
+        if new and not self._record_new(path, waiting, ""):
+            return
+        if waiting.in_ledger:
+            record = self._ledger.get_run(waiting.run_id)
+            # Only a row still waiting is queued: one another process moved on while this one
+            # waited (a push finalized, failed or held it) keeps its state, and the uploader
+            # judges it as it is (queueing a finalized row left it `uploading` at step done,
+            # taken up again at every ledger poll; a failed or held one was tried again as
+            # if `evalpush retry` had queued it).
+            if record is not None and record.state == State.WAITING and not self._held(record):
+                scanned = self._scanned(waiting, record)
+                try:
+                    if scanned is not None:  # as the scan step records it, in its order
+                        self._ledger.add_set_aside(record, scanned.found.set_aside)
+                    columns = scanned.columns() if scanned is not None else {}
+                    transitions.queue(self._ledger, record, f"ready: {reason}", **columns)
+                except ClaimLost:
+                    pass  # another process took it: the upload's claim sorts it out
+                else:
+                    if scanned is not None:
+                        self._log.debug(
+                            "run scanned while it was written: its upload starts at resolve",
+                            run=record.run_id,
+                            traces=scanned.found.totals.traces,
+                            set_aside=len(scanned.found.set_aside),
+                        )
+        self._hand_over(path)
+
+    def _scanned(self, waiting: _Waiting, record: RunRecord) -> Prescan | None:
+        """The scan step's results for the run, from its running scan; None when the upload
+        must scan: nothing was fed (found ready at its first look), the running scan cannot
+        stand for the file (`RunningScan.result`), the row is not a waiting one at its scan, or
+        the scan step would stop there (no environment name, no line to send, bad lines to hold)."""
+        if waiting.scan is None or waiting.fed is None or waiting.run is None:
+            return None
+        if not waiting.run.env_name:
+            return None
+        if record.state != State.WAITING or record.step != Step.SCAN or record.upload_end:
+            return None
+        scanned = waiting.scan.result(waiting.fed.file)
+        if scanned is None or scanned.found.end != waiting.fed.offset:
+            return None
+        found = scanned.found
+        if not found.totals.traces:
+            return None
+        hold = self._config.convert.on_bad_line == "hold"
+        if found.set_aside and hold and not record.release_hold:
+            return None
+        return scanned
+
+    def _held(self, record: RunRecord) -> bool:
+        """Whether a live process holds the run's claim. A claim left by a process that is gone
+        (SIGKILL, a crash) is nobody's: the upload takes it over and reconciles."""
+        holder = record.holder
+        return holder is not None and self._alive(holder)
+
+    def _hand_over(self, path: str) -> None:
+        with self._lock:
+            if path in self._in_flight:
+                return
+            self._in_flight.add(path)
+            self._waiting.pop(path, None)
+            self._settled.pop(path, None)
+        self._submit(path)
+
+    # ------------------------------------------------------------ what an upload came to
+
+    def finished(self, path: str, record: RunRecord | None) -> None:
+        """An upload job for `path` ended (upload workers call this). A run left in a final
+        state is settled at the file facts the ledger recorded for it (or, for a copy or a run
+        that never got that far, at its file as it is now); anything else is looked at again by
+        the next rescan or ledger poll."""
+        settled: Facts | None = None
+        if record is not None and record.state in FINAL_STATES:
+            if record.path_raw == paths.raw(path) and record.file_inode is not None:
+                settled = (
+                    record.file_device or 0,
+                    record.file_inode,
+                    record.file_size or 0,
+                    record.file_mtime_ns or 0,
+                )
+            else:
+                rundir = look_at(path, self._rules.marker)
+                settled = _facts(rundir) if rundir is not None else None
+        with self._lock:
+            self._in_flight.discard(path)
+            if settled is not None:
+                self._settled[path] = settled
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+
+def _load(path: str, ledger: Ledger) -> tuple[Run | None, str]:
+    """The run at `path` (with the run id the ledger knows for it), or None and why its
+    config.toml cannot be read."""
+    try:
+        return load_run(Path(path), known=ledger.run_id_at), ""
+    except RunError as exc:
+        return None, paths.printable(str(exc))
+
+
+def _settle_time(waiting: _Waiting) -> float | None:
+    return None if waiting.settles_at == UNSETTLED else waiting.settles_at
+
+
+def _changed(record: RunRecord, rundir: RunDir) -> bool:
+    recorded = (record.file_device, record.file_inode, record.file_size, record.file_mtime_ns)
+    return recorded != _facts(rundir)
+
+
+__all__ = ["Tracker"]
