@@ -118,7 +118,7 @@ class Endpoint(StrEnum):
 
 
 class Outcome(StrEnum):
-    """How one attempt ended, read from the class `errors.py` gave its failure."""
+    """How one attempt ended, read from the class `core/errors.py` gave its failure."""
 
     OK = "ok"
     UNREACHABLE = "unreachable"  # no connection was made: nothing was sent
