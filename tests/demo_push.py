@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from evalpush.cli import write_sample_runs
+from evalpush.cli.demo import write_sample_runs
 from evalpush.local_platform import LocalPlatform
 from support.environ import cli_environ
 

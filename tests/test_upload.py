@@ -26,7 +26,7 @@ import pytest
 
 import disks
 from evalpush.app import App, Scheduler
-from evalpush.cli import status_rows
+from evalpush.cli.report import status_rows
 from evalpush.client import PlatformClient, Retrier
 from evalpush.config import Config, PlatformConfig
 from evalpush.convert import RunTotals, convert_lines, summary, tally

@@ -26,7 +26,7 @@ from evalpush.upload import Progress, Uploader
 from evalpush.upload.context import Context, no_progress
 
 if TYPE_CHECKING:
-    from evalpush.service import RequestObserver
+    from evalpush.client import RequestObserver
 
 __all__ = ["App"]
 

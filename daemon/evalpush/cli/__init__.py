@@ -1,7 +1,7 @@
-"""The `evalpush` command: its subcommands, what they print, and the demo."""
+"""The `evalpush` command: its subcommands (`main`), what they print (`report`), and the demo
+(`demo`). The face is `main`; the other modules are imported where they are needed, so a
+command loads only what it runs."""
 
-from evalpush.cli.demo import write_sample_runs
 from evalpush.cli.main import main
-from evalpush.cli.report import status_rows
 
-__all__ = ["main", "status_rows", "write_sample_runs"]
+__all__ = ["main"]

@@ -460,7 +460,7 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
         status_rows,
         status_table,
     )
-    from evalpush.service import gatefile
+    from evalpush.ledger import gatefile
 
     path = default_path(config.state_dir)
     view = gatefile.read(config.state_dir)

@@ -21,10 +21,9 @@ from evalpush.client import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
 from evalpush.core import paths
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import State
-from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive
+from evalpush.ledger import Holder, Ledger, Process, RunRecord, gatefile, holder_alive
 from evalpush.push import PushResult
 from evalpush.runs import format_duration, settles_in, traces_file
-from evalpush.service import gatefile
 
 Alive = Callable[[Holder], bool]
 

@@ -49,7 +49,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Protocol, Self
 
 import httpx
 import msgspec
@@ -60,13 +60,11 @@ from evalpush.config import PlatformConfig
 from evalpush.core import errors
 from evalpush.log import get_logger, holds_secret, register_secret, scrub
 
-if TYPE_CHECKING:  # metrics imports prometheus_client, which a push never needs
-    from evalpush.service import RequestObserver
-
 __all__ = [
     "Credentials",
     "Evaluation",
     "PlatformClient",
+    "RequestObserver",
     "is_closed",
     "is_finalized",
     "is_platform_id",
@@ -667,6 +665,14 @@ class _Target(msgspec.Struct, frozen=True):
         )
 
 
+class RequestObserver(Protocol):
+    """Told of every attempt the client makes, once it has ended: its endpoint (the public
+    method's name), what it raised (None: it worked) and how long it took (the daemon's metrics
+    listen; a push has no observer)."""
+
+    def request_done(self, endpoint: str, error: BaseException | None, seconds: float) -> None: ...
+
+
 class PlatformClient:
     """One attempt per call to each endpoint of docs/PLATFORM_API.md, errors already classified."""
 
@@ -790,9 +796,9 @@ class PlatformClient:
         try:
             answer = self._exchange(method, path, what, replayable, body, params, cap)
         except BaseException as exc:
-            self._observer.request_done(endpoint, exc, time.monotonic() - started)  # type: ignore[arg-type]
+            self._observer.request_done(endpoint, exc, time.monotonic() - started)
             raise
-        self._observer.request_done(endpoint, None, time.monotonic() - started)  # type: ignore[arg-type]
+        self._observer.request_done(endpoint, None, time.monotonic() - started)
         return answer
 
     def _exchange(

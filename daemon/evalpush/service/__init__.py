@@ -1,4 +1,4 @@
-"""The daemon (`evalpush run`): the tracker of runs under the roots, metrics and health, sd_notify, and the gate file `status` reads."""
+"""The daemon (`evalpush run`): the tracker of runs under the roots, metrics and health, sd_notify."""
 
 from evalpush.service.daemon import Daemon, Request
 from evalpush.service.metrics import (
@@ -11,7 +11,6 @@ from evalpush.service.metrics import (
     MetricsServer,
     Outcome,
     Probes,
-    RequestObserver,
     ledger_file_bytes,
     observed,
     outcome_of,
@@ -35,7 +34,6 @@ __all__ = [
     "Probes",
     "RUN_STATES",
     "Request",
-    "RequestObserver",
     "Tracker",
     "ledger_file_bytes",
     "observed",

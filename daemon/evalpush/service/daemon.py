@@ -48,9 +48,8 @@ from evalpush.core.errors import (
 )
 from evalpush.core.states import State
 from evalpush.discover import Hint, HintKind, HintQueue, Scanner, Watcher
-from evalpush.ledger import RunRecord, next_step
+from evalpush.ledger import RunRecord, gatefile, next_step
 from evalpush.log import get_logger
-from evalpush.service import gatefile
 from evalpush.service.sdnotify import Notifier
 from evalpush.service.tracker import Tracker
 from evalpush.upload import upload_ended, upload_started

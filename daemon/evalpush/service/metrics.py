@@ -79,6 +79,7 @@ from prometheus_client import (
 )
 
 from evalpush import __version__
+from evalpush.client import RequestObserver
 from evalpush.config import MetricsConfig
 from evalpush.core import errors
 from evalpush.core.errors import ConfigError
@@ -149,14 +150,6 @@ def outcome_of(error: BaseException | None) -> Outcome:
             return Outcome.REFUSED
         case _:
             return Outcome.ERROR
-
-
-class RequestObserver(Protocol):
-    """Told of every attempt the platform client makes, once it has ended."""
-
-    def request_done(
-        self, endpoint: Endpoint, error: BaseException | None, seconds: float
-    ) -> None: ...
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from evalpush.core.secrets import scrub
-from evalpush.ledger import Holder, Process, holder_alive
+from evalpush.ledger.claims import Holder, Process, holder_alive
 
 FILE_NAME = "daemon.json"
 SILENT_SECONDS = 30.0
