@@ -10,6 +10,7 @@ samples endpoint; offline: prime-runs' own projection, nothing being sent).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -408,10 +409,11 @@ def test_a_run_found_before_its_first_line_is_one_run_under_the_id_its_lines_car
     run_id = json.loads(done_run_id_of(lines))
     (tree / "group").mkdir(parents=True)
     directory = tree / "group" / source.name
-    environ = daemon_environ(local_platform, tmp_path, [tree])
+    environ = daemon_environ(local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS="5")
 
     with Daemon(environ) as daemon:
         daemon.wait_for(RUN_STARTED)
+        os.utime(staged / "traces.jsonl")  # written just now: the settle time starts here
         staged.rename(directory)  # config written, no whole line yet
         found = daemon.wait_for("run found: waiting until it is finished")
         assert found["run"] != run_id
