@@ -9,6 +9,7 @@ samples endpoint; offline: prime-runs' own projection, nothing being sent).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -411,7 +412,8 @@ def test_a_run_found_before_its_first_line_is_one_run_under_the_id_its_lines_car
     directory = tree / "group" / source.name
     environ = daemon_environ(local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS="5")
 
-    with Daemon(environ) as daemon:
+    with contextlib.ExitStack() as daemons:
+        daemon = daemons.enter_context(Daemon(environ))
         daemon.wait_for(RUN_STARTED)
         os.utime(staged / "traces.jsonl")  # written just now: the settle time starts here
         staged.rename(directory)  # config written, no whole line yet
@@ -422,7 +424,7 @@ def test_a_run_found_before_its_first_line_is_one_run_under_the_id_its_lines_car
         with (directory / "traces.jsonl").open("ab") as out:
             out.write(lines[half:])
         if restart:
-            daemon = Daemon(environ).started()
+            daemon = daemons.enter_context(Daemon(environ)).started()
         daemon.wait_for("run finalized", run=run_id, timeout=30)
         rows = status(environ)
         assert daemon.stop() == 0
