@@ -456,6 +456,13 @@ class TestFencing:
             ledger.restart(theirs, outcome=Outcome.SUPERSEDED, state=State.READY)
         with pytest.raises(ClaimLost):
             ledger.forget(theirs)
+        with pytest.raises(ClaimLost):
+            ledger.record_intent(theirs, '{"step": "finalize"}')
+        with pytest.raises(ClaimLost):
+            ledger.acknowledge(theirs, acked_offset=99)
+        ledger.record_progress(theirs, samples_sent=99)  # held in memory: the next write carries it
+        with pytest.raises(ClaimLost):
+            ledger.update(theirs, reason="x")
 
         assert ledger.get_run(RUN_ID) == before
         assert ledger.set_aside(before) == []

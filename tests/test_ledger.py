@@ -184,6 +184,85 @@ class TestRuns:
         assert ledger.set_aside(record) == [item]
 
 
+class TestNamedWrites:
+    """The protocol's writes by name, each with what it may lose (`.syncs` counts the syncs of
+    the write-ahead log, `.writes` the write transactions)."""
+
+    def test_an_intent_is_synced_before_it_returns(self, tmp_path: Path):
+        ledger = Ledger(tmp_path / "state.db")
+        record = a_run(ledger)
+        writes, syncs = ledger.writes, ledger.syncs
+
+        record = ledger.record_intent(record, '{"step": "finalize"}', looked_up=1)
+
+        assert (ledger.writes - writes, ledger.syncs - syncs) == (1, 1)
+        with Ledger(ledger.path) as other:  # in the file, not only in this process's view
+            assert (other.get(record.id).pending, other.get(record.id).looked_up) == (
+                '{"step": "finalize"}',
+                1,
+            )
+        ledger.close()
+
+    def test_progress_waits_for_the_next_write_which_carries_it(self, tmp_path: Path):
+        ledger = Ledger(tmp_path / "state.db")
+        record = a_run(ledger)
+        writes = ledger.writes
+
+        record = ledger.record_progress(record, step=Step.CREATE, env_id="env-1")
+
+        assert ledger.writes == writes and record.step == Step.CREATE
+        with Ledger(ledger.path) as other:
+            assert other.get(record.id).step == Step.SCAN, "nothing written yet"
+        ledger.record_intent(record, '{"step": "create"}')
+        with Ledger(ledger.path) as other:
+            assert (other.get(record.id).step, other.get(record.id).env_id) == (
+                Step.CREATE,
+                "env-1",
+            )
+        ledger.close()
+
+    def test_an_acknowledgement_is_written_now_and_not_synced(self, tmp_path: Path):
+        ledger = Ledger(tmp_path / "state.db")
+        record = ledger.record_intent(a_run(ledger), '{"step": "push", "start": 0, "end": 9}')
+        writes, syncs = ledger.writes, ledger.syncs
+
+        record = ledger.acknowledge(record, acked_offset=9, samples_sent=3)
+
+        assert (ledger.writes - writes, ledger.syncs - syncs) == (1, 0)
+        with Ledger(ledger.path) as other:
+            assert (other.get(record.id).pending, other.get(record.id).acked_offset) == (None, 9)
+        ledger.close()
+
+    def test_the_intent_carrying_the_create_acknowledgement_is_covered_by_the_create_intent(
+        self, tmp_path: Path
+    ):
+        """The first batch's intent carries the create's acknowledgement: the create intent,
+        synced before the create was sent, covers it (a power cut leaves that intent, and the
+        lookup it is reconciled by lists the samples before any is sent). Every other intent is
+        synced, the next batch's included."""
+        ledger = Ledger(tmp_path / "state.db")
+        record = ledger.record_intent(a_run(ledger), '{"step": "create", "env": "e"}')
+        record = ledger.record_progress(record, evaluation_id="ev-1", pending=None, step=Step.PUSH)
+        syncs = ledger.syncs
+
+        record = ledger.record_intent(record, '{"step": "push", "start": 0, "end": 9}')
+        assert ledger.syncs == syncs, "covered by the create intent"
+        with Ledger(ledger.path) as other:  # written, with the acknowledgement it carries
+            assert other.get(record.id).evaluation_id == "ev-1"
+        record = ledger.acknowledge(record, acked_offset=9)
+        ledger.record_intent(record, '{"step": "push", "start": 9, "end": 20}')
+        assert ledger.syncs == syncs + 1, "the next intent is synced"
+        ledger.close()
+
+    def test_no_named_write_changes_a_state(self, ledger: Ledger):
+        record = a_run(ledger)
+        for write in (ledger.update, ledger.acknowledge, ledger.record_progress):
+            with pytest.raises(ValueError, match="transitions"):
+                write(record, state=State.FINALIZED)
+        with pytest.raises(ValueError, match="transitions"):
+            ledger.record_intent(record, "{}", state=State.FINALIZED)
+
+
 class TestFullDisk:
     def test_a_full_disk_is_a_ledger_error_and_the_last_committed_state_stays(self, ledger: Ledger):
         record = ledger.update(a_run(ledger), acked_offset=10)

@@ -16,17 +16,16 @@ Schema creation and every migration run inside one write transaction that reads 
 version first, so any number of processes may open a new or an old ledger at once.
 
 Durability: a WAL journal. A write is durable (it survives power loss, not just a crashed
-process) once the write-ahead log is synced after it: every write is, before the call returns,
-except the claim, its release and the lease's renewal, whose loss to power loss (not to a crash:
-every commit is in the file at once) costs nothing but a takeover, and the writes an upload
-makes with `durable=False` (an acknowledgement; an intent an earlier synced one covers), whose
-loss leaves the intent before them, reconciled. The log is synced by this
-process (`fsync`, the one SQLite's `synchronous=FULL` does) after the commit and outside the
-lock, so writes of several runs committed meanwhile share one sync (a group commit): an intent
-still waits for the disk before its request is sent, without every other run waiting behind it.
-An upload may also hand the ledger a write that is not an intent to carry with the run's next
-write (`update(..., defer=True)`: the step it reached, an acknowledgement), which the protocol
-allows because a crash before that next write leaves the intent before it, reconciled as ever.
+process) once the write-ahead log is synced after it. The ledger offers the protocol's writes by
+name, and each says what it may lose: `record_intent` (durable before its request is sent; the
+ledger itself sees the one intent an earlier synced one covers), `acknowledge` (written now,
+not synced: a power cut may take the row back to its intent, reconciled), `record_progress`
+(carried by the run's next write: a crash may take the row back to the step before), `update`
+(durable). The claim, its release and the lease's renewal are not synced either: their loss to
+a power cut costs nothing but a takeover. The log is synced by this process (`fsync`, the one
+SQLite's `synchronous=FULL` does) after the commit and outside the lock, so writes of several
+runs committed meanwhile share one sync (a group commit): an intent still waits for the disk
+before its request is sent, without every other run waiting behind it.
 The file is created with mode 0600 in a 0700 directory, and a `state.db`
 that is a symlink or not a regular file is refused. Every SQLite failure (full disk, locked or
 corrupt file) surfaces as `LedgerError` naming the file: the upload stops rather than carry on
@@ -762,33 +761,65 @@ class Ledger:
 
     # ------------------------------------------------------------ writing runs
 
-    def update(
-        self, record: RunRecord, *, defer: bool = False, durable: bool = True, **changes: Any
-    ) -> RunRecord:
-        """Write `changes` to the run's row in one transaction, fenced by `record`'s claim;
-        returns the new row. A run's `state` is written only by `evalpush.ledger.transitions`.
+    # The protocol's writes, by name: no caller picks a write mode. What each may lose, and why
+    # that is safe, is said once, here.
 
-        `defer`: not written now, but with the run's next write (its next intent, or its
-        release), in that write's transaction; meanwhile this process reads the row with them.
-        For a write that is not an intent, made under the run's claim, whose loss in a crash
-        before the next write only sends the run back to an earlier step or to the intent before
-        it (reconciled as after any crash): nothing may be sent on the strength of it alone.
-        `durable=False`: written now but not synced before this returns (an acknowledgement:
-        a crash keeps it, power loss may take it back to its intent); the next sync covers it."""
+    def update(self, record: RunRecord, **changes: Any) -> RunRecord:
+        """Write `changes` to the run's row now, durable before this returns (carrying the run's
+        deferred write), fenced by `record`'s claim; returns the new row. A run's `state` is
+        written only by `evalpush.ledger.transitions`."""
+        return self._write(record, self._no_state(changes), defer=False, durable=True)
+
+    def record_intent(self, record: RunRecord, pending: str, **changes: Any) -> RunRecord:
+        """An intent: `pending` says what is about to be sent (`upload.steps.intent`), written
+        with `changes` and the run's deferred write in one fenced transaction, and on disk before
+        this returns, so before its request is sent: after a crash or a power cut the row says
+        what may have reached the platform, and a read settles it.
+
+        One intent needs no sync of its own, and this method, not its caller, sees which: the
+        one whose transaction carries the create's acknowledgement (the first batch's, made
+        while `evaluation_id` is still deferred, `record_progress`). Then the run's last durable
+        write is its create intent, synced before the create was sent; lost to a power cut, this
+        write leaves that create intent, which is reconciled by a fresh lookup that adopts the
+        evaluation the create made and lists its samples before any is sent: it covers this
+        intent's request too. (A crash, not a power cut, keeps the write: every commit is in the
+        file at once.) A run of one batch so waits for the disk twice, not three times."""
+        with self._lock:
+            covered = "evaluation_id" in self._deferred.get(record.id, {})
+        changes = {**self._no_state(changes), "pending": pending}
+        return self._write(record, changes, defer=False, durable=not covered)
+
+    def acknowledge(self, record: RunRecord, **progress: Any) -> RunRecord:
+        """The platform acknowledged the pending intent: `pending` cleared and `progress`
+        (offsets, counts) written now, in one fenced transaction, not synced before this returns:
+        a crash keeps it; a power cut may take the row back to its intent, which a read of the
+        platform settles as after any crash. The next durable write syncs it."""
+        changes = {**self._no_state(progress), "pending": None}
+        return self._write(record, changes, defer=False, durable=False)
+
+    def record_progress(self, record: RunRecord, **changes: Any) -> RunRecord:
+        """`changes` go with the run's next write (its next intent, or its release), in that
+        write's transaction; meanwhile this process reads the row with them. For what the
+        protocol may lose to a crash before that write: the step a run reached, what its scan
+        found, an acknowledgement whose next write follows with no request between. Losing
+        them sends the run back to the intent or step before them, reconciled as after any
+        crash: nothing is sent on their strength alone."""
+        return self._write(record, self._no_state(changes), defer=True, durable=False)
+
+    def set_state(self, record: RunRecord, state: State, **changes: Any) -> RunRecord:
+        """`update` with a new `state`: for `evalpush.ledger.transitions` alone."""
+        return self._write(record, {**changes, "state": State(state)}, defer=False, durable=True)
+
+    def record_state(self, record: RunRecord, state: State, **changes: Any) -> RunRecord:
+        """`record_progress` with a new `state` (the upload began; the platform confirmed the
+        finalize, written with the release): for `evalpush.ledger.transitions` alone."""
+        return self._write(record, {**changes, "state": State(state)}, defer=True, durable=False)
+
+    @staticmethod
+    def _no_state(changes: dict[str, Any]) -> dict[str, Any]:
         if "state" in changes:
             raise ValueError("a run's state changes only through evalpush.ledger.transitions")
-        return self._write(record, changes, defer=defer, durable=durable)
-
-    def set_state(
-        self, record: RunRecord, state: State, *, defer: bool = False, **changes: Any
-    ) -> RunRecord:
-        """`update` with a new `state`: for `evalpush.ledger.transitions` alone."""
-        return self._write(record, {**changes, "state": State(state)}, defer=defer, durable=True)
-
-    def unwritten(self, record: RunRecord) -> frozenset[str]:
-        """The columns of the run's deferred write: not in the file yet (see `update`). Only the
-        run's claim holder changes them, so its uploading thread reads them without the lock."""
-        return frozenset(self._deferred.get(record.id, ()))
+        return changes
 
     def _take_deferred(self, record: RunRecord) -> dict[str, Any]:
         """The run's deferred write, taken (inside the write that carries it, under the lock)."""

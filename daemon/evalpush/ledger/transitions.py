@@ -2,9 +2,10 @@
 
 Each function is one named change of state with what goes with it (reason, error, attempts),
 written in one fenced ledger transaction (the caller holds the run's claim, except where a
-function says otherwise; `start`, and `finalize` when asked, go with the run's next write),
+function says otherwise; `start` and `finalized` go with the run's next write),
 and returns the run's new row. The upload steps write their own
-progress (`step`, offsets, intents) with `Ledger.update`, which refuses `state`.
+progress (`step`, offsets, intents) with the ledger's named writes (`record_intent`,
+`acknowledge`, `record_progress`), which refuse `state`.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ QUEUED_BY_RETRY = "queued by `evalpush retry`"
 def start(ledger: Ledger, record: RunRecord) -> RunRecord:
     """An upload begins (or resumes at its step): a new attempt, the last error cleared.
     Written with the run's next write (deferred: the claim says the run is being worked on)."""
-    return ledger.set_state(
+    return ledger.record_state(
         record,
         State.UPLOADING,
-        defer=True,
         reason="",
         attempts=record.attempts + 1,
         last_error=None,
@@ -98,20 +98,20 @@ def skip(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
     return ledger.set_state(record, State.SKIPPED, reason=reason)
 
 
-def finalize(
-    ledger: Ledger, record: RunRecord, *, at: float, defer: bool = False, **fields: Any
-) -> RunRecord:
-    """The platform holds the run's evaluation, finalized (sent now, or adopted). `defer`:
-    written with the run's release (an acknowledgement: see `Ledger.update`)."""
-    return ledger.set_state(
-        record,
-        State.FINALIZED,
-        defer=defer,
-        step=Step.DONE,
-        pending=None,
-        finalized_at=at,
-        **fields,
-    )
+def finalize(ledger: Ledger, record: RunRecord, *, at: float, **fields: Any) -> RunRecord:
+    """The platform holds the run's evaluation, finalized: adopted as found (durable now)."""
+    return ledger.set_state(record, State.FINALIZED, **_finalized(at, fields))
+
+
+def finalized(ledger: Ledger, record: RunRecord, *, at: float, **fields: Any) -> RunRecord:
+    """The platform confirmed this upload's finalize: written with the run's release (the
+    finalize intent is on disk; lost to a crash, the run goes back to it and a read of the
+    evaluation's status settles it)."""
+    return ledger.record_state(record, State.FINALIZED, **_finalized(at, fields))
+
+
+def _finalized(at: float, fields: dict[str, Any]) -> dict[str, Any]:
+    return {"step": Step.DONE, "pending": None, "finalized_at": at, **fields}
 
 
 def restore_finalized(ledger: Ledger, record: RunRecord) -> RunRecord:
@@ -154,6 +154,7 @@ __all__ = [
     "discover",
     "fail",
     "finalize",
+    "finalized",
     "hold",
     "interrupt",
     "queue",

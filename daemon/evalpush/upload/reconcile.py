@@ -138,12 +138,12 @@ class Reconciler:
                 reason=reason,
                 samples_sent=record.samples_seen if held is None or by_producer else held,
             )
-        return ctx.ledger.update(
+        return ctx.ledger.record_intent(
             record,
+            intent(Step.PUSH, start=0, end=record.upload_end),
             evaluation_id=evaluation.id,
             viewer_url=url,
             looked_up=1,
-            pending=intent(Step.PUSH, start=0, end=record.upload_end),
             step=Step.PUSH,
         )
 

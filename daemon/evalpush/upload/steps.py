@@ -100,13 +100,13 @@ class Steps:
             return transitions.hold(
                 ctx.ledger, record, HOLD_REASON.format(count=len(bad)), **scanned
             )
-        return ctx.ledger.update(record, defer=True, **scanned)  # goes with the create intent
+        return ctx.ledger.record_progress(record, **scanned)  # goes with the create intent
 
     # ------------------------------------------------------------ resolve and create
 
     def resolve(self, record: RunRecord, run: Run) -> RunRecord:
         env_id = self._ctx.environments.id_of(require_env_name(run), run.run_id)
-        return self._ctx.ledger.update(record, defer=True, env_id=env_id, step=Step.CREATE)
+        return self._ctx.ledger.record_progress(record, env_id=env_id, step=Step.CREATE)
 
     def _create_body(self, record: RunRecord, run: Run) -> dict[str, Any]:
         totals = RunTotals.from_json(record.totals)
@@ -158,8 +158,8 @@ class Steps:
         body = self._create_body(record, run)
         # The intent names the environment: a lookup after a crash must list the one the create
         # went to, whatever the config says by then.
-        record = ctx.ledger.update(
-            record, pending=intent(Step.CREATE, env=run.env_name), looked_up=1
+        record = ctx.ledger.record_intent(
+            record, intent(Step.CREATE, env=run.env_name), looked_up=1
         )
         unusable = 0  # create answers in a row that could not be used
         while True:
@@ -190,9 +190,8 @@ class Steps:
                 raise
         # The acknowledgement goes with the next intent (the first batch's): until then nothing
         # is sent, and a crash before it leaves the create intent, reconciled by a lookup.
-        return ctx.ledger.update(
+        return ctx.ledger.record_progress(
             record,
-            defer=True,
             evaluation_id=evaluation_id,
             viewer_url=url or ctx.client.viewer_url(evaluation_id),
             pending=None,
@@ -230,15 +229,6 @@ class Steps:
             max_batch_bytes=ctx.config.upload.max_batch_bytes,
             max_batch_samples=ctx.config.upload.max_batch_samples,
         )
-        # A create acknowledged in this attempt is not written yet (it goes with the first
-        # batch's intent): the run's last durable write is its create intent, synced before the
-        # create was sent, which covers the first batch as well. Lost to power loss, the batch's
-        # intent (and the acknowledgement with it) leaves that create intent, reconciled by a
-        # fresh lookup that adopts the evaluation the create made and lists its samples before
-        # any is sent (`Reconciler.adopt`: the whole range). So the first batch's intent is not
-        # synced: a run of one batch waits for the disk twice, not three times. (A crash keeps
-        # it: the next process knows the evaluation and lists only its samples.)
-        under_create = "evaluation_id" in ctx.ledger.unwritten(record)
         inline = min(INLINE_CONVERT_BYTES, ctx.config.upload.max_batch_bytes)
         small = record.upload_end - record.acked_offset <= inline
         with (
@@ -255,8 +245,7 @@ class Steps:
                 if stored is not None and batch.start < reconcile_end:
                     unsent = without_stored(batch, stored)
                     already, batch = len(batch.samples) - len(unsent.samples), unsent
-                record = self._send_batch(record, batch, already, under_create=under_create)
-                under_create = False
+                record = self._send_batch(record, batch, already)
                 ctx.progress(record)
         return self._pushed(record, run, totals)
 
@@ -280,9 +269,8 @@ class Steps:
                 counted=scanned,
                 converted=totals.traces,
             )
-        return self._ctx.ledger.update(
+        return self._ctx.ledger.record_progress(
             record,
-            defer=True,
             step=Step.FINALIZE,
             totals=totals.to_json(),
             samples_seen=totals.traces,
@@ -300,34 +288,27 @@ class Steps:
         )
         return scan(lines, max_line_bytes=max_line).totals
 
-    def _send_batch(
-        self, record: RunRecord, batch: Batch, already: int = 0, *, under_create: bool = False
-    ) -> RunRecord:
-        """Send `batch`; `already` more of its range's samples were found stored on the platform.
-        `under_create`: the run's create intent, its last durable write, covers the batch (see
-        `push`): the batch's intent need not be synced."""
+    def _send_batch(self, record: RunRecord, batch: Batch, already: int = 0) -> RunRecord:
+        """Send `batch`; `already` more of its range's samples were found stored on the platform."""
         ledger = self._ctx.ledger
         delivered = already
         set_aside = list(batch.set_aside)
         if batch.samples:
-            record = ledger.update(
-                record,
-                durable=not under_create,
-                pending=intent(Step.PUSH, start=batch.start, end=batch.end),
+            record = ledger.record_intent(
+                record, intent(Step.PUSH, start=batch.start, end=batch.end)
             )
             crash_point("batch-intent")
             delivered += self._deliver(record, batch, set_aside)
             crash_point("batch-sent")
         ledger.add_set_aside(record, set_aside)
-        # Not synced: a crash keeps it, power loss may leave this batch's intent, reconciled by
-        # listing the samples stored. The last batch's goes with the finalize intent, which
-        # follows with no request between; another batch's is written now, so the file shows
-        # the progress while the next batch is read, whatever becomes of its intent's write.
-        last = batch.end == record.upload_end
-        acked = ledger.update(
+        # The last batch's acknowledgement goes with the finalize intent, which follows with no
+        # request between; another's is written now, so the file shows the progress while the
+        # next batch is read.
+        acknowledge = (
+            ledger.record_progress if batch.end == record.upload_end else ledger.acknowledge
+        )
+        acked = acknowledge(
             record,
-            defer=last,
-            durable=False,
             pending=None,
             acked_offset=batch.end,
             acked_line=batch.end_line,
@@ -402,16 +383,15 @@ class Steps:
         if record.pending is None or not self._reconcile.is_finalized(record):
             if run.producer == Producer.EPISODES_0_4:
                 self._update(record, self._metadata(record, run, report, totals), metrics)
-            record = ctx.ledger.update(record, pending=intent(Step.FINALIZE))
+            record = ctx.ledger.record_intent(record, intent(Step.FINALIZE))
             url = self._send_finalize(record, metrics)
             crash_point("finalize-sent")
         else:
             url = None
-        record = transitions.finalize(  # written with the release
+        record = transitions.finalized(  # written with the release
             ctx.ledger,
             record,
             at=ctx.clock(),
-            defer=True,
             viewer_url=url or record.viewer_url or ctx.client.viewer_url(record.evaluation_id),
         )
         provenance.mark_superseded(ctx, record)
