@@ -26,7 +26,7 @@ NEVER_FOR_PUSH = {
     "prometheus_client": "the daemon's metrics",
     "watchdog": "the daemon's file watching",
     "structlog": "logging, until an event is logged",
-    "pydantic_settings": "no longer used: config/sources.py merges the sources itself",
+    "pydantic_settings": "no longer used: config/load.py merges the sources itself",
     "asyncio": "nothing a push runs needs an event loop",
 }
 ONLY_FOR_VALIDATION = {
@@ -122,7 +122,7 @@ def test_the_state_dir_variable_alone_gives_the_config_the_validated_sources_bui
     name: str, value: str
 ) -> None:
     # EVALPUSH_LOG__FORMAT at its default makes load_config merge and validate the sources
-    # (config/sources.py) without changing a value.
+    # (config/load.py) without changing a value.
     plain = load_config(environ={name: value})
     sourced = load_config(environ={name: value, "EVALPUSH_LOG__FORMAT": "auto"})
 
@@ -141,7 +141,7 @@ def test_the_state_dir_variable_alone_gives_the_config_the_validated_sources_bui
 )
 def test_flags_alone_validate_to_the_config_the_sources_build_from_them(flags) -> None:
     # EVALPUSH_LOG__FORMAT at its default makes load_config merge and validate the sources
-    # (config/sources.py) without changing a value.
+    # (config/load.py) without changing a value.
     plain = load_config(environ={}, flags=flags)
     sourced = load_config(environ={"EVALPUSH_LOG__FORMAT": "auto"}, flags=flags)
 

@@ -1,5 +1,6 @@
 """Configuration: every setting defined once, read from the file, the environment and the flags, and validated."""
 
+from evalpush.config.load import load_config
 from evalpush.config.settings import (
     NOT_SETTINGS,
     Config,
@@ -10,7 +11,6 @@ from evalpush.config.settings import (
     RunsConfig,
     UploadConfig,
     WatchConfig,
-    load_config,
     read_toml,
     section_keys,
     sections,

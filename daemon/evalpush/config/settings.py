@@ -2,25 +2,12 @@
 
 Each section is a frozen, slotted dataclass whose fields carry their defaults and rules
 (`_setting`). What is given (keyword arguments, flags, a file, setting variables) is validated
-by the pydantic models `evalpush.config.models` generates from the same rules, which also name
-what is wrong; `EVALPUSH_STATE_DIR` alone is taken as it is.
-
-Precedence, highest first: command-line flag > environment variable > config file > default
-(`evalpush.config.sources`, which merges them key by key and is imported only when there is
-a variable or a file to read). The sources:
-
-- flags: `load_config(flags={section: {key: value}})`, the command-line values that were given;
-- the environment: `EVALPUSH_<SECTION>__<KEY>` for any key (the prefix and nesting
-  pydantic-settings used), plus `EVALPUSH_STATE_DIR` (short for `EVALPUSH_STATE__DIR`, and wins over it).
-  Where a key wants an array the value is TOML, as in the file (`["/data/a", "/data/b"]`);
-  otherwise it is the plain string, which validation reads as the key's type (`60` is a number
-  for a number key and stays "60" for a string key); a quoted string loses its quotes. Any other
-  `EVALPUSH_*` variable is an error naming it and the closest real name, except
-  `EVALPUSH_CONFIG` and the few in `NOT_SETTINGS`;
-- the file: `--config FILE`, else `$EVALPUSH_CONFIG`; TOML, every key optional.
+by the pydantic models generated at the bottom of this module from the same rules, which also
+name what is wrong; `EVALPUSH_STATE_DIR` alone is taken as it is.
 
 `Config()` alone reads nothing: it is the defaults, or the keyword arguments given. Only
-`load_config` reads the environment and the file. Every problem in every source is one
+`evalpush.config.load.load_config` reads the flags, the environment and the file (its
+docstring gives the precedence and the sources). Every problem in every source is one
 `ConfigError` naming each key and where its value came from: the file, the variable, or the
 command line. The platform's own variables (`PRIME_API_KEY`, ...) are read by
 `evalpush.client.platform`, which owns credentials.
@@ -31,18 +18,18 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import threading
 import tomllib
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, FrozenInstanceError, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeVar
 
-import msgspec
-
-from evalpush.core.errors import BadInput, ConfigError
+from evalpush.core.errors import BadInput
 
 if TYPE_CHECKING:
-    from pydantic_core import ErrorDetails
+    from pydantic import BaseModel
 
 MIB = 1024 * 1024
 MAX_PORT = 65535
@@ -98,7 +85,7 @@ def _host_and_port(value: str) -> str:
 
 
 def _setting(default: Any = MISSING, *, factory: Any = MISSING, **rules: Any) -> Any:
-    """A setting's default and its rules, which `evalpush.config.models` gives pydantic:
+    """A setting's default and its rules, which the pydantic models generated below gives pydantic:
     `gt`, `ge`, `le` (bounds), `before` (a function applied to the input before validation),
     `after` (a check of the validated value that raises ValueError)."""
     return field(default=default, default_factory=factory, metadata=rules)
@@ -190,8 +177,6 @@ class _Settings:
 def _validated(settings: type[S], data: Any) -> S:
     """`data` validated as `settings` by the pydantic models (imported at the first value given:
     defaults alone need none), which raise pydantic's `ValidationError` naming what is wrong."""
-    from evalpush.config.models import validate_data
-
     return validate_data(settings, data)
 
 
@@ -358,70 +343,6 @@ def _closest(name: str, candidates: Sequence[str]) -> str | None:
     return close[0] if close else None
 
 
-# -- the environment --------------------------------------------------------------------------
-
-
-class _Variables(msgspec.Struct, frozen=True):
-    """The `EVALPUSH_*` variables of one environment, sorted into settings and problems."""
-
-    values: dict[str, str]  # EVALPUSH_<SECTION>__<KEY> (upper case) -> raw value
-    names: dict[tuple[str, str], str]  # (section, key) -> the variable as it was spelt
-    problems: list[str]
-
-
-def _unknown_variable(name: str, keys: Sequence[str]) -> str:
-    wrong = name.upper().removeprefix(ENV_PREFIX)
-    real = [n.removeprefix(ENV_PREFIX) for n in (*keys, CONFIG_VARIABLE, STATE_DIR_VARIABLE)]
-    closest = _closest(wrong, real)
-    hint = (
-        f"did you mean {ENV_PREFIX}{closest}?"
-        if closest
-        else f"settings are {ENV_PREFIX}<SECTION>{ENV_NESTED_DELIMITER}<KEY> (config.example.toml has every key)"
-    )
-    key = wrong.lower().replace(ENV_NESTED_DELIMITER, ".")
-    return f"{name} ({ENVIRONMENT}): unknown key {key!r}, {hint}"
-
-
-def _sort_variables(environ: Mapping[str, str]) -> _Variables:
-    keys = _keys()
-    found = _Variables({}, {}, [])
-    state_dir: tuple[str, str] | None = None
-    for name, value in environ.items():
-        upper = name.upper()
-        if not upper.startswith(ENV_PREFIX) or upper in NOT_SETTINGS or upper == CONFIG_VARIABLE:
-            continue
-        if upper == STATE_DIR_VARIABLE:
-            state_dir = (name, value) if value else None  # empty: unset, as before
-        elif upper in keys:
-            found.values[upper] = value
-            found.names[keys[upper]] = name
-        else:
-            found.problems.append(_unknown_variable(name, list(keys)))
-    if state_dir is not None:
-        name, found.values[_STATE_DIR_KEY] = state_dir
-        found.names[("state", "dir")] = name
-    return found
-
-
-def _toml_value(raw: str) -> Any:
-    """`raw` read as one TOML value; ValueError when it is not one (or is more than one)."""
-    document = tomllib.loads(f"v = {raw}")
-    if len(document) != 1:
-        raise ValueError("more than one TOML value")
-    return document["v"]
-
-
-def _unquoted(raw: str) -> str:
-    """A value written as a TOML string ("x" or 'x') is that string; anything else is itself."""
-    if raw[:1] not in ('"', "'"):
-        return raw
-    try:
-        value = _toml_value(raw)
-    except ValueError:
-        return raw
-    return value if isinstance(value, str) else raw
-
-
 # -- the file ---------------------------------------------------------------------------------
 
 
@@ -440,96 +361,93 @@ def read_toml(path: Path, error: type[BadInput], what: str) -> dict[str, Any]:
         raise error(f"{path}: {what} is not valid TOML: {exc}") from None
 
 
-# -- errors -----------------------------------------------------------------------------------
+# -- validation: pydantic models generated from the dataclasses -----------------------------
+#
+# The dataclasses are the one definition of every setting (type, default, rules); each model is
+# built from one of them the first time it is needed, with pydantic's `extra="forbid"` and
+# `frozen`, so a validation error (its location, its message) is what a hand-written model
+# gives. pydantic is imported at the first value given (defaults alone need none).
+
+VALIDATORS = ("before", "after")
+"""The rules of `_setting` that are functions (pydantic's BeforeValidator, AfterValidator)."""
+
+_models: dict[type[_Settings], type[BaseModel]] = {}  # built at first use
+# One model per dataclass even when two threads validate first at once: pydantic takes a
+# section's model instance only where the field's model is that very class.
+_building = threading.RLock()
 
 
-def _holds(data: Mapping[str, Any], loc: tuple[int | str, ...]) -> bool:
-    for part in loc:
-        if not isinstance(data, Mapping) or part not in data:
-            return False
-        data = data[part]
-    return True
+def model_of(settings: type[_Settings]) -> type[BaseModel]:
+    """The pydantic model of one dataclass of settings (a section, or `Config`)."""
+    with _building:
+        if settings not in _models:
+            _models[settings] = _generated(settings)
+        return _models[settings]
 
 
-class _Origins(msgspec.Struct, frozen=True):
-    """Where each value came from, so an error can name it: the highest source that set it."""
+def _generated(settings: type[_Settings]) -> type[BaseModel]:
+    from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, create_model
 
-    flags: Mapping[str, Any]
-    variables: Mapping[tuple[str, str], str]
-    path: Path | None
-
-    def of(self, loc: tuple[int | str, ...]) -> str:
-        if _holds(self.flags, loc[:2]):
-            return COMMAND_LINE
-        variable = self.variables.get((str(loc[0]), str(loc[1]))) if len(loc) > 1 else None
-        if variable is not None:
-            return f"{variable} ({ENVIRONMENT})"
-        return str(self.path)  # defaults are valid, so whatever else failed came from the file
-
-
-def _unknown_key(key: str) -> str:
-    real = [*sections(), *(f"{s}.{k}" for s, k in _keys().values())]
-    closest = _closest(key, real)
-    return f"unknown key {key!r}" + (f" (did you mean {closest!r}?)" if closest else "")
-
-
-def _problem(error: ErrorDetails, origins: _Origins) -> str:
-    key = ".".join(str(part) for part in error["loc"])
-    where = origins.of(error["loc"])
-    if error["type"] == "extra_forbidden":
-        return f"{where}: {_unknown_key(key)}"
-    return f"{where}: key {key!r}: {error['msg']} (got {error.get('input')!r})"
-
-
-# -- loading ----------------------------------------------------------------------------------
+    wrap = {"before": BeforeValidator, "after": AfterValidator}
+    hints = typing.get_type_hints(settings)
+    definitions: dict[str, Any] = {}
+    for f in fields(settings):  # type: ignore[arg-type]
+        annotation = hints[f.name]
+        if isinstance(annotation, type) and issubclass(annotation, _Settings):
+            annotation = model_of(annotation)
+            definitions[f.name] = (annotation, Field(default_factory=annotation))
+            continue
+        wrappers = [wrap[rule](f.metadata[rule]) for rule in VALIDATORS if rule in f.metadata]
+        if wrappers:
+            annotation = Annotated[(annotation, *wrappers)]  # type: ignore[valid-type]
+        bounds = {rule: f.metadata[rule] for rule in BOUNDS if rule in f.metadata}
+        if f.default_factory is MISSING:
+            info = Field(f.default, **bounds)
+        else:
+            info = Field(default_factory=f.default_factory, **bounds)
+        definitions[f.name] = (annotation, info)
+    return create_model(  # type: ignore[call-overload,no-any-return]
+        settings.__name__,
+        __config__=ConfigDict(extra="forbid", frozen=True),
+        __doc__=settings.__doc__,
+        __module__=__name__,
+        **definitions,
+    )
 
 
-def load_config(
-    path: Path | None = None,
-    *,
-    environ: Mapping[str, str] | None = None,
-    flags: Mapping[str, Mapping[str, Any]] | None = None,
-) -> Config:
-    """Build the configuration from defaults, the file, the environment and flags.
-
-    `path` None means `$EVALPUSH_CONFIG` if set, else no file. `flags` is a nested
-    `{section: {key: value}}` of command-line values that were given. Every problem found is
-    in one `ConfigError`.
-    """
-    environ = os.environ if environ is None else environ
-    flags = flags or {}
-    what = "config file"
-    if path is None and environ.get(CONFIG_VARIABLE):
-        path, what = Path(environ[CONFIG_VARIABLE]), f"config file (named by {CONFIG_VARIABLE})"
-    variables = _sort_variables(environ)
-    if path is None and not flags and variables.values.keys() <= {_STATE_DIR_KEY}:
-        # Nothing to validate: the defaults, and the state dir as it is.
-        if variables.problems:
-            raise _invalid(variables.problems)
-        return _with_state_dir(variables.values.get(_STATE_DIR_KEY))
-    from evalpush.config.sources import InvalidValues, load_sources
-
-    try:
-        config = load_sources(flags, variables.values, path, what)
-    except ConfigError as exc:  # the file cannot be read
-        raise _invalid([*variables.problems, str(exc)]) from None
-    except InvalidValues as exc:
-        origins = _Origins(flags, variables.names, path)
-        raise _invalid(
-            [*variables.problems, *(_problem(error, origins) for error in exc.errors)]
-        ) from None
-    if variables.problems:
-        raise _invalid(variables.problems)
-    return config
+def as_model(settings: _Settings) -> BaseModel:
+    """`settings` as its model, keeping which keys were given (pydantic takes it unvalidated)."""
+    values = {f.name: _model_value(getattr(settings, f.name)) for f in fields(settings)}  # type: ignore[arg-type]
+    return model_of(type(settings)).model_construct(set(settings.model_fields_set), **values)
 
 
-def _with_state_dir(raw: str | None) -> Config:
-    """The defaults, with `EVALPUSH_STATE_DIR`'s value as the state dir: what the validated
-    sources make of it (any string is a path; a quoted one loses its quotes), without pydantic."""
-    if raw is None:
-        return Config()
-    return Config._trusted({"state": StateConfig._trusted({"dir": Path(_unquoted(raw))})})
+def _model_value(value: Any) -> Any:
+    return as_model(value) if isinstance(value, _Settings) else value
 
 
-def _invalid(problems: Sequence[str]) -> ConfigError:
-    return ConfigError("invalid configuration: " + "; ".join(problems))
+def as_settings(settings: type[S], model: BaseModel) -> S:
+    """A validated model as its dataclass (nested sections too), keeping which keys were given."""
+    from pydantic import BaseModel
+
+    values = {}
+    for f in fields(settings):  # type: ignore[arg-type]
+        value = getattr(model, f.name)
+        if isinstance(value, BaseModel):
+            value = as_settings(f.default_factory, value)  # type: ignore[arg-type]
+        values[f.name] = value
+    built = settings._trusted(values)
+    object.__setattr__(built, "_given", frozenset(model.model_fields_set))
+    return built
+
+
+def validate_data(settings: type[S], data: Any) -> S:
+    """`settings.model_validate(data)`: `data` a mapping of keys to values (or settings)."""
+    if isinstance(data, dict):
+        data = _as_models(data)
+    elif isinstance(data, _Settings):
+        data = as_model(data)
+    return as_settings(settings, model_of(settings).model_validate(data))
+
+
+def _as_models(values: dict[str, Any]) -> dict[str, Any]:
+    return {key: _model_value(value) for key, value in values.items()}
