@@ -403,7 +403,7 @@ class TestTheTrackerAndTheUpload:
         monkeypatch: pytest.MonkeyPatch,
         feed_bytes: int,
     ):
-        monkeypatch.setattr("evalpush.service.tracker.FEED_BYTES", feed_bytes)
+        monkeypatch.setattr("evalpush.service.feeder.FEED_BYTES", feed_bytes)
         config = config_of()
         # Lines the first pass and conversion both refuse: the create's metadata is then exact.
         refused = [b'{"id": "a", oops}', b"", orjson.dumps({"id": "no-task"})]
@@ -458,7 +458,7 @@ class TestTheTrackerAndTheUpload:
         make_context: Callable[..., Context],
         monkeypatch: pytest.MonkeyPatch,
     ):
-        monkeypatch.setattr("evalpush.service.tracker.FEED_BYTES", 1)  # fed at each look
+        monkeypatch.setattr("evalpush.service.feeder.FEED_BYTES", 1)  # fed at each look
         config = config_of()
         lines = [tool_calls(n) for n in range(40)]
         data = file_bytes(lines)
@@ -488,7 +488,7 @@ class TestTheTrackerAndTheUpload:
         change: str,
         feed_bytes: int,
     ):
-        monkeypatch.setattr("evalpush.service.tracker.FEED_BYTES", feed_bytes)
+        monkeypatch.setattr("evalpush.service.feeder.FEED_BYTES", feed_bytes)
         config = config_of()
         run_dir = new_run(tmp_path / "runs", num_tasks=25)
         watching = Watching(ledger, config, run_dir)

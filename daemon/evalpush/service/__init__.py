@@ -1,6 +1,7 @@
 """The daemon (`evalpush run`): the tracker of runs under the roots, metrics and health, sd_notify."""
 
 from evalpush.service.daemon import Daemon, Request
+from evalpush.service.feeder import FEED_BYTES
 from evalpush.service.metrics import (
     MAX_CONNECTIONS,
     RUN_STATES,
@@ -17,7 +18,7 @@ from evalpush.service.metrics import (
     server_for,
 )
 from evalpush.service.sdnotify import MAX_STATUS_CHARS, Notifier
-from evalpush.service.tracker import FEED_BYTES, Tracker
+from evalpush.service.tracker import Tracker
 
 __all__ = [
     "Daemon",

@@ -11,11 +11,10 @@ tracker decides what each one needs:
   the run saying why): its complete lines are counted as they arrive
   (`runs.LineCounter`, reading only new bytes), `runs.readiness` decides, and the ledger keeps
   how far it is (`reason`) and when it settles (`settles_at`) for `status`. From its second
-  look on, its new lines are also fed to a `prescan.RunningScan` (decoded once, as the upload's
-  scan would; by a counter of its own, `FEED_BYTES` at a time and when the run is ready): when
-  the run is ready, the scan's results go to the ledger with its queueing and its upload starts
-  at resolve, reading the file once more, to push. A finalized run whose
-  file grew or was replaced waits the same way (in memory only: the ledger keeps showing its
+  look on, its new lines are also fed to a running scan (`feeder.Feeder`): when the run is
+  ready, the scan's results go to the ledger with its queueing and its upload starts at
+  resolve, reading the file once more, to push. A finalized run whose file grew or was
+  replaced waits the same way (in memory only: the ledger keeps showing its
   finalized evaluation until the new one starts; its upload scans); a run whose trace file it
   may not read waits too, its reason naming the file (and one warning), until a rescan can read
   it;
@@ -23,6 +22,11 @@ tracker decides what each one needs:
   retry`; `uploading` with its holder gone: a process killed mid-upload, whose claim the
   upload takes over), or that the uploader must look at first (a new path for a known run id: moved or
   copied; a config that cannot be read) is handed to `submit`, the scheduler's.
+
+The tracker owns readiness: the maps of settled, waiting and in-flight runs, counting lines,
+the settle/marker/expected-count rules, config.toml read again, the stand-in run id renamed when
+the first line names the run. It hands the feeding to `feeder.Feeder` and the ledger writes of
+a waiting run (found, progress, held, queued) to `progress.Progress`.
 
 Threads: everything runs on the daemon's loop thread except `finished`, which upload workers
 call; one lock guards the maps.
@@ -40,14 +44,13 @@ import msgspec
 
 from evalpush.config import Config
 from evalpush.core import paths
-from evalpush.core.errors import ClaimLost, LedgerError, RunError
-from evalpush.core.states import State, Step
+from evalpush.core.errors import RunError
+from evalpush.core.states import State
 from evalpush.discover import RunDir, look_at
-from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive, transitions
+from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive
 from evalpush.log import get_logger
 from evalpush.runs import (
     CONFIG_FILE,
-    LineCount,
     LineCounter,
     ReadinessRules,
     Run,
@@ -61,19 +64,8 @@ from evalpush.runs import (
     readiness,
     traces_file,
 )
-from evalpush.upload import Prescan, RunningScan
-
-FEED_BYTES = 4 << 20
-"""A waiting run's new lines go to its running scan once this many bytes wait to be fed (and
-when it is ready): decoded in runs of thousands of lines, not a few at each look, which costs
-less CPU per line; the catch-up at readiness is at most this much."""
-
-WAIT_WRITE_SECONDS = 1.0
-"""A waiting run's progress goes to the ledger at most this often (its reason changes with every
-line a run writes; `status` shows it, and a second behind is near enough)."""
-
-UNSETTLED = float("inf")
-"""The settle time of a run whose trace file cannot be read: none (the ledger shows none)."""
+from evalpush.service.feeder import Feeder
+from evalpush.service.progress import ConfigFacts, Progress, Waiting
 
 FINAL_STATES = frozenset({State.FINALIZED, State.SKIPPED, State.FAILED, State.HELD})
 QUEUED_STATES = frozenset({State.READY, State.UPLOADING})
@@ -86,10 +78,6 @@ def _facts(rundir: RunDir) -> Facts:
     return (rundir.device, rundir.inode, rundir.size, rundir.mtime_ns)
 
 
-ConfigFacts = tuple[int, int, int]
-"""(inode, size, mtime_ns) of a run's config.toml: a change means it is read again."""
-
-
 def _config_facts(directory: str) -> ConfigFacts | None:
     config = config_file(Path(directory))
     try:
@@ -99,30 +87,11 @@ def _config_facts(directory: str) -> ConfigFacts | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-class _Waiting(msgspec.Struct):
-    run_id: str
-    run: Run | None  # None while config.toml cannot be read (`problem` says why)
-    problem: str
-    config: ConfigFacts | None  # config.toml as it was when `run` (or `problem`) was read
-    counter: LineCounter
-    in_ledger: bool  # the ledger shows it waiting (a finalized run that changed does not)
-    progress: str = ""  # as the ledger shows it
-    settles_at: float = 0.0
-    written_at: float = float("-inf")
-    unwritten: bool = False  # progress changed within WAIT_WRITE_SECONDS of the last write
-    scan: RunningScan | None = None  # the lines fed so far, once the run was seen waiting
-    feeder: LineCounter | None = None  # feeds `scan`, FEED_BYTES at a time (or when ready)
-    fed: LineCount | None = None  # the trace file as the feeder last saw it
-    stand_in: bool = False  # `run_id` is a stand-in until a line names the run
-
-    def due_at(self) -> float:
-        """When the tracker must look again: at the settle time, or to write its progress."""
-        if self.unwritten:
-            return min(self.settles_at, self.written_at + WAIT_WRITE_SECONDS)
-        return self.settles_at
-
-
 class Tracker:
+    """What the daemon calls about the runs under its roots: `load` and `poll_ledger` from the
+    ledger, `seen` and `look` from discover, `due` at settle times, `finished` from upload
+    workers; ready and queued runs go to `submit`."""
+
     def __init__(
         self,
         ledger: Ledger,
@@ -135,12 +104,17 @@ class Tracker:
         self._ledger = ledger
         self._config = config
         self._submit = submit
-        self._alive = alive or (lambda holder: holder_alive(holder, Process.current(), clock()))
         self._clock = clock
+        self._progress = Progress(
+            ledger,
+            config,
+            alive=alive or (lambda holder: holder_alive(holder, Process.current(), clock())),
+            clock=clock,
+        )
         self._rules = ReadinessRules.from_config(config.runs)
         self._lock = threading.Lock()
         self._settled: dict[str, Facts] = {}  # path -> facts of a run that needs nothing now
-        self._waiting: dict[str, _Waiting] = {}
+        self._waiting: dict[str, Waiting] = {}
         self._in_flight: set[str] = set()
         self._log = get_logger(stage="tracker")
 
@@ -161,7 +135,7 @@ class Tracker:
         """Submit what the ledger has queued and nobody holds: a run interrupted by a stop or
         a crash, one `evalpush retry` put back."""
         for record in self._ledger.in_state(*QUEUED_STATES):
-            if not self._held(record):
+            if not self._progress.held(record):
                 self._hand_over(os.fsdecode(record.path_raw))
 
     def counts(self) -> dict[str, int]:
@@ -217,7 +191,7 @@ class Tracker:
         record = self._ledger.get_run(run_id) or self._renamed(path, run_id)
         if record is None:
             self._discovered(path, rundir)
-        elif self._held(record):
+        elif self._progress.held(record):
             return  # another process (or this one's worker) has it; the next look decides
         elif record.path_raw != paths.raw(path) or record.state in QUEUED_STATES:
             self._hand_over(path)  # moved, copied, interrupted or retried: the uploader decides
@@ -268,13 +242,13 @@ class Tracker:
             if run is not None
             else derive_run_id(Path(path), known=self._ledger.run_id_at)
         )
-        waiting = _Waiting(run_id, run, problem, config, counter, in_ledger)
+        waiting = Waiting(run_id, run, problem, config, counter, in_ledger)
         waiting.stand_in = named_by_lines_later(Path(path))
         with self._lock:
             self._waiting[path] = waiting
         self._decide(path, waiting, rundir, new=new, first=True)
 
-    def _read_config_again(self, path: str, waiting: _Waiting) -> bool:
+    def _read_config_again(self, path: str, waiting: Waiting) -> bool:
         """Read config.toml again if it changed since it was read (one lstat): a producer may
         have been writing it (not TOML yet, or still empty: no num_tasks). False when the run
         turned out not to be an eval run (it is handed to the uploader)."""
@@ -283,8 +257,7 @@ class Tracker:
             return True
         run, problem = _load(path, self._ledger)
         if run is not None and run.kind != RunKind.EVAL:
-            with self._lock:
-                self._waiting.pop(path, None)
+            self._forget(path)
             self._hand_over(path)
             return False
         waiting.run, waiting.problem, waiting.config = run, problem, config
@@ -293,7 +266,7 @@ class Tracker:
     def _decide(
         self,
         path: str,
-        waiting: _Waiting,
+        waiting: Waiting,
         rundir: RunDir | None,
         *,
         new: bool = False,
@@ -306,18 +279,17 @@ class Tracker:
 
         The first look only counts: a run found finished (the daemon's first scan, a run
         written while it was down) is scanned by its upload, on an upload worker. A run seen
-        waiting gets a running scan at its next look, fed by a counter of its own from byte 0
-        (`_feed`)."""
+        waiting gets a `Feeder` at its next look, fed by a counter of its own from byte 0."""
         try:
             count = waiting.counter.update()
         except PermissionError:
-            self._unreadable(path, waiting, new=new)
+            if not self._progress.unreadable(path, waiting, new=new):
+                self._forget(path)
             return
         except OSError:
             rundir = None
         if rundir is None:  # gone, or no longer a run directory
-            with self._lock:
-                self._waiting.pop(path, None)
+            self._forget(path)
             return
         if not self._read_config_again(path, waiting):
             return
@@ -328,10 +300,11 @@ class Tracker:
         now = self._clock()
         decided = readiness(facts, now, self._rules)
         if not first and waiting.run is not None:
-            self._feed(waiting, count, ready=decided.ready)
+            if waiting.feeder is None:
+                waiting.feeder = Feeder(waiting.counter.path, self._config, clock=self._clock)
+            waiting.feeder.feed(count, ready=decided.ready)
         if decided.ready:
-            with self._lock:
-                self._waiting.pop(path, None)
+            self._forget(path)
             if (
                 expected is not None
                 and count.lines < expected
@@ -344,21 +317,10 @@ class Tracker:
         progress = decided.progress
         if waiting.problem:
             progress = f"{progress}; {waiting.problem}"
-        if new:
-            if self._record_new(path, waiting, progress):
-                self._log.info(
-                    "run found: waiting until it is finished",
-                    run=waiting.run_id,
-                    path=paths.display(path),
-                    **({"problem": waiting.problem} if waiting.problem else {}),
-                )
-        elif waiting.in_ledger and progress != waiting.progress:
-            if now - waiting.written_at >= WAIT_WRITE_SECONDS:
-                self._record_progress(path, waiting, progress, now)
-            else:
-                waiting.unwritten = True
+        if not self._progress.waits(path, waiting, progress, now, new=new):
+            self._forget(path)
 
-    def _named(self, path: str, waiting: _Waiting) -> bool:
+    def _named(self, path: str, waiting: Waiting) -> bool:
         """The run's first line is in: the run takes the id it carries in place of the stand-in
         it was found under (and its row in the ledger with it). False when the row could not be
         renamed (another process holds it, or knows the run by that id): the next look decides
@@ -370,8 +332,7 @@ class Tracker:
         if waiting.in_ledger:
             record = self._ledger.get_run(waiting.run_id)
             if record is None or self._ledger.rename(record, run_id) is None:
-                with self._lock:
-                    self._waiting.pop(path, None)
+                self._forget(path)
                 return False
         self._log.info("run named by its first line", run=run_id, stand_in=waiting.run_id[:8])
         waiting.run_id, waiting.stand_in = run_id, False
@@ -379,89 +340,8 @@ class Tracker:
             waiting.run = msgspec.structs.replace(waiting.run, run_id=run_id)
         return True
 
-    def _unreadable(self, path: str, waiting: _Waiting, *, new: bool) -> None:
-        """A trace file the daemon may not read: the run waits, saying so in the ledger (for
-        `status`) and in one warning; every rescan tries again, so fixing the permissions is
-        enough. Nothing settles it: no line of it was seen."""
-        problem = (
-            f"{paths.display(waiting.counter.path)}: not readable (permission denied); "
-            "make it readable to the daemon's user"
-        )
-        waiting.settles_at = UNSETTLED
-        if problem == waiting.progress:
-            return
-        self._log.warning(
-            "trace file not readable: the run waits",
-            run=waiting.run_id,
-            path=paths.display(path),
-            why=problem,
-        )
-        if new:
-            self._record_new(path, waiting, problem)
-        elif waiting.in_ledger:
-            self._record_progress(path, waiting, problem, self._clock())
-        else:  # a finalized run's changed file: the ledger shows its evaluation meanwhile
-            waiting.progress = problem
-
-    def _feed(self, waiting: _Waiting, count: LineCount, *, ready: bool) -> None:
-        """Feed the run's new lines to its running scan once FEED_BYTES of them wait, or now
-        that it is ready (its own counter: a replacement, a shrink or a rewrite in place
-        restarts it, see `LineCounter`)."""
-        if waiting.scan is None or waiting.feeder is None:
-            waiting.scan = RunningScan(
-                checked=self._config.convert.on_bad_line == "hold",
-                max_line_bytes=self._config.read.max_line_bytes,
-            )
-            waiting.feeder = LineCounter(
-                waiting.counter.path,
-                clock=self._clock,
-                max_line_bytes=self._config.read.max_line_bytes,
-            )
-            waiting.fed = None
-        fed_to = waiting.fed.offset if waiting.fed is not None else 0
-        if not ready and count.offset - fed_to < FEED_BYTES and not count.replaced:
-            return
-        try:
-            waiting.fed = waiting.feeder.update(waiting.scan)
-        except OSError:  # gone since the count: the next look decides; nothing fed stands
-            waiting.scan = waiting.feeder = waiting.fed = None
-
-    def _record_new(self, path: str, waiting: _Waiting, progress: str) -> bool:
-        """Add the run to the ledger, waiting (a run found ready is queued right after); False
-        if another process added it first (then the next look starts from its row)."""
-        try:
-            transitions.discover(
-                self._ledger,
-                path=Path(path),
-                run_id=waiting.run_id,
-                kind=RunKind.EVAL,  # only eval runs wait (or runs whose config is unreadable)
-                reason=progress,
-                settles_at=_settle_time(waiting),
-            )
-        except LedgerError:
-            if self._ledger.get_run(waiting.run_id) is None:
-                raise
-            with self._lock:
-                self._waiting.pop(path, None)
-            return False
-        waiting.in_ledger, waiting.progress, waiting.written_at = True, progress, self._clock()
-        return True
-
-    def _record_progress(self, path: str, waiting: _Waiting, progress: str, now: float) -> None:
-        record = self._ledger.get_run(waiting.run_id)
-        if record is None or self._held(record) or record.state != State.WAITING:
-            with self._lock:  # forgotten, or another process took it over: look again afresh
-                self._waiting.pop(path, None)
-            return
-        try:
-            transitions.wait(self._ledger, record, progress, settles_at=_settle_time(waiting))
-        except ClaimLost:
-            return
-        waiting.progress, waiting.written_at, waiting.unwritten = progress, now, False
-        self._log.debug("run still waiting", run=record.run_id, path=path, why=progress)
-
     def _short(
-        self, path: str, waiting: _Waiting, rundir: RunDir, reason: str, *, new: bool
+        self, path: str, waiting: Waiting, rundir: RunDir, reason: str, *, new: bool
     ) -> bool:
         """A run finished with fewer traces than expected (an eval that crashed): a warning,
         and with `runs.on_incomplete = "hold"` the run is held for a person (True: handled);
@@ -477,80 +357,20 @@ class Tracker:
         )
         if not hold:
             return False
-        if new and not self._record_new(path, waiting, ""):
-            return True
-        record = self._ledger.get_run(waiting.run_id)
-        if record is not None and record.state == State.WAITING and not self._held(record):
-            try:
-                transitions.hold(
-                    self._ledger,
-                    record,
-                    f"incomplete: {reason}; `evalpush retry {waiting.run_id[:8]}` uploads it "
-                    'as it is (runs.on_incomplete = "hold")',
-                )
-            except ClaimLost:
-                return True
-        with self._lock:
-            self._settled[path] = _facts(rundir)
+        if self._progress.hold(path, waiting, reason, new=new):
+            with self._lock:
+                self._settled[path] = _facts(rundir)
         return True
 
-    def _ready(self, path: str, waiting: _Waiting, reason: str, *, new: bool) -> None:
+    def _ready(self, path: str, waiting: Waiting, reason: str, *, new: bool) -> None:
         self._log.info("run is ready", run=waiting.run_id, path=paths.display(path), why=reason)
-        if new and not self._record_new(path, waiting, ""):
-            return
-        if waiting.in_ledger:
-            record = self._ledger.get_run(waiting.run_id)
-            # Only a row still waiting is queued: one another process moved on while this one
-            # waited (a push finalized, failed or held it) keeps its state, and the uploader
-            # judges it as it is (queueing a finalized row left it `uploading` at step done,
-            # taken up again at every ledger poll; a failed or held one was tried again as
-            # if `evalpush retry` had queued it).
-            if record is not None and record.state == State.WAITING and not self._held(record):
-                scanned = self._scanned(waiting, record)
-                try:
-                    if scanned is not None:  # as the scan step records it, in its order
-                        self._ledger.add_set_aside(record, scanned.found.set_aside)
-                    columns = scanned.columns() if scanned is not None else {}
-                    transitions.queue(self._ledger, record, f"ready: {reason}", **columns)
-                except ClaimLost:
-                    pass  # another process took it: the upload's claim sorts it out
-                else:
-                    if scanned is not None:
-                        self._log.debug(
-                            "run scanned while it was written: its upload starts at resolve",
-                            run=record.run_id,
-                            traces=scanned.found.totals.traces,
-                            set_aside=len(scanned.found.set_aside),
-                        )
-        self._hand_over(path)
+        if self._progress.queue(path, waiting, reason, new=new):
+            self._hand_over(path)
 
-    def _scanned(self, waiting: _Waiting, record: RunRecord) -> Prescan | None:
-        """The scan step's results for the run, from its running scan; None when the upload
-        must scan: nothing was fed (found ready at its first look), the running scan cannot
-        stand for the file (`RunningScan.result`), the row is not a waiting one at its scan, or
-        the scan step would stop there (no environment name, no line to send, bad lines to hold)."""
-        if waiting.scan is None or waiting.fed is None or waiting.run is None:
-            return None
-        if not waiting.run.env_name:
-            return None
-        if record.state != State.WAITING or record.step != Step.SCAN or record.upload_end:
-            return None
-        scanned = waiting.scan.result(waiting.fed.file)
-        if scanned is None or scanned.found.end != waiting.fed.offset:
-            return None
-        found = scanned.found
-        if not found.totals.traces:
-            return None
-        hold = self._config.convert.on_bad_line == "hold"
-        if found.set_aside and hold and not record.release_hold:
-            return None
-        return scanned
-
-    def _held(self, record: RunRecord) -> bool:
-        """Whether a live process holds the run's claim. A claim left by a process that is gone
-        (SIGKILL, a crash) is nobody's: the upload takes it over and reconciles."""
-        holder = record.holder
-        return holder is not None and self._alive(holder)
+    def _forget(self, path: str) -> None:
+        """Drop a waiting run: its next look starts afresh (from its row, if it has one)."""
+        with self._lock:
+            self._waiting.pop(path, None)
 
     def _hand_over(self, path: str) -> None:
         with self._lock:
@@ -598,10 +418,6 @@ def _load(path: str, ledger: Ledger) -> tuple[Run | None, str]:
         return load_run(Path(path), known=ledger.run_id_at), ""
     except RunError as exc:
         return None, paths.printable(str(exc))
-
-
-def _settle_time(waiting: _Waiting) -> float | None:
-    return None if waiting.settles_at == UNSETTLED else waiting.settles_at
 
 
 def _changed(record: RunRecord, rundir: RunDir) -> bool:
