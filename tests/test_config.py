@@ -7,7 +7,6 @@ import os
 import pickle
 import subprocess
 import sys
-from dataclasses import FrozenInstanceError
 from pathlib import Path
 
 import pytest
@@ -488,9 +487,9 @@ class TestSettingsValues:
     def test_a_value_cannot_be_changed(self):
         config = Config()
 
-        with pytest.raises(FrozenInstanceError):
+        with pytest.raises(ValidationError, match="frozen"):
             config.log = LogConfig(level="debug")  # type: ignore[misc]
-        with pytest.raises(FrozenInstanceError):
+        with pytest.raises(ValidationError, match="frozen"):
             config.log.level = "debug"  # type: ignore[misc]
         assert config == Config()
 

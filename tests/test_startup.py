@@ -21,19 +21,12 @@ from support.runs import config_toml, write_run
 
 RUN_ID = "9d5b7e1c-3f2a-4b6c-8d0e-1a2b3c4d5e6f"
 PUSH_TIMEOUT_SECONDS = 60
+# asyncio is not in the list: pydantic-settings imports it at the top of its main module.
 NEVER_FOR_PUSH = {
     "aiohttp": "the local platform's server",
     "prometheus_client": "the daemon's metrics",
     "watchdog": "the daemon's file watching",
     "structlog": "logging, until an event is logged",
-    "pydantic_settings": "no longer used: config/load.py merges the sources itself",
-    "asyncio": "nothing a push runs needs an event loop",
-}
-ONLY_FOR_VALIDATION = {
-    "pydantic": "validates the settings given (the defaults need none)",
-    "pydantic_core": "imported by pydantic",
-    "annotated_types": "imported by pydantic",
-    "typing_inspection": "imported by pydantic",
 }
 
 
@@ -67,68 +60,57 @@ def imported_by_push(platform: LocalPlatform, tmp_path: Path, **extra: str) -> s
     }
 
 
-def test_a_push_with_no_setting_to_read_imports_none_of_the_heavy_modules_it_does_not_use(
-    platform: LocalPlatform, tmp_path: Path
+@pytest.mark.parametrize(
+    "variables",
+    [{}, {"EVALPUSH_STATE_DIR": "state-of-its-own"}, {"EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES": " 7 "}],
+    ids=["no setting", "its state dir", "a setting"],
+)
+def test_a_push_imports_none_of_the_heavy_modules_it_does_not_use(
+    platform: LocalPlatform, tmp_path: Path, variables: dict[str, str]
 ) -> None:
-    imported = imported_by_push(platform, tmp_path)
+    if "EVALPUSH_STATE_DIR" in variables:
+        variables = {"EVALPUSH_STATE_DIR": str(tmp_path / variables["EVALPUSH_STATE_DIR"])}
 
-    assert {"evalpush", "msgspec", "sqlite3"} <= imported
-    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_VALIDATION}
-    assert {name: why for name, why in unwanted.items() if name in imported} == {}
+    imported = imported_by_push(platform, tmp_path, **variables)
 
-
-def test_a_push_given_only_its_state_dir_in_the_environment_uses_it_and_imports_no_pydantic(
-    platform: LocalPlatform, tmp_path: Path
-) -> None:
-    state = tmp_path / "custom-state"
-
-    imported = imported_by_push(platform, tmp_path, EVALPUSH_STATE_DIR=str(state))
-
-    unwanted = {**NEVER_FOR_PUSH, **ONLY_FOR_VALIDATION}
-    assert {name: why for name, why in unwanted.items() if name in imported} == {}
-    assert (state / "state.db").is_file()
-
-
-def test_a_push_with_a_setting_in_the_environment_validates_it_with_pydantic(
-    platform: LocalPlatform, tmp_path: Path
-) -> None:
-    imported = imported_by_push(platform, tmp_path, EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES=" 7 ")
-
-    assert "pydantic" in imported
+    assert {"evalpush", "msgspec", "sqlite3", "pydantic_settings"} <= imported
     assert {name: why for name, why in NEVER_FOR_PUSH.items() if name in imported} == {}
+    if "EVALPUSH_STATE_DIR" in variables:
+        assert (Path(variables["EVALPUSH_STATE_DIR"]) / "state.db").is_file()
 
 
 @pytest.mark.parametrize(
-    ("name", "value"),
+    ("name", "value", "expected"),
     [
-        ("EVALPUSH_STATE_DIR", "/var/lib/evalpush"),
-        ("EVALPUSH_STATE_DIR", "relative/state"),
-        ("EVALPUSH_STATE_DIR", "~/state"),
-        ("EVALPUSH_STATE_DIR", '"/quoted"'),
-        ("EVALPUSH_STATE_DIR", "'/single'"),
-        ("EVALPUSH_STATE_DIR", '""'),
-        ("EVALPUSH_STATE_DIR", '"unterminated'),
-        ("EVALPUSH_STATE_DIR", '"\\u00e9t\\u00e9"'),
-        ("EVALPUSH_STATE_DIR", "  spaced  "),
-        ("EVALPUSH_STATE_DIR", "\udcff-not-utf-8"),
-        ("EVALPUSH_STATE_DIR", '["a"]'),
-        ("EVALPUSH_STATE_DIR", ""),
-        ("EVALPUSH_STATE__DIR", "/long/name"),
-        ("EVALPUSH_STATE__DIR", ""),
-        ("evalpush_state_dir", "/lower/case"),
+        ("EVALPUSH_STATE_DIR", "/var/lib/evalpush", Path("/var/lib/evalpush")),
+        ("EVALPUSH_STATE_DIR", "relative/state", Path("relative/state")),
+        ("EVALPUSH_STATE_DIR", "~/state", Path("~/state")),
+        ("EVALPUSH_STATE_DIR", '"/quoted"', Path("/quoted")),
+        ("EVALPUSH_STATE_DIR", "'/single'", Path("/single")),
+        ("EVALPUSH_STATE_DIR", '"unterminated', Path('"unterminated')),
+        ("EVALPUSH_STATE_DIR", '"\\u00e9t\\u00e9"', Path("\u00e9t\u00e9")),
+        ("EVALPUSH_STATE_DIR", "  spaced  ", Path("  spaced  ")),
+        ("EVALPUSH_STATE_DIR", "\udcff-not-utf-8", Path("\udcff-not-utf-8")),
+        ("EVALPUSH_STATE_DIR", '["a"]', Path('["a"]')),
+        ("EVALPUSH_STATE_DIR", "", None),
+        ("EVALPUSH_STATE__DIR", "/long/name", Path("/long/name")),
+        ("evalpush_state_dir", "/lower/case", Path("/lower/case")),
     ],
 )
-def test_the_state_dir_variable_alone_gives_the_config_the_validated_sources_build_from_it(
-    name: str, value: str
+def test_the_state_dir_variable_is_taken_as_a_path_a_quoted_one_without_its_quotes(
+    name: str, value: str, expected: Path | None
 ) -> None:
-    # EVALPUSH_LOG__FORMAT at its default makes load_config merge and validate the sources
-    # (config/load.py) without changing a value.
-    plain = load_config(environ={name: value})
-    sourced = load_config(environ={name: value, "EVALPUSH_LOG__FORMAT": "auto"})
+    config = load_config(environ={name: value})
 
-    assert type(plain) is type(sourced) is Config
-    assert plain == sourced
-    assert plain.state.model_fields_set == sourced.state.model_fields_set
+    assert config.state.dir == expected
+    assert config.state.model_fields_set == (set() if expected is None else {"dir"})
+    assert config.model_dump(exclude={"state"}) == Config().model_dump(exclude={"state"})
+
+
+def test_the_short_state_dir_variable_wins_over_the_long_one() -> None:
+    environ = {"EVALPUSH_STATE__DIR": "/long", "EVALPUSH_STATE_DIR": "/short"}
+
+    assert load_config(environ=environ).state.dir == Path("/short")
 
 
 @pytest.mark.parametrize(
@@ -139,14 +121,11 @@ def test_the_state_dir_variable_alone_gives_the_config_the_validated_sources_bui
         {"upload": {"max_batch_samples": 7}, "log": {"level": "DEBUG"}},
     ],
 )
-def test_flags_alone_validate_to_the_config_the_sources_build_from_them(flags) -> None:
-    # EVALPUSH_LOG__FORMAT at its default makes load_config merge and validate the sources
-    # (config/load.py) without changing a value.
-    plain = load_config(environ={}, flags=flags)
-    sourced = load_config(environ={"EVALPUSH_LOG__FORMAT": "auto"}, flags=flags)
+def test_flags_alone_validate_to_the_config_they_give(flags) -> None:
+    config = load_config(environ={}, flags=flags)
 
-    assert type(plain) is type(sourced) is Config
-    assert plain == sourced == Config.model_validate(flags)
+    assert type(config) is Config
+    assert config == Config.model_validate(flags) == Config(**flags)
 
 
 def test_a_client_of_an_http_platform_builds_no_tls_context(

@@ -1,7 +1,7 @@
 """`load_config`: the configuration from the flags, the environment and the file, validated.
 
 Precedence, highest first: command-line flag > environment variable > config file > default,
-merged key by key, then validated whole by `Config`'s generated pydantic model (one
+each a pydantic-settings source of `Config`, merged key by key and validated whole (one
 `ConfigError` naming every wrong key and where its value came from: the command line, the
 variable, or the file; an unknown key or variable gets the closest real name).
 
@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import os
 import tomllib
-import typing
 from collections.abc import Mapping, Sequence
-from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
+from pydantic_settings import EnvSettingsSource, InitSettingsSource
 
 from evalpush.config.settings import (
     _STATE_DIR_KEY,
@@ -38,18 +40,13 @@ from evalpush.config.settings import (
     NOT_SETTINGS,
     STATE_DIR_VARIABLE,
     Config,
-    StateConfig,
     _closest,
     _keys,
     read_toml,
     sections,
-    validate_data,
+    sources_below_flags,
 )
 from evalpush.core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from pydantic_core import ErrorDetails
-
 
 # -- the environment --------------------------------------------------------------------------
 
@@ -156,7 +153,26 @@ def _problem(error: ErrorDetails, origins: _Origins) -> str:
     return f"{where}: key {key!r}: {error['msg']} (got {error.get('input')!r})"
 
 
-# -- loading ----------------------------------------------------------------------------------
+# -- the sources -----------------------------------------------------------------------------
+
+
+class _SettingVariables(EnvSettingsSource):
+    """The `EVALPUSH_*` setting variables given (not the process's own environment): quoted
+    strings lose their quotes, and a key that wants an array reads its value as TOML, as the
+    file writes it (a value that is not TOML is left as it is, for validation to name)."""
+
+    def __init__(self, values: Mapping[str, str]) -> None:
+        self._given = values
+        super().__init__(Config)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {name.lower(): _unquoted(raw) for name, raw in self._given.items()}
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        try:
+            return _toml_value(value)
+        except ValueError:
+            return value
 
 
 def load_config(
@@ -177,102 +193,23 @@ def load_config(
     if path is None and environ.get(CONFIG_VARIABLE):
         path, what = Path(environ[CONFIG_VARIABLE]), f"config file (named by {CONFIG_VARIABLE})"
     variables = _sort_variables(environ)
-    if path is None and not flags and variables.values.keys() <= {_STATE_DIR_KEY}:
-        # Nothing to validate: the defaults, and the state dir as it is.
-        if variables.problems:
-            raise _invalid(variables.problems)
-        return _with_state_dir(variables.values.get(_STATE_DIR_KEY))
+    problems = list(variables.problems)
     try:
-        config = load_sources(flags, variables.values, path, what)
-    except ConfigError as exc:  # the file cannot be read
-        raise _invalid([*variables.problems, str(exc)]) from None
-    except InvalidValues as exc:
+        file = read_toml(path, ConfigError, what) if path is not None else {}
+    except ConfigError as exc:
+        raise _invalid([*problems, str(exc)]) from None
+    try:
+        with sources_below_flags(
+            _SettingVariables(variables.values), InitSettingsSource(Config, file)
+        ):
+            config = Config(**flags)
+    except ValidationError as exc:
         origins = _Origins(flags, variables.names, path)
-        raise _invalid(
-            [*variables.problems, *(_problem(error, origins) for error in exc.errors)]
-        ) from None
-    if variables.problems:
-        raise _invalid(variables.problems)
+        problems += [_problem(error, origins) for error in exc.errors()]
+    if problems:
+        raise _invalid(problems)
     return config
-
-
-def _with_state_dir(raw: str | None) -> Config:
-    """The defaults, with `EVALPUSH_STATE_DIR`'s value as the state dir: what the validated
-    sources make of it (any string is a path; a quoted one loses its quotes), without pydantic."""
-    if raw is None:
-        return Config()
-    return Config._trusted({"state": StateConfig._trusted({"dir": Path(_unquoted(raw))})})
 
 
 def _invalid(problems: Sequence[str]) -> ConfigError:
     return ConfigError("invalid configuration: " + "; ".join(problems))
-
-
-# -- merging the sources ----------------------------------------------------------------------
-
-_ARRAYS = (list, tuple, set, frozenset, dict)
-"""Annotations (their origins) whose values a variable writes as TOML."""
-
-
-def load_sources(
-    flags: Mapping[str, Mapping[str, Any]],
-    variables: Mapping[str, str],
-    path: Path | None,
-    what: str,
-) -> Config:
-    """The configuration from the flags, the `EVALPUSH_*` setting variables and the file.
-
-    `variables`: each setting variable's value by its upper-case name (`config._sort_variables`
-    has set aside the names of no setting). Raises `ConfigError` when the file cannot be read,
-    `InvalidValues` when a value is wrong (`load_config` names where each came from)."""
-    data = read_toml(path, ConfigError, what) if path is not None else {}
-    keys = {**_keys(), _STATE_DIR_KEY: ("state", "dir")}
-    for name, raw in variables.items():
-        section, key = keys[name]
-        _put(data, section, key, _variable_value(section, key, raw))
-    for section, values in flags.items():
-        for key, value in values.items():
-            _put(data, section, key, value)
-    from pydantic import ValidationError
-
-    try:
-        return validate_data(Config, data)
-    except ValidationError as exc:
-        raise InvalidValues(exc.errors()) from None
-
-
-class InvalidValues(Exception):
-    """Values the sources hold that are wrong, as pydantic describes each (where, what, why)."""
-
-    def __init__(self, errors: list[ErrorDetails]):
-        super().__init__(f"{len(errors)} invalid values")
-        self.errors = errors
-
-
-def _put(data: dict[str, Any], section: str, key: str, value: Any) -> None:
-    """`data[section][key] = value`; a section the file wrote as no table becomes one."""
-    table = data.get(section)
-    if not isinstance(table, dict):
-        table = data[section] = {}
-    table[key] = value
-
-
-def _variable_value(section: str, key: str, raw: str) -> Any:
-    value = _unquoted(raw)
-    if value and _wants_array(section, key):
-        try:
-            return _toml_value(value)
-        except ValueError:
-            return value
-    return value
-
-
-@cache
-def _wants_array(section: str, key: str) -> bool:
-    """Whether the key's type is an array or a mapping (also inside an optional or a union)."""
-    annotation = typing.get_type_hints(sections()[section])[key]
-    shapes = typing.get_args(annotation) if typing.get_origin(annotation) in _UNIONS else ()
-    return any((typing.get_origin(shape) or shape) in _ARRAYS for shape in (annotation, *shapes))
-
-
-_UNIONS = (typing.Union, type(int | None))
