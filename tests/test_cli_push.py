@@ -235,8 +235,21 @@ class TestCheck:
         assert "reachable, key accepted" in rows["platform"][1]
         assert platform.api_key not in done.stdout + done.stderr
 
+    def test_check_names_a_retired_key_it_ignored(self, evalpush, tmp_path):
+        config = tmp_path / "old.toml"
+        config.write_text("[upload]\npush_processes = 1\n")
+
+        done = evalpush("--config", str(config), "check")
+
+        result, detail = check_rows(done.stdout)["config"]
+        assert result == "OK"
+        assert detail == (
+            f"{config}: valid; ignored, retired: {config}: upload.push_processes "
+            "(a push uploads every run in its own process)"
+        )
+
     def test_check_exits_2_when_the_platform_refuses_the_key(self, evalpush):
-        # Issue 12: a refused key is a credentials error, exit 2 (was 1, `NOT OK`).
+        # A refused key is a credentials error, exit 2 (was 1, `NOT OK`).
         done = evalpush("check", PRIME_API_KEY="wrong-key-wrong-key-0000")
 
         assert done.returncode == 2

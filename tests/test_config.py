@@ -456,8 +456,40 @@ class TestThroughTheCommand:
         assert "Traceback" not in done.stderr
 
 
+class TestRetiredKeys:
+    """A key an earlier release read (and its example config file wrote) still loads: ignored,
+    and named where it came from."""
+
+    def test_a_0_2_0_config_file_with_push_processes_loads_and_names_it_ignored(self, tmp_path):
+        path = tmp_path / "config.toml"
+        path.write_text("[upload]\nmax_concurrent_runs = 3\npush_processes = 1\n")
+
+        config = load_config(path, environ={})
+
+        assert config.upload.max_concurrent_runs == 3
+        assert config.upload.model_fields_set == {"max_concurrent_runs"}
+        assert config.ignored == (
+            f"{path}: upload.push_processes (a push uploads every run in its own process)",
+        )
+
+    def test_the_retired_variable_is_ignored_and_named_not_an_unknown_key(self):
+        config = load_config(environ={"evalpush_upload__push_processes": "2"})
+
+        assert config.model_dump() == Config().model_dump()
+        assert config.ignored == (
+            "evalpush_upload__push_processes (EVALPUSH_* environment variable): "
+            "upload.push_processes (a push uploads every run in its own process)",
+        )
+
+    def test_nothing_is_ignored_when_no_retired_key_is_given(self, tmp_path):
+        path = tmp_path / "config.toml"
+        path.write_text("[upload]\nmax_concurrent_runs = 3\n")
+
+        assert load_config(path, environ={"EVALPUSH_LOG__LEVEL": "debug"}).ignored == ()
+
+
 class TestSettingsValues:
-    """The sections are dataclasses validated by generated pydantic models: keyword arguments
+    """The sections are frozen pydantic models: keyword arguments
     are validated as before, and a value is immutable and compares by its keys."""
 
     @pytest.mark.parametrize(

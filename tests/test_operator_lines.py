@@ -23,7 +23,7 @@ def test_the_start_up_line_names_version_config_platform_key_source_roots_and_me
     tree, later = tmp_path / "outputs", tmp_path / "not-yet"
     tree.mkdir()
     config = tmp_path / "evalpush.toml"
-    config.write_text('[metrics]\nlisten = "127.0.0.1:0"\n')
+    config.write_text('[metrics]\nlisten = "127.0.0.1:0"\n[upload]\npush_processes = 1\n')
     environ = daemon_environ(local_platform, tmp_path, [tree, later], EVALPUSH_CONFIG=str(config))
     with Daemon(environ) as daemon:
         line = daemon.started().wait_for("evalpush daemon running")
@@ -36,6 +36,9 @@ def test_the_start_up_line_names_version_config_platform_key_source_roots_and_me
     assert line["key_source"] == "$PRIME_API_KEY"
     assert line["roots"] == {str(tree): "inotify", str(later): "not there yet: waited for"}
     assert line["metrics"] == serving["url"]
+    assert line["ignored_retired_keys"] == [
+        f"{config}: upload.push_processes (a push uploads every run in its own process)"
+    ]
     assert local_platform.api_key not in daemon.text()
 
 

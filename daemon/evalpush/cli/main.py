@@ -693,7 +693,8 @@ def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigErro
             *(_Row(c, None, "needs a valid configuration") for c in list(Check)[1:]),
         ]
         return _check_report(rows)
-    rows = [_Row(Check.CONFIG, True, f"{source}: valid")]
+    ignored = "".join(f"; ignored, retired: {notice}" for notice in config.ignored)
+    rows = [_Row(Check.CONFIG, True, f"{source}: valid{ignored}")]
     rows.append(_check_watch(config))
     rows.append(_check_ledger(default_path(config.state_dir)))
     with PlatformClient(config.platform) as client:

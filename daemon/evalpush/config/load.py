@@ -38,6 +38,7 @@ from evalpush.config.settings import (
     ENV_PREFIX,
     ENVIRONMENT,
     NOT_SETTINGS,
+    RETIRED,
     STATE_DIR_VARIABLE,
     Config,
     _closest,
@@ -45,6 +46,7 @@ from evalpush.config.settings import (
     read_toml,
     sections,
     sources_below_flags,
+    variable_name,
 )
 from evalpush.core.errors import ConfigError
 
@@ -57,6 +59,7 @@ class _Variables(msgspec.Struct, frozen=True):
     values: dict[str, str]  # EVALPUSH_<SECTION>__<KEY> (upper case) -> raw value
     names: dict[tuple[str, str], str]  # (section, key) -> the variable as it was spelt
     problems: list[str]
+    retired: list[tuple[str, str, str]]  # (the variable as spelt, section, key)
 
 
 def _unknown_variable(name: str, keys: Sequence[str]) -> str:
@@ -74,7 +77,8 @@ def _unknown_variable(name: str, keys: Sequence[str]) -> str:
 
 def _sort_variables(environ: Mapping[str, str]) -> _Variables:
     keys = _keys()
-    found = _Variables({}, {}, [])
+    found = _Variables({}, {}, [], [])
+    retired = {variable_name(section, key): (section, key) for section, key in RETIRED}
     state_dir: tuple[str, str] | None = None
     for name, value in environ.items():
         upper = name.upper()
@@ -85,6 +89,8 @@ def _sort_variables(environ: Mapping[str, str]) -> _Variables:
         elif upper in keys:
             found.values[upper] = value
             found.names[keys[upper]] = name
+        elif upper in retired:
+            found.retired.append((name, *retired[upper]))
         else:
             found.problems.append(_unknown_variable(name, list(keys)))
     if state_dir is not None:
@@ -198,6 +204,15 @@ def load_config(
         file = read_toml(path, ConfigError, what) if path is not None else {}
     except ConfigError as exc:
         raise _invalid([*problems, str(exc)]) from None
+    ignored = [
+        f"{name} ({ENVIRONMENT}): {section}.{key} ({RETIRED[section, key]})"
+        for name, section, key in variables.retired
+    ]
+    for section, key in RETIRED:
+        table = file.get(section)
+        if isinstance(table, dict) and key in table:
+            del table[key]
+            ignored.append(f"{path}: {section}.{key} ({RETIRED[section, key]})")
     try:
         with sources_below_flags(
             _SettingVariables(variables.values), InitSettingsSource(Config, file)
@@ -208,6 +223,7 @@ def load_config(
         problems += [_problem(error, origins) for error in exc.errors()]
     if problems:
         raise _invalid(problems)
+    config._ignored = tuple(ignored)
     return config
 
 

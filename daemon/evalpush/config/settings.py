@@ -21,7 +21,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from evalpush.core.errors import BadInput
@@ -36,6 +36,11 @@ _STATE_DIR_KEY = f"{ENV_PREFIX}STATE{ENV_NESTED_DELIMITER}DIR"
 NOT_SETTINGS = frozenset({"EVALPUSH_CRASH_AT", "EVALPUSH_TEST_SEED", "EVALPUSH_BENCH_PEAK_FILE"})
 """`EVALPUSH_*` variables that are not settings: the crash point tests kill at
 (`upload.CRASH_ENV`), and the test suite's and the benchmarks' own knobs."""
+RETIRED = {
+    ("upload", "push_processes"): "a push uploads every run in its own process",
+}
+"""Keys an earlier release read, now accepted and ignored so its config files still load;
+`Config.ignored` names each one given (the daemon's start-up line and `check` show it)."""
 SUGGESTION_CUTOFF = 0.6
 """How alike (difflib's ratio) a real name must be to a wrong one to be offered instead."""
 ENVIRONMENT = "EVALPUSH_* environment variable"
@@ -188,6 +193,12 @@ class Config(BaseSettings):
     state: StateConfig = Field(default_factory=StateConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    _ignored: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def ignored(self) -> tuple[str, ...]:
+        """The retired keys the sources gave, each as `where: section.key (why)`."""
+        return self._ignored
 
     @classmethod
     def settings_customise_sources(
@@ -239,10 +250,15 @@ def section_keys(section: type[BaseModel]) -> list[str]:
     return list(section.model_fields)
 
 
+def variable_name(section: str, key: str) -> str:
+    """A setting's variable: `EVALPUSH_<SECTION>__<KEY>`."""
+    return f"{ENV_PREFIX}{section}{ENV_NESTED_DELIMITER}{key}".upper()
+
+
 def _keys() -> dict[str, tuple[str, str]]:
-    """Every setting's variable name: `EVALPUSH_<SECTION>__<KEY>` -> (section, key)."""
+    """Every setting's variable name -> (section, key)."""
     return {
-        f"{ENV_PREFIX}{section}{ENV_NESTED_DELIMITER}{key}".upper(): (section, key)
+        variable_name(section, key): (section, key)
         for section, settings in sections().items()
         for key in section_keys(settings)
     }

@@ -255,6 +255,7 @@ class Daemon:
             "roots": roots,
             "metrics": (self._feed.url if self._feed is not None else None) or "off",
             "state_dir": str(config.state_dir),
+            **({"ignored_retired_keys": list(config.ignored)} if config.ignored else {}),
         }
 
     def _build(self, config: Config) -> _Parts:
