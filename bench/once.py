@@ -1,4 +1,4 @@
-"""A run the daemon watches while it is written is decoded once (issue 10): what `evalpush run`
+"""A run the daemon watches while it is written is decoded once: what `evalpush run`
 spends, in CPU seconds and in bytes read, to upload a large run written line by line.
 
 The run is bench/gen_traces.py's (72 MB, 20,000 traces by default; cached in bench/.cache/).

@@ -54,7 +54,7 @@ TARGET_MS = 400.0
 RUN_BYTES = 15_000  # the smallest run gen_traces writes: 4 traces
 HEAD_END = b"\r\n\r\n"
 FIRST_REQUESTS = (b"GET /api/v1/evaluations/?limit=1 ", b"POST /api/v1/environmentshub/resolve ")
-"""The one-shot gate's probe (since issue 12: the key is checked before anything is sent), or,
+"""The one-shot gate's probe (the key is checked before anything is sent), or,
 without it, the first run's resolve."""
 CHILD_TIMEOUT_SECONDS = 30.0
 IMPORTS_SHOWN = 15

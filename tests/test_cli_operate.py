@@ -1,4 +1,4 @@
-"""Operating evalpush (issue 12) through the real CLI, as an operator would: `status RUN` and the
+"""Operating evalpush through the real CLI, as an operator would: `status RUN` and the
 JSON of `status` and `push`, exit codes (credentials, --timeout, signals), outages told while
 they last, `check`, read-only commands, logs and their journald priorities.
 

@@ -89,7 +89,7 @@ class TestPush:
     def test_a_wrong_key_stops_the_push_before_anything_is_sent_with_one_line_and_exit_2(
         self, evalpush, platform, tmp_path
     ):
-        # Issue 12 changed this from exit 1 and one 401 line per run on stdout: credentials are
+        # This was exit 1 and one 401 line per run on stdout: credentials are
         # checked once, up front, and a refused key is a setup error (2) said in one line.
         write_run(tmp_path / "outputs")
         write_run(tmp_path / "outputs", run_id=OTHER_RUN_ID)
@@ -106,7 +106,7 @@ class TestPush:
         assert not any(platform.summary()["requests"].values())
 
     def test_no_key_at_all_is_one_clear_error_and_exit_2(self, evalpush, tmp_path):
-        # Issue 12: exit 2 (was 1), as for any configuration error.
+        # Exit 2 (was 1), as for any configuration error.
         write_run(tmp_path / "outputs")
 
         done = evalpush("push", str(tmp_path / "outputs"), PRIME_API_KEY="")

@@ -1,4 +1,4 @@
-"""A run the daemon watched while it was written is decoded once (issue 10).
+"""A run the daemon watched while it was written is decoded once.
 
 The tracker feeds each new line of a waiting run to a `prescan.RunningScan`; once the run is
 ready, what the upload's scan step would record (identity, SHA-256 of `[0, upload_end)`, totals,

@@ -1,4 +1,4 @@
-"""What one run costs in requests and ledger writes (issue 10, "Many runs"), and that cutting
+"""What one run costs in requests and ledger writes, and that cutting
 them kept the protocol: every intent is in the ledger file when its request arrives.
 
 Real parts throughout: the local platform over loopback, a ledger file in tmp_path, run

@@ -1,4 +1,4 @@
-"""Start-up: `evalpush push` imports only what the command uses (issue 10).
+"""Start-up: `evalpush push` imports only what the command uses.
 
 Each test runs `python -X importtime -m evalpush push` as a real subprocess against the local
 platform and reads the modules the process imported from that log. Timings are bench/startup.py's

@@ -1,4 +1,4 @@
-"""Issues 7 and 8 attacked as a hostile world would: what still breaks.
+"""The daemon and push attacked as a hostile world would: what broke, each finding now guarded.
 
 Each test is one finding (its number in the docstring), the smallest deterministic reproduction
 found, written as the behaviour evalpush should have. Each was a strict xfail until its fix
@@ -58,7 +58,7 @@ OTHER_RUN_ID = "11111111-2222-4333-8444-555555555555"
 SECRET_KEY = "sk-live-7Hw2Qp9Zx4Lm1Rv8Tn3Kb6Jd0Fc5Ys"
 TIMEOUT_SECONDS = 60
 EXIT_BOUND_SECONDS = 5.0
-"""SIGTERM to exit, asserted (issue 8's target is two seconds)."""
+"""SIGTERM to exit, asserted (the target is two seconds)."""
 STUCK_READS = 4
 """A push that lists this many times without creating anything is going round in circles."""
 
