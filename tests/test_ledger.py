@@ -49,7 +49,7 @@ class TestFile:
         db = sqlite3.connect(ledger.path)
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         db.close()
-        assert ledger._db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        assert ledger._file.db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
         synced: list[tuple[str, int]] = []
         real_fsync = os.fsync
 
@@ -57,11 +57,11 @@ class TestFile:
             real_fsync(fd)
             if os.path.isfile(f"/proc/self/fd/{fd}"):
                 wal = os.readlink(f"/proc/self/fd/{fd}")
-                synced.append((wal, ledger._db.total_changes))
+                synced.append((wal, ledger._file.db.total_changes))
 
         monkeypatch.setattr(os, "fsync", fsync)
         record = a_run(ledger)
-        changes = ledger._db.total_changes
+        changes = ledger._file.db.total_changes
         ledger.update(record, samples_seen=3)
 
         log = f"{ledger.path}-wal"
@@ -70,7 +70,7 @@ class TestFile:
             assert other.get(record.id).samples_seen == 3
 
     def test_a_new_file_gets_the_current_schema_version(self, ledger: Ledger):
-        assert ledger._db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert ledger._file.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
     def test_a_file_from_a_newer_evalpush_is_refused_not_rewritten(self, tmp_path: Path):
         path = tmp_path / "state.db"
@@ -266,8 +266,8 @@ class TestNamedWrites:
 class TestFullDisk:
     def test_a_full_disk_is_a_ledger_error_and_the_last_committed_state_stays(self, ledger: Ledger):
         record = ledger.update(a_run(ledger), acked_offset=10)
-        page_count = ledger._db.execute("PRAGMA page_count").fetchone()[0]
-        ledger._db.execute(f"PRAGMA max_page_count = {page_count}")
+        page_count = ledger._file.db.execute("PRAGMA page_count").fetchone()[0]
+        ledger._file.db.execute(f"PRAGMA max_page_count = {page_count}")
         many = [SetAside(i, i, 1, "bad_line", "x" * 500) for i in range(2000)]
 
         with pytest.raises(LedgerError, match="full"):
@@ -392,7 +392,7 @@ class TestSchemaUpgrade:
         assert len(before) == ledger_v1.ROWS
 
         with Ledger(path) as ledger:
-            version = ledger._db.execute("PRAGMA user_version").fetchone()[0]
+            version = ledger._file.db.execute("PRAGMA user_version").fetchone()[0]
             records = {record.run_id: record for record in ledger.all()}
             histories = {r.run_id: ledger.history(r) for r in records.values()}
             set_aside = {r.run_id: ledger.set_aside(r) for r in records.values()}

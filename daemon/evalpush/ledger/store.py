@@ -1,4 +1,4 @@
-"""The ledger: durable per-run progress in one SQLite file, advanced only on acknowledgement.
+"""The ledger: durable per-run progress, advanced only on acknowledgement.
 
 One row per run, keyed by its run id, with the path it was last seen at (`runs`); the records
 set aside from it (`set_aside`); the evaluations it had before its current one (`history`:
@@ -6,46 +6,31 @@ superseded, deleted, cancelled); and the evaluations of runs a person forgot (`f
 a later upload of the same run must not adopt. The upload stage writes an intent (`pending`)
 before every non-replayable request and clears it with the acknowledgement, in one transaction
 each, so after `kill -9` at any instant the row says exactly what may have reached the platform.
+The file itself (opening, upgrading, transactions, syncs) is `evalpush.ledger.file`.
 
 Several processes share one ledger. A process works on a run only while it holds the run's
 claim (columns `claim_*`, see `evalpush.ledger.claims`): `claim` takes it in one `BEGIN IMMEDIATE`
 transaction, and every write to a run is fenced: it applies only while the claim is still the
 one the writer read (`RunRecord.claim_owner`; none for a run nobody holds), else `ClaimLost`.
 
-Schema creation and every migration run inside one write transaction that reads the schema
-version first, so any number of processes may open a new or an old ledger at once.
-
-Durability: a WAL journal. A write is durable (it survives power loss, not just a crashed
-process) once the write-ahead log is synced after it. The ledger offers the protocol's writes by
-name, and each says what it may lose: `record_intent` (durable before its request is sent; the
-ledger itself sees the one intent an earlier synced one covers), `acknowledge` (written now,
-not synced: a power cut may take the row back to its intent, reconciled), `record_progress`
-(carried by the run's next write: a crash may take the row back to the step before), `update`
-(durable). The claim, its release and the lease's renewal are not synced either: their loss to
-a power cut costs nothing but a takeover. The log is synced by this process (`fsync`, the one
-SQLite's `synchronous=FULL` does) after the commit and outside the lock, so writes of several
-runs committed meanwhile share one sync (a group commit): an intent still waits for the disk
-before its request is sent, without every other run waiting behind it.
-The file is created with mode 0600 in a 0700 directory, and a `state.db`
-that is a symlink or not a regular file is refused. Every SQLite failure (full disk, locked or
-corrupt file) surfaces as `LedgerError` naming the file: the upload stops rather than carry on
-with progress it cannot record.
+The ledger offers the protocol's writes by name, and each says what it may lose:
+`record_intent` (durable before its request is sent; the ledger itself sees the one intent an
+earlier synced one covers), `acknowledge` (written now, not synced: a power cut may take the row
+back to its intent, reconciled), `record_progress` (carried by the run's next write: a crash may
+take the row back to the step before), `update` (durable). The claim, its release and the
+lease's renewal are not synced either: their loss to a power cut costs nothing but a takeover.
+An intent still waits for the disk before its request is sent, without every other run waiting
+behind it (the file's group commit).
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import math
-import os
 import sqlite3
-import stat
 import threading
 import time
-import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 
@@ -55,169 +40,22 @@ from evalpush.core.setaside import SetAside
 from evalpush.core.states import Outcome, SetAsideKind, State, Step
 from evalpush.ledger import schema
 from evalpush.ledger.claims import Holder
-from evalpush.log import get_logger, scrub
+from evalpush.ledger.file import LedgerFile, Upgrade, default_path
+from evalpush.ledger.records import (
+    CLAIM_COLUMNS,
+    MESSAGE_COLUMNS,
+    SELECT,
+    WRITABLE_COLUMNS,
+    HistoryRecord,
+    RunRecord,
+    stored_text,
+)
 
-T = TypeVar("T")
-
-LEDGER_FILE = "state.db"
-WAL_RETRY_SECONDS = 0.01
-BUSY_SLICE_SECONDS = 0.1
-"""With a stop event, SQLite waits this long at a time for another process's lock; between
-slices the stop is looked at."""
-STOP_BUSY_SECONDS = 1.0
-"""Once a stop is requested, this long in all is what the ledger still waits for another
-process's lock (one evalpush stopped mid-write by Ctrl-Z holds it until it continues): the
-writes a stop makes (interrupted, release) are worth a moment, not the busy timeout twice."""
 SCHEMA_VERSION = schema.SCHEMA_VERSION
 
 
-# gc=False, here and on other records made by the thousand: their fields are scalars (or such
-# records), so they can never be part of a reference cycle for the collector to find.
-class RunRecord(msgspec.Struct, frozen=True, gc=False):
-    """One row of `runs`."""
-
-    id: int
-    run_id: str
-    path: str  # for people: bytes that are not UTF-8 shown as \xNN (see `evalpush.core.paths`)
-    path_raw: bytes  # the path's bytes: what finds the directory
-    kind: str
-    state: str
-    reason: str
-    step: str
-    file_device: int | None
-    file_inode: int | None
-    file_size: int | None
-    file_mtime_ns: int | None
-    file_ctime_ns: int | None
-    file_digest: bytes | None  # SHA-256 of the trace file's bytes [0, upload_end)
-    upload_end: int | None
-    env_id: str | None
-    evaluation_id: str | None
-    viewer_url: str | None
-    pending: str | None
-    acked_offset: int
-    acked_line: int
-    samples_sent: int
-    samples_seen: int
-    bytes_sent: int
-    totals: bytes | None
-    release_hold: int
-    attempts: int
-    last_error: str | None
-    looked_up: int  # 1 once the platform was searched for this run id (or the ledger knew it)
-    claim_owner: str | None
-    claim_host: str | None
-    claim_boot: str | None
-    claim_pid: int | None
-    claim_start: int | None
-    claim_pidns: str | None
-    claim_since: float | None
-    claim_expires: float | None
-    created_at: float
-    updated_at: float
-    finalized_at: float | None
-    settles_at: float | None  # a waiting run: when the settle rule makes it ready
-    last_error_at: float | None  # when `last_error` was written
-
-    @property
-    def holder(self) -> Holder | None:
-        """Who holds the run's claim (alive or not), if anyone."""
-        if self.claim_owner is None:
-            return None
-        return Holder(
-            self.claim_owner,
-            self.claim_host or "",
-            self.claim_boot or "",
-            self.claim_pid or 0,
-            self.claim_start or 0,
-            self.claim_pidns or "",
-            self.claim_since or 0.0,
-            self.claim_expires or 0.0,
-        )
-
-    @property
-    def directory(self) -> Path:
-        return paths.from_raw(self.path_raw)
-
-
-_COLUMNS = list(RunRecord.__struct_fields__)
-_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM runs"
-_MESSAGE_COLUMNS = {"reason", "last_error"}
-_CLAIM_COLUMNS = {c for c in _COLUMNS if c.startswith("claim_")}
-_WRITABLE_COLUMNS = set(_COLUMNS) - _CLAIM_COLUMNS - {"id", "run_id", "path_raw", "created_at"}
-"""What `set_state` may write: not the run's identity, not its claim (`claim`/`release` do);
-`path` writes `path_raw` with it. `update` writes the same, less `state`."""
-
-
-class HistoryRecord(msgspec.Struct, frozen=True, gc=False):
-    evaluation_id: str
-    viewer_url: str | None
-    outcome: str  # "superseded", "deleted", "closed", "cancelled" or "duplicate"
-    at: float
-
-
-class Upgrade(msgspec.Struct, frozen=True):
-    """A ledger brought from an older schema to this evalpush's, and where the old file went."""
-
-    path: Path
-    from_version: int
-    to_version: int
-    backup: Path
-
-    @property
-    def message(self) -> str:
-        return f"ledger upgraded {self.from_version} -> {self.to_version} (backup: {self.backup})"
-
-    def log(self) -> None:
-        get_logger(stage="ledger").warning(
-            self.message,
-            ledger=str(self.path),
-            backup=str(self.backup),
-            from_version=self.from_version,
-            to_version=self.to_version,
-        )
-
-
-def default_path(state_dir: Path) -> Path:
-    return state_dir / LEDGER_FILE
-
-
-def _stored_text(text: str) -> str:
-    """Text as it may be stored: secrets scrubbed (errors can quote what a server echoed
-    back) and lone surrogates (non-UTF-8 file names) escaped, which SQLite cannot encode."""
-    return paths.printable(scrub(text))
-
-
-UNUSABLE_ADVICE = (
-    "try the lighter fixes first: free disk space; fix the file's owner and mode; stop another "
-    "evalpush holding it; for a damaged file, `sqlite3 {path} .recover | sqlite3 {path}.new` and "
-    "put state.db.new in its place. Moving the ledger aside is the last resort and costs this: "
-    "every run starts over as unknown (looked up on the platform by its run id and adopted "
-    "when found, but held and failed decisions, set-aside records and the history are lost), "
-    "and any run the platform cannot find by run id is uploaded again, a second evaluation"
-)
-
-
-_TEXTS = (("set_aside", "reason"), ("runs", "reason"), ("runs", "last_error"))
-"""The columns that hold what a server said: where an older evalpush may have stored a key."""
-
-
-def _scrub_copy(db: sqlite3.Connection) -> None:
-    """A copy of the ledger at any schema (a backup): its texts scrubbed (`log.scrub`) and the
-    file rebuilt, so no stale copy of a key lingers in the free space of a page."""
-    db.create_function("scrub", 1, scrub, deterministic=True)
-    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    for table, column in _TEXTS:
-        if table in tables:
-            db.execute(
-                f"UPDATE {table} SET {column} = scrub({column}) "  # noqa: S608 - names are ours
-                f"WHERE {column} IS NOT NULL AND {column} != scrub({column})"
-            )
-    db.execute("VACUUM")
-
-
 class Ledger:
-    """The state database. Thread-safe: one connection, one lock, one short transaction a call."""
+    """The state database: runs, their claims, and the protocol's writes by name. Thread-safe."""
 
     def __init__(
         self,
@@ -230,41 +68,23 @@ class Ledger:
     ):
         """`busy_timeout_seconds`: how long a write waits for another process holding the file
         (a second `evalpush` on the same state dir) before it is a `LedgerError`; once `stop`
-        is set, at most `STOP_BUSY_SECONDS` more in all. `read_only` opens an existing ledger
-        for reading only, which a user without write access may do, and never writes it: a
-        ledger from an older evalpush is copied into memory (SQLite's online backup) and the
+        is set, at most `file.STOP_BUSY_SECONDS` more in all. `read_only` opens an existing
+        ledger for reading only, which a user without write access may do, and never writes it:
+        a ledger from an older evalpush is copied into memory (SQLite's online backup) and the
         copy upgraded and read (`file_version` says which version the file is at). A ledger
         opened to write is upgraded in place, after a backup of the old file beside it
         (`state.db.bak-vN`); `upgrade` then says so, for the caller to tell (the daemon logs
         it, a command prints it)."""
+        self._file = LedgerFile(
+            path, busy_timeout_seconds=busy_timeout_seconds, read_only=read_only, stop=stop
+        )
         self.path = path
         self.read_only = read_only
-        self.file_version = schema.SCHEMA_VERSION
-        self.upgrade: Upgrade | None = None
         self._clock = clock
-        self._busy_timeout_seconds = busy_timeout_seconds
-        self._stop = stop
-        self._stopped_at: float | None = None  # when a wait first saw the stop (monotonic)
-        self._lock = threading.RLock()
-        self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
-        self._upgraded_from: int | None = None
+        self._lock = self._file.lock
+        self._transaction = self._file.transaction
+        self._query = self._file.query
         self._deferred: dict[int, dict[str, Any]] = {}  # row id -> changes for its next write
-        self._sync_lock = threading.Lock()
-        self._committed = 0  # write transactions committed by this process
-        self._synced = 0  # of those, how many the last sync of the log covered
-        self._log_fd: int | None = None  # the write-ahead log, opened at the first sync
-        self.writes = 0  # write transactions committed (what bench/many_runs.py counts)
-        self.syncs = 0  # syncs of the write-ahead log
-        self._db = self._open(path)
-        if stop is not None:
-            self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_SLICE_SECONDS * 1000)}")
-        if self._upgraded_from:
-            # An older evalpush stored what servers echoed as it was, and what it deleted stays
-            # in free space: its texts are scrubbed (of the secrets known so far: `push` scrubs
-            # again once it has the key) and the file rebuilt from its live rows.
-            self.scrub_secrets(rewrite=True)
-
-    # ------------------------------------------------------------ opening
 
     @classmethod
     def for_reading(cls, path: Path) -> Ledger:
@@ -272,182 +92,33 @@ class Ledger:
         through an upgraded copy in memory, the file left as it is."""
         return cls(path, read_only=True)
 
-    def _connect(self, path: Path, *, immutable: bool = False) -> sqlite3.Connection:
-        if self.read_only:
-            mode = "immutable=1" if immutable else "mode=ro"
-            target: str | Path = f"file:{urllib.parse.quote(os.fsencode(path))}?{mode}"
-        else:
-            target = path
-        return sqlite3.connect(
-            target,
-            uri=self.read_only,
-            check_same_thread=False,
-            isolation_level=None,
-            timeout=self._busy_timeout_seconds,
-        )
+    @property
+    def file_version(self) -> int:
+        """The schema version of the file as found (an older one is read through a copy)."""
+        return self._file.file_version
 
-    def _open(self, path: Path) -> sqlite3.Connection:
-        try:
-            self._check_file(path)
-            db = self._connect(path)
-        except (OSError, sqlite3.Error) as exc:
-            raise LedgerError(f"{path}: cannot open the ledger: {exc}") from None
-        try:
-            if self.read_only:
-                db = self._readable(db, path)
-                self.file_version = schema.version(db, self.path)
-                if self.file_version != schema.SCHEMA_VERSION:
-                    db = self._upgraded_copy(db)
-            else:
-                self._write_ahead_log(db)
-                # No sync by SQLite at each commit: `_sync` does it after the commit, outside
-                # the lock, for every write that must be durable (see the module's docstring).
-                # A checkpoint still syncs the log before and the database after.
-                db.execute("PRAGMA synchronous=NORMAL")
-                self._upgraded_from = schema.migrate(db, self.path, before=self._back_up)
-                self._committed = int(db.total_changes > 0)  # synced with the next write
-            db.execute(
-                "PRAGMA foreign_keys=ON"
-            )  # after migrating: a table rebuild must not cascade
-        except sqlite3.Error as exc:
-            db.close()
-            raise LedgerError(self._unusable(exc)) from None
-        except LedgerError:
-            db.close()
-            raise
-        return db
+    @property
+    def upgrade(self) -> Upgrade | None:
+        """The upgrade opening the file made, if it made one."""
+        return self._file.upgrade
 
-    def _write_ahead_log(self, db: sqlite3.Connection) -> None:
-        """Switch the file to WAL. Processes opening a new file together race to write its first
-        page: SQLite answers a loser at once with SQLITE_BUSY (deadlock avoidance: its busy
-        timeout does not apply) or leaves the mode as it was, so the switch is tried again
-        until it is done or the busy timeout is spent."""
-        deadline = time.monotonic() + self._busy_timeout_seconds
-        while True:
-            try:
-                if db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
-                    return
-            except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
-                    raise
-            if time.monotonic() > deadline:
-                raise sqlite3.OperationalError("cannot switch to WAL: database is locked")
-            time.sleep(WAL_RETRY_SECONDS)
+    @property
+    def writes(self) -> int:
+        """Write transactions this process committed (what bench/many_runs.py counts)."""
+        return self._file.writes
 
-    def _readable(self, db: sqlite3.Connection, path: Path) -> sqlite3.Connection:
-        """A read-only connection that can read. A WAL ledger no process has open has no `-shm`
-        index file, and one who may not create it (no write access to the directory) cannot
-        read it that way; with no `-wal` file either, every committed write is in the file
-        itself, so it is read as immutable (a writer starting that very instant could make the
-        read fail, never show a wrong row)."""
-        try:
-            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            return db
-        except sqlite3.OperationalError:
-            if os.path.lexists(f"{path}-wal"):
-                raise
-            db.close()
-            return self._connect(path, immutable=True)
+    @property
+    def syncs(self) -> int:
+        """Syncs of the write-ahead log this process made."""
+        return self._file.syncs
 
-    def _check_file(self, path: Path) -> None:
-        """Refuse a ledger that is a symlink or not a regular file (without creating a symlink's
-        target); create a missing one, private, unless opening read-only."""
-        if not self.read_only:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-        flags |= os.O_RDONLY if self.read_only else os.O_RDWR | os.O_CREAT
-        try:
-            fd = os.open(path, flags, 0o600)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                raise LedgerError(self._not_a_file(path)) from None
-            raise
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise LedgerError(self._not_a_file(path))
-            self._file = (st.st_dev, st.st_ino)
-        finally:
-            os.close(fd)
-
-    def _check_still_the_file(self) -> None:
-        """Inside a write: `path` must still name the file this connection has open. A ledger
-        moved aside (or replaced) under a running process is another process's business from
-        then on: this one writes nothing more to the file it holds, which nobody reads."""
-        try:
-            st = os.stat(self.path)
-            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
-        except OSError:
-            now = None
-        if now != self._file:
-            raise LedgerError(
-                f"{self.path} is no longer the ledger this process opened (moved aside or "
-                "replaced while it ran): this process stops here and writes nothing more; the "
-                "runs it was uploading are resumed by whoever uses the ledger at that path, "
-                "reconciling with the platform"
-            )
-
-    @staticmethod
-    def _not_a_file(path: Path) -> str:
-        return (
-            f"{path}: not a regular file (a symlink, directory or device): refusing to use it as "
-            "the ledger; point --state-dir at a directory of its own"
-        )
-
-    def _unusable(self, exc: sqlite3.Error) -> str:
-        return f"{self.path}: the ledger is unusable ({exc}); " + UNUSABLE_ADVICE.format(
-            path=self.path
-        )
-
-    def _upgraded_copy(self, db: sqlite3.Connection) -> sqlite3.Connection:
-        """The read-only file copied into memory and the copy upgraded: what a reader of an
-        older ledger reads, without a byte of the file changing."""
-        copy = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-        try:
-            db.backup(copy)
-            schema.migrate(copy, self.path)
-        except BaseException:
-            copy.close()
-            raise
-        finally:
-            db.close()
-        return copy
-
-    def _back_up(self, db: sqlite3.Connection, version: int) -> None:
-        """Inside the upgrade's write transaction (held by `db`, which has written nothing yet):
-        the file as it is, read by a second connection (in WAL mode a reader is not blocked by
-        the writer, and sees the last commit) and copied with SQLite's online backup to
-        `state.db.bak-vN` (mode 0600, written aside and renamed into place), its texts scrubbed
-        of the secrets known now and rebuilt, as the upgraded file is."""
-        backup = self.path.with_name(f"{self.path.name}.bak-v{version}")
-        partial = backup.with_name(backup.name + ".partial")
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
-        os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-        source = sqlite3.connect(self.path, isolation_level=None)
-        target = sqlite3.connect(partial, isolation_level=None)
-        try:
-            source.backup(target)
-            target.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
-            _scrub_copy(target)
-        finally:
-            target.close()
-            source.close()
-        with open(partial, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(partial, backup)
-        self.upgrade = Upgrade(self.path, version, schema.SCHEMA_VERSION, backup)
+    def scrub_secrets(self, *, rewrite: bool = False) -> int:
+        """Scrub every text the ledger holds of the secrets registered now (`LedgerFile.scrub_secrets`)."""
+        return self._file.scrub_secrets(rewrite=rewrite)
 
     def close(self) -> None:
         """Close the file; whatever this process committed is durable first."""
-        with self._lock:
-            if not self.read_only and self._committed > self._synced:
-                with contextlib.suppress(OSError):  # the next writer recovers what is lost
-                    self._sync(self._committed)
-            self._db.close()
-            if self._log_fd is not None:
-                os.close(self._log_fd)
-                self._log_fd = None
+        self._file.close()
 
     def __enter__(self) -> Ledger:
         return self
@@ -455,112 +126,9 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @contextlib.contextmanager
-    def _transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
-        """One write transaction (`BEGIN IMMEDIATE`). `durable`: before this returns, the log is
-        synced (`_sync`) after the commit, outside the lock."""
-        if self.read_only:
-            raise LedgerError(f"{self.path}: opened read-only")
-        with self._lock:
-            try:
-                self._while_busy(lambda: self._db.execute("BEGIN IMMEDIATE"))
-                try:
-                    self._check_still_the_file()
-                    yield self._db
-                except BaseException:
-                    # SQLite may have rolled back already (SQLITE_FULL does): a second ROLLBACK
-                    # would fail and hide the real error.
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
-                    raise
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    self._db.execute("ROLLBACK")
-                raise LedgerError(
-                    f"{self.path}: cannot write the ledger: {exc}" + self._why_busy(exc)
-                ) from None
-            self.writes += 1
-            self._committed = committed = self._committed + 1
-        if durable:
-            try:
-                self._sync(committed)
-            except OSError as exc:
-                raise LedgerError(f"{self.path}: cannot sync the ledger: {exc}") from None
-
-    def _sync(self, committed: int) -> None:
-        """Make this process's first `committed` write transactions durable: one `fsync` of the
-        write-ahead log (what `synchronous=FULL` does at each commit), shared by every
-        transaction committed before it starts. The log holds commits in order, each frame
-        checksummed on the one before, so a commit never outlives an earlier one in a crash;
-        and a checkpoint (which moves frames into the database and may start the log over)
-        syncs the log before and the database after, so a commit it moved is durable too."""
-        with self._sync_lock:
-            if self._synced >= committed:
-                return  # a sync that started after this commit covered it
-            covered = self._committed
-            os.fsync(self._log())
-            self._synced = max(self._synced, covered)
-            self.syncs += 1
-
-    def _log(self) -> int:
-        """The write-ahead log's descriptor (it exists after the first commit, and lives while
-        this connection does: SQLite removes it only when the last connection closes). The
-        first time, its directory is synced too, as SQLite does for a log it created."""
-        if self._log_fd is None:
-            self._log_fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
-            directory = os.open(self.path.parent, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
-        return self._log_fd
-
-    def _while_busy(self, statement: Callable[[], T]) -> T:
-        """`statement()`, tried again while another process holds the lock it needs: until the
-        busy timeout is spent, or `STOP_BUSY_SECONDS` after a stop was first seen. (SQLite's own
-        wait, one slice each try with a stop event, else the whole busy timeout, sees no stop.)"""
-        deadline = time.monotonic() + self._busy_timeout_seconds
-        while True:
-            try:
-                return statement()
-            except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
-                    raise
-                now = time.monotonic()
-                if now >= min(deadline, self._stop_deadline(now)):
-                    raise
-
-    def _stop_deadline(self, now: float) -> float:
-        if self._stop is None or not self._stop.is_set():
-            return math.inf
-        if self._stopped_at is None:
-            self._stopped_at = now
-        return self._stopped_at + STOP_BUSY_SECONDS
-
-    def _why_busy(self, exc: sqlite3.Error) -> str:
-        if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
-            return ""
-        waited = (
-            f"for over {self._busy_timeout_seconds:g} s"
-            if self._stopped_at is None
-            else "and a stop was requested, which does not wait for it"
-        )
-        return (
-            f" (another process held its write lock {waited}: an evalpush stopped mid-write, "
-            "by Ctrl-Z or SIGSTOP, holds it until it continues)"
-        )
-
-    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            try:
-                return self._while_busy(lambda: self._db.execute(sql, args).fetchall())
-            except sqlite3.Error as exc:
-                raise LedgerError(f"{self.path}: cannot read the ledger: {exc}") from None
-
     def _records(self, where: str, args: tuple[Any, ...] = ()) -> list[RunRecord]:
         """Rows as this process knows them: with their deferred writes."""
-        records = [RunRecord(*row) for row in self._query(f"{_SELECT} {where}", args)]
+        records = [RunRecord(*row) for row in self._query(f"{SELECT} {where}", args)]
         if not self._deferred:
             return records
         with self._lock:
@@ -634,9 +202,7 @@ class Ledger:
         with self._transaction() as db:
             row_id = self._insert(db, path=path, run_id=run_id, kind=kind, state=state, now=now)
             if reason:
-                db.execute(
-                    "UPDATE runs SET reason = ? WHERE id = ?", (_stored_text(reason), row_id)
-                )
+                db.execute("UPDATE runs SET reason = ? WHERE id = ?", (stored_text(reason), row_id))
         record = self.get(row_id)
         assert record is not None
         return record
@@ -677,7 +243,7 @@ class Ledger:
         # Not synced: a claim lost to power loss was never held (nothing is sent before the
         # run's first intent, whose sync makes the claim durable too).
         with self._transaction(durable=False) as db:
-            row = db.execute(f"{_SELECT} WHERE run_id = ?", (run_id,)).fetchone()
+            row = db.execute(f"{SELECT} WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:
                 row_id = self._insert(
                     db, path=path, run_id=run_id, kind=kind, state=State.READY, now=now
@@ -708,7 +274,7 @@ class Ledger:
                     row_id,
                 ),
             )
-            claimed = RunRecord(*db.execute(f"{_SELECT} WHERE id = ?", (row_id,)).fetchone())
+            claimed = RunRecord(*db.execute(f"{SELECT} WHERE id = ?", (row_id,)).fetchone())
             self._deferred.pop(row_id, None)  # a write left over from a claim given up
         return claimed, previous
 
@@ -718,7 +284,7 @@ class Ledger:
         Not synced before it returns (a claim lost to power loss is taken over; a deferred
         acknowledgement lost to it leaves its intent, reconciled): the next durable write, or
         `close`, syncs it."""
-        cleared = dict.fromkeys(sorted(_CLAIM_COLUMNS))
+        cleared = dict.fromkeys(sorted(CLAIM_COLUMNS))
         with self._transaction(durable=False) as db:
             deferred = self._take_deferred(record)
             if deferred:
@@ -840,15 +406,15 @@ class Ledger:
     def _write(
         self, record: RunRecord, changes: dict[str, Any], *, defer: bool, durable: bool
     ) -> RunRecord:
-        unknown = changes.keys() - _WRITABLE_COLUMNS
+        unknown = changes.keys() - WRITABLE_COLUMNS
         if unknown:
             raise ValueError(f"unknown ledger columns: {sorted(unknown)}")
         if "path" in changes:  # a moved run: both forms of its new path
             changes["path_raw"] = paths.raw(changes["path"])
             changes["path"] = paths.display(changes["path"])
-        for name in _MESSAGE_COLUMNS & changes.keys():
+        for name in MESSAGE_COLUMNS & changes.keys():
             if changes[name] is not None:
-                changes[name] = _stored_text(changes[name])
+                changes[name] = stored_text(changes[name])
         changes["updated_at"] = self._clock()
         if "last_error" in changes:
             changes["last_error_at"] = changes["updated_at"] if changes["last_error"] else None
@@ -923,44 +489,8 @@ class Ledger:
                 "WHERE id = ?",
                 (state, Step.SCAN, record.release_hold if same_file else 0, now, record.id),
             )
-            row = db.execute(f"{_SELECT} WHERE id = ?", (record.id,)).fetchone()
+            row = db.execute(f"{SELECT} WHERE id = ?", (record.id,)).fetchone()
         return RunRecord(*row)
-
-    # ------------------------------------------------------------ secrets at rest
-
-    def scrub_secrets(self, *, rewrite: bool = False) -> int:
-        """Scrub every text the ledger holds of the secrets registered now (`log.scrub`): an
-        older evalpush stored what a server echoed as it was (a 422 quoting the key, one
-        set-aside reason per refused sample). When anything was scrubbed (or with `rewrite`) the
-        file is rebuilt (`VACUUM`) and the write-ahead log emptied: no stale copy is left in the
-        free space of a page.
-        One read of the distinct texts when there is nothing to do; returns how many changed."""
-        rows = self._query(
-            "SELECT reason FROM set_aside UNION SELECT reason FROM runs "
-            "UNION SELECT last_error FROM runs WHERE last_error IS NOT NULL"
-        )
-        changed = {text: _stored_text(text) for (text,) in rows if _stored_text(text) != text}
-        if changed:
-            with self._transaction() as db:
-                for text, scrubbed in changed.items():
-                    db.execute("UPDATE set_aside SET reason = ? WHERE reason = ?", (scrubbed, text))
-                    db.execute("UPDATE runs SET reason = ? WHERE reason = ?", (scrubbed, text))
-                    db.execute(
-                        "UPDATE runs SET last_error = ? WHERE last_error = ?", (scrubbed, text)
-                    )
-        if changed or rewrite:
-            self._rewrite_file()
-        return len(changed)
-
-    def _rewrite_file(self) -> None:
-        """Rebuild the file from its live rows (`VACUUM`) and empty the write-ahead log: what a
-        row held before it was rewritten can linger in free space of any page, or in the log."""
-        with self._lock:
-            try:
-                self._while_busy(lambda: self._db.execute("VACUUM"))
-                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except sqlite3.Error as exc:
-                raise LedgerError(f"{self.path}: cannot rewrite the ledger: {exc}") from None
 
     # ------------------------------------------------------------ set-aside records and history
 
@@ -973,7 +503,7 @@ class Ledger:
                 "INSERT OR REPLACE INTO set_aside (run, line, offset, size, kind, reason) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 [
-                    (record.id, i.line, i.offset, i.size, i.kind, _stored_text(i.reason))
+                    (record.id, i.line, i.offset, i.size, i.kind, stored_text(i.reason))
                     for i in items
                 ],
             )
@@ -1010,3 +540,6 @@ class Ledger:
             (record.id, record.run_id),
         )
         return {evaluation_id for (evaluation_id,) in rows}
+
+
+__all__ = ["SCHEMA_VERSION", "HistoryRecord", "Ledger", "RunRecord", "default_path"]

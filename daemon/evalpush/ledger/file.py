@@ -1,0 +1,458 @@
+"""The ledger's file: one SQLite database opened safely, brought to this version, and written
+one short transaction at a time, each made durable when asked (a group commit).
+
+Schema creation and every migration run inside one write transaction that reads the schema
+version first, so any number of processes may open a new or an old ledger at once.
+
+Durability: a WAL journal. A write is durable (it survives power loss, not just a crashed
+process) once the write-ahead log is synced after it: `transaction(durable=True)` syncs it
+(`fsync`, the one SQLite's `synchronous=FULL` does) after the commit and outside the lock, so
+writes of several runs committed meanwhile share one sync. Which write must be durable is the
+protocol's business, said once by `evalpush.ledger.store.Ledger`'s named writes.
+
+The file is created with mode 0600 in a 0700 directory, and a `state.db` that is a symlink or
+not a regular file is refused. Every SQLite failure (full disk, locked or corrupt file) surfaces
+as `LedgerError` naming the file: the upload stops rather than carry on with progress it cannot
+record. What a server echoed is stored scrubbed of secrets, and an older ledger's texts are
+scrubbed and the file rebuilt when it is upgraded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+import sqlite3
+import stat
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from evalpush.core.errors import LedgerError
+from evalpush.ledger import schema
+from evalpush.ledger.records import stored_text
+from evalpush.log import get_logger, scrub
+
+T = TypeVar("T")
+
+LEDGER_FILE = "state.db"
+WAL_RETRY_SECONDS = 0.01
+BUSY_SLICE_SECONDS = 0.1
+"""With a stop event, SQLite waits this long at a time for another process's lock; between
+slices the stop is looked at."""
+STOP_BUSY_SECONDS = 1.0
+"""Once a stop is requested, this long in all is what the ledger still waits for another
+process's lock (one evalpush stopped mid-write by Ctrl-Z holds it until it continues): the
+writes a stop makes (interrupted, release) are worth a moment, not the busy timeout twice."""
+
+
+class Upgrade(msgspec.Struct, frozen=True):
+    """A ledger brought from an older schema to this evalpush's, and where the old file went."""
+
+    path: Path
+    from_version: int
+    to_version: int
+    backup: Path
+
+    @property
+    def message(self) -> str:
+        return f"ledger upgraded {self.from_version} -> {self.to_version} (backup: {self.backup})"
+
+    def log(self) -> None:
+        get_logger(stage="ledger").warning(
+            self.message,
+            ledger=str(self.path),
+            backup=str(self.backup),
+            from_version=self.from_version,
+            to_version=self.to_version,
+        )
+
+
+def default_path(state_dir: Path) -> Path:
+    return state_dir / LEDGER_FILE
+
+
+UNUSABLE_ADVICE = (
+    "try the lighter fixes first: free disk space; fix the file's owner and mode; stop another "
+    "evalpush holding it; for a damaged file, `sqlite3 {path} .recover | sqlite3 {path}.new` and "
+    "put state.db.new in its place. Moving the ledger aside is the last resort and costs this: "
+    "every run starts over as unknown (looked up on the platform by its run id and adopted "
+    "when found, but held and failed decisions, set-aside records and the history are lost), "
+    "and any run the platform cannot find by run id is uploaded again, a second evaluation"
+)
+
+
+_TEXTS = (("set_aside", "reason"), ("runs", "reason"), ("runs", "last_error"))
+"""The columns that hold what a server said: where an older evalpush may have stored a key."""
+
+
+def _scrub_copy(db: sqlite3.Connection) -> None:
+    """A copy of the ledger at any schema (a backup): its texts scrubbed (`log.scrub`) and the
+    file rebuilt, so no stale copy of a key lingers in the free space of a page."""
+    db.create_function("scrub", 1, scrub, deterministic=True)
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    for table, column in _TEXTS:
+        if table in tables:
+            db.execute(
+                f"UPDATE {table} SET {column} = scrub({column}) "  # noqa: S608 - names are ours
+                f"WHERE {column} IS NOT NULL AND {column} != scrub({column})"
+            )
+    db.execute("VACUUM")
+
+
+class LedgerFile:
+    """The ledger's SQLite file. Thread-safe: one connection, one lock, one short transaction a
+    call; `transaction(durable=...)` is the one way to write, `query` the one way to read."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        busy_timeout_seconds: float,
+        read_only: bool,
+        stop: threading.Event | None,
+    ):
+        self.path = path
+        self.read_only = read_only
+        self.file_version = schema.SCHEMA_VERSION
+        self.upgrade: Upgrade | None = None
+        self._busy_timeout_seconds = busy_timeout_seconds
+        self._stop = stop
+        self._stopped_at: float | None = None  # when a wait first saw the stop (monotonic)
+        self.lock = threading.RLock()
+        self._file: tuple[int, int] | None = None  # (device, inode) of the file opened
+        self._upgraded_from: int | None = None
+        self._sync_lock = threading.Lock()
+        self._committed = 0  # write transactions committed by this process
+        self._synced = 0  # of those, how many the last sync of the log covered
+        self._log_fd: int | None = None  # the write-ahead log, opened at the first sync
+        self.writes = 0  # write transactions committed (what bench/many_runs.py counts)
+        self.syncs = 0  # syncs of the write-ahead log
+        self.db = self._open(path)
+        if stop is not None:
+            self.db.execute(f"PRAGMA busy_timeout = {int(BUSY_SLICE_SECONDS * 1000)}")
+        if self._upgraded_from:
+            # An older evalpush stored what servers echoed as it was, and what it deleted stays
+            # in free space: its texts are scrubbed (of the secrets known so far: `push` scrubs
+            # again once it has the key) and the file rebuilt from its live rows.
+            self.scrub_secrets(rewrite=True)
+
+    def _connect(self, path: Path, *, immutable: bool = False) -> sqlite3.Connection:
+        if self.read_only:
+            mode = "immutable=1" if immutable else "mode=ro"
+            target: str | Path = f"file:{urllib.parse.quote(os.fsencode(path))}?{mode}"
+        else:
+            target = path
+        return sqlite3.connect(
+            target,
+            uri=self.read_only,
+            check_same_thread=False,
+            isolation_level=None,
+            timeout=self._busy_timeout_seconds,
+        )
+
+    def _open(self, path: Path) -> sqlite3.Connection:
+        try:
+            self._check_file(path)
+            db = self._connect(path)
+        except (OSError, sqlite3.Error) as exc:
+            raise LedgerError(f"{path}: cannot open the ledger: {exc}") from None
+        try:
+            if self.read_only:
+                db = self._readable(db, path)
+                self.file_version = schema.version(db, self.path)
+                if self.file_version != schema.SCHEMA_VERSION:
+                    db = self._upgraded_copy(db)
+            else:
+                self._write_ahead_log(db)
+                # No sync by SQLite at each commit: `_sync` does it after the commit, outside
+                # the lock, for every write that must be durable (see the module's docstring).
+                # A checkpoint still syncs the log before and the database after.
+                db.execute("PRAGMA synchronous=NORMAL")
+                self._upgraded_from = schema.migrate(db, self.path, before=self._back_up)
+                self._committed = int(db.total_changes > 0)  # synced with the next write
+            db.execute(
+                "PRAGMA foreign_keys=ON"
+            )  # after migrating: a table rebuild must not cascade
+        except sqlite3.Error as exc:
+            db.close()
+            raise LedgerError(self._unusable(exc)) from None
+        except LedgerError:
+            db.close()
+            raise
+        return db
+
+    def _write_ahead_log(self, db: sqlite3.Connection) -> None:
+        """Switch the file to WAL. Processes opening a new file together race to write its first
+        page: SQLite answers a loser at once with SQLITE_BUSY (deadlock avoidance: its busy
+        timeout does not apply) or leaves the mode as it was, so the switch is tried again
+        until it is done or the busy timeout is spent."""
+        deadline = time.monotonic() + self._busy_timeout_seconds
+        while True:
+            try:
+                if db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
+                    return
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+            if time.monotonic() > deadline:
+                raise sqlite3.OperationalError("cannot switch to WAL: database is locked")
+            time.sleep(WAL_RETRY_SECONDS)
+
+    def _readable(self, db: sqlite3.Connection, path: Path) -> sqlite3.Connection:
+        """A read-only connection that can read. A WAL ledger no process has open has no `-shm`
+        index file, and one who may not create it (no write access to the directory) cannot
+        read it that way; with no `-wal` file either, every committed write is in the file
+        itself, so it is read as immutable (a writer starting that very instant could make the
+        read fail, never show a wrong row)."""
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.OperationalError:
+            if os.path.lexists(f"{path}-wal"):
+                raise
+            db.close()
+            return self._connect(path, immutable=True)
+
+    def _check_file(self, path: Path) -> None:
+        """Refuse a ledger that is a symlink or not a regular file (without creating a symlink's
+        target); create a missing one, private, unless opening read-only."""
+        if not self.read_only:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        flags |= os.O_RDONLY if self.read_only else os.O_RDWR | os.O_CREAT
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                raise LedgerError(self._not_a_file(path)) from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise LedgerError(self._not_a_file(path))
+            self._file = (st.st_dev, st.st_ino)
+        finally:
+            os.close(fd)
+
+    def _check_still_the_file(self) -> None:
+        """Inside a write: `path` must still name the file this connection has open. A ledger
+        moved aside (or replaced) under a running process is another process's business from
+        then on: this one writes nothing more to the file it holds, which nobody reads."""
+        try:
+            st = os.stat(self.path)
+            now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except OSError:
+            now = None
+        if now != self._file:
+            raise LedgerError(
+                f"{self.path} is no longer the ledger this process opened (moved aside or "
+                "replaced while it ran): this process stops here and writes nothing more; the "
+                "runs it was uploading are resumed by whoever uses the ledger at that path, "
+                "reconciling with the platform"
+            )
+
+    @staticmethod
+    def _not_a_file(path: Path) -> str:
+        return (
+            f"{path}: not a regular file (a symlink, directory or device): refusing to use it as "
+            "the ledger; point --state-dir at a directory of its own"
+        )
+
+    def _unusable(self, exc: sqlite3.Error) -> str:
+        return f"{self.path}: the ledger is unusable ({exc}); " + UNUSABLE_ADVICE.format(
+            path=self.path
+        )
+
+    def _upgraded_copy(self, db: sqlite3.Connection) -> sqlite3.Connection:
+        """The read-only file copied into memory and the copy upgraded: what a reader of an
+        older ledger reads, without a byte of the file changing."""
+        copy = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        try:
+            db.backup(copy)
+            schema.migrate(copy, self.path)
+        except BaseException:
+            copy.close()
+            raise
+        finally:
+            db.close()
+        return copy
+
+    def _back_up(self, db: sqlite3.Connection, version: int) -> None:
+        """Inside the upgrade's write transaction (held by `db`, which has written nothing yet):
+        the file as it is, read by a second connection (in WAL mode a reader is not blocked by
+        the writer, and sees the last commit) and copied with SQLite's online backup to
+        `state.db.bak-vN` (mode 0600, written aside and renamed into place), its texts scrubbed
+        of the secrets known now and rebuilt, as the upgraded file is."""
+        backup = self.path.with_name(f"{self.path.name}.bak-v{version}")
+        partial = backup.with_name(backup.name + ".partial")
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+        os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        source = sqlite3.connect(self.path, isolation_level=None)
+        target = sqlite3.connect(partial, isolation_level=None)
+        try:
+            source.backup(target)
+            target.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
+            _scrub_copy(target)
+        finally:
+            target.close()
+            source.close()
+        with open(partial, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, backup)
+        self.upgrade = Upgrade(self.path, version, schema.SCHEMA_VERSION, backup)
+
+    def close(self) -> None:
+        """Close the file; whatever this process committed is durable first."""
+        with self.lock:
+            if not self.read_only and self._committed > self._synced:
+                with contextlib.suppress(OSError):  # the next writer recovers what is lost
+                    self._sync(self._committed)
+            self.db.close()
+            if self._log_fd is not None:
+                os.close(self._log_fd)
+                self._log_fd = None
+
+    @contextlib.contextmanager
+    def transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction (`BEGIN IMMEDIATE`). `durable`: before this returns, the log is
+        synced (`_sync`) after the commit, outside the lock."""
+        if self.read_only:
+            raise LedgerError(f"{self.path}: opened read-only")
+        with self.lock:
+            try:
+                self._while_busy(lambda: self.db.execute("BEGIN IMMEDIATE"))
+                try:
+                    self._check_still_the_file()
+                    yield self.db
+                except BaseException:
+                    # SQLite may have rolled back already (SQLITE_FULL does): a second ROLLBACK
+                    # would fail and hide the real error.
+                    if self.db.in_transaction:
+                        self.db.execute("ROLLBACK")
+                    raise
+                self.db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    self.db.execute("ROLLBACK")
+                raise LedgerError(
+                    f"{self.path}: cannot write the ledger: {exc}" + self._why_busy(exc)
+                ) from None
+            self.writes += 1
+            self._committed = committed = self._committed + 1
+        if durable:
+            try:
+                self._sync(committed)
+            except OSError as exc:
+                raise LedgerError(f"{self.path}: cannot sync the ledger: {exc}") from None
+
+    def _sync(self, committed: int) -> None:
+        """Make this process's first `committed` write transactions durable: one `fsync` of the
+        write-ahead log (what `synchronous=FULL` does at each commit), shared by every
+        transaction committed before it starts. The log holds commits in order, each frame
+        checksummed on the one before, so a commit never outlives an earlier one in a crash;
+        and a checkpoint (which moves frames into the database and may start the log over)
+        syncs the log before and the database after, so a commit it moved is durable too."""
+        with self._sync_lock:
+            if self._synced >= committed:
+                return  # a sync that started after this commit covered it
+            covered = self._committed
+            os.fsync(self._log())
+            self._synced = max(self._synced, covered)
+            self.syncs += 1
+
+    def _log(self) -> int:
+        """The write-ahead log's descriptor (it exists after the first commit, and lives while
+        this connection does: SQLite removes it only when the last connection closes). The
+        first time, its directory is synced too, as SQLite does for a log it created."""
+        if self._log_fd is None:
+            self._log_fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+            directory = os.open(self.path.parent, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        return self._log_fd
+
+    def _while_busy(self, statement: Callable[[], T]) -> T:
+        """`statement()`, tried again while another process holds the lock it needs: until the
+        busy timeout is spent, or `STOP_BUSY_SECONDS` after a stop was first seen. (SQLite's own
+        wait, one slice each try with a stop event, else the whole busy timeout, sees no stop.)"""
+        deadline = time.monotonic() + self._busy_timeout_seconds
+        while True:
+            try:
+                return statement()
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                    raise
+                now = time.monotonic()
+                if now >= min(deadline, self._stop_deadline(now)):
+                    raise
+
+    def _stop_deadline(self, now: float) -> float:
+        if self._stop is None or not self._stop.is_set():
+            return math.inf
+        if self._stopped_at is None:
+            self._stopped_at = now
+        return self._stopped_at + STOP_BUSY_SECONDS
+
+    def _why_busy(self, exc: sqlite3.Error) -> str:
+        if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
+            return ""
+        waited = (
+            f"for over {self._busy_timeout_seconds:g} s"
+            if self._stopped_at is None
+            else "and a stop was requested, which does not wait for it"
+        )
+        return (
+            f" (another process held its write lock {waited}: an evalpush stopped mid-write, "
+            "by Ctrl-Z or SIGSTOP, holds it until it continues)"
+        )
+
+    def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self.lock:
+            try:
+                return self._while_busy(lambda: self.db.execute(sql, args).fetchall())
+            except sqlite3.Error as exc:
+                raise LedgerError(f"{self.path}: cannot read the ledger: {exc}") from None
+
+    def scrub_secrets(self, *, rewrite: bool = False) -> int:
+        """Scrub every text the ledger holds of the secrets registered now (`log.scrub`): an
+        older evalpush stored what a server echoed as it was (a 422 quoting the key, one
+        set-aside reason per refused sample). When anything was scrubbed (or with `rewrite`) the
+        file is rebuilt (`VACUUM`) and the write-ahead log emptied: no stale copy is left in the
+        free space of a page.
+        One read of the distinct texts when there is nothing to do; returns how many changed."""
+        rows = self.query(
+            "SELECT reason FROM set_aside UNION SELECT reason FROM runs "
+            "UNION SELECT last_error FROM runs WHERE last_error IS NOT NULL"
+        )
+        changed = {text: stored_text(text) for (text,) in rows if stored_text(text) != text}
+        if changed:
+            with self.transaction() as db:
+                for text, scrubbed in changed.items():
+                    db.execute("UPDATE set_aside SET reason = ? WHERE reason = ?", (scrubbed, text))
+                    db.execute("UPDATE runs SET reason = ? WHERE reason = ?", (scrubbed, text))
+                    db.execute(
+                        "UPDATE runs SET last_error = ? WHERE last_error = ?", (scrubbed, text)
+                    )
+        if changed or rewrite:
+            self._rewrite_file()
+        return len(changed)
+
+    def _rewrite_file(self) -> None:
+        """Rebuild the file from its live rows (`VACUUM`) and empty the write-ahead log: what a
+        row held before it was rewritten can linger in free space of any page, or in the log."""
+        with self.lock:
+            try:
+                self._while_busy(lambda: self.db.execute("VACUUM"))
+                self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error as exc:
+                raise LedgerError(f"{self.path}: cannot rewrite the ledger: {exc}") from None

@@ -1,0 +1,103 @@
+"""The ledger's rows as this process reads them: a run (`RunRecord`), an evaluation it had
+before (`HistoryRecord`), and which columns each kind of write may touch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from evalpush.core import paths
+from evalpush.ledger.claims import Holder
+from evalpush.log import scrub
+
+
+# gc=False, here and on other records made by the thousand: their fields are scalars (or such
+# records), so they can never be part of a reference cycle for the collector to find.
+class RunRecord(msgspec.Struct, frozen=True, gc=False):
+    """One row of `runs`."""
+
+    id: int
+    run_id: str
+    path: str  # for people: bytes that are not UTF-8 shown as \xNN (see `evalpush.core.paths`)
+    path_raw: bytes  # the path's bytes: what finds the directory
+    kind: str
+    state: str
+    reason: str
+    step: str
+    file_device: int | None
+    file_inode: int | None
+    file_size: int | None
+    file_mtime_ns: int | None
+    file_ctime_ns: int | None
+    file_digest: bytes | None  # SHA-256 of the trace file's bytes [0, upload_end)
+    upload_end: int | None
+    env_id: str | None
+    evaluation_id: str | None
+    viewer_url: str | None
+    pending: str | None
+    acked_offset: int
+    acked_line: int
+    samples_sent: int
+    samples_seen: int
+    bytes_sent: int
+    totals: bytes | None
+    release_hold: int
+    attempts: int
+    last_error: str | None
+    looked_up: int  # 1 once the platform was searched for this run id (or the ledger knew it)
+    claim_owner: str | None
+    claim_host: str | None
+    claim_boot: str | None
+    claim_pid: int | None
+    claim_start: int | None
+    claim_pidns: str | None
+    claim_since: float | None
+    claim_expires: float | None
+    created_at: float
+    updated_at: float
+    finalized_at: float | None
+    settles_at: float | None  # a waiting run: when the settle rule makes it ready
+    last_error_at: float | None  # when `last_error` was written
+
+    @property
+    def holder(self) -> Holder | None:
+        """Who holds the run's claim (alive or not), if anyone."""
+        if self.claim_owner is None:
+            return None
+        return Holder(
+            self.claim_owner,
+            self.claim_host or "",
+            self.claim_boot or "",
+            self.claim_pid or 0,
+            self.claim_start or 0,
+            self.claim_pidns or "",
+            self.claim_since or 0.0,
+            self.claim_expires or 0.0,
+        )
+
+    @property
+    def directory(self) -> Path:
+        return paths.from_raw(self.path_raw)
+
+
+COLUMNS = list(RunRecord.__struct_fields__)
+SELECT = f"SELECT {', '.join(COLUMNS)} FROM runs"
+MESSAGE_COLUMNS = {"reason", "last_error"}
+CLAIM_COLUMNS = {c for c in COLUMNS if c.startswith("claim_")}
+WRITABLE_COLUMNS = set(COLUMNS) - CLAIM_COLUMNS - {"id", "run_id", "path_raw", "created_at"}
+"""What `set_state` may write: not the run's identity, not its claim (`claim`/`release` do);
+`path` writes `path_raw` with it. `update` writes the same, less `state`."""
+
+
+class HistoryRecord(msgspec.Struct, frozen=True, gc=False):
+    evaluation_id: str
+    viewer_url: str | None
+    outcome: str  # "superseded", "deleted", "closed", "cancelled" or "duplicate"
+    at: float
+
+
+def stored_text(text: str) -> str:
+    """Text as it may be stored: secrets scrubbed (errors can quote what a server echoed
+    back) and lone surrogates (non-UTF-8 file names) escaped, which SQLite cannot encode."""
+    return paths.printable(scrub(text))
