@@ -1,4 +1,4 @@
-"""Helpers for tests of `evalpush run` as a real subprocess on a temporary tree.
+"""Helpers for tests of `evalpush run` on a temporary tree, in this process or as a subprocess.
 
 - `daemon_environ(platform, tmp_path, roots, **extra)`: `support.environ.cli_environ` (this
   environment less any PRIME_, EVALPUSH_ or systemd variable, pointed at `platform`: its key
@@ -10,6 +10,11 @@
   what it prints (stdout and stderr, merged) into `raw` (bytes, every line) and `events` (the
   JSON log lines). `wait_for(event, **fields)` waits for a log line; `stop()` sends SIGTERM and
   returns the exit code; `kill()` SIGKILLs it; as a context manager it is always reaped.
+- `InProcessDaemon(environ)`: the same face (`wait_for`, `find`, `started`, `text`, `stop`),
+  with `service.Daemon` run on a thread of this process, configured from `environ` as the
+  command would be, its JSON log lines captured: the default for a test of what the daemon
+  does. `Daemon` (a process) stays where only a process shows it: exit codes on signals,
+  kill -9, SIGHUP, sd_notify, claims between processes, what reaches stderr outside the log.
 - `wait_until(condition, what)`: polls `condition` until it returns something truthy, which it
   returns; fails the test naming `what` after `timeout` seconds (`support.waiting`).
 - `RunDir`: a run directory (uuid name = run id) whose `config.toml` and `traces.jsonl` a test
@@ -25,6 +30,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import json
 import shutil
 import signal
@@ -37,7 +43,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import orjson
 import pytest
@@ -77,40 +83,32 @@ def daemon_environ(
     return cli_environ(platform, tmp_path, **{**settings, **extra})
 
 
-class Daemon:
-    """`python -m evalpush [ARGS] run` as a subprocess, and what it printed."""
+class _Output:
+    """What a daemon printed: every line (`raw`) and its JSON log lines (`events`), waited on."""
 
-    def __init__(self, environ: dict[str, str], *args: str, prefix: Sequence[str] = ()) -> None:
-        self.environ = environ
+    def __init__(self) -> None:
         self.raw: list[bytes] = []
         self.events: list[dict[str, Any]] = []
         self._cond = threading.Condition()
-        self.process = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "evalpush", *args, "run"],
-            env=environ,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        self._reader = threading.Thread(target=self._read, name="daemon-output", daemon=True)
-        self._reader.start()
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
+    def _line(self, line: bytes) -> None:
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            event = None
+        with self._cond:
+            self.raw.append(line)
+            if isinstance(event, dict):
+                self.events.append(event)
+            self._cond.notify_all()
 
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            try:
-                event = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                event = None
-            with self._cond:
-                self.raw.append(line)
-                if isinstance(event, dict):
-                    self.events.append(event)
-                self._cond.notify_all()
+    def _ended(self) -> bool:
+        """Whether the daemon has exited and everything it printed was read."""
+        raise NotImplementedError
+
+    def _exit(self) -> object:
+        """How it exited, for a failure's message (None while it runs)."""
+        raise NotImplementedError
 
     def find(self, event: str, **fields: Any) -> list[dict[str, Any]]:
         """The log lines saying `event` whose fields include `fields`."""
@@ -133,23 +131,53 @@ class Daemon:
                 if len(found) >= count:
                     return found[count - 1]
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or (
-                    self.process.poll() is not None and not self._reader.is_alive()
-                ):
+                if remaining <= 0 or self._ended():
                     break
                 self._cond.wait(min(remaining, 0.5))
         pytest.fail(
             f"the daemon did not log {event!r} {fields or ''} ({count}x) within {timeout:.0f} s; "
-            f"exit {self.process.poll()}; it printed:\n{self.text()}"
+            f"exit {self._exit()}; it printed:\n{self.text()}"
         )
 
-    def started(self) -> Daemon:
+    def started(self) -> Self:
         self.wait_for(RUN_STARTED)
         return self
 
     def text(self) -> str:
         with self._cond:
             return b"".join(self.raw).decode("utf-8", "replace")
+
+
+class Daemon(_Output):
+    """`python -m evalpush [ARGS] run` as a subprocess, and what it printed."""
+
+    def __init__(self, environ: dict[str, str], *args: str, prefix: Sequence[str] = ()) -> None:
+        super().__init__()
+        self.environ = environ
+        self.process = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "evalpush", *args, "run"],
+            env=environ,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        self._reader = threading.Thread(target=self._read, name="daemon-output", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._line(line)
+
+    def _ended(self) -> bool:
+        return self.process.poll() is not None and not self._reader.is_alive()
+
+    def _exit(self) -> object:
+        return self.process.poll()
 
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
@@ -179,6 +207,103 @@ class Daemon:
         self.kill()
         assert self.process.stdout is not None
         self.process.stdout.close()
+
+
+class _LogLines(io.RawIOBase):
+    """The stream the in-process daemon logs to: each write is one line (structlog's
+    WriteLogger writes a line in one call), handed to the output."""
+
+    def __init__(self, output: _Output) -> None:
+        self._output = output
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: Any) -> int:
+        data = text.encode() if isinstance(text, str) else bytes(text)
+        for line in data.splitlines(keepends=True):
+            self._output._line(line)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+class InProcessDaemon(_Output):
+    """`evalpush run` in this process: `service.Daemon` on a thread, configured from `environ`
+    as the command would be (`load_config(environ=...)`, its key and home from `environ`), its
+    JSON log lines captured as a subprocess's would be. No process start-up; what only a process
+    shows (exit codes on signals, kill -9, sd_notify, reload by SIGHUP) stays with `Daemon`.
+    `stop()` asks the loop to stop as SIGTERM does and returns `run`'s result; a daemon that
+    does not stop within `STOP_SECONDS` fails the test."""
+
+    def __init__(self, environ: dict[str, str]) -> None:
+        from evalpush import log
+        from evalpush.config import load_config
+        from evalpush.service import Daemon as ServiceDaemon
+
+        super().__init__()
+        self.environ = environ
+        self._code: object = None
+        self._error: BaseException | None = None
+        config = load_config(environ=environ)
+        log.configure(config.log.level, config.log.format, stream=_LogLines(self))
+        config_file = environ.get("EVALPUSH_CONFIG")
+        self._daemon = ServiceDaemon(
+            lambda: load_config(environ=environ),
+            environ=environ,
+            home=Path(environ["HOME"]),
+            config_file=None if config_file is None else str(Path(config_file).absolute()),
+        )
+        self._thread = threading.Thread(
+            target=self._run, args=(config,), name="in-process-daemon", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, config: Any) -> None:
+        try:
+            self._code = self._daemon.run(config)
+        except BaseException as exc:  # the test sees it: `stop` raises it, `wait_for` shows it
+            self._error = exc
+        finally:
+            with self._cond:
+                self._cond.notify_all()
+
+    def _ended(self) -> bool:
+        return not self._thread.is_alive()
+
+    def _exit(self) -> object:
+        return self._error or self._code
+
+    def reload(self) -> None:
+        """What SIGHUP asks: read the configuration again."""
+        from evalpush.service import Request
+
+        self._daemon.request(Request.RELOAD)
+
+    def stop(self, timeout: float = STOP_SECONDS) -> object:
+        """Stop as SIGTERM does; `run`'s result (0), or its error raised."""
+        from evalpush import log
+        from evalpush.service import Request
+
+        self._daemon.request(Request.STOP)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            pytest.fail(f"the daemon did not stop within {timeout} s:\n{self.text()}")
+        log.configure("info", "json", stream=sys.stderr)
+        if self._error is not None:
+            raise self._error
+        return self._code
+
+    def __enter__(self) -> InProcessDaemon:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread.is_alive():
+            self.stop()
 
 
 def trace_line(i: int, idx: int, *, reward: float | None = None) -> bytes:

@@ -203,7 +203,9 @@ class TestOpeningTogether:
         assert not failures, "\n".join(failures)
         for state in states:
             with Ledger(state / "state.db") as ledger:
-                assert ledger._file.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+                assert (
+                    ledger._file.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+                )
                 assert len(ledger.all()) == (ledger_v1.RUNS if kind == "schema-1" else 0)
 
 

@@ -20,6 +20,7 @@ import pytest
 from daemon_support import (
     RUN_FINALIZED,
     Daemon,
+    InProcessDaemon,
     NotifySocket,
     RunDir,
     completed,
@@ -53,7 +54,7 @@ class TestReadiness:
         by_count = RunDir(deep / "count")
         by_marker = RunDir(deep / "marker")
         by_settle = RunDir(deep / "settle")
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
 
             def count() -> None:
@@ -98,7 +99,7 @@ class TestReadiness:
         )
         run = RunDir(tree / "env--model--harness").config(num_tasks=2)
         run.write(run.lines(4))
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             finalized(daemon, run)
             assert daemon.stop() == 0
         said = [e["event"] for e in daemon.events if e.get("run") == run.run_id]
@@ -114,7 +115,7 @@ class TestReadiness:
         run = RunDir(tree / "env--model--harness").config(num_tasks=2)
         four = run.lines(4)
         run.write(four[:3])
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             with open(run.traces, "ab") as f:
                 f.write(four[3][:20])  # the fourth line, half-written
@@ -140,7 +141,7 @@ class TestReadiness:
             EVALPUSH_RUNS__MARKER=MARKER,
         )
         run = RunDir(tree / "env--model--harness").config(num_tasks=4)
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             run.write(run.lines(3), half_pause=0.1)
 
@@ -168,7 +169,7 @@ class TestWhatIsNotUploaded:
         group = tree / "env--model--harness"
         debug = RunDir(group).config(num_tasks=1, extra='script_path = "debug.py"\n')
         bad = RunDir(group).config(num_tasks=2)
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             debug.write(debug.lines(2))
             lines = bad.lines(4)
@@ -206,7 +207,7 @@ class TestBesidePush:
         assert push.wait(60) == 0, push.communicate()
         before = local_platform.summary()["requests"]
 
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             later = RunDir(group).config(num_tasks=1)
             later.write(later.lines(2))
@@ -229,7 +230,7 @@ class TestBesidePush:
         runs = [RunDir(tree / "env--model--harness").config(num_tasks=10) for _ in range(6)]
         for run in runs:
             run.write(run.lines(20))
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             push = start_push(tree, environ)  # both start on the same finished runs at once
             out, err = push.communicate(timeout=120)
             assert push.returncode == 0, (out, err)
@@ -453,7 +454,7 @@ class TestPlatformTrouble:
         )
         group = tree / "env--model--harness"
         run = slow_run(local_platform, group, traces=60, stalls=3, seconds=0.2)
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             upload_under_way(local_platform)
             local_platform.inject("refuse", seconds=4)
             daemon.wait_for("platform unreachable: uploads wait while one probe checks it")
@@ -536,7 +537,7 @@ class TestDiscovery:
             EVALPUSH_WATCH__POLL_SECONDS="3600",  # the poller looks once, at start
             EVALPUSH_WATCH__RESCAN_SECONDS="1",
         )
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             run = RunDir(tree / "env--model--harness").config(num_tasks=2)
             run.write(run.lines(4))
@@ -551,7 +552,7 @@ class TestDiscovery:
         environ = daemon_environ(
             local_platform, tmp_path, [later], EVALPUSH_WATCH__RESCAN_SECONDS="600"
         )
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             run = RunDir(later / "env--model--harness").config(num_tasks=2)  # mkdir -p
             run.write(run.lines(4), pause=0.1)

@@ -24,6 +24,7 @@ import pytest
 from daemon_support import (
     RUN_FINALIZED,
     Daemon,
+    InProcessDaemon,
     RunDir,
     completed,
     daemon_environ,
@@ -167,7 +168,7 @@ class TestFilesChanging:
             local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS="600"
         )
         run = RunDir(tree / "env--model--harness").config(num_tasks=3)
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             run.write(run.lines(5))
             daemon.wait_for("run found: waiting until it is finished", run=run.run_id)
@@ -191,7 +192,7 @@ class TestFilesChanging:
     ) -> None:
         environ = daemon_environ(local_platform, tmp_path, [tree])
         run = RunDir(tree / "env--model--harness").config(num_tasks=2)
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             run.write(run.lines(4))
             first = daemon.wait_for(RUN_FINALIZED, run=run.run_id)["evaluation"]
@@ -215,7 +216,7 @@ class TestFilesChanging:
             local_platform, tmp_path, [tree], EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="1"
         )
         run = slow_run(local_platform, tree / "env--model--harness")  # kept mid-upload
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             upload_under_way(local_platform)
             replacement = run.path / "traces.jsonl.tmp"
             replacement.write_bytes(b"".join(line + b"\n" for line in run.lines(40, start=500)))
@@ -240,7 +241,7 @@ class TestFilesChanging:
             local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS="600"
         )
         run = RunDir(tree / "env--model--harness").config(num_tasks=3)
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             run.write(run.lines(3))
             daemon.wait_for("run found: waiting until it is finished", run=run.run_id)
@@ -260,7 +261,7 @@ class TestFilesChanging:
             local_platform, tmp_path, [tree], EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="1"
         )
         run = slow_run(local_platform, tree / "env--model--harness")  # kept mid-upload
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             upload_under_way(local_platform)
             moved = RunDir(tree / "renamed", run_id=run.run_id)
             moved.path.parent.mkdir()
@@ -287,7 +288,7 @@ class TestFilesChanging:
         )
         outside = RunDir(tmp_path / "staging").config(num_tasks=2)
         outside.write(outside.lines(4))
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             (tree / "env--model--harness").mkdir()
             inside = RunDir(tree / "env--model--harness", run_id=outside.run_id)
@@ -304,7 +305,7 @@ class TestFilesChanging:
         )
         doomed = RunDir(tree / "env--model--harness").config(num_tasks=3)
         good = RunDir(tree / "env--model--harness").config(num_tasks=2)
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             doomed.write(doomed.lines(3))
             daemon.wait_for("run found: waiting until it is finished", run=doomed.run_id)
@@ -322,7 +323,7 @@ class TestFilesChanging:
         environ = daemon_environ(
             local_platform, tmp_path, [tree], EVALPUSH_WATCH__RESCAN_SECONDS="600"
         )
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             shutil.rmtree(tree)
             wait_until(
@@ -348,7 +349,7 @@ class TestConfigWrittenLate:
         whole = run.config(num_tasks=3).path.joinpath("config.toml").read_text()
         config = run.path / "config.toml"
         config.write_text(whole[:25])  # cut mid-key: not TOML yet
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             run.write(run.lines(2))
             time.sleep(2 * 2.0)  # two rescans see the half-written config.toml
@@ -368,7 +369,7 @@ class TestConfigWrittenLate:
         run = RunDir(tree / "env--model--harness")
         run.path.mkdir(parents=True)
         (run.path / "config.toml").touch()  # created, not written yet
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             run.write(run.lines(2))
             daemon.wait_for("run found: waiting until it is finished", run=run.run_id)
@@ -388,7 +389,7 @@ class TestConfigWrittenLate:
         run.path.mkdir(parents=True)
         (run.path / "config.toml").write_text('model = "org/model"\nnum_tasks = = 2\n')
         good = RunDir(tree / "env--model--harness").config(num_tasks=1)
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             run.write(run.lines(4))
             good.write(good.lines(2))
@@ -428,7 +429,7 @@ class TestOddFiles:
         environ = daemon_environ(local_platform, tmp_path, [tree])
         fifo = RunDir(tree / "env--model--harness").config(num_tasks=1)
         good = RunDir(tree / "env--model--harness").config(num_tasks=2)
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             os.mkfifo(fifo.traces)
             good.write(good.lines(4))
@@ -446,7 +447,7 @@ class TestOddFiles:
         secret.write(secret.lines(4))
         linked_file = RunDir(tree / "env--model--harness").config(num_tasks=2)
         good = RunDir(tree / "env--model--harness").config(num_tasks=2)
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             (tree / "env--model--harness" / "linked-run").symlink_to(secret.path)
             linked_file.traces.symlink_to(secret.traces)
@@ -463,7 +464,7 @@ class TestOddFiles:
         environ = daemon_environ(local_platform, tmp_path, [tree])
         group = tree / os.fsdecode(b"caf\xe9--model")
         run = RunDir(group, run_id=os.fsdecode(b"run-\xff\xfe"))
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             run.config(num_tasks=2)
             run.write(run.lines(4))
@@ -499,7 +500,7 @@ class TestMany:
         self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
     ) -> None:
         environ = daemon_environ(local_platform, tmp_path, [tree])
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             runs = []
             for i in range(MANY_RUNS):

@@ -1,8 +1,8 @@
 """What the daemon's chaos soak (bench/soak.py --mode daemon) turned up, each as a small test.
 
-Each test starts `evalpush run` as a real subprocess on a temporary tree against the local
-platform (`daemon_support`), with `evalpush push` beside it as the soak's overlapping pushes
-are, and asserts on the platform's stored state and on the ledger as `status` shows it.
+Each test runs the daemon in this process on a temporary tree against the local platform
+(`daemon_support.InProcessDaemon`), with `evalpush push` beside it as a process, as the soak's
+overlapping pushes are, and asserts on the platform's stored state and on the ledger as `status` shows it.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from daemon_support import Daemon, RunDir, daemon_environ, status, wait_until
+from daemon_support import InProcessDaemon, RunDir, daemon_environ, status, wait_until
 from evalpush.ledger import Ledger, default_path, transitions
 from evalpush.local_platform import LocalPlatform
 from pushing import assert_run_exactly_once, start_push
 
 SETTLE_SECONDS = "6"  # long enough for a push to finish the run while the daemon waits on it
 PUSH_TIMEOUT_SECONDS = 60
-LEDGER_POLL_SECONDS = 2.0  # how often the daemon takes up the ledger's queued runs
+LEDGER_POLL_SECONDS = 0.2  # how often the daemon takes up the ledger's queued runs
 LEDGER_POLLS = 3
 
 
@@ -27,10 +27,14 @@ class TestPushBesideAWaitingRun:
     ) -> None:
         tree = tmp_path / "outputs"
         environ = daemon_environ(
-            local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS=SETTLE_SECONDS
+            local_platform,
+            tmp_path,
+            [tree],
+            EVALPUSH_RUNS__SETTLE_SECONDS=SETTLE_SECONDS,
+            EVALPUSH_WATCH__LEDGER_POLL_SECONDS=str(LEDGER_POLL_SECONDS),
         )
         run = RunDir(tree / "env--model--harness").config(num_tasks=10)  # expects 20 traces
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             run.write(run.lines(6))  # never the expected count, no marker: it settles
             daemon.wait_for("run found: waiting until it is finished", run=run.run_id)
@@ -65,7 +69,12 @@ class TestAFinishedUploadIsFinished:
         However the row came to be queued again, an upload done to its last step is finalized:
         the uploader does not leave it `uploading` for the daemon to take up again and again."""
         tree = tmp_path / "outputs"
-        environ = daemon_environ(local_platform, tmp_path, [tree])
+        environ = daemon_environ(
+            local_platform,
+            tmp_path,
+            [tree],
+            EVALPUSH_WATCH__LEDGER_POLL_SECONDS=str(LEDGER_POLL_SECONDS),
+        )
         run = RunDir(tree / "env--model--harness").config(num_tasks=2)
         run.write(run.lines(4))
         push = start_push(run.path, environ)
@@ -76,7 +85,7 @@ class TestAFinishedUploadIsFinished:
             assert record is not None and record.state == "finalized"
             transitions.queue(ledger, record, "ready: the racing write")
 
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.wait_for("upload started", run=run.run_id)
             time.sleep(LEDGER_POLL_SECONDS * LEDGER_POLLS)  # would it take the run up again?
             row = status(environ)[run.run_id]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from daemon_support import Daemon, RunDir, daemon_environ, status, wait_until
+from daemon_support import Daemon, InProcessDaemon, RunDir, daemon_environ, status, wait_until
 from evalpush import __version__
 from evalpush.local_platform import LocalPlatform
 from support.commands import COMMAND_SECONDS, check_rows, evalpush
@@ -51,7 +51,7 @@ def test_a_failed_upload_is_an_error_ending_with_the_fix_and_the_retry_command(
     (run.path / "config.toml").write_text(
         'model = "m"\nnum_examples = 1\nrollouts_per_example = 2\n'
     )
-    with Daemon(environ) as daemon:
+    with InProcessDaemon(environ) as daemon:
         daemon.started()
         run.write(run.lines(2))
         failed = daemon.wait_for("upload failed", run=run.run_id)

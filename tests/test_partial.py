@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from browser import Chromium, Page, chromium, why_chromium_cannot_run
-from daemon_support import Daemon, RunDir, daemon_environ, evaluations_of, status, wait_until
+from daemon_support import (
+    InProcessDaemon,
+    RunDir,
+    daemon_environ,
+    evaluations_of,
+    status,
+    wait_until,
+)
 from evalpush import __version__
 from evalpush.local_platform import LocalPlatform
 from support.commands import evalpush
@@ -35,7 +42,7 @@ def test_a_crashed_evals_run_warns_uploads_as_partial_and_the_rest_supersedes_it
     tree = tmp_path / "outputs"
     environ = daemon_environ(local_platform, tmp_path, [tree])
     run = crashed_run(tree)
-    with Daemon(environ) as daemon:
+    with InProcessDaemon(environ) as daemon:
         daemon.started()
         short = daemon.wait_for(
             "run finished short of its expected traces: uploading it as a partial evaluation",
@@ -116,7 +123,7 @@ def test_on_incomplete_hold_keeps_the_run_back_until_retry_uploads_it_as_it_is(
     tree = tmp_path / "outputs"
     environ = daemon_environ(local_platform, tmp_path, [tree], EVALPUSH_RUNS__ON_INCOMPLETE="hold")
     run = crashed_run(tree)
-    with Daemon(environ) as daemon:
+    with InProcessDaemon(environ) as daemon:
         daemon.started()
         held = daemon.wait_for(
             "run finished short of its expected traces: held for a person", run=run.run_id

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 
-from daemon_support import RUN_FINALIZED, Daemon, RunDir, daemon_environ
+from daemon_support import RUN_FINALIZED, InProcessDaemon, RunDir, daemon_environ
 from evalpush.client import PlatformClient, Retrier
 from evalpush.config import Config
 from evalpush.core.setaside import SetAside
@@ -552,7 +552,7 @@ class TestTheDaemon:
             EVALPUSH_LOG__LEVEL="debug",
         )
         run = RunDir(tree / "env--model--harness").config(num_tasks=10)
-        with Daemon(environ) as daemon:
+        with InProcessDaemon(environ) as daemon:
             daemon.started()
             run.touch_traces()
             daemon.wait_for("run found: waiting until it is finished", run=run.run_id)

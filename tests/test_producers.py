@@ -399,7 +399,7 @@ def test_a_run_found_before_its_first_line_is_one_run_under_the_id_its_lines_car
     """A 0.3/0.4 directory is not named by a UUID: until a whole line names the run, the daemon
     knows it by a stand-in. Once lines arrive (while it watches, or after a restart), the
     run takes their id: one ledger row, one evaluation, never a stand-in left waiting."""
-    from daemon_support import RUN_STARTED, Daemon, daemon_environ, status
+    from daemon_support import RUN_STARTED, InProcessDaemon, daemon_environ, status
 
     source = next((PRODUCERS / case).iterdir())
     staged, tree = tmp_path / "staged", tmp_path / "outputs"
@@ -413,7 +413,7 @@ def test_a_run_found_before_its_first_line_is_one_run_under_the_id_its_lines_car
     environ = daemon_environ(local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS="5")
 
     with contextlib.ExitStack() as daemons:
-        daemon = daemons.enter_context(Daemon(environ))
+        daemon = daemons.enter_context(InProcessDaemon(environ))
         daemon.wait_for(RUN_STARTED)
         os.utime(staged / "traces.jsonl")  # written just now: the settle time starts here
         staged.rename(directory)  # config written, no whole line yet
@@ -424,7 +424,7 @@ def test_a_run_found_before_its_first_line_is_one_run_under_the_id_its_lines_car
         with (directory / "traces.jsonl").open("ab") as out:
             out.write(lines[half:])
         if restart:
-            daemon = daemons.enter_context(Daemon(environ)).started()
+            daemon = daemons.enter_context(InProcessDaemon(environ)).started()
         daemon.wait_for("run finalized", run=run_id, timeout=30)
         rows = status(environ)
         assert daemon.stop() == 0

@@ -12,7 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import ledger_v1
-from daemon_support import Daemon, daemon_environ
+from daemon_support import InProcessDaemon, daemon_environ
 from evalpush import __version__
 from evalpush.ledger import SCHEMA_VERSION
 from evalpush.local_platform import LocalPlatform
@@ -123,7 +123,7 @@ def test_the_daemon_upgrades_an_old_ledger_by_itself_after_a_backup_and_logs_it(
     root = tmp_path / "watched"
     root.mkdir()
 
-    with Daemon(daemon_environ(platform, tmp_path, [root])) as daemon:
+    with InProcessDaemon(daemon_environ(platform, tmp_path, [root])) as daemon:
         daemon.started()
         line = daemon.wait_for(f"ledger upgraded 1 -> {SCHEMA_VERSION} (backup: {path}.bak-v1)")
         assert daemon.stop() == 0

@@ -54,8 +54,6 @@ from evalpush.service.sdnotify import Notifier
 from evalpush.service.tracker import Tracker
 from evalpush.upload import upload_ended, upload_started
 
-LEDGER_POLL_SECONDS = 2.0
-"""How often the ledger is looked at for runs queued by another command (`evalpush retry`)."""
 STATUS_SECONDS = 5.0
 """How often the STATUS line for systemd (and `daemon.json`, and the metrics' runs by state)
 is brought up to date."""
@@ -301,7 +299,7 @@ class Daemon:
         parts = self._parts
         now = self._clock()
         next_rescan = now  # the first scan: queued before READY, done on the first turn
-        next_poll = now + LEDGER_POLL_SECONDS
+        next_poll = now + parts.config.watch.ledger_poll_seconds
         next_status = now
         settles = float("inf")
         while True:
@@ -325,7 +323,7 @@ class Daemon:
                 next_rescan = now + _rescan_seconds(parts)
             if now >= next_poll:
                 parts.tracker.poll_ledger()
-                next_poll = now + LEDGER_POLL_SECONDS
+                next_poll = now + parts.config.watch.ledger_poll_seconds
             settles = parts.tracker.due()
             if now >= next_status:
                 self._publish(parts, self._status_line(parts))
