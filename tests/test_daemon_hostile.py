@@ -118,6 +118,7 @@ class TestKilled:
                 daemon.kill()
             assert daemon.process.returncode == -signal.SIGKILL, round_
         with Daemon(environ) as last:
+            last.started()  # its SIGTERM handler is in place before stop() sends SIGTERM
             wait_until(
                 lambda: (
                     all(

@@ -1,7 +1,14 @@
-"""`python -m evalpush ...` as a real subprocess, the way an operator runs it.
+"""`evalpush ...` the way an operator runs it: by `cli.main` in this process, or as a real
+subprocess where only a process shows it.
 
 - `evalpush(environ, *args, **extra)`: run to its end (text output captured, bounded);
-  `extra` variables are added to `environ` for this run only.
+  `extra` variables are added to `environ` for this run only. A command that only reads and
+  writes the ledger (`status`, `check`, `retry`, `forget`, `migrate`, ...) runs in this process
+  (`in_process`); `push`, `run`, `demo` and `local-platform` run as processes: they configure
+  the process's logging, install signal handlers or serve, which a test's own process must not
+  share (an in-process daemon's log would go to a push's stderr).
+- `in_process(environ, *args)`: `cli.main(args)` with the process environment replaced by
+  `environ` for the call and stdout/stderr captured, as a `CompletedProcess`.
 - `Started`: processes started with `start(environ, *args)` (output piped) and reaped by
   `reap()`: each one still running is continued (it may be SIGSTOPped) and SIGKILLed. The
   `start_evalpush` fixture (conftest.py) reaps them when the test ends.
@@ -11,7 +18,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,13 +31,49 @@ COMMAND_SECONDS = 60
 """How long one command may run before the test calls it hung (a loaded 2-core box)."""
 
 
+AS_PROCESS = frozenset({"push", "run", "demo", "local-platform"})
+"""The commands `evalpush` runs as processes (see the module's docstring)."""
+
+
 def evalpush(environ: dict[str, str], *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    if AS_PROCESS.isdisjoint(args):
+        return in_process({**environ, **extra}, *args)
     return subprocess.run(
         [sys.executable, "-m", "evalpush", *args],
         env={**environ, **extra},
         capture_output=True,
         text=True,
         timeout=COMMAND_SECONDS,
+    )
+
+
+def in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`evalpush ARGS` by `cli.main`, here: what it printed (text, as a process's pipes would
+    carry it) and its exit code; the process environment is `environ` while it runs."""
+    from evalpush.cli import main
+
+    out, err = io.BytesIO(), io.BytesIO()
+    streams = (
+        io.TextIOWrapper(out, encoding="utf-8", write_through=True),
+        io.TextIOWrapper(err, encoding="utf-8", write_through=True),
+    )
+    saved_environ, saved_streams = dict(os.environ), (sys.stdout, sys.stderr)
+    os.environ.clear()
+    os.environ.update(environ)
+    sys.stdout, sys.stderr = streams
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse's usage errors
+        code = exc.code if isinstance(exc.code, int) else 2
+    finally:
+        sys.stdout, sys.stderr = saved_streams
+        os.environ.clear()
+        os.environ.update(saved_environ)
+    return subprocess.CompletedProcess(
+        ["evalpush", *args],
+        code,
+        out.getvalue().decode("utf-8", "replace"),
+        err.getvalue().decode("utf-8", "replace"),
     )
 
 
