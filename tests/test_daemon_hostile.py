@@ -53,6 +53,9 @@ def _break_ledger(state: Path) -> None:
             with open(path, "r+b") as f:
                 f.write(b"\xff" * 4096)
 
+QUICK_RESCAN_SECONDS = 0.5
+"""A rescan this often where a test waits for rescans to see (or not see) a change."""
+
 
 class TestLedgerBroken:
     @pytest.mark.parametrize("reloaded", [False, True], ids=["as started", "after a reload"])
@@ -166,7 +169,11 @@ class TestFilesChanging:
         self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
     ) -> None:
         environ = daemon_environ(
-            local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS="600"
+            local_platform,
+            tmp_path,
+            [tree],
+            EVALPUSH_RUNS__SETTLE_SECONDS="600",
+            EVALPUSH_WATCH__RESCAN_SECONDS=str(QUICK_RESCAN_SECONDS),
         )
         run = RunDir(tree / "env--model--harness").config(num_tasks=3)
         with InProcessDaemon(environ) as daemon:
@@ -176,7 +183,7 @@ class TestFilesChanging:
             with open(run.traces, "r+b") as f:  # rewritten in place, shorter: other traces
                 f.truncate(0)
                 f.write(b"".join(line + b"\n" for line in run.lines(2, start=100)))
-            time.sleep(2 * 2.0)  # two rescans: 2 lines of 6 is not finished
+            time.sleep(2 * QUICK_RESCAN_SECONDS)  # two rescans: 2 lines of 6 is not finished
             assert evaluations_of(local_platform, run.run_id) == {}
             run.write(run.lines(4, start=102))
             daemon.wait_for(RUN_FINALIZED, run=run.run_id)
@@ -343,7 +350,11 @@ class TestConfigWrittenLate:
         self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
     ) -> None:
         environ = daemon_environ(
-            local_platform, tmp_path, [tree], EVALPUSH_RUNS__SETTLE_SECONDS="600"
+            local_platform,
+            tmp_path,
+            [tree],
+            EVALPUSH_RUNS__SETTLE_SECONDS="600",
+            EVALPUSH_WATCH__RESCAN_SECONDS=str(QUICK_RESCAN_SECONDS),
         )
         run = RunDir(tree / "env--model--harness")
         run.path.mkdir(parents=True)
@@ -353,7 +364,7 @@ class TestConfigWrittenLate:
         with InProcessDaemon(environ) as daemon:
             daemon.started()
             run.write(run.lines(2))
-            time.sleep(2 * 2.0)  # two rescans see the half-written config.toml
+            time.sleep(2 * QUICK_RESCAN_SECONDS)  # two rescans see the half-written config.toml
             with open(config, "a") as f:
                 f.write(whole[25:])
             run.write(run.lines(4, start=2))
@@ -443,7 +454,12 @@ class TestOddFiles:
     def test_symlinks_out_of_the_root_are_never_followed(
         self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
     ) -> None:
-        environ = daemon_environ(local_platform, tmp_path, [tree])
+        environ = daemon_environ(
+            local_platform,
+            tmp_path,
+            [tree],
+            EVALPUSH_WATCH__RESCAN_SECONDS=str(QUICK_RESCAN_SECONDS),
+        )
         secret = RunDir(tmp_path / "private").config(num_tasks=2)
         secret.write(secret.lines(4))
         linked_file = RunDir(tree / "env--model--harness").config(num_tasks=2)
@@ -454,7 +470,7 @@ class TestOddFiles:
             linked_file.traces.symlink_to(secret.traces)
             good.write(good.lines(4))
             daemon.wait_for(RUN_FINALIZED, run=good.run_id)
-            time.sleep(2 * 2.0)  # two rescans
+            time.sleep(2 * QUICK_RESCAN_SECONDS)  # two rescans
             assert daemon.stop() == 0
         assert set(local_platform.summary()["runs"]) == {good.run_id}
         assert_run_exactly_once(local_platform, good.path)
