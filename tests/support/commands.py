@@ -58,8 +58,7 @@ def in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProce
         io.TextIOWrapper(err, encoding="utf-8", write_through=True),
     )
     saved_environ, saved_streams = dict(os.environ), (sys.stdout, sys.stderr)
-    os.environ.clear()
-    os.environ.update(environ)
+    _become(environ)
     sys.stdout, sys.stderr = streams
     try:
         code = main(list(args))
@@ -67,14 +66,23 @@ def in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProce
         code = exc.code if isinstance(exc.code, int) else 2
     finally:
         sys.stdout, sys.stderr = saved_streams
-        os.environ.clear()
-        os.environ.update(saved_environ)
+        _become(saved_environ)
     return subprocess.CompletedProcess(
         ["evalpush", *args],
         code,
         out.getvalue().decode("utf-8", "replace"),
         err.getvalue().decode("utf-8", "replace"),
     )
+
+
+def _become(environ: dict[str, str]) -> None:
+    """The process environment made `environ`, variable by variable: a thread of the test's
+    (an in-process daemon) reading one meanwhile never sees the environment empty."""
+    for name in [name for name in os.environ if name not in environ]:
+        del os.environ[name]
+    for name, value in environ.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 class Started:
