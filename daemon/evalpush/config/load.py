@@ -14,6 +14,9 @@ variable, or the file; an unknown key or variable gets the closest real name).
   the key's type. Any other `EVALPUSH_*` variable is an error naming it and the closest real
   name, except `EVALPUSH_CONFIG` and the few in `NOT_SETTINGS`;
 - the file: `--config FILE`, else `$EVALPUSH_CONFIG`; TOML, every key optional.
+
+A key an earlier release read (`RETIRED`), in the file or as a variable, is dropped before
+validation and named in `Config.ignored`, so an older config file still loads.
 """
 
 from __future__ import annotations
