@@ -1,17 +1,20 @@
 """The platform: credentials, the evaluations API's client over httpx, the lookups it answers, and the retry policy and gate that ride out its outages."""
 
-from evalpush.client.lookup import Environments, EvaluationIndex
-from evalpush.client.platform import (
+from evalpush.client.credentials import (
     DEFAULT_API_BASE,
     DEFAULT_FRONTEND_URL,
     SYSTEMD_CREDENTIAL_NAME,
+    Credentials,
+    load_credentials,
+)
+from evalpush.client.lookup import Environments, EvaluationIndex
+from evalpush.client.platform import (
     USER_AGENT,
     Evaluation,
     PlatformClient,
     RequestObserver,
     is_finalized,
     is_platform_id,
-    load_credentials,
     most_samples_stored,
 )
 from evalpush.client.retry import (
@@ -30,6 +33,7 @@ from evalpush.client.retry import (
 __all__ = [
     "AUTH",
     "Backoff",
+    "Credentials",
     "DEFAULT_API_BASE",
     "DEFAULT_FRONTEND_URL",
     "Environments",

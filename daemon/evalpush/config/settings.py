@@ -6,7 +6,7 @@ the flags, the `EVALPUSH_*` variables and the file. `Config(...)` alone reads no
 the defaults, or the keyword arguments given, validated. Every problem in every source is one
 `ConfigError` naming each key and where its value came from: the file, the variable, or the
 command line. The platform's own variables (`PRIME_API_KEY`, ...) are read by
-`evalpush.client.platform`, which owns credentials.
+`evalpush.client.credentials`, which owns them.
 """
 
 from __future__ import annotations
