@@ -7,12 +7,11 @@ from evalpush.client.credentials import (
     Credentials,
     load_credentials,
 )
+from evalpush.client.exchange import USER_AGENT, RequestObserver
 from evalpush.client.lookup import Environments, EvaluationIndex
 from evalpush.client.platform import (
-    USER_AGENT,
     Evaluation,
     PlatformClient,
-    RequestObserver,
     is_finalized,
     is_platform_id,
     most_samples_stored,

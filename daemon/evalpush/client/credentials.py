@@ -33,6 +33,7 @@ DEFAULT_FRONTEND_URL = "https://app.primeintellect.ai"
 API_PREFIX = "/api/v1"
 SYSTEMD_CREDENTIAL_NAME = "prime-api-key"
 OTHERS_READ = stat.S_IRGRP | stat.S_IROTH
+"""A key file with either bit set may be read by users other than its owner: a warning."""
 
 
 class Credentials(msgspec.Struct, frozen=True):

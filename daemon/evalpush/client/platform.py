@@ -34,43 +34,42 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
-import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 import httpx
 import msgspec
 
-from evalpush import __version__
 from evalpush.client.credentials import (
-    API_PREFIX,
     USERINFO,
     Credentials,
     clean_text,
     http_url,
-    load_credentials,
 )
-from evalpush.client.wire import make_client, request_deadline
+from evalpush.client.exchange import (
+    Answer,
+    Exchange,
+    RequestObserver,
+    TooLarge,
+    decode,
+    unexpected,
+)
 from evalpush.config import PlatformConfig
 from evalpush.core import errors
-from evalpush.log import holds_secret, scrub
+from evalpush.log import holds_secret
 
 __all__ = [
     "Evaluation",
     "PlatformClient",
-    "RequestObserver",
     "is_closed",
     "is_finalized",
     "is_platform_id",
     "most_samples_stored",
 ]
 
-USER_AGENT = f"evalpush/{__version__}"
-"""A key file with either bit set may be read by users other than its owner: a warning."""
 SAMPLES_PAGE_SIZE = 500
 EVALUATIONS_PAGE_SIZE = 100
 _FINALIZED_STATUSES = frozenset(
@@ -78,13 +77,8 @@ _FINALIZED_STATUSES = frozenset(
 )
 _CLOSED_STATUSES = frozenset({"FAILED", "CANCELLED", "CANCELED", "ERROR", "ERRORED", "ABORTED"})
 """Statuses of an evaluation closed out without being finalized: it takes no more samples."""
-_ERROR_BODY_CHARS = 300
 
 MIB = 1024 * 1024
-ERROR_BODY_BYTES = 4096
-"""Of an error answer's body only this much is read (the message quotes its start)."""
-MAX_ANSWER_BYTES = 1 * MIB
-"""A JSON answer (an id, an evaluation, an acknowledgement) is small; past this it is malformed."""
 MAX_PAGE_BYTES = 32 * MIB
 """A listing page carries whole samples (each up to the platform's 25 MiB body limit) or whole
 evaluations: a page past this is asked again with fewer items, down to one; one item past it
@@ -293,54 +287,6 @@ def _is_last_page(data: Any, *, page: int | None, seen: int) -> bool:
     return total is not None and seen >= total
 
 
-def _handed_once(body: bytes) -> Iterator[bytes]:
-    """`body` for httpx as a stream that lets go of it once sent: httpx's request and answer
-    objects form reference cycles, which would hold each (up to 25 MiB) body until a full
-    garbage collection."""
-    yield body
-
-
-class _Answer(msgspec.Struct, frozen=True):
-    """A 2xx answer, its body read whole under its cap."""
-
-    status: int
-    body: bytes | bytearray
-
-
-class _TooLarge(errors.Transient):
-    """A read's answer ran past its byte cap (a listing shrinks its page and asks again)."""
-
-
-def _read_capped(response: httpx.Response, cap: int) -> bytearray | None:
-    """The body, read as a stream; None as soon as it runs past `cap` bytes."""
-    declared = response.headers.get("Content-Length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > cap:  # not "\xb2"
-        return None
-    body = bytearray()
-    for chunk in response.iter_bytes():
-        body += chunk
-        if len(body) > cap:
-            return None
-    return body
-
-
-def _read_start(response: httpx.Response) -> str:
-    """The start of an error answer's body, as text; the rest is never read. A body that
-    cannot be read (cut short, an encoding not asked for) is said so: the status stands,
-    whatever its body (a 401 read as a broken exchange would be retried, not paused on)."""
-    body = bytearray()
-    unreadable = ""
-    try:
-        for chunk in response.iter_bytes():
-            body += chunk
-            if len(body) >= ERROR_BODY_BYTES:
-                break
-    except httpx.RequestError as exc:
-        unreadable = f" [the rest of the body could not be read: {exc}]"
-    text = body[:ERROR_BODY_BYTES].decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
-    return text + unreadable
-
-
 def _smaller_page(limit: int, seen: int) -> int:
     """A smaller page size after a page ran past its cap: a proper divisor of `limit` that
     also divides `seen`, so the next page starts exactly where the last one ended."""
@@ -388,44 +334,6 @@ class _Listing:
             )
 
 
-_DEFAULT_HEADERS = {
-    "Accept": "*/*",
-    "Accept-Encoding": "gzip, deflate",
-    "Connection": "close",  # a connection of its own, closed after the answer (see above)
-    "User-Agent": USER_AGENT,
-}
-"""What every request carries, the key aside."""
-
-
-class _Target(msgspec.Struct, frozen=True):
-    """Where the requests made with one credentials snapshot go, and the key they carry: the
-    base URL taken apart once, not once per request."""
-
-    credentials: Credentials
-    scheme: str
-    prefix: str  # the base URL and the API prefix: a request's URL starts so
-    headers: dict[str, str]
-
-    @classmethod
-    def of(cls, credentials: Credentials) -> _Target:
-        base = urllib.parse.urlsplit(credentials.api_base)  # checked when loaded
-        path = urllib.parse.quote(base.path, safe="/%:@!$&'()*+,;=~").rstrip("/")
-        return cls(
-            credentials,
-            base.scheme,
-            f"{base.scheme}://{base.netloc}{path}{API_PREFIX}",
-            {"Authorization": f"Bearer {credentials.api_key}"},
-        )
-
-
-class RequestObserver(Protocol):
-    """Told of every attempt the client makes, once it has ended: its endpoint (the public
-    method's name), what it raised (None: it worked) and how long it took (the daemon's metrics
-    listen; a push has no observer)."""
-
-    def request_done(self, endpoint: str, error: BaseException | None, seconds: float) -> None: ...
-
-
 class PlatformClient:
     """One attempt per call to each endpoint of docs/PLATFORM_API.md, errors already classified."""
 
@@ -445,70 +353,31 @@ class PlatformClient:
         `observer` is told of every attempt once it ended: its endpoint (the public method's
         name, a `metrics.Endpoint` value), what it raised (None: it worked), and how long it
         took (the daemon's metrics)."""
-        self._config = config
-        self._observer = observer
-        self._environ = os.environ if environ is None else environ
-        self._home = home
-        self._stop = threading.Event() if stop is None else stop
-        self._credentials: Credentials | None = None  # read at first use: see `credentials`
-        self._reload_lock = threading.Lock()
-        self._transport = transport
-        self._timeout = httpx.Timeout(
-            connect=config.connect_timeout_seconds,
-            read=config.read_timeout_seconds,
-            write=config.read_timeout_seconds,
-            pool=config.connect_timeout_seconds,
+        self._wire = Exchange(
+            config,
+            environ=environ,
+            home=home,
+            transport=transport,
+            stop=stop,
+            observer=observer,
         )
-        self._clients: dict[tuple[str, bool], httpx.Client] = {}  # see `_client`
-        self._clients_lock = threading.Lock()
-        self._target: _Target | None = None  # built from one credentials snapshot: `_target_for`
+        self._send = self._wire.send
+        self._get_json = self._wire.get_json
 
     @property
     def credentials(self) -> Credentials:
         """The credentials in use, read at first use: a client can be built before a key
         exists. Raises like `load_credentials` while none could be read."""
-        credentials = self._credentials
-        if credentials is None:
-            with self._reload_lock:
-                if self._credentials is None:
-                    self._credentials = load_credentials(self._config, self._environ, self._home)
-                credentials = self._credentials
-        return credentials
+        return self._wire.credentials
 
     def reload_credentials(self) -> bool:
         """Read the credentials again (SIGHUP, each probe); True if the key or the base changed
-        (or none had been read before).
-
-        Raises like `load_credentials`; the credentials in use stay as they were then.
-        """
-        with self._reload_lock:
-            new = load_credentials(self._config, self._environ, self._home)
-            old, self._credentials = self._credentials, new
-        return old is None or (new.api_key, new.api_base) != (old.api_key, old.api_base)
+        (or none had been read before). Raises like `load_credentials`; the credentials in use
+        stay as they were then."""
+        return self._wire.reload_credentials()
 
     def close(self) -> None:
-        with self._clients_lock:
-            clients, self._clients = self._clients, {}
-        for client in clients.values():
-            client.close()
-
-    def _client(self, scheme: str) -> httpx.Client:
-        """The httpx client for a platform reached by `scheme`, built at its first use."""
-        key = scheme
-        client = self._clients.get(key)
-        if client is None:
-            with self._clients_lock:
-                client = self._clients.get(key)
-                if client is None:
-                    client = self._clients[key] = make_client(
-                        self._stop,
-                        scheme=scheme,
-                        timeout=self._timeout,
-                        headers=_DEFAULT_HEADERS,
-                        allow_insecure_http=self._config.allow_insecure_http,
-                        transport=self._transport,
-                    )
-        return client
+        self._wire.close()
 
     def __enter__(self) -> Self:
         return self
@@ -516,133 +385,9 @@ class PlatformClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _target_for(self, credentials: Credentials) -> _Target:
-        """Where requests go and the headers every one carries, built once per snapshot."""
-        target = self._target
-        if target is None or target.credentials is not credentials:
-            target = self._target = _Target.of(credentials)
-        return target
-
     def viewer_url(self, evaluation_id: str) -> str:
         segment = _segment(evaluation_id, "viewer URL")
         return f"{self.credentials.frontend_url}/dashboard/evaluations/{segment}"
-
-    # -- the exchange: one attempt, classified --------------------------------------------
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        endpoint: str,
-        what: str,
-        replayable: bool,
-        body: bytes | None = None,
-        params: Mapping[str, Any] | None = None,
-        cap: int = MAX_ANSWER_BYTES,
-    ) -> _Answer:
-        """One request; its 2xx answer read under `cap` bytes, or the error it stands for. The
-        observer, if any, hears how it ended."""
-        if self._observer is None:
-            return self._exchange(method, path, what, replayable, body, params, cap)
-        started = time.monotonic()
-        try:
-            answer = self._exchange(method, path, what, replayable, body, params, cap)
-        except BaseException as exc:
-            self._observer.request_done(endpoint, exc, time.monotonic() - started)
-            raise
-        self._observer.request_done(endpoint, None, time.monotonic() - started)
-        return answer
-
-    def _exchange(
-        self,
-        method: str,
-        path: str,
-        what: str,
-        replayable: bool,
-        body: bytes | None,
-        params: Mapping[str, Any] | None,
-        cap: int,
-    ) -> _Answer:
-        if self._stop.is_set():
-            raise errors.Interrupted(f"{what}: stop requested; not sent")
-        target = self._target_for(self.credentials)  # one snapshot, even if another thread reloads
-        client = self._client(target.scheme)
-        headers = target.headers
-        content = None
-        if body is not None:
-            headers = {
-                **headers,
-                "Content-Type": "application/json",
-                "Content-Length": str(len(body)),
-            }
-            content = _handed_once(body)
-        with request_deadline(self._config.request_deadline_seconds):
-            try:
-                with client.stream(
-                    method, target.prefix + path, params=params, content=content, headers=headers
-                ) as response:
-                    if not response.is_success:
-                        raise errors.from_status(
-                            response.status_code,
-                            what=what,
-                            retry_after=response.headers.get("Retry-After"),
-                            body=_read_start(response),
-                        )
-                    content = _read_capped(response, cap)
-            except httpx.RequestError as exc:
-                if self._stop.is_set():
-                    raise errors.Interrupted(
-                        f"{what}: stop requested; the request was cut off, its outcome unknown"
-                    ) from exc
-                raise errors.from_transport_error(exc, what=what) from exc
-            except httpx.InvalidURL as exc:
-                raise errors.Unsendable(scrub(f"{what}: cannot build the request: {exc}")) from None
-        if content is None:
-            cls = _TooLarge if replayable else errors.Ambiguous
-            raise cls(
-                f"{what}: HTTP {response.status_code} with a body over {cap} bytes",
-                status=response.status_code,
-            )
-        return _Answer(response.status_code, content)
-
-    @staticmethod
-    def _decode(answer: _Answer, *, what: str, replayable: bool) -> Any:
-        try:
-            return msgspec.json.decode(answer.body)
-        except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deeply
-            raise PlatformClient._unexpected(answer, what=what, replayable=replayable) from None
-
-    @staticmethod
-    def _unexpected(
-        answer: _Answer,
-        *,
-        what: str,
-        replayable: bool,
-        why: str = "a body that is not JSON",
-    ) -> errors.Transient:
-        """A 2xx we cannot read: the work may be done, so a non-replayable step is ambiguous."""
-        cls = errors.Transient if replayable else errors.Ambiguous
-        snippet = bytes(answer.body[:120]).decode("utf-8", "replace")
-        return cls(
-            scrub(f"{what}: HTTP {answer.status} with {why}: {snippet!r}"),
-            status=answer.status,
-            unusable=True,
-        )
-
-    def _get_json(
-        self,
-        path: str,
-        *,
-        endpoint: str,
-        what: str,
-        params: Mapping[str, Any] | None = None,
-        cap: int = MAX_ANSWER_BYTES,
-    ) -> Any:
-        answer = self._send(
-            "GET", path, endpoint=endpoint, what=what, params=params, replayable=True, cap=cap
-        )
-        return self._decode(answer, what=what, replayable=True)
 
     # -- the endpoints ----------------------------------------------------------------------
 
@@ -663,9 +408,9 @@ class PlatformClient:
             replayable=True,
         )
         # Used as given: it only travels inside JSON bodies.
-        env_id = _first_id(self._decode(answer, what=what, replayable=True), ("id",))
+        env_id = _first_id(decode(answer, what=what, replayable=True), ("id",))
         if env_id is None:
-            raise self._unexpected(answer, what=what, replayable=True, why="no environment id")
+            raise unexpected(answer, what=what, replayable=True, why="no environment id")
         return env_id
 
     def create_evaluation(self, body: dict[str, Any]) -> tuple[str, str | None]:
@@ -680,18 +425,18 @@ class PlatformClient:
             body=msgspec.json.encode(self._with_team(body)),
             replayable=False,
         )
-        data = self._decode(answer, what=what, replayable=False)
+        data = decode(answer, what=what, replayable=False)
         evaluation_id = _first_id(data, ("evaluation_id", "id"))
         if evaluation_id is None:
-            raise self._unexpected(answer, what=what, replayable=False, why="no evaluation id")
+            raise unexpected(answer, what=what, replayable=False, why="no evaluation id")
         if not is_platform_id(evaluation_id):
-            raise self._unexpected(answer, what=what, replayable=False, why="a malformed id")
+            raise unexpected(answer, what=what, replayable=False, why="a malformed id")
         if evaluation_id in _environment_ids(body):
             why = "the environment's id, not a new evaluation's (another request's answer?)"
-            raise self._unexpected(answer, what=what, replayable=False, why=why)
+            raise unexpected(answer, what=what, replayable=False, why=why)
         if is_closed(data if isinstance(data, dict) else {}):
             why = "an evaluation already closed, not a new one (another request's answer?)"
-            raise self._unexpected(answer, what=what, replayable=False, why=why)
+            raise unexpected(answer, what=what, replayable=False, why=why)
         return evaluation_id, _viewer_url_in(data)
 
     def push_samples(self, evaluation_id: str, body: bytes, *, count: int | None = None) -> None:
@@ -705,19 +450,19 @@ class PlatformClient:
         )
         if not answer.body.strip():
             return
-        data = _unwrapped(self._decode(answer, what=what, replayable=False))
+        data = _unwrapped(decode(answer, what=what, replayable=False))
         self._check_names(answer, data, evaluation_id, what=what)
         accepted = _int(data, "accepted")
         if count is not None and accepted is not None and accepted != count:
             why = f"{accepted} samples accepted of the batch's {count}"
-            raise self._unexpected(answer, what=what, replayable=False, why=why)
+            raise unexpected(answer, what=what, replayable=False, why=why)
 
-    def _check_names(self, answer: _Answer, data: Any, evaluation_id: str, *, what: str) -> None:
+    def _check_names(self, answer: Answer, data: Any, evaluation_id: str, *, what: str) -> None:
         """An answer about an evaluation that names another one answers another request."""
         named = _first_id(data, ("evaluation_id", "id"))
         if named is not None and named != evaluation_id:
             why = f"another evaluation named ({named[:40]!r})"
-            raise self._unexpected(answer, what=what, replayable=False, why=why)
+            raise unexpected(answer, what=what, replayable=False, why=why)
 
     def finalize(self, evaluation_id: str, metrics: dict[str, Any]) -> str | None:
         """Finalize with the run's metrics; the viewer URL if given. NOT replayable."""
@@ -729,24 +474,24 @@ class PlatformClient:
         )
         if not answer.body.strip():
             return None
-        data = _unwrapped(self._decode(answer, what=what, replayable=False))
+        data = _unwrapped(decode(answer, what=what, replayable=False))
         self._check_names(answer, data, evaluation_id, what=what)
         if isinstance(data, dict) and _status(data)[1] and not is_finalized(data):
             why = f"the status {_status(data)[1][:20]!r}, not a final one"
-            raise self._unexpected(answer, what=what, replayable=False, why=why)
+            raise unexpected(answer, what=what, replayable=False, why=why)
         return _viewer_url_in(data)
 
     def get_evaluation(self, evaluation_id: str) -> dict[str, Any]:
         what = f"read evaluation {evaluation_id}"
         path = f"/evaluations/{_segment(evaluation_id, what)}"
         answer = self._send("GET", path, endpoint="get_evaluation", what=what, replayable=True)
-        data = _unwrapped(self._decode(answer, what=what, replayable=True))
+        data = _unwrapped(decode(answer, what=what, replayable=True))
         if not isinstance(data, dict):
-            raise self._unexpected(answer, what=what, replayable=True, why="no evaluation object")
+            raise unexpected(answer, what=what, replayable=True, why="no evaluation object")
         named = _first_id(data, ("evaluation_id", "id"))
         if named is not None and named != evaluation_id:
             why = f"another evaluation ({named[:40]!r})"
-            raise self._unexpected(answer, what=what, replayable=True, why=why)
+            raise unexpected(answer, what=what, replayable=True, why=why)
         return data
 
     def iter_sample_ids(
@@ -775,7 +520,7 @@ class PlatformClient:
                     params={"page": page, "limit": limit},
                     cap=MAX_PAGE_BYTES,
                 )
-            except _TooLarge:
+            except TooLarge:
                 if limit == 1:
                     raise
                 limit = _smaller_page(limit, listing.seen)
@@ -825,7 +570,7 @@ class PlatformClient:
                     params=params,
                     cap=MAX_PAGE_BYTES,
                 )
-            except _TooLarge:
+            except TooLarge:
                 if limit == 1:
                     raise
                 limit = _smaller_page(limit, 0)
