@@ -489,6 +489,27 @@ class TestRetiredKeys:
         assert load_config(path, environ={"EVALPUSH_LOG__LEVEL": "debug"}).ignored == ()
 
 
+class TestConfigFileThatIsNotAFile:
+    def test_a_fifo_given_as_the_config_file_is_an_error_naming_it_not_a_hang(self, tmp_path):
+        fifo = tmp_path / "config.toml"
+        os.mkfifo(fifo)
+        environ = {k: v for k, v in os.environ.items() if not k.startswith(("EVALPUSH_", "PRIME_"))}
+        environ["EVALPUSH_STATE_DIR"] = str(tmp_path / "state")
+
+        done = subprocess.run(  # a process: a reader blocked on the FIFO would hang the test's
+            [sys.executable, "-m", "evalpush", "--config", str(fifo), "status"],
+            capture_output=True,
+            text=True,
+            env=environ,
+            timeout=30,
+            check=False,
+        )
+
+        assert done.returncode == 2
+        assert f"{fifo}: config file is not a regular file" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
 class TestSettingsValues:
     """The sections are frozen pydantic models: keyword arguments
     are validated as before, and a value is immutable and compares by its keys."""

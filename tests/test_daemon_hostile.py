@@ -53,6 +53,7 @@ def _break_ledger(state: Path) -> None:
             with open(path, "r+b") as f:
                 f.write(b"\xff" * 4096)
 
+
 QUICK_RESCAN_SECONDS = 0.5
 """A rescan this often where a test waits for rescans to see (or not see) a change."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -278,9 +279,13 @@ def _closest(name: str, candidates: Sequence[str]) -> str | None:
 
 
 def read_toml(path: Path, error: type[BadInput], what: str) -> dict[str, Any]:
-    """A TOML file as a dict; every way it can fail is one `error` naming the file."""
+    """A TOML file as a dict; every way it can fail is one `error` naming the file. Only a
+    regular file is read: a FIFO (or a device) would block the reader, or never end."""
     try:
-        with path.open("rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise error(f"{path}: {what} is not a regular file (a FIFO, device or socket)")
             return tomllib.load(f)
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None
