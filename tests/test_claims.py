@@ -47,6 +47,7 @@ from pushing import (
 )
 from support.commands import evalpush
 from support.platform_view import requests
+from support.waiting import wait_until
 
 KILL_ROUNDS = 4
 FINAL_ROUNDS = 3
@@ -234,7 +235,9 @@ class TestBesideARunningPush:
         environ = push_environ(platform, tmp_path)
         platform.inject("stall", on="samples", seconds=HOLD_SECONDS)
         process = start_push(root, environ)
-        held = wait_for_holder(tmp_path / "state", process.pid)
+        wait_for_holder(tmp_path / "state", process.pid)
+        wait_until(lambda: requests(platform, "samples"), "the stalled samples request")
+        held = wait_for_holder(tmp_path / "state", process.pid)  # the row as it uploads
         yield root, environ, process, held
         if process.poll() is None:
             process.kill()
