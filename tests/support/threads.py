@@ -13,8 +13,10 @@ import threading
 import time
 from collections.abc import Set
 
-THREAD_JOIN_GRACE_SECONDS = 2.0
-"""How long threads get to finish once the test is done (a stop() may take a poll to be seen)."""
+THREAD_JOIN_GRACE_SECONDS = 5.0
+"""How long threads get to finish once the test is done (a stop() may take a poll to be seen;
+a claim's heartbeat lingers `claims.LINGER_SECONDS` after its last release, and on a loaded
+2-core box its wake-up can take as long again). A thread that ends sooner is not waited for."""
 
 
 def alive() -> set[threading.Thread]:
