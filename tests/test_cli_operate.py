@@ -441,3 +441,38 @@ class TestLogs:
         named, other = outputs[0].splitlines(), outputs[1].splitlines()
         assert named and all(line.startswith("<6>{") for line in named), named
         assert other and all(line.startswith("{") for line in other), other
+
+
+class TestOfflineRunIds:
+    """verifiers 0.4 names every run it ran offline `disabled-<16 hex>`: their first 8
+    characters are all the same, so the short id people read and type keeps 8 hex digits."""
+
+    def test_two_offline_runs_have_short_ids_of_their_own_that_status_and_retry_find(
+        self, evalpush, tmp_path
+    ):
+        from evalpush.core.states import State
+        from evalpush.ledger import Ledger, default_path, transitions
+
+        ids = ["disabled-0123456789abcdef", "disabled-fedcba9876543210"]
+        with Ledger(default_path(tmp_path / "state")) as ledger:
+            for run_id in ids:
+                record = ledger.add(
+                    path=f"/runs/{run_id}", run_id=run_id, kind="eval", state=State.READY
+                )
+                transitions.fail(ledger, record, "the trace file is gone")
+
+        table = evalpush("status").stdout
+        lines = table.splitlines()
+        header = next(i for i, line in enumerate(lines) if line.startswith("RUN "))
+        shown = [line.split()[0] for line in lines[header + 1 :]]
+        detail = evalpush("status", "disabled-01234567")
+        retried = evalpush("retry", "disabled-fedcba98")
+
+        assert shown == ["disabled-01234567", "disabled-fedcba98"]
+        assert "`evalpush retry disabled-01234567`" in detail.stdout
+        assert detail.returncode == 0 and ids[0] in detail.stdout and ids[1] not in detail.stdout
+        assert retried.returncode == 0, retried.stdout + retried.stderr
+        rows = {
+            row["run_id"]: row["state"] for row in json.loads(evalpush("status", "--json").stdout)
+        }
+        assert rows == {ids[0]: "failed", ids[1]: "ready"}

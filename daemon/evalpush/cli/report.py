@@ -19,6 +19,7 @@ import msgspec
 
 from evalpush.client import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
 from evalpush.core import paths
+from evalpush.core.ids import short_id
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import State
 from evalpush.ledger import Holder, Ledger, Process, RunRecord, gatefile, holder_alive
@@ -281,7 +282,7 @@ def status_table(
         detail = row["last_error"] or row["reason"] or ""
         table.append(
             (
-                row["run_id"][:8],
+                short_id(row["run_id"]),
                 row["state"],
                 sent,
                 str(row["set_aside"] or ""),

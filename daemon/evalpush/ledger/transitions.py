@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from evalpush.core.ids import short_id
 from evalpush.core.states import Outcome, State, Step
 from evalpush.ledger.store import Ledger, RunRecord
 
@@ -84,7 +85,7 @@ def next_step(error: str, run_id: str) -> str:
         fix = "check what the platform said"
     else:
         fix = "fix the cause"
-    return f"{error}; {fix}{NEXT_STEP}{run_id[:8]}`"
+    return f"{error}; {fix}{NEXT_STEP}{short_id(run_id)}`"
 
 
 def hold(ledger: Ledger, record: RunRecord, reason: str, **progress: Any) -> RunRecord:

@@ -1,10 +1,10 @@
 """Run directories: what a run is, who it is, when it is finished, and its trace file read by byte offset."""
 
+from evalpush.core.ids import OFFLINE_RUN_PREFIX
 from evalpush.runs.directory import (
     CONFIG_FILE,
     CONFIGS_DIR,
     LEGACY_TRACES_FILE,
-    OFFLINE_RUN_PREFIX,
     TRACES_FILE,
     LineCount,
     LineCounter,

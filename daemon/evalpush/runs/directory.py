@@ -35,6 +35,7 @@ import msgspec
 
 from evalpush.config import ReadConfig, RunsConfig, read_toml
 from evalpush.core.errors import RunError
+from evalpush.core.ids import short_id
 from evalpush.runs.read import CHUNK_BYTES, FileIdentity, Line, identity_of, read_lines
 
 CONFIG_FILE = "config.toml"
@@ -42,8 +43,6 @@ TRACES_FILE = "traces.jsonl"
 LEGACY_TRACES_FILE = "results.jsonl"
 DEFAULT_MODEL = "deepseek/deepseek-v4-flash"
 CONFIGS_DIR = "configs"
-OFFLINE_RUN_PREFIX = "disabled-"
-"""A 0.4 run that ran offline has a run id `disabled-<16 hex>`: no evaluation was created."""
 RESOLVED_DIR = "resolved"
 
 
@@ -87,7 +86,7 @@ class Run(msgspec.Struct, frozen=True):
 
     @property
     def evaluation_name(self) -> str:
-        return self.name or f"{self.env_name}--{self.model}--{self.run_id[:8]}"
+        return self.name or f"{self.env_name}--{self.model}--{short_id(self.run_id)}"
 
     @property
     def config_path(self) -> Path:

@@ -24,6 +24,7 @@ import msgspec
 from evalpush.config import Config
 from evalpush.core import paths
 from evalpush.core.errors import ClaimLost, LedgerError
+from evalpush.core.ids import short_id
 from evalpush.core.states import State
 from evalpush.ledger import Holder, Ledger, RunRecord, transitions
 from evalpush.log import get_logger
@@ -177,7 +178,7 @@ class Progress:
                 transitions.hold(
                     self._ledger,
                     record,
-                    f"incomplete: {reason}; `evalpush retry {waiting.run_id[:8]}` uploads it "
+                    f"incomplete: {reason}; `evalpush retry {short_id(waiting.run_id)}` uploads it "
                     'as it is (runs.on_incomplete = "hold")',
                 )
             except ClaimLost:

@@ -45,6 +45,7 @@ import msgspec
 from evalpush.config import Config
 from evalpush.core import paths
 from evalpush.core.errors import RunError
+from evalpush.core.ids import short_id
 from evalpush.core.states import State
 from evalpush.discover import RunDir, look_at
 from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive
@@ -334,7 +335,7 @@ class Tracker:
             if record is None or self._ledger.rename(record, run_id) is None:
                 self._forget(path)
                 return False
-        self._log.info("run named by its first line", run=run_id, stand_in=waiting.run_id[:8])
+        self._log.info("run named by its first line", run=run_id, stand_in=short_id(waiting.run_id))
         waiting.run_id, waiting.stand_in = run_id, False
         if waiting.run is not None:
             waiting.run = msgspec.structs.replace(waiting.run, run_id=run_id)

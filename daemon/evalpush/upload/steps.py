@@ -20,6 +20,7 @@ from evalpush.core.errors import (
     RunError,
     UnusableAnswers,
 )
+from evalpush.core.ids import short_id
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import Outcome, SetAsideKind, Step
 from evalpush.ledger import RunRecord, transitions
@@ -236,7 +237,7 @@ class Steps:
             (
                 contextlib.closing(source)
                 if small
-                else Prefetch(source, name=f"convert-{run.run_id[:8]}")
+                else Prefetch(source, name=f"convert-{short_id(run.run_id)}")
             ) as ahead,
         ):
             for batch in ahead:
