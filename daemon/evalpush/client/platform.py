@@ -347,12 +347,7 @@ class PlatformClient:
         stop: threading.Event | None = None,
         observer: RequestObserver | None = None,
     ) -> None:
-        """`stop`: once set, a request in flight is cut off within `wire.SLICE_SECONDS`
-        and raises `Interrupted` (the service's stop event; by default one never set).
-        `transport` replaces the network (tests feed canned answers through it).
-        `observer` is told of every attempt once it ended: its endpoint (the public method's
-        name, a `metrics.Endpoint` value), what it raised (None: it worked), and how long it
-        took (the daemon's metrics)."""
+        """The arguments are the `Exchange`'s, which makes every attempt (see there)."""
         self._wire = Exchange(
             config,
             environ=environ,
