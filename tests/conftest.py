@@ -59,6 +59,9 @@ from evalpush.config import PlatformConfig
 from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
 from support import commands, threads
+from support.postgres import PASSWORD as PG_PASSWORD
+from support.postgres import Cluster
+from support.postgres import binaries as postgres_binaries
 from support.environ import cli_environ
 from support.files import open_directory
 
@@ -146,9 +149,42 @@ def platform_client(make_platform_client: Callable[..., PlatformClient]) -> Plat
     return make_platform_client()
 
 
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Cluster]:
+    """A PostgreSQL server of this test process's own (started at the first test that asks)."""
+    bin_dir = postgres_binaries()
+    if bin_dir is None:
+        pytest.skip("no PostgreSQL server here (Debian's postgresql package; .ci/run installs it)")
+    cluster = Cluster(bin_dir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
 @pytest.fixture
-def ledger(tmp_path: Path) -> Iterator[Ledger]:
+def pg_url(postgres: Cluster) -> str:
+    """A new empty database on the test server: its URL (the password is `PG_PASSWORD`)."""
+    return postgres.database()
+
+
+@pytest.fixture
+def sqlite_ledger(tmp_path: Path) -> Iterator[Ledger]:
+    """A new ledger file, for what only the file has (its journal, its pages, its mode)."""
     with Ledger(default_path(tmp_path / "state")) as opened:
+        yield opened
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
+    """A new ledger in each store: the SQLite file, and a shared ledger in PostgreSQL."""
+    if request.param == "sqlite":
+        opened = Ledger(default_path(tmp_path / "state"))
+    else:
+        url = request.getfixturevalue("pg_url")
+        opened = Ledger.shared(url, password=PG_PASSWORD)
+    with opened:
         yield opened
 
 

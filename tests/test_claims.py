@@ -490,15 +490,13 @@ class TestLease:
     def test_the_heartbeat_renews_the_lease_while_the_claim_is_held_and_stops_after(self, ledger):
         mine = Claims(ledger, lease_seconds=0.3)
         record, _ = take(mine)
-        db = sqlite3.connect(ledger.path)
         try:
             deadline = time.monotonic() + 1.0
             while time.monotonic() < deadline:
-                (expires,) = db.execute("SELECT claim_expires FROM runs").fetchone()
+                ((expires,),) = ledger._query("SELECT claim_expires FROM runs")
                 assert expires > time.time(), "the lease lapsed while held"
                 time.sleep(0.05)
         finally:
-            db.close()
             mine.release(record)
 
         beats = [t for t in threading.enumerate() if t.name == "claim-heartbeat"]

@@ -41,11 +41,12 @@ class TestFile:
         assert stat.S_IMODE(os.stat(tmp_path / "state").st_mode) == 0o700
 
     def test_the_journal_is_wal_and_a_write_is_synced_to_disk_before_it_returns(
-        self, ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+        self, sqlite_ledger: Ledger, monkeypatch: pytest.MonkeyPatch
     ):
         """SQLite does not sync at each commit (`synchronous=NORMAL`): the ledger syncs the
         write-ahead log itself after the commit (a group commit), before the write returns;
         the claim and its release are not synced (a claim lost to power loss is taken over)."""
+        ledger = sqlite_ledger
         db = sqlite3.connect(ledger.path)
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         db.close()
@@ -69,8 +70,8 @@ class TestFile:
         with Ledger(ledger.path) as other:
             assert other.get(record.id).samples_seen == 3
 
-    def test_a_new_file_gets_the_current_schema_version(self, ledger: Ledger):
-        assert ledger._file.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    def test_a_new_file_gets_the_current_schema_version(self, sqlite_ledger: Ledger):
+        assert sqlite_ledger._file.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
     def test_a_file_from_a_newer_evalpush_is_refused_not_rewritten(self, tmp_path: Path):
         path = tmp_path / "state.db"
@@ -264,7 +265,10 @@ class TestNamedWrites:
 
 
 class TestFullDisk:
-    def test_a_full_disk_is_a_ledger_error_and_the_last_committed_state_stays(self, ledger: Ledger):
+    def test_a_full_disk_is_a_ledger_error_and_the_last_committed_state_stays(
+        self, sqlite_ledger: Ledger
+    ):
+        ledger = sqlite_ledger
         record = ledger.update(a_run(ledger), acked_offset=10)
         page_count = ledger._file.db.execute("PRAGMA page_count").fetchone()[0]
         ledger._file.db.execute(f"PRAGMA max_page_count = {page_count}")
@@ -340,7 +344,7 @@ def test_a_secret_quoted_in_an_error_never_reaches_the_ledger(ledger: Ledger):
 
     ledger.update(a_run(ledger), last_error=f"HTTP 400: bad key {secret}", reason=secret)
 
-    stored = sqlite3.connect(ledger.path).execute("SELECT last_error, reason FROM runs").fetchone()
+    (stored,) = ledger._query("SELECT last_error, reason FROM runs")  # as the store holds it
     assert secret not in repr(stored)
     assert stored[0] == "HTTP 400: bad key [redacted]"
 

@@ -1480,13 +1480,12 @@ class TestStop:
 
 def take_over(ledger: Ledger, run_dir: Path) -> None:
     """What another process taking the run over writes (its owner in the claim)."""
-    db = sqlite3.connect(ledger.path, isolation_level=None)
-    db.execute(
-        "UPDATE runs SET claim_owner = 'another-host/b/1/1/x', claim_host = 'another-host', "
-        "claim_pid = 1 WHERE run_id = ?",
-        (derive_run_id(run_dir),),
-    )
-    db.close()
+    with ledger._transaction() as db:  # in whichever store the ledger is
+        db.execute(
+            "UPDATE runs SET claim_owner = 'another-host/b/1/1/x', claim_host = 'another-host', "
+            "claim_pid = 1 WHERE run_id = ?",
+            (derive_run_id(run_dir),),
+        )
 
 
 def outage_then_stop(platform: LocalPlatform, stop: threading.Event) -> Callable[[], None]:
@@ -1563,16 +1562,16 @@ class TestClaimsInOneProcess:
         # before it lapses, and the outage below lasts well past it.
         uploader.claims = Claims(ledger, lease_seconds=1.0)
         lapses: list[float] = []
+        looks: list[float] = []
         watching = threading.Event()
 
         def watch() -> None:
-            db = sqlite3.connect(ledger.path)
             while watching.is_set():
-                row = db.execute("SELECT claim_expires FROM runs").fetchone()
-                if row[0] is not None and row[0] <= time.time():
-                    lapses.append(row[0])
+                ((expires,),) = ledger._query("SELECT claim_expires FROM runs")
+                looks.append(time.time())
+                if expires is not None and expires <= time.time():
+                    lapses.append(expires)
                 time.sleep(0.05)
-            db.close()
 
         watcher = threading.Thread(target=watch)
 
@@ -1588,6 +1587,7 @@ class TestClaimsInOneProcess:
             watching.clear()
             watcher.join()
 
+        assert len(looks) > 20, "the watcher looked at the lease throughout the outage"
         assert lapses == [], "the lease ran out while the upload was waiting"
         assert_uploaded_once(local_platform, run_dir, record)
 

@@ -4,6 +4,7 @@ from evalpush.config.load import load_config
 from evalpush.config.settings import (
     NOT_SETTINGS,
     Config,
+    LedgerConfig,
     LogConfig,
     MetricsConfig,
     PlatformConfig,
@@ -18,6 +19,7 @@ from evalpush.config.settings import (
 
 __all__ = [
     "Config",
+    "LedgerConfig",
     "LogConfig",
     "MetricsConfig",
     "NOT_SETTINGS",

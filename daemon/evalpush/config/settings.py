@@ -16,6 +16,7 @@ import os
 import re
 import stat
 import tomllib
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -155,6 +156,33 @@ class StateConfig(_Section):
     dir: Path | None = None
 
 
+def _ledger_url(value: str) -> str:
+    """`""` (the SQLite file in the state dir) or a PostgreSQL URL with no password in it (a
+    URL is shown in status and logs; the password comes from `password_file`)."""
+    if not value:
+        return value
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise ValueError(
+            "expected empty (the SQLite ledger in the state dir) or postgresql://USER@HOST:PORT/DB"
+        )
+    if parts.password is not None or "password=" in parts.query:
+        raise ValueError(
+            "the URL holds a password, which would be shown wherever the URL is: put it in "
+            "[ledger] password_file (or the systemd credential ledger-password) instead"
+        )
+    return value
+
+
+class LedgerConfig(_Section):
+    """Where the ledger lives: the SQLite file in the state dir (`url` empty), or a PostgreSQL
+    database several daemons share (a fleet), and the lease a claim holds between renewals."""
+
+    url: Annotated[str, AfterValidator(_ledger_url)] = ""
+    password_file: Path | None = None
+    lease_seconds: float = Field(120.0, ge=5)
+
+
 class LogConfig(_Section):
     """What the daemon logs, and how."""
 
@@ -195,6 +223,7 @@ class Config(BaseSettings):
     upload: UploadConfig = Field(default_factory=UploadConfig)
     platform: PlatformConfig = Field(default_factory=PlatformConfig)
     state: StateConfig = Field(default_factory=StateConfig)
+    ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     _ignored: tuple[str, ...] = PrivateAttr(default=())

@@ -24,6 +24,8 @@ The tree (what the daemon does about each class in brackets)::
     │   ├── AuthError         401/403 or no API key
     │   ├── CertificateError  push: the platform's certificate failed verification [exit 2]
     │   └── LedgerError       the state database cannot be written (full disk, corrupt, locked)
+    │       └── LedgerUnavailable  a shared ledger's PostgreSQL cannot be reached [an outage:
+    │                          uploads pause, nothing is sent without its intent written]
     ├── Busy                  another live process holds the run's claim [leave the run alone]
     ├── ClaimLost             the run's claim was taken over: this upload stops, writing nothing
     └── Interrupted           a stop was requested while waiting; not a failure
@@ -60,6 +62,7 @@ __all__ = [
     "Gone",
     "Interrupted",
     "LedgerError",
+    "LedgerUnavailable",
     "NeedsPerson",
     "Refused",
     "RunError",
@@ -192,6 +195,12 @@ class CertificateError(NeedsPerson):
 
 class LedgerError(NeedsPerson):
     """The ledger cannot be read or written (full disk, corrupt or locked database)."""
+
+
+class LedgerUnavailable(LedgerError):
+    """A shared ledger's database cannot be reached (down, restarting, the network between).
+    Not the operator's to fix like its parent: an outage, waited out. Whatever write raised it
+    may or may not have been committed; the run resumes from the ledger as after a crash."""
 
 
 class Busy(EvalpushError):

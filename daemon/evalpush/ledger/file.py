@@ -110,6 +110,9 @@ class LedgerFile:
     """The ledger's SQLite file. Thread-safe: one connection, one lock, one short transaction a
     call; `transaction(durable=...)` is the one way to write, `query` the one way to read."""
 
+    row_lock = ""
+    """What a claim's read of its row adds (the transaction holds the file's write lock)."""
+
     def __init__(
         self,
         path: Path,
@@ -119,6 +122,7 @@ class LedgerFile:
         stop: threading.Event | None,
     ):
         self.path = path
+        self.where = str(path)
         self.read_only = read_only
         self.file_version = schema.SCHEMA_VERSION
         self.upgrade: Upgrade | None = None

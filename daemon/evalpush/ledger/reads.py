@@ -68,7 +68,7 @@ class LedgerReads:
             return found  # a key with bytes that are not UTF-8 can only be a path
         found = self._records("WHERE run_id = ?", (key,))
         return found or self._records(
-            "WHERE substr(run_id, 1, ?) = ? ORDER BY run_id", (len(key), key)
+            "WHERE substr(run_id, 1, CAST(? AS INTEGER)) = ? ORDER BY run_id", (len(key), key)
         )
 
     def all(self) -> list[RunRecord]:
@@ -91,7 +91,7 @@ class LedgerReads:
 
     def set_aside(self, record: RunRecord) -> list[SetAside]:
         rows = self._query(
-            "SELECT line, offset, size, kind, reason FROM set_aside WHERE run = ? ORDER BY offset",
+            'SELECT line, "offset", size, kind, reason FROM set_aside WHERE run = ? ORDER BY "offset"',
             (record.id,),
         )
         return [

@@ -97,6 +97,28 @@ class HistoryRecord(msgspec.Struct, frozen=True, gc=False):
     at: float
 
 
+class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
+    """One row of `daemons`: a daemon that used the ledger, and its last heartbeat."""
+
+    id: str
+    host: str
+    pid: int
+    version: str
+    observer: str
+    started_at: float
+    seen_at: float
+    lease_seconds: float
+    stopped_at: float | None
+
+    def running(self, now: float) -> bool:
+        """Whether it still runs, as far as the ledger can tell: not stopped, and heard from
+        within its lease."""
+        return self.stopped_at is None and now - self.seen_at < self.lease_seconds
+
+
+DAEMON_COLUMNS = ", ".join(DaemonRecord.__struct_fields__)
+
+
 def stored_text(text: str) -> str:
     """Text as it may be stored: secrets scrubbed (errors can quote what a server echoed
     back) and lone surrogates (non-UTF-8 file names) escaped, which SQLite cannot encode."""

@@ -18,6 +18,8 @@ after it, never half-built (creating a new file is migrating from version 0).
   (`dense_deflated`, `convert.totals.RolloutCounter`, when they are over 256 bytes raw), which
   an evalpush of version 4 would fail on mid-upload: the version makes it refuse the file at
   once instead, naming it. Counts saved raw (an older evalpush's, or a few) still read.
+- Version 6: `daemons`, a row per daemon that used the ledger with its heartbeat (`status`
+  shows which are running, and when the others were last seen: a fleet's hosts).
 """
 
 from __future__ import annotations
@@ -176,7 +178,23 @@ _V4 = ["ALTER TABLE runs ADD COLUMN last_error_at REAL"]
 
 _V5: list[str] = []
 
-_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5]
+DAEMONS_TABLE = """
+    CREATE TABLE daemons (
+        id text PRIMARY KEY,
+        host text NOT NULL,
+        pid integer NOT NULL,
+        version text NOT NULL,
+        observer text NOT NULL DEFAULT '',
+        started_at double precision NOT NULL,
+        seen_at double precision NOT NULL,
+        lease_seconds double precision NOT NULL,
+        stopped_at double precision
+    )"""
+"""Written in the SQL both the file and a shared ledger's PostgreSQL take."""
+
+_V6 = [DAEMONS_TABLE]
+
+_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 

@@ -6,11 +6,14 @@ superseded, deleted, cancelled); and the evaluations of runs a person forgot (`f
 a later upload of the same run must not adopt. The upload stage writes an intent (`pending`)
 before every non-replayable request and clears it with the acknowledgement, in one transaction
 each, so after `kill -9` at any instant the row says exactly what may have reached the platform.
-The file itself (opening, upgrading, transactions, syncs) is `evalpush.ledger.file`.
+Where the rows live is the store's business: the SQLite file in the state dir
+(`evalpush.ledger.file`: opening, upgrading, transactions, syncs) or a PostgreSQL database a
+fleet of daemons shares (`evalpush.ledger.server`); every statement here runs on both.
 
 Several processes share one ledger. A process works on a run only while it holds the run's
 claim (columns `claim_*`, see `evalpush.ledger.claims`): `claim` takes it in one `BEGIN IMMEDIATE`
-transaction, and every write to a run is fenced: it applies only while the claim is still the
+transaction (in PostgreSQL, on the row read `FOR UPDATE SKIP LOCKED`), and every write to a
+run is fenced: it applies only while the claim is still the
 one the writer read (`RunRecord.claim_owner`; none for a run nobody holds), else `ClaimLost`.
 
 The ledger offers the protocol's writes by name, and each says what it may lose:
@@ -25,7 +28,6 @@ behind it (the file's group commit).
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -44,15 +46,22 @@ from evalpush.ledger.file import LedgerFile, Upgrade, default_path
 from evalpush.ledger.reads import LedgerReads
 from evalpush.ledger.records import (
     CLAIM_COLUMNS,
+    DAEMON_COLUMNS,
     MESSAGE_COLUMNS,
     SELECT,
     WRITABLE_COLUMNS,
+    DaemonRecord,
     HistoryRecord,
     RunRecord,
     stored_text,
 )
+from evalpush.ledger.server import LedgerServer
 
 SCHEMA_VERSION = schema.SCHEMA_VERSION
+_HISTORY_REPLACES = (
+    "ON CONFLICT (run, evaluation_id) DO UPDATE SET viewer_url = excluded.viewer_url, "
+    "outcome = excluded.outcome, at = excluded.at"
+)
 
 
 class Ledger(LedgerReads):
@@ -60,12 +69,13 @@ class Ledger(LedgerReads):
 
     def __init__(
         self,
-        path: Path,
+        path: Path | None = None,
         *,
         clock: Any = time.time,
         busy_timeout_seconds: float = 10.0,
         read_only: bool = False,
         stop: threading.Event | None = None,
+        store: LedgerServer | None = None,
     ):
         """`busy_timeout_seconds`: how long a write waits for another process holding the file
         (a second `evalpush` on the same state dir) before it is a `LedgerError`; once `stop`
@@ -75,17 +85,50 @@ class Ledger(LedgerReads):
         copy upgraded and read (`file_version` says which version the file is at). A ledger
         opened to write is upgraded in place, after a backup of the old file beside it
         (`state.db.bak-vN`); `upgrade` then says so, for the caller to tell (the daemon logs
-        it, a command prints it)."""
-        self._file = LedgerFile(
-            path, busy_timeout_seconds=busy_timeout_seconds, read_only=read_only, stop=stop
-        )
+        it, a command prints it). `store`: a shared ledger's database instead of the file
+        (`Ledger.shared`)."""
+        if store is None:
+            assert path is not None
+            self._file: LedgerFile | LedgerServer = LedgerFile(
+                path, busy_timeout_seconds=busy_timeout_seconds, read_only=read_only, stop=stop
+            )
+            self.where = str(path)
+        else:
+            self._file = store
+            self.where = store.where
         self.path = path
+        """The ledger's file; None for a shared ledger (`where` names either)."""
         self.read_only = read_only
         self._clock = clock
         self._lock = self._file.lock
         self._transaction = self._file.transaction
         self._query = self._file.query
         self._deferred: dict[int, dict[str, Any]] = {}  # row id -> changes for its next write
+
+    @classmethod
+    def shared(
+        cls,
+        url: str,
+        *,
+        password: str | None = None,
+        clock: Any = time.time,
+        read_only: bool = False,
+        busy_timeout_seconds: float = 10.0,
+    ) -> Ledger:
+        """The ledger a fleet shares, in the PostgreSQL database at `url` (created there, under
+        an advisory lock, by the first to open it)."""
+        store = LedgerServer(
+            url,
+            password=password,
+            read_only=read_only,
+            busy_timeout_seconds=busy_timeout_seconds,
+        )
+        return cls(clock=clock, read_only=read_only, store=store)
+
+    @property
+    def server(self) -> LedgerServer | None:
+        """The shared ledger's database; None for the file."""
+        return self._file if isinstance(self._file, LedgerServer) else None
 
     @classmethod
     def for_reading(cls, path: Path) -> Ledger:
@@ -142,15 +185,25 @@ class Ledger(LedgerReads):
 
     @staticmethod
     def _insert(
-        db: sqlite3.Connection, *, path: Path | str, run_id: str, kind: str, state: str, now: float
-    ) -> int:
-        cursor = db.execute(
+        db: Any,
+        *,
+        path: Path | str,
+        run_id: str,
+        kind: str,
+        state: str,
+        now: float,
+        unless_known: bool = False,
+    ) -> int | None:
+        """Inside a write: a new run's row; its id. `unless_known`: None, not an error, when the
+        ledger knows the run id (another process added it meanwhile)."""
+        row = db.execute(
             "INSERT INTO runs (run_id, path, path_raw, kind, state, created_at, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "VALUES (?, ?, ?, ?, ?, ?, ?)"
+            + (" ON CONFLICT (run_id) DO NOTHING" if unless_known else "")
+            + " RETURNING id",
             (run_id, paths.display(path), paths.raw(path), kind, state, now, now),
-        )
-        assert cursor.lastrowid is not None
-        return cursor.lastrowid
+        ).fetchone()
+        return None if row is None else row[0]
 
     # ------------------------------------------------------------ claims
 
@@ -168,19 +221,36 @@ class Ledger(LedgerReads):
         """Take the run's claim for `owner` (of `process`, a `claims.Process`), adding the run if
         the ledger does not know it; returns the run and the dead holder it was taken over from.
 
-        One `BEGIN IMMEDIATE` transaction: read the claim, judge its holder with `alive`, write
-        ours. `Busy` if a live process holds it. (In PostgreSQL: `SELECT ... FOR UPDATE SKIP
-        LOCKED` on the row, then the same judgement.)
+        One transaction: read the claim, judge its holder with `alive`, write ours. `Busy` if a
+        live process holds it. In the file the transaction holds the write lock (`BEGIN
+        IMMEDIATE`); in PostgreSQL the row is read `FOR UPDATE SKIP LOCKED`: a row another
+        daemon is claiming at this instant is not there for this one, and a run it is adding
+        is known once its insert commits; either way the run is theirs (`Busy`).
         """
         now = self._clock()
         # Not synced: a claim lost to power loss was never held (nothing is sent before the
         # run's first intent, whose sync makes the claim durable too).
         with self._transaction(durable=False) as db:
-            row = db.execute(f"{SELECT} WHERE run_id = ?", (run_id,)).fetchone()
+            row = db.execute(
+                f"{SELECT} WHERE run_id = ?{self._file.row_lock}", (run_id,)
+            ).fetchone()
             if row is None:
                 row_id = self._insert(
-                    db, path=path, run_id=run_id, kind=kind, state=State.READY, now=now
+                    db,
+                    path=path,
+                    run_id=run_id,
+                    kind=kind,
+                    state=State.READY,
+                    now=now,
+                    unless_known=True,
                 )
+                if row_id is None:
+                    raise Busy(
+                        f"run {run_id} is being claimed by another process",
+                        pid=0,
+                        host="",
+                        since=now,
+                    )
                 previous = None
             else:
                 record = RunRecord(*row)
@@ -242,7 +312,7 @@ class Ledger(LedgerReads):
             ).fetchall()
         return {owner for (owner,) in rows}
 
-    def _fence(self, db: sqlite3.Connection, record: RunRecord) -> None:
+    def _fence(self, db: Any, record: RunRecord) -> None:
         """Inside a write: the run must still be held as `record` says, else nothing is written.
         The run's deferred write goes first, under the same fence."""
         deferred = self._take_deferred(record)
@@ -324,13 +394,11 @@ class Ledger(LedgerReads):
         """The run's deferred write, taken (inside the write that carries it, under the lock)."""
         return self._deferred.pop(record.id, None) or {}
 
-    def _update_row(
-        self, db: sqlite3.Connection, record: RunRecord, changes: dict[str, Any]
-    ) -> None:
+    def _update_row(self, db: Any, record: RunRecord, changes: dict[str, Any]) -> None:
         """Inside a write: `changes` to the run's row, fenced by `record`'s claim."""
         assignments = ", ".join(f"{name} = ?" for name in changes)
         cursor = db.execute(
-            f"UPDATE runs SET {assignments} WHERE id = ? AND claim_owner IS ?",
+            f"UPDATE runs SET {assignments} WHERE id = ? AND claim_owner IS NOT DISTINCT FROM ?",
             (*changes.values(), record.id, record.claim_owner),
         )
         if cursor.rowcount == 0:
@@ -366,10 +434,11 @@ class Ledger(LedgerReads):
         with self._transaction() as db:
             self._fence(db, record)
             db.execute(
-                "INSERT OR IGNORE INTO forgotten (run_id, evaluation_id, at) "
+                "INSERT INTO forgotten (run_id, evaluation_id, at) "
                 "SELECT run_id, evaluation_id, ? FROM runs "
                 "WHERE id = ? AND evaluation_id IS NOT NULL "
-                "UNION SELECT ?, evaluation_id, ? FROM history WHERE run = ?",
+                "UNION SELECT ?, evaluation_id, ? FROM history WHERE run = ? "
+                "ON CONFLICT DO NOTHING",
                 (now, record.id, record.run_id, now, record.id),
             )
             db.execute("DELETE FROM runs WHERE id = ?", (record.id,))
@@ -407,8 +476,8 @@ class Ledger(LedgerReads):
             self._fence(db, record)
             if record.evaluation_id is not None:
                 db.execute(
-                    "INSERT OR REPLACE INTO history (run, evaluation_id, viewer_url, outcome, at) "
-                    "VALUES (?, ?, ?, ?, ?)",
+                    f"INSERT INTO history (run, evaluation_id, viewer_url, outcome, at) "
+                    f"VALUES (?, ?, ?, ?, ?) {_HISTORY_REPLACES}",
                     (record.id, record.evaluation_id, record.viewer_url, outcome, now),
                 )
             db.execute("DELETE FROM set_aside WHERE run = ?", (record.id,))
@@ -433,13 +502,59 @@ class Ledger(LedgerReads):
         with self._transaction() as db:
             self._fence(db, record)
             db.executemany(
-                "INSERT OR REPLACE INTO set_aside (run, line, offset, size, kind, reason) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                'INSERT INTO set_aside (run, line, "offset", size, kind, reason) '
+                'VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run, "offset") DO UPDATE SET '
+                "line = excluded.line, size = excluded.size, kind = excluded.kind, "
+                "reason = excluded.reason",
                 [
                     (record.id, i.line, i.offset, i.size, i.kind, stored_text(i.reason))
                     for i in items
                 ],
             )
 
+    # ------------------------------------------------------------ daemons
+
+    def daemon_seen(
+        self,
+        daemon_id: str,
+        *,
+        host: str,
+        pid: int,
+        version: str,
+        observer: str,
+        started_at: float,
+        lease_seconds: float,
+    ) -> None:
+        """A daemon's heartbeat: its row written (at its start, and every few seconds while it
+        runs), not synced (a heartbeat lost to a power cut is the next one's to write). Rows
+        of daemons not heard from for `DAEMONS_KEPT_SECONDS` go."""
+        now = self._clock()
+        with self._transaction(durable=False) as db:
+            db.execute(
+                f"INSERT INTO daemons ({DAEMON_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL) "
+                "ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at, "
+                "observer = excluded.observer, lease_seconds = excluded.lease_seconds, "
+                "stopped_at = NULL",
+                (daemon_id, host, pid, version, observer, started_at, now, lease_seconds),
+            )
+            db.execute("DELETE FROM daemons WHERE seen_at < ?", (now - DAEMONS_KEPT_SECONDS,))
+
+    def daemon_stopped(self, daemon_id: str) -> None:
+        """The daemon stopped as asked (one killed leaves its row to age past its lease)."""
+        now = self._clock()
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE daemons SET stopped_at = ?, seen_at = ? WHERE id = ?",
+                (now, now, daemon_id),
+            )
+
+    def daemons(self) -> list[DaemonRecord]:
+        """Every daemon the ledger heard from lately, the last heard from first."""
+        rows = self._query(f"SELECT {DAEMON_COLUMNS} FROM daemons ORDER BY seen_at DESC, id")
+        return [DaemonRecord(*row) for row in rows]
+
+
+DAEMONS_KEPT_SECONDS = 7 * 24 * 3600.0
+"""A daemon not heard from for this long (a host gone from the fleet) leaves `status`."""
 
 __all__ = ["SCHEMA_VERSION", "HistoryRecord", "Ledger", "RunRecord", "default_path"]
