@@ -20,7 +20,7 @@ import msgspec
 
 from evalpush.client import Gate, PlatformClient, Retrier
 from evalpush.config import Config
-from evalpush.ledger import Claims, Ledger, default_path
+from evalpush.ledger import Claims, Ledger, open_ledger
 from evalpush.runs import Run, derive_run_id, load_run
 from evalpush.upload import Progress, Uploader
 from evalpush.upload.context import Context, no_progress
@@ -74,7 +74,7 @@ class App(msgspec.Struct):
         stop = stop or threading.Event()
         owned: list[_Closeable] = []
         if ledger is None:
-            ledger = Ledger(default_path(config.state_dir), clock=clock, stop=stop)
+            ledger = open_ledger(config, clock=clock, stop=stop)
             owned.append(ledger)
         if client is None:
             client = PlatformClient(
@@ -83,7 +83,7 @@ class App(msgspec.Struct):
             owned.append(client)
         gate = gate or Gate(on_probe=on_retry)
         retrier = Retrier(client, gate, stop, wait_on_auth=wait_on_auth, on_retry=on_retry)
-        claims = Claims(ledger, clock=clock)
+        claims = Claims(ledger, clock=clock, lease_seconds=config.ledger.lease_seconds)
         owned.append(claims)
         context = Context(config, ledger, client, retrier, progress=progress, clock=clock)
         uploader = Uploader(context, claims)

@@ -39,7 +39,16 @@ from evalpush.core.errors import (
     UsageError,
 )
 from evalpush.core.states import State
-from evalpush.ledger import SCHEMA_VERSION, Ledger, Process, RunRecord, default_path, holder_alive
+from evalpush.ledger import (
+    SCHEMA_VERSION,
+    Ledger,
+    Process,
+    RunRecord,
+    default_path,
+    holder_alive,
+    open_ledger,
+    where,
+)
 from evalpush.log import scrubbed_output
 
 if TYPE_CHECKING:
@@ -198,7 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("check", "check config, ledger, credentials and the platform: one row each")
 
-    command("migrate", "upgrade the ledger from an older evalpush, keeping a backup of it")
+    p = command("migrate", "upgrade the ledger from an older evalpush, keeping a backup of it")
+    p.add_argument(
+        "--to",
+        metavar="URL",
+        help="move this host's ledger (state.db) into the shared ledger at this PostgreSQL URL "
+        "(a fleet's: docs/FLEET.md); finalized runs stay finalized, nothing is uploaded again",
+    )
 
     p = command("demo", "the main job on an embedded default: local platform, sample runs")
     p.add_argument("--dir", type=Path, default=None, help="scratch dir (default: a temp dir)")
@@ -453,6 +468,8 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
         daemon_json,
         daemon_text,
         detail_text,
+        fleet_rows,
+        fleet_text,
         mark_paused,
         not_running_text,
         run_detail,
@@ -463,9 +480,11 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
     from evalpush.ledger import gatefile
 
     path = default_path(config.state_dir)
+    shared = bool(config.ledger.url)
+    shown = where(config)
     view = gatefile.read(config.state_dir)
     last = gatefile.last_seen(config.state_dir) if view is None else None
-    if not os.path.lexists(path):
+    if not shared and not os.path.lexists(path):
         if args.run is not None:
             raise UsageError(f"no run {args.run!r}: there is no ledger at {path} yet")
         if args.daemon and args.json:
@@ -477,7 +496,8 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
             if args.daemon:
                 print(daemon_text(view) if view is not None else not_running_text(last))
         return EXIT_OK
-    with Ledger.for_reading(path) as ledger:
+    with open_ledger(config, read_only=True) as ledger:
+        fleet = fleet_rows(ledger)
         if args.run is not None:
             detail = run_detail(ledger, _find(ledger, args.run, busy_ok=True))
             mark_paused([detail], view)
@@ -485,9 +505,10 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
             return EXIT_OK
         if args.daemon and args.json:
             document: Any = {
-                "ledger": str(path),
+                "ledger": shown,
                 "schema": ledger.file_version,
                 "daemon": daemon_json(view, last),
+                "daemons": fleet,
             }
             _print_json(document)
             return EXIT_OK
@@ -505,13 +526,15 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
     if args.json:
         _print_json(document)
         return EXIT_OK
-    print(f"ledger:     {path}: {count} run{'' if count == 1 else 's'}")
+    print(f"ledger:     {shown}: {count} run{'' if count == 1 else 's'}")
     if old:
         print(f"            {upgrade_advice(ledger.file_version)}")
     print(daemon_text(view) if view is not None else not_running_text(last))
+    if shared:
+        print(fleet_text(fleet))
     if args.daemon:
         return EXIT_OK
-    print(status_table(rows, ledger=path))
+    print(status_table(rows, ledger=shown))
     if args.state or (args.limit is not None and len(rows) >= args.limit):
         print(f"({len(rows)} shown; `evalpush status RUN` shows one in full)")
     return EXIT_OK
@@ -524,13 +547,16 @@ def _print_json(value: Any) -> None:
     sys.stdout.flush()
 
 
-def _existing_ledger(config: Config, key: str) -> Path:
-    """The ledger `retry` and `forget` change; a UsageError when there is none (they never
-    create one: there is nothing to retry or forget in a ledger that does not exist)."""
+def _existing_ledger(config: Config, key: str) -> Ledger:
+    """The ledger `retry` and `forget` change, opened; a UsageError when there is no file
+    (they never create one: there is nothing to retry or forget in a ledger that does not
+    exist)."""
+    if config.ledger.url:
+        return open_ledger(config)
     path = default_path(config.state_dir)
     if not os.path.lexists(path):
         raise UsageError(f"no run {key!r}: there is no ledger at {path} yet")
-    return path
+    return Ledger(path)
 
 
 def upgrade_advice(version: int) -> str:
@@ -549,8 +575,11 @@ def _tell_upgrade(ledger: Ledger) -> None:
 
 def cmd_migrate(args: argparse.Namespace, config: Config) -> int:
     """Upgrade the ledger in place after a backup beside it (what a daemon or push of this
-    version would do by itself at its start), and say what was done."""
+    version would do by itself at its start), and say what was done. `--to URL`: move it
+    into a shared ledger instead (`evalpush.ledger.moving`)."""
     path = default_path(config.state_dir)
+    if args.to is not None:
+        return _move_to_shared(path, args.to, config)
     if not os.path.lexists(path):
         print(f"no ledger at {path}: nothing to upgrade (the first push or run creates one)")
         return EXIT_OK
@@ -563,12 +592,37 @@ def cmd_migrate(args: argparse.Namespace, config: Config) -> int:
     return EXIT_OK
 
 
+def _move_to_shared(path: Path, url: str, config: Config) -> int:
+    from evalpush.config.settings import check_ledger_url
+    from evalpush.ledger.moving import move
+    from evalpush.ledger.opening import ledger_password
+    from evalpush.ledger.server import display_url
+
+    if not url:
+        raise UsageError("migrate --to: give the shared ledger's postgresql:// URL")
+    try:
+        check_ledger_url(url)
+    except ValueError as exc:
+        raise UsageError(f"migrate --to: {exc}") from None
+    if not os.path.lexists(path):
+        raise UsageError(f"no ledger at {path}: nothing to move")
+    with Ledger(path) as source, Ledger.shared(url, password=ledger_password(config)) as target:
+        _tell_upgrade(source)
+        moved = move(source, target)
+    print(f"moved {path} into {display_url(url)}: {moved.message}")
+    print(
+        f"next: set [ledger] url = {display_url(url)!r} on this host and restart the daemon; "
+        f"{path} is left as it was (keep it as a backup)"
+    )
+    return EXIT_OK
+
+
 def cmd_retry(args: argparse.Namespace, config: Config) -> int:
     from evalpush.ledger import transitions
 
     if (args.run is None) == (not args.all_failed):
         raise UsageError("retry takes a RUN or --all-failed (not both)")
-    with Ledger(_existing_ledger(config, args.run or "--all-failed")) as ledger:
+    with _existing_ledger(config, args.run or "--all-failed") as ledger:
         _tell_upgrade(ledger)
         if args.all_failed:
             failed = ledger.in_state(State.FAILED)
@@ -591,7 +645,7 @@ def cmd_retry(args: argparse.Namespace, config: Config) -> int:
 
 
 def cmd_forget(args: argparse.Namespace, config: Config) -> int:
-    with Ledger(_existing_ledger(config, args.run)) as ledger:
+    with _existing_ledger(config, args.run) as ledger:
         _tell_upgrade(ledger)
         record = _find(ledger, args.run)
         if record.evaluation_id is not None and not args.yes and not _confirm_forget(record):
@@ -696,7 +750,11 @@ def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigErro
     ignored = "".join(f"; ignored, retired: {notice}" for notice in config.ignored)
     rows = [_Row(Check.CONFIG, True, f"{source}: valid{ignored}")]
     rows.append(_check_watch(config))
-    rows.append(_check_ledger(default_path(config.state_dir)))
+    rows.append(
+        _check_shared_ledger(config)
+        if config.ledger.url
+        else _check_ledger(default_path(config.state_dir))
+    )
     with PlatformClient(config.platform) as client:
         rows.append(_check_credentials(client))
         if rows[-1].ok:
@@ -768,6 +826,29 @@ def _check_ledger(path: Path) -> _Row:
             "run as its owner, or fix its owner and mode",
         )
     return _Row(Check.LEDGER, True, f"{path}: {runs}, writable")
+
+
+def _check_shared_ledger(config: Config) -> _Row:
+    """A shared ledger: its database answers, with this evalpush's tables or none yet."""
+    shown = where(config)
+    try:
+        with open_ledger(config, read_only=True) as ledger:
+            runs, daemons = len(ledger.all()), ledger.daemons()
+    except EvalpushError as exc:
+        if "no evalpush ledger in this database yet" in str(exc):
+            return _Row(
+                Check.LEDGER, True, f"{shown}: shared; no tables yet, the first run creates them"
+            )
+        return _Row(
+            Check.LEDGER,
+            False,
+            str(exc),
+            "check [ledger] url, the password (password_file), and that PostgreSQL runs",
+        )
+    running = sum(d.running(time.time()) for d in daemons)
+    return _Row(
+        Check.LEDGER, True, f"{shown}: shared, {runs} runs known, {running} daemons running"
+    )
 
 
 def _check_platform(client: Any) -> _Row:

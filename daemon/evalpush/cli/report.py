@@ -269,7 +269,7 @@ reason and path are in `status RUN`)."""
 
 
 def status_table(
-    rows: list[dict[str, Any]], *, ledger: Path | None = None, wide: bool = False
+    rows: list[dict[str, Any]], *, ledger: str | Path | None = None, wide: bool = False
 ) -> str:
     """The runs one a line, fitting TABLE_COLUMNS; `wide` (the demo's): with each viewer URL
     and path, however wide that makes it."""
@@ -348,6 +348,43 @@ def daemon_json(view: gatefile.DaemonView | None, last: gatefile.LastSeen | None
     if view is not None:
         return {"running": True, **msgspec.structs.asdict(view)}
     return {"running": False, "last_seen": None if last is None else msgspec.structs.asdict(last)}
+
+
+def fleet_rows(ledger: Ledger, now: float | None = None) -> list[dict[str, Any]]:
+    """Every daemon the ledger heard from lately (a fleet's hosts): running (within its lease
+    of its last heartbeat) or when it was last seen."""
+    now = time.time() if now is None else now
+    return [
+        {
+            "host": d.host,
+            "pid": d.pid,
+            "version": d.version,
+            "observer": d.observer,
+            "started_at": d.started_at,
+            "seen_at": d.seen_at,
+            "running": d.running(now),
+            "stopped_at": d.stopped_at,
+        }
+        for d in ledger.daemons()
+    ]
+
+
+def fleet_text(rows: list[dict[str, Any]], now: float | None = None) -> str:
+    """`daemons:` and a line per daemon: which run, which stopped or went silent, and when."""
+    now = time.time() if now is None else now
+    running = sum(row["running"] for row in rows)
+    lines = [f"daemons:    {running} running, {len(rows) - running} not (shared ledger)"]
+    for row in rows:
+        who = f"{row['host']} pid {row['pid']} ({row['version']}; {row['observer'] or '-'})"
+        ago = format_duration(max(0.0, now - row["seen_at"]))
+        if row["running"]:
+            state = f"running since {_when(row['started_at'])}, heard from {ago} ago"
+        elif row["stopped_at"] is not None:
+            state = f"stopped at {_when(row['stopped_at'])}"
+        else:
+            state = f"not heard from since {_when(row['seen_at'])} ({ago} ago): gone?"
+        lines.append(f"  {paths.printable(who)}: {state}")
+    return "\n".join(lines)
 
 
 def not_running_text(last: gatefile.LastSeen | None) -> str:

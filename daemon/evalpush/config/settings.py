@@ -156,7 +156,7 @@ class StateConfig(_Section):
     dir: Path | None = None
 
 
-def _ledger_url(value: str) -> str:
+def check_ledger_url(value: str) -> str:
     """`""` (the SQLite file in the state dir) or a PostgreSQL URL with no password in it (a
     URL is shown in status and logs; the password comes from `password_file`)."""
     if not value:
@@ -178,7 +178,7 @@ class LedgerConfig(_Section):
     """Where the ledger lives: the SQLite file in the state dir (`url` empty), or a PostgreSQL
     database several daemons share (a fleet), and the lease a claim holds between renewals."""
 
-    url: Annotated[str, AfterValidator(_ledger_url)] = ""
+    url: Annotated[str, AfterValidator(check_ledger_url)] = ""
     password_file: Path | None = None
     lease_seconds: float = Field(120.0, ge=5)
 

@@ -8,6 +8,7 @@ from evalpush.ledger.claims import (
     holder_alive,
     process_start,
 )
+from evalpush.ledger.opening import open_ledger, where
 from evalpush.ledger.store import SCHEMA_VERSION, Ledger, RunRecord, default_path
 from evalpush.ledger.transitions import next_step
 
@@ -22,5 +23,7 @@ __all__ = [
     "default_path",
     "holder_alive",
     "next_step",
+    "open_ledger",
     "process_start",
+    "where",
 ]

@@ -44,6 +44,10 @@ CONNECT_TIMEOUT_SECONDS = 5
 """How long a connection attempt may take before the database counts as unreachable."""
 PROBE_SECONDS = 2.0
 """How often `wait_available` tries to connect again while the database is unreachable."""
+FIRST_REPORT_SECONDS = 5.0
+REPORT_CAP_SECONDS = 600.0
+"""An outage of the database is said when it starts, again after `FIRST_REPORT_SECONDS`, then
+at doubling intervals up to `REPORT_CAP_SECONDS` apart while it lasts (the platform's cadence)."""
 ADVISORY_LOCK = 0x6576_616C_7075_7368 & 0x7FFF_FFFF_FFFF_FFFF
 """The advisory lock the schema is created and upgraded under ('evalpush' in ASCII)."""
 
@@ -205,6 +209,9 @@ class LedgerServer:
         self._busy_timeout_seconds = busy_timeout_seconds
         self._connection: psycopg.Connection[Any] | None = None
         self._down_since: float | None = None
+        self._next_report = 0.0
+        self._report_gap = FIRST_REPORT_SECONDS
+        self._error = ""
         self._available = threading.Condition(self.lock)
         with self.lock:
             self._connect()
@@ -261,13 +268,16 @@ class LedgerServer:
     def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
         """The database cannot be reached: said once per outage, here; the callers pause."""
         self._drop()
+        self._error = _said(exc)
         if self._down_since is None:
             self._down_since = time.monotonic()
+            self._next_report = self._down_since + FIRST_REPORT_SECONDS
+            self._report_gap = FIRST_REPORT_SECONDS
             get_logger(stage="ledger").warning(
                 "shared ledger unreachable: uploads pause (nothing is sent without its intent "
                 "written) until it is back",
                 ledger=self.where,
-                error=_said(exc),
+                error=self._error,
             )
         return LedgerUnavailable(f"{self.where}: the shared ledger cannot be reached: {_said(exc)}")
 
@@ -276,6 +286,22 @@ class LedgerServer:
         """How long the database has been unreachable; None while it is reachable."""
         since = self._down_since
         return None if since is None else time.monotonic() - since
+
+    def report_if_due(self) -> None:
+        """While the database is unreachable, say so again when a report is due."""
+        with self.lock:
+            now = time.monotonic()
+            if self._down_since is None or now < self._next_report:
+                return
+            self._report_gap = min(self._report_gap * 2, REPORT_CAP_SECONDS)
+            self._next_report = now + self._report_gap
+            get_logger(stage="ledger").warning(
+                "shared ledger still unreachable: uploads paused",
+                ledger=self.where,
+                down_seconds=round(now - self._down_since, 1),
+                error=self._error,
+                next_report_seconds=self._report_gap,
+            )
 
     def wait_available(self, stop: threading.Event) -> bool:
         """Wait until the database answers again (trying every `PROBE_SECONDS`) or `stop` is
@@ -289,6 +315,7 @@ class LedgerServer:
                     pass
                 except Exception as exc:  # noqa: BLE001 - the connection broke while probing
                     self._unavailable(exc)
+            self.report_if_due()
             stop.wait(PROBE_SECONDS)
         return False
 

@@ -20,7 +20,13 @@ the uploader (`App`). One loop, on the main thread, owns all of it:
   turn of the loop is what `/livez` reads).
 
 No key, or a key the platform refuses, does not stop it: uploads wait on the gate, which says
-so once and probes again as soon as the key changes.
+so once and probes again as soon as the key changes. Nor does a shared ledger's database going
+away (`LedgerUnavailable`): an upload stops where its write failed (nothing is sent without its
+intent written) and is queued again once the database answers; the loop keeps turning, says so
+at the outage cadence, and `/readyz` answers 503 meanwhile.
+
+Each daemon keeps a row in the ledger's `daemons` table (its heartbeat, with the STATUS line),
+which is how `status` on any host of a fleet shows the fleet's daemons.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from evalpush.core.errors import (
     ConfigError,
     EvalpushError,
     Interrupted,
+    LedgerError,
+    LedgerUnavailable,
     RunError,
 )
 from evalpush.core.states import State
@@ -60,6 +68,8 @@ is brought up to date."""
 
 if TYPE_CHECKING:
     from evalpush.service.metrics import DaemonFeed
+OUTAGE_TURN_SECONDS = 2.0
+"""While a shared ledger's database is unreachable, the loop tries its rescan this often."""
 MAX_WAIT_SECONDS = 5.0
 """The loop's longest sleep without a hint (a bound on how late anything due can be)."""
 
@@ -104,6 +114,23 @@ class _Parts:
             self.app.close()
             raise
         self._log = get_logger(stage="service")
+        process = self.app.claims.process
+        self.daemon_id = f"{process.host}/{process.boot}/{process.pid}/{process.start}"
+        self._started_at = time.time()
+
+    def beat(self) -> None:
+        """This daemon's heartbeat row in the ledger (`status` shows a fleet's daemons)."""
+        process = self.app.claims.process
+        watching = self.watcher.watching
+        self.app.ledger.daemon_seen(
+            self.daemon_id,
+            host=process.host,
+            pid=process.pid,
+            version=__version__,
+            observer=", ".join(sorted({str(w) for w in watching.values()})),
+            started_at=self._started_at,
+            lease_seconds=self.config.ledger.lease_seconds,
+        )
 
     def start(self) -> None:
         self.scheduler.start()
@@ -119,6 +146,10 @@ class _Parts:
         try:
             self.watcher.stop()
             self.scheduler.stop()
+            try:
+                self.app.ledger.daemon_stopped(self.daemon_id)
+            except LedgerError as exc:  # its row ages past its lease instead
+                self._log.info("could not mark this daemon stopped in the ledger", error=str(exc))
         finally:
             self.app.close()
 
@@ -162,10 +193,20 @@ class _Parts:
                 "the run's claim was taken over: leaving the run to its new holder",
                 error=paths.printable(str(exc)),
             )
+        except LedgerUnavailable:
+            self._after_outage(path)
         finally:
             self.tracker.finished(path, record)
             if self._feed is not None:
                 self._feed.upload_done(record, set_aside)
+
+    def _after_outage(self, path: str) -> None:
+        """The shared ledger went away mid-job (said by the store, once): wait for it, then
+        queue the run again (it resumes from the ledger as after a crash). A stop ends the
+        wait; the run resumes at the next start."""
+        server = self.app.ledger.server
+        if server is not None and server.wait_available(self.app.stop):
+            self.scheduler.submit(path)  # runs once more after this job ends
 
     def _failed(self, path: str, exc: BaseException) -> None:
         self.tracker.finished(path, None)
@@ -253,6 +294,7 @@ class Daemon:
             "roots": roots,
             "metrics": (self._feed.url if self._feed is not None else None) or "off",
             "state_dir": str(config.state_dir),
+            "ledger": app.ledger.where,
             **({"ignored_retired_keys": list(config.ignored)} if config.ignored else {}),
         }
 
@@ -317,14 +359,20 @@ class Daemon:
                 self._follow(parts, hint)
                 hint = self._hints.get(0)
             now = self._clock()
-            if now >= next_rescan:
-                parts.watcher.sync()  # a root that appeared or was replaced: the scan covers it
-                parts.tracker.seen(parts.scanner.scan(), everything=True)
-                next_rescan = now + _rescan_seconds(parts)
-            if now >= next_poll:
-                parts.tracker.poll_ledger()
-                next_poll = now + parts.config.watch.ledger_poll_seconds
-            settles = parts.tracker.due()
+            try:
+                if now >= next_rescan:
+                    parts.watcher.sync()  # a root that appeared or was replaced: the scan covers it
+                    parts.tracker.seen(parts.scanner.scan(), everything=True)
+                    next_rescan = now + _rescan_seconds(parts)
+                if now >= next_poll:
+                    parts.tracker.poll_ledger()
+                    next_poll = now + parts.config.watch.ledger_poll_seconds
+                settles = parts.tracker.due()
+            except LedgerUnavailable:
+                # Said by the store (at the outage cadence); what this turn missed, the rescan
+                # after the database is back finds.
+                next_rescan = next_poll = now + OUTAGE_TURN_SECONDS
+                settles = float("inf")
             if now >= next_status:
                 self._publish(parts, self._status_line(parts))
                 next_status = now + STATUS_SECONDS
@@ -380,8 +428,12 @@ class Daemon:
 
     def _publish(self, parts: _Parts, status: str) -> None:
         """The STATUS line to systemd, the gate to `daemon.json` (for `status`), runs by state
-        to the metrics."""
+        to the metrics, this daemon's heartbeat to the ledger."""
         self._notifier.status(status)
+        try:
+            parts.beat()
+        except LedgerError as exc:
+            self._log.debug("heartbeat not written", error=str(exc))
         try:
             gatefile.write(parts.config.state_dir, parts.app.gate.snapshot(), status)
         except OSError as exc:
@@ -391,7 +443,15 @@ class Daemon:
 
     @staticmethod
     def _status_line(parts: _Parts) -> str:
-        counts = parts.tracker.counts()
+        server = parts.app.ledger.server
+        if server is not None:
+            server.report_if_due()
+            if server.down_seconds is not None:
+                return f"shared ledger unreachable for {server.down_seconds:.0f} s: uploads paused"
+        try:
+            counts = parts.tracker.counts()
+        except LedgerUnavailable:
+            return "shared ledger unreachable: uploads paused"
         words = [
             f"{counts.get(state, 0):,} {state}"
             for state in ("uploading", "ready", "waiting", "finalized", "failed", "held")
