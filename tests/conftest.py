@@ -59,11 +59,11 @@ from evalpush.config import PlatformConfig
 from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
 from support import commands, threads
+from support.environ import cli_environ
+from support.files import open_directory
 from support.postgres import PASSWORD as PG_PASSWORD
 from support.postgres import Cluster
 from support.postgres import binaries as postgres_binaries
-from support.environ import cli_environ
-from support.files import open_directory
 
 pytest_plugins = ["pytester"]  # test_thread_guard.py runs a session of leaky tests
 

@@ -12,7 +12,6 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading

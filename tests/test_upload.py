@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import threading
 import time
 import uuid

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 USER = "evalpush"
-PASSWORD = "pg-test-password-3f9a"
+PASSWORD = "Qz7vK2mXw9pL4tRb"
 """The cluster's password for `USER`: a secret as far as the tests go (it must never reach a
 log line, `status` or the ledger)."""
 

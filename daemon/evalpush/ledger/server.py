@@ -17,8 +17,8 @@ are written in the SQL both databases take (`?` marks, turned into psycopg's `%s
   connect, raises `LedgerUnavailable` at once (what it was writing may or may not have been
   committed; the upload stops there and resumes from the ledger as after a crash, reconciling
   with the platform). `wait_available` waits it out, probing, for whoever must.
-- **Schema** creation and upgrades run under a transaction-scoped advisory lock, after reading
-  the version, so any number of hosts may start together.
+- **Schema** creation and upgrades run under an advisory lock, in a transaction begun once it
+  is held that reads the version first, so any number of hosts may start together.
 - The password comes from the caller (`[ledger] password_file`, a systemd credential) or libpq
   (`PGPASSWORD`, `~/.pgpass`), never from the URL, which is shown (`where`).
 """
@@ -335,16 +335,22 @@ class LedgerServer:
                     else f"{self.where}: schema {found}, not this evalpush's "
                     f"{schema.SCHEMA_VERSION}: `evalpush migrate` upgrades it"
                 )
-            with connection.transaction():
-                connection.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK,))
-                found = self._version(connection)
-                if found is None:
-                    for statement in DDL:
-                        connection.execute(statement)
-                    connection.execute(
-                        "INSERT INTO evalpush_schema (version) VALUES (%s)",
-                        (schema.SCHEMA_VERSION,),
-                    )
+            # The lock is the session's, taken before the transaction begins: a transaction
+            # that began first would look at the tables as they were before it was granted.
+            connection.execute("SELECT pg_advisory_lock(%s)", (ADVISORY_LOCK,))
+            try:
+                with connection.transaction():
+                    found = self._version(connection)
+                    if found is None:
+                        for statement in DDL:
+                            connection.execute(statement)
+                        connection.execute(
+                            "INSERT INTO evalpush_schema (version) VALUES (%s)",
+                            (schema.SCHEMA_VERSION,),
+                        )
+            finally:
+                if not connection.broken:
+                    connection.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_LOCK,))
         except LedgerError:
             raise
         except Exception as exc:

@@ -1,0 +1,310 @@
+"""The shared ledger a fleet uses: PostgreSQL on a real server (tests/support/postgres.py).
+
+What only a shared ledger has: several hosts claiming at once (`FOR UPDATE SKIP LOCKED`), the
+schema created by hosts starting together, the database going away and coming back (an
+outage, not a crash), the fleet's daemons in `status`, and a host's file moved into it
+(`migrate --to`). Everything else the ledger does is proven on both stores by the parametrised
+`ledger` fixture (tests/test_ledger.py, tests/test_claims.py, tests/test_upload.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from evalpush.core.errors import Busy, ClaimLost, LedgerError, LedgerUnavailable
+from evalpush.core.states import Outcome, State
+from evalpush.ledger import Claims, Ledger, Process, transitions
+from evalpush.ledger.server import LedgerServer
+from support.commands import evalpush
+from support.environ import clean_environ
+from support.postgres import PASSWORD, Cluster
+
+RUN_ID = "5b0c1d2e-0000-4000-8000-00000000feed"
+
+
+def shared(url: str, **options) -> Ledger:
+    return Ledger.shared(url, password=PASSWORD, **options)
+
+
+def host(name: str, pid: int = 4242) -> Process:
+    """A process on another host: its pid means nothing here, only its lease does."""
+    return Process(name, f"boot-{name}", pid, 7, f"pid:[{name}]")
+
+
+def take(claims: Claims, run_id: str = RUN_ID):
+    return claims.take(run_id=run_id, path=Path("/shared/runs") / run_id, kind="eval")
+
+
+class TestClaimsAcrossHosts:
+    def test_a_run_is_claimed_by_one_host_and_taken_over_by_another_once_its_lease_ran_out(
+        self, pg_url: str
+    ):
+        with shared(pg_url) as a_ledger, shared(pg_url) as b_ledger:
+            a = Claims(a_ledger, process=host("host-a"), lease_seconds=0.5)
+            b = Claims(b_ledger, process=host("host-b"), lease_seconds=0.5)
+            held, _ = take(a)
+            a.close()  # host a stops renewing: killed, or its host gone
+
+            with pytest.raises(Busy, match="host-a"):
+                take(b)  # its lease still runs
+            time.sleep(0.6)
+            taken, gone = take(b)
+
+            assert gone is not None and gone.host == "host-a"
+            assert taken.claim_host == "host-b"
+            with pytest.raises(ClaimLost):
+                a_ledger.update(held, samples_seen=1)  # the old holder writes nothing more
+            assert b_ledger.get_run(RUN_ID).samples_seen == 0
+            b.release(taken)
+
+    def test_a_row_another_host_is_claiming_is_skipped_not_waited_for(self, pg_url: str):
+        with shared(pg_url) as ledger:
+            ledger.add(path="/shared/runs/x", run_id=RUN_ID, kind="eval", state=State.READY)
+            server = ledger.server
+            assert isinstance(server, LedgerServer)
+            import psycopg
+
+            with psycopg.connect(pg_url, password=PASSWORD, autocommit=False) as other:
+                other.execute("SELECT id FROM runs WHERE run_id = %s FOR UPDATE", (RUN_ID,))
+                started = time.monotonic()
+                with pytest.raises(Busy, match="being claimed by another process"):
+                    take(Claims(ledger, process=host("host-b")))
+                waited = time.monotonic() - started
+                other.rollback()
+
+            assert waited < 2.0, f"the claim waited {waited:.1f} s for a row lock"
+            # Once the other transaction is gone, the run is there to claim.
+            record, _ = take(mine := Claims(ledger, process=host("host-b")))
+            mine.release(record)
+
+    def test_hosts_claiming_a_new_run_together_leave_exactly_one_holder(self, pg_url: str):
+        ledgers = [shared(pg_url) for _ in range(8)]
+        start = threading.Barrier(len(ledgers))
+        won: list[str] = []
+        busy: list[str] = []
+
+        def claim(n: int) -> None:
+            claims = Claims(ledgers[n], process=host(f"host-{n}"))
+            start.wait()
+            try:
+                record, _ = take(claims)
+                won.append(record.claim_host)
+            except Busy:
+                busy.append(f"host-{n}")
+            finally:
+                claims.close()
+
+        threads = [threading.Thread(target=claim, args=(n,)) for n in range(len(ledgers))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        try:
+            assert len(won) == 1 and len(busy) == len(ledgers) - 1, (won, busy)
+            (row,) = ledgers[0].all()
+            assert row.claim_host == won[0]
+        finally:
+            for ledger in ledgers:
+                ledger.close()
+
+
+class TestSchema:
+    def test_hosts_starting_together_on_an_empty_database_create_the_tables_once(self, pg_url: str):
+        start = threading.Barrier(6)
+        opened: list[Ledger] = []
+        failed: list[BaseException] = []
+
+        def open_one() -> None:
+            start.wait()
+            try:
+                opened.append(shared(pg_url))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failed.append(exc)
+
+        threads = [threading.Thread(target=open_one) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        try:
+            assert failed == [] and len(opened) == 6
+            assert opened[0]._query("SELECT count(*) FROM evalpush_schema") == [(1,)]
+        finally:
+            for ledger in opened:
+                ledger.close()
+
+    def test_a_database_with_a_newer_schema_is_refused_naming_it(self, pg_url: str):
+        shared(pg_url).close()
+        with shared(pg_url) as ledger, ledger._transaction() as db:
+            db.execute("UPDATE evalpush_schema SET version = 99")
+
+        with pytest.raises(LedgerError, match="schema version 99 is newer"):
+            shared(pg_url)
+
+    def test_a_reader_of_an_empty_database_is_told_there_is_no_ledger_yet(self, pg_url: str):
+        with pytest.raises(LedgerError, match="no evalpush ledger in this database yet"):
+            shared(pg_url, read_only=True)
+
+
+class TestOutage:
+    """The server stopped and started again under an open ledger (the worker's own server)."""
+
+    def test_writes_while_the_database_is_down_are_an_outage_and_resume_after(
+        self, postgres: Cluster, pg_url: str
+    ):
+        ledger = shared(pg_url)
+        record = ledger.add(path="/shared/runs/x", run_id=RUN_ID, kind="eval", state=State.READY)
+        claims = Claims(ledger, process=host("host-a"))
+        record, _ = take(claims)
+        record = ledger.record_intent(record, '{"op": "create"}')
+        stop = threading.Event()
+        try:
+            with capture_logs() as logs:
+                postgres.stop()
+                try:
+                    with pytest.raises(LedgerUnavailable) as down:
+                        ledger.update(record, samples_seen=5)
+                    assert ledger.server is not None and ledger.server.down_seconds is not None
+                    back = threading.Event()
+                    waiter = threading.Thread(
+                        target=lambda: ledger.server.wait_available(stop) and back.set()
+                    )
+                    waiter.start()
+                    time.sleep(0.5)
+                    assert not back.is_set(), "the database is still down"
+                finally:
+                    postgres.pg_ctl("start", "-w", "-l", str(postgres.root / "log"))
+                waiter.join(30)
+                assert back.is_set(), "the wait did not end when the database came back"
+
+            assert "cannot be reached" in str(down.value)
+            assert PASSWORD not in str(down.value) and PASSWORD not in repr(logs)
+            said = [e["event"] for e in logs if e["log_level"] == "warning"]
+            assert said[0].startswith("shared ledger unreachable")
+            assert said[-1].startswith("shared ledger reachable again")
+            # The durable intent survived; the write refused while down did not happen.
+            stored = ledger.get_run(RUN_ID)
+            assert stored.pending == '{"op": "create"}' and stored.samples_seen == 0
+            ledger.update(stored, samples_seen=5)
+            assert ledger.get_run(RUN_ID).samples_seen == 5
+        finally:
+            stop.set()
+            claims.close()
+            ledger.close()
+
+    def test_a_crash_restart_of_the_database_keeps_every_committed_write(
+        self, postgres: Cluster, pg_url: str
+    ):
+        with shared(pg_url) as ledger:
+            claims = Claims(ledger, process=host("host-a"))
+            record, _ = take(claims)
+            record = ledger.record_intent(record, '{"op": "samples"}', acked_line=3)
+            record = ledger.acknowledge(record, acked_line=7)  # not synced: may be lost
+            postgres.restart()  # pg_ctl restart -m immediate: a crash of the server
+
+            with pytest.raises(LedgerUnavailable):
+                ledger.get_run(RUN_ID)  # the old connection is gone: said once
+            stored = ledger.get_run(RUN_ID)  # and the next call connects again
+
+            assert stored.acked_line in (3, 7)
+            assert stored.pending is None if stored.acked_line == 7 else stored.pending
+            claims.close()
+
+
+class TestFleetStatus:
+    def test_status_shows_each_daemon_and_each_runs_holder_on_any_host(
+        self, pg_url: str, tmp_path: Path
+    ):
+        with shared(pg_url) as ledger:
+            now = time.time()
+            ledger.daemon_seen(
+                "host-a/b/1/1", host="host-a", pid=101, version="0.4.0", observer="inotify",
+                started_at=now - 60, lease_seconds=120,
+            )  # fmt: skip
+            ledger.daemon_seen(
+                "host-b/b/2/2", host="host-b", pid=202, version="0.4.0", observer="polling",
+                started_at=now - 60, lease_seconds=120,
+            )  # fmt: skip
+            ledger.daemon_stopped("host-b/b/2/2")
+            claims = Claims(ledger, process=host("host-a", pid=101))
+            take(claims)
+            password_file = tmp_path / "pw"
+            password_file.write_text(PASSWORD + "\n")
+            environ = clean_environ(
+                EVALPUSH_STATE_DIR=str(tmp_path / "state"),
+                EVALPUSH_LEDGER__URL=pg_url,
+                EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+            )
+
+            shown = evalpush(environ, "status")
+            claims.close()
+
+        assert shown.returncode == 0, shown.stderr
+        out = shown.stdout
+        assert f"ledger:     {pg_url}: 1 run" in out
+        assert "daemons:    1 running, 1 not (shared ledger)" in out
+        assert "host-a pid 101 (0.4.0; inotify): running since" in out
+        assert "host-b pid 202 (0.4.0; polling): stopped at" in out
+        assert "pid 101 on host-a since" in out  # the run's holder, on another host
+        assert PASSWORD not in out + shown.stderr
+
+
+class TestMoveIntoShared:
+    def test_migrate_to_moves_a_hosts_ledger_keeping_the_finalized_record_of_each_run(
+        self, pg_url: str, tmp_path: Path
+    ):
+        state = tmp_path / "state"
+        ids = {name: f"{n:08x}-0000-4000-8000-000000000000" for n, name in enumerate("abcd")}
+        with Ledger(state / "state.db") as local:
+            for name, run_id in ids.items():
+                local.add(path=f"/runs/{name}", run_id=run_id, kind="eval", state=State.READY)
+            a = local.get_run(ids["a"])  # finalized here, not there: this host's record wins
+            transitions.finalize(local, a, at=time.time(), evaluation_id="eval-a-here")
+            b = local.get_run(ids["b"])  # finalized there: theirs is kept
+            transitions.finalize(local, b, at=time.time(), evaluation_id="eval-b-here")
+            c = local.get_run(ids["c"])  # only here, with history
+            local.update(c, evaluation_id="eval-c-old")
+            local.restart(local.get_run(ids["c"]), outcome=Outcome.DELETED, state=State.READY)
+            local.forget(local.get_run(ids["d"]))
+        with shared(pg_url) as fleet:
+            fleet.add(path="/mnt/runs/a", run_id=ids["a"], kind="eval", state=State.READY)
+            fleet.update(fleet.get_run(ids["a"]), evaluation_id="eval-a-there")
+            fleet.add(path="/mnt/runs/b", run_id=ids["b"], kind="eval", state=State.READY)
+            b_there = fleet.get_run(ids["b"])
+            transitions.finalize(fleet, b_there, at=time.time(), evaluation_id="eval-b-there")
+        password_file = tmp_path / "pw"
+        password_file.write_text(PASSWORD)
+        environ = clean_environ(
+            EVALPUSH_STATE_DIR=str(state), EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file)
+        )
+
+        moved = evalpush(environ, "migrate", "--to", pg_url)
+
+        assert moved.returncode == 0, moved.stderr
+        assert "1 runs added, 1 replaced by this host's finalized record, 1 kept" in moved.stdout
+        with shared(pg_url) as fleet:
+            runs = {r.run_id: r for r in fleet.all()}
+            assert set(runs) == {ids["a"], ids["b"], ids["c"]}
+            assert (runs[ids["a"]].state, runs[ids["a"]].evaluation_id) == (
+                State.FINALIZED,
+                "eval-a-here",
+            )
+            assert runs[ids["b"]].evaluation_id == "eval-b-there"
+            assert [h.evaluation_id for h in fleet.history(runs[ids["c"]])] == ["eval-c-old"]
+            # The evaluation the shared row had for run a is never adopted by a later upload.
+            assert "eval-a-there" in fleet.earlier_evaluations(runs[ids["a"]])
+            assert PASSWORD not in moved.stdout + moved.stderr
+
+    def test_migrate_to_refuses_a_url_holding_a_password(self, tmp_path: Path):
+        environ = clean_environ(EVALPUSH_STATE_DIR=str(tmp_path / "state"))
+        url = "postgresql://evalpush:hunter2-secret@127.0.0.1:1/db"
+
+        refused = evalpush(environ, "migrate", "--to", url)
+
+        assert refused.returncode == 2
+        assert "password_file" in refused.stderr and "hunter2-secret" not in refused.stderr
