@@ -115,7 +115,10 @@ class _Parts:
             raise
         self._log = get_logger(stage="service")
         process = self.app.claims.process
-        self.daemon_id = f"{process.host}/{process.boot}/{process.pid}/{process.start}"
+        # The pid namespace too: daemons in containers of one host may share pid and start.
+        self.daemon_id = "/".join(
+            (process.host, process.boot, process.pidns, str(process.pid), str(process.start))
+        )
         self._started_at = time.time()
 
     def beat(self) -> None:
@@ -160,13 +163,14 @@ class _Parts:
         """One scheduler job: take the run as far as it goes now (the uploader decides what it
         needs: nothing, a new path, a skip, an upload), then tell the tracker."""
         record: RunRecord | None = None
+        done: RunRecord | None = None  # what this job did, for the metrics
         set_aside = 0
         log = self._run_logger(path)
         try:
             try:
                 run = self.app.load_run(Path(path))
             except RunError as exc:
-                record = self.app.uploader.fail(Path(path), exc)
+                record = done = self.app.uploader.fail(Path(path), exc)
                 error = record.last_error if record.state == State.FAILED else None
                 log.error(
                     "run cannot be uploaded",
@@ -174,9 +178,18 @@ class _Parts:
                 )
                 return
             upload_started(log)
-            started = time.monotonic()
+            started, began = time.monotonic(), time.time()
             record = self.app.uploader.upload(run, retry_failed=False)
+            if _finalized_before(record, began):
+                # Another daemon of a fleet finished it between this one finding it ready and
+                # claiming it: nothing was sent, nothing is counted.
+                log.info(
+                    "run already finalized by another process: nothing sent",
+                    evaluation=record.evaluation_id,
+                )
+                return
             set_aside = self.app.ledger.set_aside_count(record)
+            done = record
             upload_ended(
                 log,
                 record,
@@ -198,7 +211,7 @@ class _Parts:
         finally:
             self.tracker.finished(path, record)
             if self._feed is not None:
-                self._feed.upload_done(record, set_aside)
+                self._feed.upload_done(done, set_aside)
 
     def _after_outage(self, path: str) -> None:
         """The shared ledger went away mid-job (said by the store, once): wait for it, then
@@ -355,11 +368,11 @@ class Daemon:
             if Request.RELOAD in requests:
                 parts = self._parts = self._reload(parts)
                 next_rescan = self._clock()
-            while hint is not None:
-                self._follow(parts, hint)
-                hint = self._hints.get(0)
             now = self._clock()
             try:
+                while hint is not None:
+                    self._follow(parts, hint)
+                    hint = self._hints.get(0)
                 if now >= next_rescan:
                     parts.watcher.sync()  # a root that appeared or was replaced: the scan covers it
                     parts.tracker.seen(parts.scanner.scan(), everything=True)
@@ -369,8 +382,8 @@ class Daemon:
                     next_poll = now + parts.config.watch.ledger_poll_seconds
                 settles = parts.tracker.due()
             except LedgerUnavailable:
-                # Said by the store (at the outage cadence); what this turn missed, the rescan
-                # after the database is back finds.
+                # Said by the store (at the outage cadence); what this turn missed (a hint, a
+                # rescan), the rescan after the database is back finds.
                 next_rescan = next_poll = now + OUTAGE_TURN_SECONDS
                 settles = float("inf")
             if now >= next_status:
@@ -460,6 +473,15 @@ class Daemon:
         gate = parts.app.gate.state
         words.append("platform reachable" if gate == "open" else f"platform {gate}")
         return ", ".join(words)
+
+
+def _finalized_before(record: RunRecord, began: float) -> bool:
+    """Whether the run was finalized before this job began (by another process)."""
+    return (
+        record.state == State.FINALIZED
+        and record.finalized_at is not None
+        and record.finalized_at < began
+    )
 
 
 def _rescan_seconds(parts: _Parts) -> float:

@@ -136,7 +136,9 @@ class Tracker:
         """Submit what the ledger has queued and nobody holds: a run interrupted by a stop or
         a crash, one `evalpush retry` put back."""
         for record in self._ledger.in_state(*QUEUED_STATES):
-            if not self._progress.held(record):
+            # A shared ledger's path may be another host's mount of the tree: a run this host
+            # sees elsewhere is handed over by its own look at it (a new path for the run id).
+            if not self._progress.held(record) and os.path.isdir(record.path_raw):
                 self._hand_over(os.fsdecode(record.path_raw))
 
     def counts(self) -> dict[str, int]:

@@ -1,0 +1,189 @@
+"""A fleet: three `evalpush run` daemons over one output tree, sharing a ledger in a real
+PostgreSQL, each in a PID namespace of its own (`unshare --pid --fork --mount-proc`): to one
+another they are other hosts, whose pids mean nothing, so a claim's holder is judged gone by
+its lease alone. Runs are written while they watch; daemons are SIGKILLed and started again,
+and PostgreSQL is crash-restarted (`pg_ctl restart -m immediate`) mid-upload. What counts is
+the platform's stored state: one COMPLETED evaluation per run, finalized once, every sample
+once; and the shared ledger agreeing with it.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from daemon_support import Daemon, RunDir, completed, daemon_environ, wait_until
+from evalpush.core.states import State
+from evalpush.ledger import Ledger
+from evalpush.local_platform import LocalPlatform
+from pushing import assert_exactly_once
+from support.postgres import PASSWORD, Cluster
+
+RUNS = 12
+TRACES = 30
+LEASE_SECONDS = 5
+SEED = 20261204
+FLEET_SECONDS = 120.0
+TOOK_OVER = (
+    "took over the claim of a process that is gone: resuming from the ledger, reconciling "
+    "with the platform"
+)
+OUTAGE = (
+    "shared ledger unreachable: uploads pause (nothing is sent without its intent written) "
+    "until it is back"
+)
+
+
+def _namespaces_usable() -> str | None:
+    """Why a PID namespace cannot be had here (None: it can)."""
+    if shutil.which("unshare") is None:
+        return "no unshare (util-linux)"
+    probe = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return None if probe.returncode == 0 else f"unshare --pid: {probe.stderr.strip()}"
+
+
+class Host:
+    """One daemon of the fleet, in its own PID namespace with its own state dir."""
+
+    PREFIX = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+
+    def __init__(self, name: str, environ: dict[str, str]):
+        self.name = name
+        self.environ = environ
+        self.lives: list[Daemon] = []
+
+    def start(self) -> Daemon:
+        daemon = Daemon(self.environ, prefix=self.PREFIX)
+        self.lives.append(daemon)
+        return daemon.started()
+
+    def kill(self) -> None:
+        """SIGKILL: unshare dies, and the daemon with it (`--kill-child`)."""
+        self.lives[-1].process.send_signal(signal.SIGKILL)
+        self.lives[-1].kill()
+
+    def uploading(self) -> bool:
+        """Whether its current life has started an upload it has not ended."""
+        daemon = self.lives[-1]
+        started = {e["run"] for e in daemon.find("upload started")}
+        ended = {e["run"] for e in daemon.events if e.get("event") != "upload started"
+                 and e.get("run") and e.get("stage") != "tracker"}  # fmt: skip
+        return bool(started - ended)
+
+    def took_over(self) -> list[str]:
+        return [e["run"] for d in self.lives for e in d.find(TOOK_OVER)]
+
+    def finalized(self) -> list[str]:
+        return [e["run"] for d in self.lives for e in d.find("run finalized")]
+
+    def text(self) -> str:
+        return "\n".join(d.text() for d in self.lives)
+
+    def close(self) -> None:
+        for daemon in self.lives:
+            daemon.__exit__()
+
+
+@pytest.fixture
+def fleet_ok() -> None:
+    why = _namespaces_usable()
+    if why is not None:
+        pytest.skip(why)
+
+
+def test_a_fleet_over_one_tree_uploads_each_run_once_through_kills_and_a_database_restart(
+    fleet_ok: None, postgres: Cluster, pg_url: str, local_platform: LocalPlatform, tmp_path: Path
+):
+    rng = random.Random(SEED)
+    root = tmp_path / "outputs"
+    group = root / "gsm8k--model--harness"
+    group.mkdir(parents=True)
+    password_file = tmp_path / "ledger-password"
+    password_file.write_text(PASSWORD)
+    hosts = [
+        Host(
+            name,
+            daemon_environ(
+                local_platform,
+                tmp_path,
+                [root],
+                EVALPUSH_STATE_DIR=str(tmp_path / f"state-{name}"),
+                EVALPUSH_LEDGER__URL=pg_url,
+                EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+                EVALPUSH_LEDGER__LEASE_SECONDS=str(LEASE_SECONDS),
+                EVALPUSH_UPLOAD__MAX_CONCURRENT_RUNS="2",
+                EVALPUSH_WATCH__LEDGER_POLL_SECONDS="0.5",
+            ),
+        )
+        for name in ("host-a", "host-b", "host-c")
+    ]
+    # Every samples request held a while: uploads are under way when the kills come.
+    local_platform.inject("stall", on="samples", count=RUNS * 2, seconds=0.15)
+    local_platform.inject("status", on="samples", count=4, status=503)
+    try:
+        for host in hosts:
+            host.start()
+        runs = []
+        for n in range(RUNS):
+            run = RunDir(group).config(num_tasks=TRACES // 2)
+            run.write(run.lines(TRACES))
+            runs.append(run)
+            if n == RUNS // 3:
+                # A host mid-upload, killed: its run waits out the lease, then one takes it over.
+                victim = wait_until(
+                    lambda: next((h for h in hosts if h.uploading()), None),
+                    "a daemon uploading a run",
+                )
+                victim.kill()
+                victim.start()
+            if n == RUNS // 2:
+                postgres.restart()  # a crash of the database, uploads in flight
+        rng.choice(hosts).kill()
+
+        wait_until(
+            lambda: all(completed(local_platform, r.run_id) for r in runs),
+            "every run COMPLETED on the platform",
+            timeout=FLEET_SECONDS,
+        )
+        ledger_rows = _wait_all_finalized(pg_url, len(runs))
+    except BaseException:
+        for host in hosts:
+            print(f"===== {host.name}\n{host.text()[-6000:]}")
+        raise
+    finally:
+        for host in hosts:
+            host.close()
+
+    assert_exactly_once(local_platform, root)
+    evaluations = local_platform.summary()["evaluations"]
+    for row in ledger_rows:
+        assert evaluations[row.evaluation_id]["metadata"]["run_id"] == row.run_id
+        assert evaluations[row.evaluation_id]["finalize_count"] == 1
+    assert any(host.took_over() for host in hosts), "a killed holder's run was taken over"
+    assert any(h.find(OUTAGE) for host in hosts for h in host.lives), "the restart was an outage"
+    by_host = {host.name: len(host.finalized()) for host in hosts}
+    assert sum(by_host.values()) == RUNS, by_host  # each run finalized by one daemon, once
+    assert sum(1 for n in by_host.values() if n) >= 2, f"the runs spread over the fleet: {by_host}"
+
+
+def _wait_all_finalized(url: str, count: int) -> list:
+    """The shared ledger's rows once every run is finalized there (the last release may follow
+    the platform's COMPLETED by a moment)."""
+    with Ledger.shared(url, password=PASSWORD, read_only=True) as ledger:
+        return wait_until(
+            lambda: (rows := ledger.all())
+            and len(rows) == count
+            and all(r.state == State.FINALIZED for r in rows)
+            and rows,
+            "every run finalized in the shared ledger",
+        )
