@@ -181,9 +181,11 @@ def _wait_all_finalized(url: str, count: int) -> list:
     the platform's COMPLETED by a moment)."""
     with Ledger.shared(url, password=PASSWORD, read_only=True) as ledger:
         return wait_until(
-            lambda: (rows := ledger.all())
-            and len(rows) == count
-            and all(r.state == State.FINALIZED for r in rows)
-            and rows,
+            lambda: (
+                (rows := ledger.all())
+                and len(rows) == count
+                and all(r.state == State.FINALIZED for r in rows)
+                and rows
+            ),
             "every run finalized in the shared ledger",
         )

@@ -308,3 +308,65 @@ class TestMoveIntoShared:
 
         assert refused.returncode == 2
         assert "password_file" in refused.stderr and "hunter2-secret" not in refused.stderr
+
+
+class TestDaemonThroughAnOutage:
+    def test_the_daemon_pauses_while_the_database_is_down_readyz_503_and_resumes_after(
+        self, postgres: Cluster, pg_url: str, local_platform, tmp_path: Path
+    ):
+        """A run written while the database is down is uploaded once it is back; meanwhile the
+        daemon keeps turning and `/readyz` answers 503 naming the ledger."""
+        import httpx
+
+        from daemon_support import InProcessDaemon, RunDir, completed, daemon_environ, wait_until
+        from pushing import assert_run_exactly_once
+
+        root = tmp_path / "outputs"
+        group = root / "gsm8k--model--harness"
+        group.mkdir(parents=True)
+        password_file = tmp_path / "pw"
+        password_file.write_text(PASSWORD)
+        environ = daemon_environ(
+            local_platform,
+            tmp_path,
+            [root],
+            EVALPUSH_LEDGER__URL=pg_url,
+            EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+            EVALPUSH_METRICS__LISTEN="127.0.0.1:0",
+            EVALPUSH_WATCH__LEDGER_POLL_SECONDS="0.5",
+        )
+        first = RunDir(group).config(num_tasks=5)
+        first.write(first.lines(10))
+        with InProcessDaemon(environ) as daemon:
+            url = daemon.wait_for("serving /metrics, /livez and /readyz")["url"]
+            daemon.started()
+            wait_until(lambda: completed(local_platform, first.run_id), "the first run uploaded")
+            postgres.stop()
+            try:
+                second = RunDir(group).config(num_tasks=5)
+                second.write(second.lines(10))
+                ready = wait_until(
+                    lambda: (r := httpx.get(f"{url}/readyz", timeout=5)).status_code == 503 and r,
+                    "/readyz to answer 503 while the ledger is down",
+                )
+                assert "cannot be reached" in ready.text
+                daemon.wait_for(OUTAGE_EVENT)
+                assert completed(local_platform, second.run_id) is None, "sent without a ledger"
+            finally:
+                postgres.pg_ctl("start", "-w", "-l", str(postgres.root / "log"))
+            wait_until(lambda: completed(local_platform, second.run_id), "the second run uploaded")
+            wait_until(
+                lambda: httpx.get(f"{url}/readyz", timeout=5).status_code == 200,
+                "/readyz to answer 200 again",
+            )
+            assert daemon.stop() == 0
+
+        assert_run_exactly_once(local_platform, first.path)
+        assert_run_exactly_once(local_platform, second.path)
+        assert PASSWORD not in daemon.text()
+
+
+OUTAGE_EVENT = (
+    "shared ledger unreachable: uploads pause (nothing is sent without its intent written) "
+    "until it is back"
+)
