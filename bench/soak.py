@@ -23,9 +23,15 @@ duplicated or never written, each stored sample and the metrics equal to a fresh
 `evalpush convert` of the final file, one finalize request; runs that cannot upload have no
 evaluation. It prints the table and exits 1 on any violation (0 otherwise).
 
+A fleet (`--fleet N`, `--db-restarts K`): N daemons, each in a PID namespace of its own, over
+the one tree, sharing a ledger in a PostgreSQL the soak starts (and crash-restarts K times as
+runs complete); the kills fall on all of them; pushes beside them share that ledger too; the
+table adds the runs each daemon finalized.
+
     .venv/bin/python bench/soak.py [--mode push-only|daemon] [--runs 100] [--samples 40000]
         [--kills 30] [--kill-after LOW HIGH] [--overlaps 10] [--overlap-kill-share 0.25]
-        [--writers 4] [--seed 0] [--workdir DIR] [--keep] [--json FILE]
+        [--writers 4] [--fleet N] [--db-restarts 2] [--seed 0] [--workdir DIR] [--keep]
+        [--json FILE]
 
 Only loopback. Bounded: `--max-seconds` for the chaos phase, `--drain-seconds` for the drain.
 The work dir (default a temp dir under bench/.cache/) holds the tree, manifests, every
@@ -103,6 +109,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--max-seconds", type=float, default=1800.0, help="chaos phase bound")
     parser.add_argument("--drain-seconds", type=float, default=600.0, help="drain phase bound")
+    parser.add_argument(
+        "--fleet",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N daemons (each in a PID namespace of its own) sharing a PostgreSQL ledger",
+    )
+    parser.add_argument(
+        "--db-restarts", type=int, default=2, help="with --fleet: PostgreSQL crash-restarts"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
@@ -122,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="soak-", dir=cache))
     params = SoakParams(
         workdir=workdir,
-        mode=args.mode,
+        mode=Mode.DAEMON if args.fleet else args.mode,
         runs=args.runs,
         samples=args.samples,
         writers=args.writers,
@@ -145,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         max_seconds=args.max_seconds,
         drain_seconds=args.drain_seconds,
         seed=args.seed,
+        fleet=args.fleet,
+        db_restarts=args.db_restarts if args.fleet else 0,
     )
     report = run_soak(params)
     print(table(report))
@@ -161,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                     "outages": report.outages,
                     "samples_written": report.accounting.total("samples_written"),
                     "wall_seconds": report.wall_seconds,
+                    "fleet": None if report.fleet is None else asdict(report.fleet),
                 },
                 indent=2,
                 default=str,

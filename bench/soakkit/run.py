@@ -71,6 +71,15 @@ class SoakParams:
     max_seconds: float = 1800.0  # the chaos phase
     drain_seconds: float = 600.0
     seed: int = 0
+    fleet: int = 0  # daemons sharing a PostgreSQL ledger (soakkit.fleet); 0: one, on SQLite
+    db_restarts: int = 0  # of the fleet's PostgreSQL, spread over the soak
+
+
+@dataclass
+class FleetReport:
+    daemons: int
+    db_restarts: int
+    runs_per_daemon: dict[str, int]
 
 
 @dataclass
@@ -99,6 +108,7 @@ class SoakReport:
     secret_found_in: list[str]
     tracebacks_in: list[str]
     writer_failures: list[str]
+    fleet: FleetReport | None = None
 
     @property
     def violations(self) -> list[str]:
@@ -107,6 +117,10 @@ class SoakReport:
         found += [f"the API key appears in {place}" for place in self.secret_found_in]
         found += [f"a Python traceback in {log}" for log in self.tracebacks_in]
         found += self.writer_failures
+        if self.fleet is not None and self.fleet.db_restarts < self.params.db_restarts:
+            found.append(
+                f"PostgreSQL restarted {self.fleet.db_restarts} times, not {self.params.db_restarts}"
+            )
         if self.params.mode == Mode.DAEMON:
             if self.uploader_exits:
                 found.append(f"the daemon exited by itself: {dict(self.uploader_exits)}")
@@ -146,8 +160,24 @@ class _Soak:
             rescan_seconds=self.params.rescan_seconds,
         )
         kills = KillPolicy(self.params.kills, self.params.kill_after_seconds, self.rng)
-        uploader_type = Daemon if self.params.mode == Mode.DAEMON else PushOnly
-        self.uploader = uploader_type(self.world, kills)
+        self.database = None
+        if self.params.fleet:
+            from soakkit.fleet import Database, Fleet
+
+            self.database = Database(self.workdir)
+            self.world.shared = self.database.environ
+            self.uploader = Fleet(
+                self.world,
+                kills,
+                self.database,
+                self.params.fleet,
+                self.params.db_restarts,
+                lambda: len(self.completed & self.uploading) / max(1, len(self.uploading)),
+                self.rng,
+            )
+        else:
+            uploader_type = Daemon if self.params.mode == Mode.DAEMON else PushOnly
+            self.uploader = uploader_type(self.world, kills)
         self.overlaps = OverlappingPushes(
             self.world,
             self.params.overlaps,
@@ -164,6 +194,8 @@ class _Soak:
             self.overlaps.close()
             self._stop_writers()
             self.platform.stop()
+            if self.database is not None:
+                self.database.stop()
 
     def _phases(self, started: float) -> SoakReport:
         self._start_writers()
@@ -171,7 +203,7 @@ class _Soak:
         chaos_end = time.monotonic()
         self.chaos.finish()
         self.uploader.drain(self._run_dirs(), self._all_completed, self.params.drain_seconds)
-        daemon_stop_exit = self.uploader.stop_exit if isinstance(self.uploader, Daemon) else None
+        daemon_stop_exit = getattr(self.uploader, "stop_exit", None)
         self.overlaps.finish()
         writer_failures = self._stop_writers()
         drain_end = time.monotonic()
@@ -205,6 +237,11 @@ class _Soak:
             secret_found_in=self._secret_found_in(),
             tracebacks_in=self._tracebacks_in(),
             writer_failures=writer_failures,
+            fleet=None
+            if self.database is None
+            else FleetReport(
+                self.params.fleet, self.database.restarts, self.uploader.runs_per_daemon()
+            ),
         )
 
     # -- phases ---------------------------------------------------------------------------
@@ -290,10 +327,16 @@ class _Soak:
 
     def _secret_found_in(self) -> list[str]:
         """Every log, the ledger's files and the platform's stored state, searched for the key."""
-        key = self.key.encode()
+        secrets = [self.key.encode()]
+        if self.database is not None:
+            secrets.append(self.database.password_file.read_bytes())
         places = sorted((self.workdir / "logs").iterdir())
-        places += sorted(self.world.state_dir.glob("state.db*"))
-        found = [str(p.relative_to(self.workdir)) for p in places if key in p.read_bytes()]
+        places += sorted(self.workdir.glob("state*/state.db*"))
+        found = [
+            str(p.relative_to(self.workdir))
+            for p in places
+            if any(secret in p.read_bytes() for secret in secrets)
+        ]
         if self.key in str(self.platform.summary()):
             found.append("the platform's stored evaluations")
         return found

@@ -81,6 +81,16 @@ def table(report: SoakReport) -> str:
     ]
     if p.mode == Mode.DAEMON:
         rows.append(("daemon exit on SIGTERM", str(report.daemon_stop_exit)))
+    if report.fleet is not None:
+        spread = ", ".join(f"{h}: {n}" for h, n in sorted(report.fleet.runs_per_daemon.items()))
+        rows.append(
+            (
+                "fleet",
+                f"{report.fleet.daemons} daemons in PID namespaces of their own, one PostgreSQL "
+                f"ledger, restarted {report.fleet.db_restarts} times (-m immediate); runs "
+                f"finalized per daemon: {spread}",
+            )
+        )
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     violations = report.violations

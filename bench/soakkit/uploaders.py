@@ -56,6 +56,8 @@ class EvalpushWorld:
     log_level: str = "warning"
     settle_seconds: float = 6.0
     rescan_seconds: float = 2.0
+    shared: dict[str, str] = field(default_factory=dict)  # a fleet's ledger, for every process
+    last_log: Path | None = None
     _started: int = 0
 
     @property
@@ -77,6 +79,7 @@ class EvalpushWorld:
             EVALPUSH_PLATFORM__CONNECT_TIMEOUT_SECONDS="2",
             EVALPUSH_LOG__LEVEL=self.log_level,
             EVALPUSH_LOG__FORMAT="json",
+            **self.shared,
         )
 
     def daemon_config(self) -> Path:
@@ -89,19 +92,22 @@ class EvalpushWorld:
         )
         return path
 
-    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-        """`python -m evalpush ARGS` logging to `logs/NNNNN-name.log`; `processes.jsonl` says
-        which log had which arguments (to find who touched a run that went wrong)."""
+    def start(
+        self, name: str, args: list[str], *, prefix: tuple[str, ...] = (), **environ: str
+    ) -> subprocess.Popen[bytes]:
+        """`[PREFIX...] python -m evalpush ARGS` logging to `logs/NNNNN-name.log` (`environ`
+        added to the world's); `processes.jsonl` says which log had which arguments (to find
+        who touched a run that went wrong)."""
         self._started += 1
-        log = self.workdir / "logs" / f"{self._started:05d}-{name}.log"
+        log = self.last_log = self.workdir / "logs" / f"{self._started:05d}-{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "evalpush", *args],
+                [*prefix, sys.executable, "-m", "evalpush", *args],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=self.environ(),
+                env={**self.environ(), **environ},
             )
         entry = {"log": log.name, "pid": process.pid, "started": time.time(), "args": args}
         with open(self.workdir / "processes.jsonl", "a") as index:
