@@ -397,10 +397,16 @@ class LedgerServer:
         with self.lock:
             connection = self._connect()
             try:
-                with connection.transaction():
-                    if not durable:
-                        connection.execute("SET LOCAL synchronous_commit TO off")
+                # One round trip opens it, with the commit's durability (psycopg's own
+                # transaction() would spend one on BEGIN and another on the setting).
+                connection.execute(_BEGIN if durable else _BEGIN_UNSYNCED)
+                try:
                     yield _Statements(connection)
+                except BaseException:
+                    if not connection.broken:
+                        connection.execute("ROLLBACK")
+                    raise
+                connection.execute("COMMIT")
             except LedgerError:
                 raise
             except Exception as exc:
@@ -438,6 +444,10 @@ class LedgerServer:
                         "UPDATE runs SET last_error = ? WHERE last_error = ?", (scrubbed, text)
                     )
         return len(changed)
+
+
+_BEGIN = "BEGIN"
+_BEGIN_UNSYNCED = "BEGIN; SET LOCAL synchronous_commit TO off"
 
 
 def _is_database_error(exc: BaseException) -> bool:

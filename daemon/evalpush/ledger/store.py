@@ -46,6 +46,7 @@ from evalpush.ledger.file import LedgerFile, Upgrade, default_path
 from evalpush.ledger.reads import LedgerReads
 from evalpush.ledger.records import (
     CLAIM_COLUMNS,
+    COLUMNS,
     DAEMON_COLUMNS,
     MESSAGE_COLUMNS,
     SELECT,
@@ -262,9 +263,10 @@ class Ledger(LedgerReads):
                         host=previous.host,
                         since=previous.since,
                     )
-            db.execute(
+            row = db.execute(
                 "UPDATE runs SET claim_owner = ?, claim_host = ?, claim_boot = ?, claim_pid = ?, "
-                "claim_start = ?, claim_pidns = ?, claim_since = ?, claim_expires = ? WHERE id = ?",
+                "claim_start = ?, claim_pidns = ?, claim_since = ?, claim_expires = ? WHERE id = ? "
+                f"RETURNING {', '.join(COLUMNS)}",
                 (
                     owner,
                     process.host,
@@ -276,8 +278,8 @@ class Ledger(LedgerReads):
                     expires,
                     row_id,
                 ),
-            )
-            claimed = RunRecord(*db.execute(f"{SELECT} WHERE id = ?", (row_id,)).fetchone())
+            ).fetchone()
+            claimed = RunRecord(*row)
             self._deferred.pop(row_id, None)  # a write left over from a claim given up
         return claimed, previous
 
@@ -303,12 +305,10 @@ class Ledger(LedgerReads):
         """Push the leases of `owners`' claims to `expires`; returns those still held."""
         marks = ", ".join("?" * len(owners))
         with self._transaction(durable=False) as db:  # a lease lost to power loss: a reboot
-            db.execute(
-                f"UPDATE runs SET claim_expires = ? WHERE claim_owner IN ({marks})",
-                (expires, *owners),
-            )
             rows = db.execute(
-                f"SELECT claim_owner FROM runs WHERE claim_owner IN ({marks})", owners
+                f"UPDATE runs SET claim_expires = ? WHERE claim_owner IN ({marks}) "
+                "RETURNING claim_owner",
+                (expires, *owners),
             ).fetchall()
         return {owner for (owner,) in rows}
 
