@@ -370,3 +370,52 @@ OUTAGE_EVENT = (
     "shared ledger unreachable: uploads pause (nothing is sent without its intent written) "
     "until it is back"
 )
+
+
+class TestPushesOnTwoHosts:
+    def test_pushes_of_one_tree_from_two_hosts_upload_each_run_once(
+        self, pg_url: str, local_platform, tmp_path: Path
+    ):
+        """Two `push` processes, each in a PID namespace of its own (another host, as far as
+        their claims go), push the same runs at once through the shared ledger."""
+        import shutil
+        import subprocess
+        import sys
+
+        from daemon_support import RunDir
+        from pushing import assert_exactly_once, push_environ
+
+        if shutil.which("unshare") is None:
+            pytest.skip("no unshare (util-linux)")
+        root = tmp_path / "outputs"
+        group = root / "gsm8k--model--harness"
+        for n in range(6):
+            run = RunDir(group).config(num_tasks=10)
+            run.write(run.lines(20 + n))
+        password_file = tmp_path / "pw"
+        password_file.write_text(PASSWORD)
+        local_platform.inject("stall", on="samples", count=6, seconds=0.2)
+        pushes = [
+            subprocess.Popen(
+                ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+                + [sys.executable, "-m", "evalpush", "push", str(root)],
+                env=push_environ(
+                    local_platform,
+                    tmp_path,
+                    EVALPUSH_STATE_DIR=str(tmp_path / f"state-{n}"),
+                    EVALPUSH_LEDGER__URL=pg_url,
+                    EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+                ),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for n in range(2)
+        ]
+        outputs = [p.communicate(timeout=120) for p in pushes]
+
+        for push, (out, err) in zip(pushes, outputs, strict=True):
+            assert push.returncode == 0, err.decode()
+            assert PASSWORD.encode() not in out + err
+        assert_exactly_once(local_platform, root)
+        said = b"".join(out for out, _ in outputs).decode()
+        assert said.count("finalized") >= 6, said  # each run: uploaded by one, seen by the other
