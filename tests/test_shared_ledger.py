@@ -419,3 +419,101 @@ class TestPushesOnTwoHosts:
         assert_exactly_once(local_platform, root)
         said = b"".join(out for out, _ in outputs).decode()
         assert said.count("finalized") >= 6, said  # each run: uploaded by one, seen by the other
+
+
+def test_a_shared_ledger_without_the_postgres_extra_is_a_clear_error(tmp_path: Path):
+    """`pip install evalpush` alone has no PostgreSQL driver: a url is an error naming the
+    extra (exit 2), not a traceback."""
+    import subprocess
+    import sys
+
+    environ = clean_environ(
+        EVALPUSH_STATE_DIR=str(tmp_path / "state"),
+        EVALPUSH_LEDGER__URL="postgresql://evalpush@127.0.0.1:1/evalpush",
+    )
+    without_driver = (
+        "import sys; sys.modules['psycopg'] = None; from evalpush.cli import main; "
+        "sys.exit(main(['status']))"
+    )
+
+    done = subprocess.run(
+        [sys.executable, "-c", without_driver],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'evalpush[postgres]'" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+class TestOneTreeTwoMounts:
+    def test_daemons_seeing_the_tree_at_different_paths_upload_each_run_once(
+        self, pg_url: str, local_platform, tmp_path: Path
+    ):
+        """Host a mounts the tree at one path, host b at another (a bind mount): a run is
+        one run, known by its run id, uploaded once."""
+        import subprocess
+
+        from daemon_support import Daemon, RunDir, completed, daemon_environ, wait_until
+        from pushing import assert_exactly_once
+
+        tree = tmp_path / "tree"
+        group = tree / "gsm8k--model--harness"
+        group.mkdir(parents=True)
+        mount_a, mount_b = tmp_path / "mnt-a", tmp_path / "mnt-b"
+        mount_a.mkdir()
+        mount_b.mkdir()
+        for mount in (mount_a, mount_b):
+            bound = subprocess.run(
+                ["mount", "--bind", str(tree), str(mount)], capture_output=True, text=True
+            )
+            if bound.returncode != 0:
+                pytest.skip(f"a bind mount needs root: {bound.stderr.strip()}")
+        password_file = tmp_path / "pw"
+        password_file.write_text(PASSWORD)
+        daemons = []
+        try:
+            for name, mount in (("a", mount_a), ("b", mount_b)):
+                environ = daemon_environ(
+                    local_platform,
+                    tmp_path,
+                    [mount],
+                    EVALPUSH_STATE_DIR=str(tmp_path / f"state-{name}"),
+                    EVALPUSH_LEDGER__URL=pg_url,
+                    EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+                    EVALPUSH_LEDGER__LEASE_SECONDS="5",
+                )
+                prefix = ("unshare", "--pid", "--fork", "--mount-proc", "--kill-child")
+                daemons.append(Daemon(environ, prefix=prefix).started())
+            runs = []
+            for n in range(6):
+                run = RunDir(group).config(num_tasks=5)
+                run.write(run.lines(10 + n))
+                runs.append(run)
+            wait_until(
+                lambda: all(completed(local_platform, r.run_id) for r in runs),
+                "every run COMPLETED",
+            )
+            with shared(pg_url, read_only=True) as ledger:
+                rows = wait_until(
+                    lambda: (
+                        (found := ledger.all())
+                        and all(r.state == State.FINALIZED for r in found)
+                        and found
+                    ),
+                    "every run finalized in the ledger",
+                )
+        finally:
+            for daemon in daemons:
+                daemon.kill()
+            for mount in (mount_a, mount_b):
+                subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+        assert_exactly_once(local_platform, tree)
+        assert len(rows) == len(runs)  # one row per run, whichever path it was seen at
+        for daemon in daemons:
+            assert not daemon.find("upload failed"), daemon.text()
+            assert [e for e in daemon.events if e.get("level") in ("warning", "error")] == []

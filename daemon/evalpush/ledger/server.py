@@ -32,7 +32,7 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from evalpush.core.errors import LedgerError, LedgerUnavailable
+from evalpush.core.errors import ConfigError, LedgerError, LedgerUnavailable
 from evalpush.ledger import schema
 from evalpush.ledger.records import stored_text
 from evalpush.log import get_logger
@@ -213,6 +213,13 @@ class LedgerServer:
         self._report_gap = FIRST_REPORT_SECONDS
         self._error = ""
         self._available = threading.Condition(self.lock)
+        try:
+            import psycopg  # noqa: F401 - an extra: said here, before anything else is tried
+        except ImportError:
+            raise ConfigError(
+                "ledger.url: a shared ledger needs PostgreSQL's driver, which this install "
+                "lacks: pip install 'evalpush[postgres]'"
+            ) from None
         with self.lock:
             self._connect()
             self._prepare()
