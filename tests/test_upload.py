@@ -42,6 +42,7 @@ from evalpush.upload.steps import MAX_REFUSALS_NOT_BORNE_OUT
 from pushing import as_the_eval_sends, assert_run_exactly_once
 from support import platform_view, producer, runs
 from support.canned import ObservedTransport
+from support.postgres import PASSWORD as PG_PASSWORD
 from support.runs import rewrite_in_place
 
 MIB = 1024 * 1024
@@ -207,6 +208,25 @@ def runs_root(tree: Path) -> Path:
 
 
 @pytest.fixture
+def ledger(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Ledger]:
+    """The ledger the uploader writes: the file, or for the classes with `BOTH_STORES` each
+    store in turn (the protocol's writes, reconciliation, claims, history and set-aside
+    records on PostgreSQL too; what the rest test does not touch the store)."""
+    if getattr(request, "param", "sqlite") == "sqlite":
+        opened = Ledger(tmp_path / "state" / "state.db")
+    else:
+        opened = Ledger.shared(request.getfixturevalue("pg_url"), password=PG_PASSWORD)
+    with opened:
+        yield opened
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test of a class with `BOTH_STORES = True` that uses the ledger runs on each store."""
+    if "ledger" in metafunc.fixturenames and getattr(metafunc.cls, "BOTH_STORES", False):
+        metafunc.parametrize("ledger", ["sqlite", "postgresql"], indirect=True)
+
+
+@pytest.fixture
 def make_uploader(
     ledger: Ledger,
     make_platform_client: Callable[..., PlatformClient],
@@ -270,6 +290,8 @@ def upload(uploader: Uploader, run_dir: Path) -> RunRecord:
 
 
 class TestHappyPath:
+    BOTH_STORES = True
+
     def test_a_run_is_resolved_created_pushed_in_batches_and_finalized_once(
         self, local_platform, uploader, ledger, runs_root
     ):
@@ -333,6 +355,8 @@ AMBIGUOUS_FAULTS = [
 
 class TestAmbiguousFailures:
     """A non-replayable step that may or may not have happened is read back, never resent blind."""
+
+    BOTH_STORES = True
 
     @pytest.fixture
     def short_timeout_uploader(self, make_uploader, make_platform_client):
@@ -560,6 +584,8 @@ def delete_evaluation(platform: LocalPlatform, kind: str) -> Callable[[], None]:
 
 
 class TestEvaluationGone:
+    BOTH_STORES = True
+
     @pytest.mark.parametrize("batches_before", [1, 3], ids=["mid-run", "at-finalize"])
     def test_a_deleted_evaluation_is_recorded_and_a_new_one_completes(
         self, local_platform, uploader, ledger, runs_root, batches_before
@@ -859,6 +885,8 @@ def with_bad_lines(good: list[bytes]) -> list[bytes]:
 
 
 class TestBadInput:
+    BOTH_STORES = True
+
     def test_bad_lines_are_set_aside_with_their_line_numbers_and_the_rest_finalize(
         self, local_platform, uploader, ledger, runs_root
     ):
@@ -1271,6 +1299,8 @@ class TestInlinePush:
 
 
 class TestConcurrency:
+    BOTH_STORES = True
+
     def test_service_push_finalizes_every_run_once_with_at_most_max_concurrent_runs_at_a_time(
         self, local_platform, make_service, runs_root
     ):
@@ -1496,6 +1526,8 @@ def outage_then_stop(platform: LocalPlatform, stop: threading.Event) -> Callable
 
 
 class TestClaimsInOneProcess:
+    BOTH_STORES = True
+
     @pytest.mark.parametrize("way_out", ["done", "failed", "held", "interrupted", "error"])
     def test_the_claim_is_released_on_every_way_out_of_an_upload(
         self, local_platform, make_uploader, ledger, stop_event, runs_root, way_out
@@ -1715,6 +1747,8 @@ class TestEnvironmentRenamed:
 
 
 class TestRunIdentity:
+    BOTH_STORES = True
+
     def test_a_finalized_run_moved_elsewhere_is_the_same_run_and_nothing_is_sent(
         self, local_platform, uploader, ledger, runs_root
     ):

@@ -80,7 +80,16 @@ class Uploader:
 
     def _claim(self, run_id: str, path: Path, kind: str) -> RunRecord:
         claimed, gone = self.claims.take(run_id=run_id, path=path, kind=kind)
-        if gone is not None:
+        if gone is not None and self.claims.process.same_process(gone):
+            # Its own claim, left when a write failed (a shared ledger's database went away
+            # mid-upload): taken back, and the run resumes from the ledger all the same.
+            get_logger(run=run_id).info(
+                "took back this process's own claim, left by a failed write: resuming from "
+                "the ledger, reconciling with the platform",
+                step=claimed.step,
+                pending=claimed.pending,
+            )
+        elif gone is not None:
             get_logger(run=run_id).warning(
                 "took over the claim of a process that is gone: resuming from the ledger, "
                 "reconciling with the platform",
@@ -105,7 +114,8 @@ class Uploader:
             self.claims.release(claimed)
         except LedgerError as exc:
             get_logger(run=claimed.run_id).warning(
-                "could not release the run's claim: it is taken over once this process exits",
+                "could not release the run's claim: it is taken over once its holder is seen "
+                "gone (this process takes it back at its next attempt)",
                 error=str(exc),
             )
 
