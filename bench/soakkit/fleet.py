@@ -25,11 +25,11 @@ from pathlib import Path
 
 from soakkit.uploaders import (
     DAEMON_DEATHS_TO_GIVE_UP,
-    DRAIN_POLL_SECONDS,
     STOP_TIMEOUT_SECONDS,
     EvalpushWorld,
     KillPolicy,
     kill,
+    work_until_done,
 )
 
 TESTS = Path(__file__).resolve().parents[2] / "tests"
@@ -152,13 +152,7 @@ class Fleet:
         self.kills.budget = 0
         for host in self._hosts:
             host.kill_at = None
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not self.broken:
-            self.step([])
-            if done():
-                time.sleep(self.world.settle_seconds + 2 * self.world.rescan_seconds)
-                break
-            time.sleep(DRAIN_POLL_SECONDS)
+        work_until_done(self, done, seconds)
         for host in self._hosts:
             if host.process is None or host.process.poll() is not None:
                 continue

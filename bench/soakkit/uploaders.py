@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from soakkit.platform import clean_environ
 from soakkit.writers import MARKER
@@ -205,6 +206,20 @@ class PushOnly(_KilledAtRandom):
         self._process = None
 
 
+def work_until_done(uploader: Daemon | Any, done: Callable[[], bool], seconds: float) -> None:
+    """Step `uploader` (daemons: started again if they die) until `done()`, then a quiet while
+    (the settle time and two rescans: a run that cannot upload, written last and ready by
+    settling, is still waiting when the uploading runs are all done), or `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    world = uploader.world
+    while time.monotonic() < deadline and not uploader.broken:
+        uploader.step([])
+        if done():
+            time.sleep(world.settle_seconds + 2 * world.rescan_seconds)
+            return
+        time.sleep(DRAIN_POLL_SECONDS)
+
+
 @dataclass
 class Daemon(_KilledAtRandom):
     """`evalpush run` on the tree, killed at random and started again; it must not die alone."""
@@ -222,17 +237,9 @@ class Daemon(_KilledAtRandom):
             self._start("daemon", ["--config", str(self.world.daemon_config()), "run"])
 
     def drain(self, every_run: list[Path], done: Callable[[], bool], seconds: float) -> None:
-        """Kills off: wait until `done()` and then a quiet while (the settle time and two
-        rescans: a run that cannot upload, written last and ready by settling, is still
-        waiting when the uploading runs are all done), then SIGTERM."""
+        """Kills off: work until `done()` and a quiet while (`work_until_done`), then SIGTERM."""
         self.kills.budget, self._kill_at = 0, None
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and not self.broken:
-            self.step([])
-            if done():
-                time.sleep(self.world.settle_seconds + 2 * self.world.rescan_seconds)
-                break
-            time.sleep(DRAIN_POLL_SECONDS)
+        work_until_done(self, done, seconds)
         self._reap_or_kill()
         if self._process is None:
             return

@@ -31,7 +31,6 @@ from evalpush import __version__
 from evalpush.config import Config, load_config
 from evalpush.core.errors import (
     AuthError,
-    Busy,
     CertificateError,
     ConfigError,
     EvalpushError,
@@ -45,6 +44,7 @@ from evalpush.ledger import (
     Process,
     RunRecord,
     default_path,
+    held_by,
     holder_alive,
     open_ledger,
     where,
@@ -695,12 +695,10 @@ def _find(ledger: Ledger, key: str, *, busy_ok: bool = False) -> RunRecord:
     record = found[0]
     holder = record.holder
     if not busy_ok and holder is not None and holder_alive(holder, Process.current(), time.time()):
-        raise Busy(
+        raise held_by(
+            holder,
             f"run {record.run_id} is being uploaded by {holder.describe()}: try again once it is "
             "done",
-            pid=holder.pid,
-            host=holder.host,
-            since=holder.since,
         )
     return record
 

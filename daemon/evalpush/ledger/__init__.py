@@ -5,6 +5,7 @@ from evalpush.ledger.claims import (
     Claims,
     Holder,
     Process,
+    held_by,
     holder_alive,
     process_start,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "RunRecord",
     "SCHEMA_VERSION",
     "default_path",
+    "held_by",
     "holder_alive",
     "next_step",
     "open_ledger",

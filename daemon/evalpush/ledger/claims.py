@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from evalpush.core.errors import Busy
 from evalpush.log import get_logger
 
 if TYPE_CHECKING:
@@ -101,6 +102,11 @@ class Holder(msgspec.Struct, frozen=True, gc=False):
     def describe(self, here: Process | None = None) -> str:
         where = "" if here is not None and here.host == self.host else f" on {self.host}"
         return f"pid {self.pid}{where}"
+
+
+def held_by(holder: Holder, message: str) -> Busy:
+    """`Busy` saying `message`, naming who holds the run (its pid, host and since when)."""
+    return Busy(message, pid=holder.pid, host=holder.host, since=holder.since)
 
 
 def boot_id() -> str:

@@ -36,7 +36,7 @@ import msgspec
 
 from evalpush.core.errors import LedgerError
 from evalpush.ledger import schema
-from evalpush.ledger.records import stored_text
+from evalpush.ledger.records import scrub_stored_texts
 from evalpush.log import get_logger, scrub
 
 T = TypeVar("T")
@@ -434,19 +434,7 @@ class LedgerFile:
         file is rebuilt (`VACUUM`) and the write-ahead log emptied: no stale copy is left in the
         free space of a page.
         One read of the distinct texts when there is nothing to do; returns how many changed."""
-        rows = self.query(
-            "SELECT reason FROM set_aside UNION SELECT reason FROM runs "
-            "UNION SELECT last_error FROM runs WHERE last_error IS NOT NULL"
-        )
-        changed = {text: stored_text(text) for (text,) in rows if stored_text(text) != text}
-        if changed:
-            with self.transaction() as db:
-                for text, scrubbed in changed.items():
-                    db.execute("UPDATE set_aside SET reason = ? WHERE reason = ?", (scrubbed, text))
-                    db.execute("UPDATE runs SET reason = ? WHERE reason = ?", (scrubbed, text))
-                    db.execute(
-                        "UPDATE runs SET last_error = ? WHERE last_error = ?", (scrubbed, text)
-                    )
+        changed = scrub_stored_texts(self.query, self.transaction)
         if changed or rewrite:
             self._rewrite_file()
         return len(changed)

@@ -14,9 +14,8 @@ import time
 
 import msgspec
 
-from evalpush.core.errors import Busy
 from evalpush.core.states import State
-from evalpush.ledger.claims import Process, holder_alive
+from evalpush.ledger.claims import Process, held_by, holder_alive
 from evalpush.ledger.records import CLAIM_COLUMNS, COLUMNS, RunRecord
 from evalpush.ledger.store import Ledger
 
@@ -50,12 +49,10 @@ def move(source: Ledger, target: Ledger) -> Moved:
     for record in records:
         holder = record.holder
         if holder is not None and holder_alive(holder, here, now):
-            raise Busy(
+            raise held_by(
+                holder,
                 f"run {record.run_id} is being uploaded by pid {holder.pid}: stop the daemon "
                 "(and any push) on this host before moving its ledger",
-                pid=holder.pid,
-                host=holder.host,
-                since=holder.since,
             )
     forgotten = source._query("SELECT run_id, evaluation_id, at FROM forgotten")
     added = replaced = kept = 0

@@ -3,7 +3,9 @@ before (`HistoryRecord`), and which columns each kind of write may touch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -117,6 +119,26 @@ class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
 
 
 DAEMON_COLUMNS = ", ".join(DaemonRecord.__struct_fields__)
+
+
+def scrub_stored_texts(
+    query: Callable[[str], list[tuple[Any, ...]]], transaction: Callable[[], Any]
+) -> int:
+    """Scrub every text a ledger holds (what servers said: set-aside reasons, a run's reason
+    and last error) of the secrets registered now, through its store's `query` and
+    `transaction`; how many distinct texts changed. One read when there is nothing to do."""
+    rows = query(
+        "SELECT reason FROM set_aside UNION SELECT reason FROM runs "
+        "UNION SELECT last_error FROM runs WHERE last_error IS NOT NULL"
+    )
+    changed = {text: stored_text(text) for (text,) in rows if stored_text(text) != text}
+    if changed:
+        with transaction() as db:
+            for text, scrubbed in changed.items():
+                db.execute("UPDATE set_aside SET reason = ? WHERE reason = ?", (scrubbed, text))
+                db.execute("UPDATE runs SET reason = ? WHERE reason = ?", (scrubbed, text))
+                db.execute("UPDATE runs SET last_error = ? WHERE last_error = ?", (scrubbed, text))
+    return len(changed)
 
 
 def stored_text(text: str) -> str:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from evalpush.core.errors import ConfigError, LedgerError, LedgerUnavailable
 from evalpush.ledger import schema
-from evalpush.ledger.records import stored_text
+from evalpush.ledger.records import scrub_stored_texts, stored_text
 from evalpush.log import get_logger
 
 if TYPE_CHECKING:
@@ -437,20 +437,9 @@ class LedgerServer:
         """Scrub every text the ledger holds of the secrets registered now; how many changed.
         (The rows' older versions are the server's to reclaim: `rewrite` has no file to
         rebuild here.)"""
-        rows = self.query(
-            "SELECT reason FROM set_aside UNION SELECT reason FROM runs "
-            "UNION SELECT last_error FROM runs WHERE last_error IS NOT NULL"
-        )
-        changed = {text: stored_text(text) for (text,) in rows if stored_text(text) != text}
-        if changed and not self.read_only:
-            with self.transaction() as db:
-                for text, scrubbed in changed.items():
-                    db.execute("UPDATE set_aside SET reason = ? WHERE reason = ?", (scrubbed, text))
-                    db.execute("UPDATE runs SET reason = ? WHERE reason = ?", (scrubbed, text))
-                    db.execute(
-                        "UPDATE runs SET last_error = ? WHERE last_error = ?", (scrubbed, text)
-                    )
-        return len(changed)
+        if self.read_only:
+            return 0
+        return scrub_stored_texts(self.query, self.transaction)
 
 
 _BEGIN = "BEGIN"

@@ -41,7 +41,7 @@ from evalpush.core.errors import Busy, ClaimLost, LedgerError
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import Outcome, State, Step
 from evalpush.ledger import schema
-from evalpush.ledger.claims import Holder
+from evalpush.ledger.claims import Holder, held_by
 from evalpush.ledger.file import LedgerFile, Upgrade, default_path
 from evalpush.ledger.reads import LedgerReads
 from evalpush.ledger.records import (
@@ -257,11 +257,8 @@ class Ledger(LedgerReads):
                 record = RunRecord(*row)
                 row_id, previous = record.id, record.holder
                 if previous is not None and alive(previous):
-                    raise Busy(
-                        f"run {run_id} is being uploaded by {previous.describe(process)}",
-                        pid=previous.pid,
-                        host=previous.host,
-                        since=previous.since,
+                    raise held_by(
+                        previous, f"run {run_id} is being uploaded by {previous.describe(process)}"
                     )
             row = db.execute(
                 "UPDATE runs SET claim_owner = ?, claim_host = ?, claim_boot = ?, claim_pid = ?, "
