@@ -437,7 +437,7 @@ class LedgerFile:
         changed = scrub_stored_texts(self.query, self.transaction)
         if changed or rewrite:
             self._rewrite_file()
-        return len(changed)
+        return changed
 
     def _rewrite_file(self) -> None:
         """Rebuild the file from its live rows (`VACUUM`) and empty the write-ahead log: what a
