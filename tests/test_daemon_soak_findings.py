@@ -21,6 +21,9 @@ LEDGER_POLL_SECONDS = 0.2  # how often the daemon takes up the ledger's queued r
 LEDGER_POLLS = 3
 
 
+FINALIZED_BY_ANOTHER = "run already finalized by another process: nothing sent"
+
+
 class TestPushBesideAWaitingRun:
     def test_a_run_pushed_while_the_daemon_waits_for_it_to_settle_stays_finalized_once_it_settles(
         self, local_platform: LocalPlatform, tmp_path: Path
@@ -47,6 +50,7 @@ class TestPushBesideAWaitingRun:
                 lambda: (
                     daemon.find("upload ended", run=run.run_id)
                     or daemon.find("run finalized", run=run.run_id)
+                    or daemon.find(FINALIZED_BY_ANOTHER, run=run.run_id)
                 ),
                 "the daemon's upload of the run to end",
             )

@@ -885,8 +885,6 @@ def with_bad_lines(good: list[bytes]) -> list[bytes]:
 
 
 class TestBadInput:
-    BOTH_STORES = True
-
     def test_bad_lines_are_set_aside_with_their_line_numbers_and_the_rest_finalize(
         self, local_platform, uploader, ledger, runs_root
     ):
@@ -1299,8 +1297,6 @@ class TestInlinePush:
 
 
 class TestConcurrency:
-    BOTH_STORES = True
-
     def test_service_push_finalizes_every_run_once_with_at_most_max_concurrent_runs_at_a_time(
         self, local_platform, make_service, runs_root
     ):
@@ -1747,8 +1743,6 @@ class TestEnvironmentRenamed:
 
 
 class TestRunIdentity:
-    BOTH_STORES = True
-
     def test_a_finalized_run_moved_elsewhere_is_the_same_run_and_nothing_is_sent(
         self, local_platform, uploader, ledger, runs_root
     ):
