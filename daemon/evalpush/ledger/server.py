@@ -212,7 +212,6 @@ class LedgerServer:
         self._next_report = 0.0
         self._report_gap = FIRST_REPORT_SECONDS
         self._error = ""
-        self._available = threading.Condition(self.lock)
         try:
             import psycopg  # noqa: F401 - an extra: said here, before anything else is tried
         except ImportError:
@@ -263,7 +262,6 @@ class LedgerServer:
                 down_seconds=round(time.monotonic() - self._down_since, 1),
             )
             self._down_since = None
-            self._available.notify_all()
         return connection
 
     def _drop(self) -> None:
