@@ -274,7 +274,7 @@ class LedgerServer:
         """The database cannot be reached: said once per outage, here; the callers pause."""
         self._drop()
         self._error = _said(exc)
-        if self._down_since is None:
+        if self._down_since is None and not self.read_only:  # a reader just fails, saying why
             self._down_since = time.monotonic()
             self._next_report = self._down_since + FIRST_REPORT_SECONDS
             self._report_gap = FIRST_REPORT_SECONDS
