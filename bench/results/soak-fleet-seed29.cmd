@@ -1,0 +1,1 @@
+cd /tmp/soakcode-e4b144c && PYTHONPATH=/tmp/soakcode-e4b144c/daemon /work/main/.venv/bin/python bench/soak.py --fleet 3 --runs 300 --samples 100000 --kills 60 --db-restarts 2 --seed 29 --max-seconds 2400 --drain-seconds 900 --json /work/notes/soak/fleet-29-final.json
