@@ -10,6 +10,7 @@ asserted as timings.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -413,6 +414,9 @@ def make_tree(root: Path, directories: int) -> None:
         (root / f"d{i}" / "sub").mkdir(parents=True)
 
 
+ROOT_WATCH_TRIES = 3
+
+
 @needs_namespaces
 class TestInotifyLimits:
     def test_auto_falls_back_to_polling_at_the_watch_limit_and_says_how_to_raise_it(self, tmp_path):
@@ -452,7 +456,15 @@ class TestInotifyLimits:
     def test_forced_inotify_at_the_watch_limit_keeps_inotify_and_says_so_once(self, tmp_path):
         make_tree(tmp_path / "root", 100)
 
-        result = run_limited(tmp_path / "root", kind="inotify", max_watches=50)
+        # Under a full suite's load the kernel has, twice in fresh-clone runs with six workers,
+        # refused the root's own watch at start (with 100 directories and room for 50): the
+        # error then is the right one for a forced observer, but not the case this test is
+        # about, so that refusal is tried again a few times before the test judges.
+        for _ in range(ROOT_WATCH_TRIES):
+            result = run_limited(tmp_path / "root", kind="inotify", max_watches=50)
+            if "watching" in result or "watch limit is reached" not in (result["error"] or ""):
+                break
+            shutil.rmtree(tmp_path / "root" / "late", ignore_errors=True)  # the child makes it
 
         assert result.get("watching") == {str(tmp_path / "root"): "inotify"}, result
         errors = [e for e in result["events"] if e["log_level"] == "error"]
