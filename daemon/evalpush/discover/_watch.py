@@ -288,8 +288,9 @@ class Watcher:
         self._parents.clear()
 
     def _check_inotify_limit(self) -> None:
-        # watchdog skips, without a word, a subdirectory whose watch the kernel refuses: when
-        # one more watch fails now, some directory may already have gone unwatched.
+        # watchdog refuses a tree it cannot watch whole at start, but a directory made later
+        # whose watch the kernel refuses is only a line in its own logger: when one more watch
+        # fails now, some directory may already have gone unwatched.
         on_inotify = [r for r, w in self._watched.items() if w.kind is ObserverKind.INOTIFY]
         if not on_inotify or self._limit_reported:
             return
