@@ -346,7 +346,9 @@ class TestOutage:
             lines[-1],
         )
         assert ended, lines[-1]
-        assert int(ended[1]) >= self.OUTAGE_SECONDS - 1
+        # As the push saw it: from its first failed request (which may come seconds after the
+        # outage began, on a loaded box) past the report at 5 s, to the platform's return.
+        assert 5 <= int(ended[1]) <= self.OUTAGE_SECONDS + 2
         assert "4/4 samples" in done.stdout
 
 
