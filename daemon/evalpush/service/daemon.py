@@ -178,9 +178,10 @@ class _Parts:
                 )
                 return
             upload_started(log)
-            started, began = time.monotonic(), time.time()
-            record = self.app.uploader.upload(run, retry_failed=False)
-            if _finalized_before(record, began):
+            started = time.monotonic()
+            at_claim: list[RunRecord] = []
+            record = self.app.uploader.upload(run, retry_failed=False, claimed_as=at_claim.append)
+            if at_claim and _finalized_already(at_claim[0], record):
                 # Another daemon of a fleet finished it between this one finding it ready and
                 # claiming it: nothing was sent, nothing is counted.
                 log.info(
@@ -475,12 +476,14 @@ class Daemon:
         return ", ".join(words)
 
 
-def _finalized_before(record: RunRecord, began: float) -> bool:
-    """Whether the run was finalized before this job began (by another process)."""
+def _finalized_already(claimed: RunRecord, record: RunRecord) -> bool:
+    """Whether the run was finalized when this job claimed it, and this job changed nothing
+    (another process finalized it between this one finding it ready and claiming it)."""
     return (
-        record.state == State.FINALIZED
-        and record.finalized_at is not None
-        and record.finalized_at < began
+        claimed.state == State.FINALIZED
+        and record.state == State.FINALIZED
+        and (claimed.evaluation_id, claimed.finalized_at)
+        == (record.evaluation_id, record.finalized_at)
     )
 
 

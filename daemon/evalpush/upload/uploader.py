@@ -54,10 +54,20 @@ class Uploader:
     def client(self) -> PlatformClient:
         return self.context.client
 
-    def upload(self, run: Run, *, retry_failed: bool = True) -> RunRecord:
+    def upload(
+        self,
+        run: Run,
+        *,
+        retry_failed: bool = True,
+        claimed_as: Callable[[RunRecord], object] | None = None,
+    ) -> RunRecord:
         """Take `run` as far as it can go now, under its claim; returns its ledger row
-        afterwards (held by nobody). `Busy` if another live process holds the run."""
+        afterwards (held by nobody). `Busy` if another live process holds the run.
+        `claimed_as` hears the row as the claim found it (a daemon tells a run another process
+        finalized from one it finalized itself)."""
         claimed = self._claim(run.run_id, run.path, run.kind)
+        if claimed_as is not None:
+            claimed_as(claimed)
         return self._release_after(claimed, lambda: self._work(claimed, run, retry_failed))
 
     def fail(self, directory: Path, error: RunError) -> RunRecord:
