@@ -1,0 +1,1 @@
+cd /tmp/soakcode-6c9cb7c && PYTHONPATH=/tmp/soakcode-6c9cb7c/daemon /work/main/.venv/bin/python bench/soak.py --fleet 3 --runs 300 --samples 100000 --kills 60 --db-restarts 2 --seed 30 --max-seconds 2400 --drain-seconds 900 --json /work/notes/soak/fleet-30.json
