@@ -347,8 +347,9 @@ class TestOutage:
         )
         assert ended, lines[-1]
         # As the push saw it: from its first failed request (which may come seconds after the
-        # outage began, on a loaded box) past the report at 5 s, to the platform's return.
-        assert 5 <= int(ended[1]) <= self.OUTAGE_SECONDS + 2
+        # outage began, on a loaded box) past its report at 5 s, to the probe that got through
+        # (probes back off, so that may be well after the platform's return).
+        assert int(ended[1]) >= 5
         assert "4/4 samples" in done.stdout
 
 
