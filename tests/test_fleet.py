@@ -172,8 +172,9 @@ def test_a_fleet_over_one_tree_uploads_each_run_once_through_kills_and_a_databas
     assert any(host.took_over() for host in hosts), "a killed holder's run was taken over"
     assert any(h.find(OUTAGE) for host in hosts for h in host.lives), "the restart was an outage"
     by_host = {host.name: len(host.finalized()) for host in hosts}
-    assert sum(by_host.values()) == RUNS, by_host  # each run finalized by one daemon, once
-    assert sum(1 for n in by_host.values() if n) >= 2, f"the runs spread over the fleet: {by_host}"
+    # Each run finalized by one daemon, once. (How the runs spread over the daemons is the
+    # soak's figure: with a dozen runs one daemon may well claim them all.)
+    assert sum(by_host.values()) == RUNS, by_host
 
 
 def _wait_all_finalized(url: str, count: int) -> list:

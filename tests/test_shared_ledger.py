@@ -496,6 +496,7 @@ class TestOneTreeTwoMounts:
             wait_until(
                 lambda: all(completed(local_platform, r.run_id) for r in runs),
                 "every run COMPLETED",
+                explain=lambda: "\n".join(d.text()[-8000:] for d in daemons),
             )
             with shared(pg_url, read_only=True) as ledger:
                 rows = wait_until(

@@ -387,6 +387,12 @@ class Daemon:
                 # rescan), the rescan after the database is back finds.
                 next_rescan = next_poll = now + OUTAGE_TURN_SECONDS
                 settles = float("inf")
+            except ClaimLost as exc:
+                # A write about a waiting run lost its race with another process's claim (a
+                # fleet's other daemon, a push): the run is theirs now, and what else this turn
+                # had to look at, the next rescan looks at.
+                self._log.info("a run was claimed by another process meanwhile", error=str(exc))
+                next_rescan = now + OUTAGE_TURN_SECONDS
             if now >= next_status:
                 self._publish(parts, self._status_line(parts))
                 next_status = now + STATUS_SECONDS
