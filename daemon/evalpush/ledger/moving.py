@@ -11,6 +11,7 @@ fleet works on. So nothing finalized is uploaded again. The file is left as it w
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgspec
 
@@ -82,36 +83,36 @@ def move(source: Ledger, target: Ledger) -> Moved:
 
 
 def _drop_shared(
-    db: object, record: RunRecord, row_id: int, evaluation_id: str | None, now: float
+    db: Any, record: RunRecord, row_id: int, evaluation_id: str | None, now: float
 ) -> None:
     """The shared row gives way to this host's finalized record; its evaluation (if another)
     and its history are kept under the run id as forgotten, never to be adopted."""
-    db.execute(  # type: ignore[attr-defined]
+    db.execute(
         "INSERT INTO forgotten (run_id, evaluation_id, at) "
         "SELECT ?, evaluation_id, ? FROM history WHERE run = ? ON CONFLICT DO NOTHING",
         (record.run_id, now, row_id),
     )
     if evaluation_id is not None and evaluation_id != record.evaluation_id:
-        db.execute(  # type: ignore[attr-defined]
+        db.execute(
             "INSERT INTO forgotten (run_id, evaluation_id, at) VALUES (?, ?, ?) "
             "ON CONFLICT DO NOTHING",
             (record.run_id, evaluation_id, now),
         )
-    db.execute("DELETE FROM runs WHERE id = ?", (row_id,))  # type: ignore[attr-defined]
+    db.execute("DELETE FROM runs WHERE id = ?", (row_id,))
 
 
-def _insert(db: object, source: Ledger, record: RunRecord) -> None:
+def _insert(db: Any, source: Ledger, record: RunRecord) -> None:
     values = msgspec.structs.asdict(record)
     marks = ", ".join("?" * len(_MOVED))
-    (row_id,) = db.execute(  # type: ignore[attr-defined]
+    (row_id,) = db.execute(
         f"INSERT INTO runs ({', '.join(_MOVED)}) VALUES ({marks}) RETURNING id",
         tuple(values[c] for c in _MOVED),
     ).fetchone()
-    db.executemany(  # type: ignore[attr-defined]
+    db.executemany(
         'INSERT INTO set_aside (run, line, "offset", size, kind, reason) VALUES (?, ?, ?, ?, ?, ?)',
         [(row_id, s.line, s.offset, s.size, s.kind, s.reason) for s in source.set_aside(record)],
     )
-    db.executemany(  # type: ignore[attr-defined]
+    db.executemany(
         "INSERT INTO history (run, evaluation_id, viewer_url, outcome, at) VALUES (?, ?, ?, ?, ?)",
         [(row_id, h.evaluation_id, h.viewer_url, h.outcome, h.at) for h in source.history(record)],
     )

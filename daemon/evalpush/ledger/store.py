@@ -93,10 +93,10 @@ class Ledger(LedgerReads):
             self._file: LedgerFile | LedgerServer = LedgerFile(
                 path, busy_timeout_seconds=busy_timeout_seconds, read_only=read_only, stop=stop
             )
-            self.where = str(path)
         else:
             self._file = store
-            self.where = store.where
+        self.where = self._file.where
+        """The ledger as people are shown it: the file's path, or the shared ledger's URL."""
         self.path = path
         """The ledger's file; None for a shared ledger (`where` names either)."""
         self.read_only = read_only
