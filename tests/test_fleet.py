@@ -9,6 +9,7 @@ once; and the shared ledger agreeing with it.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import signal
@@ -72,13 +73,14 @@ class Host:
         self.lives[-1].process.send_signal(signal.SIGKILL)
         self.lives[-1].kill()
 
-    def uploading(self) -> bool:
-        """Whether its current life has started an upload it has not ended."""
-        daemon = self.lives[-1]
-        started = {e["run"] for e in daemon.find("upload started")}
-        ended = {e["run"] for e in daemon.events if e.get("event") != "upload started"
-                 and e.get("run") and e.get("stage") != "tracker"}  # fmt: skip
-        return bool(started - ended)
+    def pid_namespace(self) -> str | None:
+        """The PID namespace of its current daemon (the child unshare forked), as claims name it."""
+        unshare = self.lives[-1].process.pid
+        try:
+            child = Path(f"/proc/{unshare}/task/{unshare}/children").read_text().split()[0]
+            return os.readlink(f"/proc/{child}/ns/pid")
+        except (OSError, IndexError):
+            return None
 
     def took_over(self) -> list[str]:
         return [e["run"] for d in self.lives for e in d.find(TOOK_OVER)]
@@ -128,7 +130,7 @@ def test_a_fleet_over_one_tree_uploads_each_run_once_through_kills_and_a_databas
         for name in ("host-a", "host-b", "host-c")
     ]
     # Every samples request held a while: uploads are under way when the kills come.
-    local_platform.inject("stall", on="samples", count=RUNS * 2, seconds=0.15)
+    local_platform.inject("stall", on="samples", count=RUNS * 2, seconds=0.3)
     local_platform.inject("status", on="samples", count=4, status=503)
     try:
         for host in hosts:
@@ -140,9 +142,8 @@ def test_a_fleet_over_one_tree_uploads_each_run_once_through_kills_and_a_databas
             runs.append(run)
             if n == RUNS // 3:
                 # A host mid-upload, killed: its run waits out the lease, then one takes it over.
-                victim = wait_until(
-                    lambda: next((h for h in hosts if h.uploading()), None),
-                    "a daemon uploading a run",
+                victim, held = wait_until(
+                    lambda: _holding(hosts, pg_url), "a daemon holding a run's claim"
                 )
                 victim.kill()
                 victim.start()
@@ -169,12 +170,25 @@ def test_a_fleet_over_one_tree_uploads_each_run_once_through_kills_and_a_databas
     for row in ledger_rows:
         assert evaluations[row.evaluation_id]["metadata"]["run_id"] == row.run_id
         assert evaluations[row.evaluation_id]["finalize_count"] == 1
-    assert any(host.took_over() for host in hosts), "a killed holder's run was taken over"
+    taken_over = {run for host in hosts for run in host.took_over()}
+    assert held & taken_over, f"a run the killed daemon held ({held}) was taken over"
     assert any(h.find(OUTAGE) for host in hosts for h in host.lives), "the restart was an outage"
     by_host = {host.name: len(host.finalized()) for host in hosts}
     # Each run finalized by one daemon, once. (How the runs spread over the daemons is the
     # soak's figure: with a dozen runs one daemon may well claim them all.)
     assert sum(by_host.values()) == RUNS, by_host
+
+
+def _holding(hosts: list[Host], url: str) -> tuple[Host, set[str]] | None:
+    """A host whose daemon holds a claim now, with the runs it holds (from the shared ledger)."""
+    with Ledger.shared(url, password=PASSWORD, read_only=True) as ledger:
+        claimed = [r for r in ledger.all() if r.claim_owner is not None]
+    for host in hosts:
+        namespace = host.pid_namespace()
+        held = {r.run_id for r in claimed if namespace and r.claim_pidns == namespace}
+        if held:
+            return host, held
+    return None
 
 
 def _wait_all_finalized(url: str, count: int) -> list:
