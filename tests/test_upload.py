@@ -349,6 +349,13 @@ AMBIGUOUS_FAULTS = [
     pytest.param({"fault": "stall", "seconds": 2.0}, id="stall-past-the-read-timeout"),
     pytest.param({"fault": "status", "status": 502, "do_work": True}, id="502-after-the-work"),
     pytest.param({"fault": "status", "status": 504}, id="504-without-the-work"),
+    # A status says what the server meant, not what it did: a proxy's 503 while the backend
+    # commits, a 500 raised after the commit, a 408 or 429 from a layer in front of it.
+    *(
+        pytest.param({"fault": "status", "status": s, "do_work": True}, id=f"{s}-after-the-work")
+        for s in (500, 503, 408, 429)
+    ),
+    pytest.param({"fault": "status", "status": 503}, id="503-without-the-work"),
     pytest.param({"fault": "malformed"}, id="malformed-2xx-body"),
 ]
 
