@@ -491,6 +491,17 @@ class Ledger(LedgerReads):
             row = db.execute(f"{SELECT} WHERE id = ?", (record.id,)).fetchone()
         return RunRecord(*row)
 
+    def note_foreign(self, record: RunRecord, evaluation_id: str, viewer_url: str | None) -> None:
+        """An evaluation the run's lines name that is not the run's own: kept in its history
+        (`not the run's`), so that `status RUN` shows it and no upload of the run adopts it."""
+        with self._transaction() as db:
+            self._fence(db, record)
+            db.execute(
+                f"INSERT INTO history (run, evaluation_id, viewer_url, outcome, at) "
+                f"VALUES (?, ?, ?, ?, ?) {_HISTORY_REPLACES}",
+                (record.id, evaluation_id, viewer_url, Outcome.NOT_THE_RUNS, self._clock()),
+            )
+
     # ------------------------------------------------------------ set-aside records and history
 
     def add_set_aside(self, record: RunRecord, items: list[SetAside]) -> None:
