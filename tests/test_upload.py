@@ -42,6 +42,7 @@ from evalpush.upload.steps import MAX_REFUSALS_NOT_BORNE_OUT
 from pushing import as_the_eval_sends, assert_run_exactly_once
 from support import platform_view, producer, runs
 from support.canned import ObservedTransport
+from support.environ import LATE_WRITE_SECONDS
 from support.postgres import PASSWORD as PG_PASSWORD
 from support.runs import rewrite_in_place
 
@@ -240,10 +241,14 @@ def make_uploader(
         progress: Callable[[RunRecord], None] | None = None,
         **sections: dict[str, Any],
     ) -> Uploader:
-        config = Config.model_validate(sections)
+        platform = {"late_write_seconds": float(LATE_WRITE_SECONDS), **sections.get("platform", {})}
+        config = Config.model_validate({**sections, "platform": platform})
         client = client or make_platform_client()
-        context = Context(config, ledger, client, make_retrier(client))
-        uploader = Uploader(context, Claims(ledger))
+        claims = Claims(ledger)
+        context = Context(
+            config, ledger, client, make_retrier(client), lease_left=claims.lease_left
+        )
+        uploader = Uploader(context, claims)
         if progress is not None:
             uploader.progress = progress
         return uploader

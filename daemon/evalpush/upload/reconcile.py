@@ -67,6 +67,7 @@ class Reconciler:
         evaluation (to be closed out), not an orphan left open for ever."""
         if create_pending(record) is None:
             return record
+        self._ctx.wait_for_late_writes(what="an earlier create to land, if it will")
         found = self.find_evaluation(record, run, fresh=True)
         if found is None:
             return record
