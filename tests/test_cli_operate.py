@@ -213,6 +213,63 @@ class TestCommandLine:
             assert json.loads(done.stdout) == []
 
 
+# ---------------------------------------------------------------- a reader that went away
+
+
+class TestClosedPipe:
+    """`evalpush status | head -1`: the reader goes away before evalpush is done writing."""
+
+    @pytest.mark.parametrize(
+        "args",
+        [("status",), ("status", "--json"), ("push", "--json", "OUTPUTS"), ("--help",)],
+    )
+    def test_output_to_a_closed_pipe_ends_quietly_with_141_as_sigpipe_would(
+        self, platform, tmp_path, args
+    ):
+        outputs = tmp_path / "outputs"
+        write_run(outputs)
+        environ = cli_environ(platform, tmp_path)
+        if args[0] == "status":  # a ledger with a run to list
+            pushed = subprocess.run(
+                [sys.executable, "-m", "evalpush", "push", str(outputs)],
+                env=environ,
+                capture_output=True,
+                timeout=SAFETY_SECONDS,
+            )
+            assert pushed.returncode == 0, pushed.stderr
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before a byte is written
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "evalpush"]
+                + [str(outputs) if a == "OUTPUTS" else a for a in args],
+                env=environ,
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=SAFETY_SECONDS,
+            )
+        finally:
+            os.close(write_end)
+
+        assert done.stderr == ""
+        # argparse drops a write error of its help and exits 0; every other output says 141
+        assert done.returncode == (0 if args == ("--help",) else 141)
+        if args[0] == "push":  # the upload was done; only its report found no reader
+            (row,) = status_json(lambda *a: _in(environ, *a))
+            assert row["state"] == "finalized"
+
+
+def _in(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "evalpush", *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=SAFETY_SECONDS,
+    )
+
+
 # ---------------------------------------------------------------- check
 
 

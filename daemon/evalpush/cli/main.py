@@ -60,6 +60,8 @@ EXIT_TIMEOUT = 124
 again to go on" from "some run needs a person" (1) without parsing the output."""
 EXIT_SIGNAL_BASE = 128
 """A push stopped by signal N exits 128 + N (130 SIGINT, 143 SIGTERM), as a shell reports it."""
+EXIT_BROKEN_PIPE = EXIT_SIGNAL_BASE + signal.SIGPIPE
+"""141: the output's reader went away (`evalpush status | head -1`), as SIGPIPE would exit."""
 
 EXIT_CODES = """exit codes:
   0    every run finalized (or skipped, or finalized before)
@@ -925,8 +927,26 @@ def _print_any_file_name() -> None:
             reconfigure(errors="backslashreplace")
 
 
-@scrubbed_output  # nothing the command prints can carry the API key
 def main(argv: Sequence[str] | None = None) -> int:
+    """`evalpush ARGS`: the command's exit code. A reader that went away before the output was
+    all written (`evalpush status | head -1`) ends the command quietly with 141, the exit of a
+    command killed by SIGPIPE as a shell reports it: stdout is pointed at /dev/null, so
+    nothing more fails on it (the interpreter flushes it once more on the way out). Python
+    ignores SIGPIPE, and so does evalpush: left to kill it, a platform that closed a
+    connection mid-request would kill an upload."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+@scrubbed_output  # nothing the command prints can carry the API key
+def _main(argv: Sequence[str] | None) -> int:
     _print_any_file_name()
     args = build_parser().parse_args(argv)
     try:
