@@ -181,7 +181,7 @@ class TestCommandLine:
         assert checked.returncode == 0, checked.stdout + checked.stderr
         rows = check_rows(checked.stdout)
         assert rows["config"][1].startswith(f"{config}: valid")
-        assert rows["ledger"][1].startswith(f"{state / 'state.db'}: 1 runs known")
+        assert rows["ledger"][1].startswith(f"{state / 'state.db'}: 1 run known")
         assert not (tmp_path / "state").exists(), "the default state dir was not used"
 
     @pytest.mark.parametrize("where", [(), ("push",)])

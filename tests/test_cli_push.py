@@ -121,12 +121,12 @@ class TestPush:
         assert done.returncode == 2
         assert "no such directory" in done.stderr
 
-    def test_a_directory_without_runs_is_a_usage_error(self, evalpush, tmp_path):
+    def test_a_directory_without_runs_exits_3_saying_no_run_was_found(self, evalpush, tmp_path):
         (tmp_path / "empty").mkdir()
 
         done = evalpush("push", str(tmp_path / "empty"))
 
-        assert done.returncode == 2
+        assert done.returncode == 3
         assert "no eval run found" in done.stderr
 
     def test_a_bad_config_value_is_a_usage_error_naming_the_key(self, evalpush, tmp_path):
