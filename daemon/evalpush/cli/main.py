@@ -984,12 +984,17 @@ def _check_report(rows: list[_Row]) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, config: Config) -> int:
-    from evalpush import log
     from evalpush.cli.demo import run_demo
 
-    # The live view is the demo's output; the daemon's lifecycle lines would drown it.
-    log.configure("warning", config.log.format, stream=sys.stderr)
-    return run_demo(sys.stdout, directory=args.dir, keep=args.keep)
+    # The live view is the demo's output; the daemon's lifecycle lines would drown it: the log
+    # is at warning, and on a terminal its lines go above the view.
+    return run_demo(
+        sys.stdout,
+        directory=args.dir,
+        keep=args.keep,
+        log_format=config.log.format,
+        log_stream=sys.stderr,
+    )
 
 
 def cmd_local_platform(args: argparse.Namespace, config: Config) -> int:
