@@ -123,3 +123,27 @@ def test_a_reader_opened_before_any_writer_reads_what_a_writer_opening_later_com
             assert sorted(r.run_id for r in reader.all()) == sorted([RUN_ID, OTHER_RUN_ID])
         assert path.with_name("state.db-wal").exists()  # the reader's lock kept it: no checkpoint
         assert sorted(r.run_id for r in reader.all()) == sorted([RUN_ID, OTHER_RUN_ID])
+
+
+@as_root
+def test_status_of_a_ledger_left_with_its_log_but_no_index_reads_the_log_and_creates_nothing(
+    platform, tmp_path, service_state
+):
+    """What a writer killed with its `-shm` gone (power loss on a tmpfs index, a cleanup) leaves:
+    `state.db` and `state.db-wal`, the last commits only in the log."""
+    left = tmp_path / "left"
+    left.mkdir()
+    path = service_state / "state.db"
+    with Ledger(path) as writer:
+        writer.add(path="/runs/b", run_id=OTHER_RUN_ID, kind="eval", state=State.READY)
+        for name in ("state.db", "state.db-wal"):
+            (left / name).write_bytes((service_state / name).read_bytes())
+    _give_to_service(left)
+    before = _files(left)
+
+    done = _run(cli_environ(platform, tmp_path), "status", "--json", "--state-dir", str(left))
+
+    assert _files(left) == before
+    assert done.returncode == 0, done.stderr
+    states = {row["run_id"]: row["state"] for row in json.loads(done.stdout)}
+    assert states == {RUN_ID: "finalized", OTHER_RUN_ID: "ready"}
