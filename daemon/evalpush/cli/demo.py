@@ -384,6 +384,7 @@ def run_demo(
     log_stream = log_stream or sys.stderr
     above = view.redraw and log_stream.isatty()
     log.configure("warning", log_format, stream=view if above else log_stream)
+    log.capture_warnings()  # a library's warning is a log line too: above the view, not in it
     with _scratch(directory) as scratch, LocalPlatform(api_key=DEMO_KEY) as platform:
         config = _config(scratch, platform)
         writers = DemoWriters(scratch / "outputs")
