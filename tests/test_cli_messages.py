@@ -62,8 +62,9 @@ def test_push_dir_and_local_platform_host_and_port_are_explained_in_their_help()
     assert re.search(r"^  --port PORT +\S", platform, re.M), platform
 
 
-def test_convert_help_offers_no_state_dir_which_it_does_not_use():
-    assert "--state-dir" not in _help("convert")
+@pytest.mark.parametrize("command", ["convert", "demo", "local-platform"])
+def test_a_command_that_uses_no_ledger_of_the_users_offers_no_state_dir(command):
+    assert "--state-dir" not in _help(command)
 
 
 def test_the_top_level_help_says_check_exits_1_for_the_ledger_or_a_watched_root_too():

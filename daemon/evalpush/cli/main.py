@@ -168,7 +168,8 @@ def parse_duration(text: str) -> float:
 def _global_flags(parser: argparse.ArgumentParser, *, default: Any, state_dir: bool = True) -> None:
     """`--config` and `--state-dir`, accepted before the subcommand and after it. On the
     subcommands they default to SUPPRESS, so one given before the subcommand is not reset; a
-    subcommand that uses no ledger (`convert`) offers no `--state-dir`."""
+    subcommand that uses no ledger of the user's (`convert`, `demo`, `local-platform`) offers
+    no `--state-dir`."""
     parser.add_argument(
         "--config",
         type=Path,
@@ -300,11 +301,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(a fleet's: docs/FLEET.md); finalized runs stay finalized, nothing is uploaded again",
     )
 
-    p = command("demo", "the main job on an embedded default: local platform, sample runs")
+    p = command(
+        "demo", "the main job on an embedded default: local platform, sample runs", state_dir=False
+    )
     p.add_argument("--dir", type=Path, default=None, help="scratch dir (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the local platform up until Ctrl-C")
 
-    p = command("local-platform", "serve the local stand-in of the platform")
+    p = command("local-platform", "serve the local stand-in of the platform", state_dir=False)
     p.add_argument(
         "--host",
         default="127.0.0.1",
