@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from evalpush.local_platform import LocalPlatform
-from support.commands import check_rows, status_json
+from support.commands import as_process, check_rows, status_json
 from support.environ import cli_environ
 from support.runs import OTHER_RUN_ID, RUN_ID, append_lines, trace_line, write_run
 from support.waiting import wait_until
@@ -256,18 +256,8 @@ class TestClosedPipe:
         # argparse drops a write error of its help and exits 0; every other output says 141
         assert done.returncode == (0 if args == ("--help",) else 141)
         if args[0] == "push":  # the upload was done; only its report found no reader
-            (row,) = status_json(lambda *a: _in(environ, *a))
+            (row,) = status_json(lambda *a: as_process(environ, *a))
             assert row["state"] == "finalized"
-
-
-def _in(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "evalpush", *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=SAFETY_SECONDS,
-    )
 
 
 # ---------------------------------------------------------------- check
