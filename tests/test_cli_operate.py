@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from evalpush.local_platform import LocalPlatform
-from support.commands import check_rows, status_json
+from support.commands import as_process, check_rows, status_json
 from support.environ import cli_environ
 from support.runs import OTHER_RUN_ID, RUN_ID, append_lines, trace_line, write_run
 from support.waiting import wait_until
@@ -181,7 +181,7 @@ class TestCommandLine:
         assert checked.returncode == 0, checked.stdout + checked.stderr
         rows = check_rows(checked.stdout)
         assert rows["config"][1].startswith(f"{config}: valid")
-        assert rows["ledger"][1].startswith(f"{state / 'state.db'}: 1 runs known")
+        assert rows["ledger"][1].startswith(f"{state / 'state.db'}: 1 run known")
         assert not (tmp_path / "state").exists(), "the default state dir was not used"
 
     @pytest.mark.parametrize("where", [(), ("push",)])
@@ -211,6 +211,53 @@ class TestCommandLine:
             assert done.stdout == f"no runs: there is no ledger at {state / 'state.db'} yet\n"
         elif args == ("status", "--json"):
             assert json.loads(done.stdout) == []
+
+
+# ---------------------------------------------------------------- a reader that went away
+
+
+class TestClosedPipe:
+    """`evalpush status | head -1`: the reader goes away before evalpush is done writing."""
+
+    @pytest.mark.parametrize(
+        "args",
+        [("status",), ("status", "--json"), ("push", "--json", "OUTPUTS"), ("--help",)],
+    )
+    def test_output_to_a_closed_pipe_ends_quietly_with_141_as_sigpipe_would(
+        self, platform, tmp_path, args
+    ):
+        outputs = tmp_path / "outputs"
+        write_run(outputs)
+        environ = cli_environ(platform, tmp_path)
+        if args[0] == "status":  # a ledger with a run to list
+            pushed = subprocess.run(
+                [sys.executable, "-m", "evalpush", "push", str(outputs)],
+                env=environ,
+                capture_output=True,
+                timeout=SAFETY_SECONDS,
+            )
+            assert pushed.returncode == 0, pushed.stderr
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader is gone before a byte is written
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "evalpush"]
+                + [str(outputs) if a == "OUTPUTS" else a for a in args],
+                env=environ,
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=SAFETY_SECONDS,
+            )
+        finally:
+            os.close(write_end)
+
+        assert done.stderr == ""
+        # argparse drops a write error of its help and exits 0; every other output says 141
+        assert done.returncode == (0 if args == ("--help",) else 141)
+        if args[0] == "push":  # the upload was done; only its report found no reader
+            (row,) = status_json(lambda *a: as_process(environ, *a))
+            assert row["state"] == "finalized"
 
 
 # ---------------------------------------------------------------- check

@@ -6,16 +6,12 @@ directory and home, and checks exit codes, what the command prints, and what the
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import pty
 import re
-import struct
 import subprocess
 import sys
-import termios
-import threading
 import time
 
 import pytest
@@ -24,6 +20,7 @@ import disks
 from support.commands import check_rows, status_json
 from support.environ import cli_environ
 from support.runs import OTHER_RUN_ID, RUN_ID, trace_line, write_run
+from support.terminal import ANSI, on_a_terminal
 
 
 class TestPush:
@@ -121,12 +118,12 @@ class TestPush:
         assert done.returncode == 2
         assert "no such directory" in done.stderr
 
-    def test_a_directory_without_runs_is_a_usage_error(self, evalpush, tmp_path):
+    def test_a_directory_without_runs_exits_3_saying_no_run_was_found(self, evalpush, tmp_path):
         (tmp_path / "empty").mkdir()
 
         done = evalpush("push", str(tmp_path / "empty"))
 
-        assert done.returncode == 2
+        assert done.returncode == 3
         assert "no eval run found" in done.stderr
 
     def test_a_bad_config_value_is_a_usage_error_naming_the_key(self, evalpush, tmp_path):
@@ -261,38 +258,6 @@ class TestCheck:
 
         assert done.returncode == 2
         assert "plain http to a non-loopback host" in done.stderr
-
-
-ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def on_a_terminal(env: dict[str, str], *args: str, columns: int = 160) -> tuple[int, bytes, bytes]:
-    """`evalpush ARGS` with stderr on a pseudo-terminal `columns` wide (read while it runs, so
-    a full terminal never blocks it); returns its exit code, stdout, and what the terminal got."""
-    primary, secondary = pty.openpty()
-    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "evalpush", *args], env=env, stdout=subprocess.PIPE, stderr=secondary
-    )
-    os.close(secondary)
-    chunks: list[bytes] = []
-
-    def read_terminal() -> None:
-        while True:
-            try:
-                chunk = os.read(primary, 65536)
-            except OSError:  # the terminal closed: everything is read
-                return
-            if not chunk:
-                return
-            chunks.append(chunk)
-
-    reader = threading.Thread(target=read_terminal, name="pty-reader")
-    reader.start()
-    out, _ = process.communicate(timeout=60)
-    reader.join(10)
-    os.close(primary)
-    return process.returncode, out, b"".join(chunks)
 
 
 def frames(screen: bytes) -> list[str]:

@@ -416,7 +416,7 @@ class TestBadLinesHeld:
         held, text, evaluations = world.held[case]
         assert held["state"] == "held"
         assert evaluations == {}, "nothing was sent while it was held"
-        assert "bad lines set aside: fix them" in held["reason"], held["reason"]
+        assert "1 bad line set aside: fix them" in held["reason"], held["reason"]
         (aside,) = held["set_aside_records"]
         assert (aside["line"], aside["kind"]) == (BAD_LINE_NUMBER, "bad_line")
         assert why in aside["reason"]

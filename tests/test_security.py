@@ -133,7 +133,8 @@ class TestSymlinkOutOfTheRoot:
         by_dir = evalpush(environ, "push", str(linked.path))
 
         assert by_root.returncode == 0, by_root.stderr.decode()
-        assert by_dir.returncode == 2, by_dir.stderr.decode()  # no run directory there
+        assert by_dir.returncode == 3, by_dir.stderr.decode()  # no run directory there
+        assert f"{linked.traces} is a symlink" in by_dir.stderr.decode()
         assert not any(i.startswith("secret-") for i in _stored_ids(platform))
         assert evaluations_of(platform, linked.run_id) == {}
         assert_run_exactly_once(platform, good.path)

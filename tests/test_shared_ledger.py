@@ -286,7 +286,7 @@ class TestMoveIntoShared:
         moved = evalpush(environ, "migrate", "--to", pg_url)
 
         assert moved.returncode == 0, moved.stderr
-        assert "1 runs added, 1 replaced by this host's finalized record, 1 kept" in moved.stdout
+        assert "1 run added, 1 replaced by this host's finalized record, 1 kept" in moved.stdout
         with shared(pg_url) as fleet:
             runs = {r.run_id: r for r in fleet.all()}
             assert set(runs) == {ids["a"], ids["b"], ids["c"]}

@@ -94,6 +94,25 @@ def test_the_unit_yields_to_the_eval_and_points_at_the_projects_own_pages():
     assert "let the request in flight finish" not in UNIT.read_text()
 
 
+def test_under_memory_pressure_the_kernel_kills_the_uploader_before_the_eval():
+    unit = directives(UNIT.read_text())
+
+    # An eval's processes keep the default 0: a positive score makes the uploader the
+    # OOM killer's first choice (it restarts and resumes from the ledger).
+    (adjust,) = unit["Service.OOMScoreAdjust"]
+    assert 0 < int(adjust) <= 1000
+
+
+def test_the_pages_run_commands_as_the_units_dynamic_user_not_a_user_that_does_not_exist():
+    unit = directives(UNIT.read_text())
+    assert unit["Service.DynamicUser"] == ["yes"]  # no permanent `evalpush` user to sudo to
+    for page in (ROOT / "docs" / "FLEET.md", ROOT / "systemd" / "README.md"):
+        text = page.read_text()
+        assert "sudo -u evalpush evalpush" not in text, page
+        for command in re.findall(r"systemd-run [^`]*?/opt/evalpush/bin/evalpush", text, re.S):
+            assert "-p DynamicUser=yes" in command and "-p StateDirectory=evalpush" in command
+
+
 def test_the_unit_keeps_what_the_daemon_relies_on():
     unit = directives(UNIT.read_text())
     service = {key.removeprefix("Service."): values for key, values in unit.items()}

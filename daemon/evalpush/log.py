@@ -1,5 +1,10 @@
 """Logging: structlog, JSON lines for journald, console lines on a TTY, secrets redacted.
 
+`log.format = "auto"` (the default): structlog's `ConsoleRenderer` when the stream is a
+terminal, coloured only where the terminal has colour (`colours`: not with `$NO_COLOR`, nor on
+`TERM=dumb`), exceptions as plain tracebacks; JSON lines when it is not a terminal or goes to
+the journal. `console` and `json` force one. Both renderers get every event scrubbed.
+
 Under systemd, with the stream going to the journal (`$JOURNAL_STREAM` names the stream's
 device and inode; or `$INVOCATION_ID` is set and the stream is not a terminal), every line
 starts with the syslog priority journald reads (`<3>` error, `<4>` warning, `<6>` info, `<7>`
@@ -126,14 +131,18 @@ def _configure_structlog(level: str, fmt: str, stream: Any) -> None:
 
     import structlog
 
+    journal = to_journal(stream)
     if fmt == "auto":
-        fmt = "console" if stream.isatty() else "json"
+        fmt = "console" if _isatty(stream) and not journal else "json"
     renderer: Any = (
-        structlog.dev.ConsoleRenderer(colors=stream.isatty())
+        structlog.dev.ConsoleRenderer(
+            colors=colours(stream),
+            exception_formatter=structlog.dev.plain_traceback,  # never a frame's locals
+        )
         if fmt == "console"
         else structlog.processors.JSONRenderer()
     )
-    if to_journal(stream):
+    if journal:
         renderer = _Prioritized(renderer)
     structlog.configure(
         processors=[
@@ -150,6 +159,22 @@ def _configure_structlog(level: str, fmt: str, stream: Any) -> None:
         logger_factory=structlog.WriteLoggerFactory(stream),  # a line in one write
         cache_logger_on_first_use=False,
     )
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def colours(stream: Any, environ: dict[str, str] | None = None) -> bool:
+    """Whether console lines on `stream` are coloured: on a terminal that has colour, unless
+    `$NO_COLOR` is set (no-color.org); `$TERM` unset or `dumb` has none."""
+    environ = dict(os.environ) if environ is None else environ
+    if environ.get("NO_COLOR"):
+        return False
+    return _isatty(stream) and environ.get("TERM", "") not in ("", "dumb")
 
 
 def to_journal(stream: Any, environ: dict[str, str] | None = None) -> bool:

@@ -7,6 +7,7 @@ subprocess where only a process shows it.
   (`in_process`); `push`, `run`, `demo` and `local-platform` run as processes: they configure
   the process's logging, install signal handlers or serve, which a test's own process must not
   share (an in-process daemon's log would go to a push's stderr).
+- `as_process(environ, *args)`: `python -m evalpush ARGS` as a process, whatever the command.
 - `in_process(environ, *args)`: `cli.main(args)` with the process environment replaced by
   `environ` for the call and stdout/stderr captured, as a `CompletedProcess`.
 - `Started`: processes started with `start(environ, *args)` (output piped) and reaped by
@@ -41,6 +42,18 @@ def evalpush(environ: dict[str, str], *args: str, **extra: str) -> subprocess.Co
     return subprocess.run(
         [sys.executable, "-m", "evalpush", *args],
         env={**environ, **extra},
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_SECONDS,
+    )
+
+
+def as_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m evalpush ARGS` as a process, whatever the command: what it printed and its
+    exit code."""
+    return subprocess.run(
+        [sys.executable, "-m", "evalpush", *args],
+        env=environ,
         capture_output=True,
         text=True,
         timeout=COMMAND_SECONDS,

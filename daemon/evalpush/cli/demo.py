@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -325,7 +326,65 @@ def _config(scratch: Path, platform: LocalPlatform) -> Config:
     )
 
 
-def run_demo(out: IO[str], *, directory: Path | None = None, keep: bool = False) -> int:
+class LiveView:
+    """What the demo writes on `out`: the live view, and (on a terminal) the log's lines. The
+    view is drawn again in place; a log line is written where the view starts and the view
+    drawn again below it, so a warning never lands inside the table. `log_stream` is the stream
+    for the log (`log.configure`)."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+        self._view = ""  # the view as last drawn, ending with the cursor where it starts
+        self.redraw = out.isatty()
+
+    def draw(self, view: str) -> None:
+        with self._lock:
+            self._out.write(view)
+            self._out.flush()
+            self._view = view if self.redraw else ""
+
+    def finish(self, text: str) -> None:
+        """The last of the view: `text` in its place, and no view drawn again after a line."""
+        with self._lock:
+            self._view = ""
+            self._out.write((CLEAR_BELOW if self.redraw else "\n") + text)
+            self._out.flush()
+
+    def write(self, line: str) -> int:
+        """A log line (structlog writes each in one call), above the view."""
+        with self._lock:
+            self._out.write(f"{CLEAR_BELOW}{line}{self._view}" if self._view else line)
+            self._out.flush()
+        return len(line)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+    def isatty(self) -> bool:
+        return self._out.isatty()
+
+    def fileno(self) -> int:
+        return self._out.fileno()
+
+
+def run_demo(
+    out: IO[str],
+    *,
+    directory: Path | None = None,
+    keep: bool = False,
+    log_format: str = "auto",
+    log_stream: IO[str] | None = None,
+) -> int:
+    """The demo, its view on `out`. The log (at warning: the view says what becomes of each
+    run) goes to `log_stream`; when both are a terminal, above the live view instead."""
+    from evalpush import log
+
+    view = LiveView(out)
+    log_stream = log_stream or sys.stderr
+    above = view.redraw and log_stream.isatty()
+    log.configure("warning", log_format, stream=view if above else log_stream)
+    log.capture_warnings()  # a library's warning is a log line too: above the view, not in it
     with _scratch(directory) as scratch, LocalPlatform(api_key=DEMO_KEY) as platform:
         config = _config(scratch, platform)
         writers = DemoWriters(scratch / "outputs")
@@ -343,12 +402,12 @@ def run_demo(out: IO[str], *, directory: Path | None = None, keep: bool = False)
         running.start()
         try:
             writers.start()
-            rows, settled = _follow(out, default_path(config.state_dir), writers)
+            rows, settled = _follow(view, default_path(config.state_dir), writers)
         finally:
             writers.stop()
             daemon.request(Request.STOP)
             running.join()
-        out.write((CLEAR_BELOW if out.isatty() else "\n") + status_table(rows, wide=True) + "\n")
+        view.finish(status_table(rows, wide=True) + "\n")
         if not settled:
             out.write(
                 f"\nnot every demo run settled within {DEMO_SECONDS:g} s "
@@ -369,7 +428,7 @@ def run_demo(out: IO[str], *, directory: Path | None = None, keep: bool = False)
 SETTLED = frozenset({State.FINALIZED, State.SKIPPED, State.FAILED, State.HELD})
 
 
-def _follow(out: IO[str], ledger_path: Path, writers: DemoWriters) -> tuple[list[dict], bool]:
+def _follow(view: LiveView, ledger_path: Path, writers: DemoWriters) -> tuple[list[dict], bool]:
     """The live status view, until every demo run has settled (or the demo's time is up: then
     the second value is False)."""
     deadline = time.monotonic() + DEMO_SECONDS
@@ -379,11 +438,10 @@ def _follow(out: IO[str], ledger_path: Path, writers: DemoWriters) -> tuple[list
         rows = _rows(ledger_path)
         current = [row for row in rows if row["state"] != State.SUPERSEDED]
         done = len(current) == len(DEMO_RUNS) and all(r["state"] in SETTLED for r in current)
-        view = _live_view(rows, redraw=out.isatty())
-        if view != shown:
-            out.write(view)
-            out.flush()
-            shown = view
+        drawn = _live_view(rows, redraw=view.redraw)
+        if drawn != shown:
+            view.draw(drawn)
+            shown = drawn
         if done and not writers.writing:
             return rows, True
         time.sleep(REFRESH_SECONDS)

@@ -1,11 +1,13 @@
 """The `evalpush` command: one entry point, one subcommand per job.
 
-Exit codes (`EXIT_CODES`, shown by `--help`): 0 every run finalized; 1 some run failed, is held,
-had records set aside, or is busy elsewhere (and `check`: the platform cannot be reached); 2 the
-command line, the configuration or the credentials are wrong (no key, or the platform refused
-it: checked once, before anything is sent, and said in one line); 124 `push --timeout` ran out;
-128 + the signal (130 SIGINT, 143 SIGTERM) when `push` was stopped by one. Progress is kept
-in the ledger in every case: the next push goes on from there.
+Exit codes: each subcommand's own (`COMMAND_EXIT_CODES`, shown by its `--help`; the top-level
+help sums them up in `EXIT_CODES`, and so does the README's table). For `push`: 0 every run finalized; 1 some run
+failed, is held, had records set aside, or is busy elsewhere; 2 the command line, the
+configuration or the credentials are wrong (no key, or the platform refused it: checked once,
+before anything is sent, and said in one line); 3 no eval run found; 124 `push --timeout` ran
+out; 128 + the signal (130 SIGINT, 143 SIGTERM) when `push` was stopped by one; 141 (every
+command) the output's reader went away. Progress is kept in the ledger in every case: the next
+push goes on from there.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from evalpush.core.errors import (
     UsageError,
 )
 from evalpush.core.states import State
+from evalpush.core.words import counted
 from evalpush.ledger import (
     SCHEMA_VERSION,
     Ledger,
@@ -60,17 +63,89 @@ EXIT_TIMEOUT = 124
 again to go on" from "some run needs a person" (1) without parsing the output."""
 EXIT_SIGNAL_BASE = 128
 """A push stopped by signal N exits 128 + N (130 SIGINT, 143 SIGTERM), as a shell reports it."""
+EXIT_BROKEN_PIPE = EXIT_SIGNAL_BASE + signal.SIGPIPE
+"""141: the output's reader went away (`evalpush status | head -1`), as SIGPIPE would exit."""
 
-EXIT_CODES = """exit codes:
-  0    every run finalized (or skipped, or finalized before)
-  1    some run failed, is held, had records set aside, or is being uploaded by another
-       process (push --no-wait); check: the platform cannot be reached
+EXIT_NO_RUN = 3
+"""`push` found no eval run under the directories it was given: nothing was sent. Not 2 (the
+command line is fine) nor 1 (no run needs a person): a script pushing a directory its eval
+may not have written tells "nothing there" from both."""
+
+_STOPPED = "  130  stopped by SIGINT (Ctrl-C)\n"
+_PIPE = "  141  the output's reader went away (`evalpush ... | head -1`): a quiet exit\n"
+_USAGE = "  2    usage or configuration: a bad flag, key or value (one line says which)\n"
+
+EXIT_CODES = (
+    """exit codes:
+  0    done (push: every run finalized, or skipped, or finalized before)
+  1    push: some run failed, is held, had records set aside, or is being uploaded by
+       another process (push --no-wait); check: the ledger, the platform or a watched root
+       cannot be used; status, retry, forget, migrate: the ledger cannot be used
   2    usage, configuration or credentials: no API key, the platform refused it, or
        its TLS certificate failed verification (checked once before anything is sent;
        one line says which)
+  3    push: no eval run found under the directories given
   124  push --timeout ran out; progress is kept, push again to go on
   130  stopped by SIGINT (Ctrl-C), 143 by SIGTERM; progress is kept, push again to go on
 """
+    + _PIPE
+    + "  (each command's --help says its own)\n"
+)
+"""The top-level help's summary of every command's exit codes."""
+
+COMMAND_EXIT_CODES = {
+    "convert": "  0    every line converted, and the run names its environment\n"
+    "  1    some line was set aside, or the run names no environment (stderr says which)\n"
+    "  2    usage or configuration, or the directory is not a run that can be read\n"
+    + _STOPPED
+    + _PIPE,
+    "push": """  0    every run finalized (or skipped, or finalized before)
+  1    some run failed, is held, had records set aside, or is being uploaded by another
+       process (--no-wait)
+  2    usage, configuration or credentials: no API key, the platform refused it, or
+       its TLS certificate failed verification (checked once before anything is sent;
+       one line says which)
+  3    no eval run found under the directories given: nothing was sent (one line says
+       what was found there, and why it is not a run)
+  124  --timeout ran out; progress is kept, push again to go on
+  130  stopped by SIGINT (Ctrl-C), 143 by SIGTERM; progress is kept, push again to go on
+"""
+    + _PIPE,
+    "run": "  0    stopped by SIGTERM or SIGINT: the normal way to stop the daemon\n"
+    "  1    an error it cannot go on from (an unusable ledger): the last line says which\n"
+    "  2    configuration: a bad key or value, a relative watch root (one line says which)\n",
+    "status": "  0    shown (no ledger yet included: it says so)\n"
+    "  1    the ledger cannot be read (the message says why, and the fix)\n"
+    "  2    usage or configuration: a bad flag, key or value, a RUN the ledger does not know\n"
+    + _STOPPED
+    + _PIPE,
+    "retry": "  0    queued\n"
+    "  1    the run is not failed or held, or another process is uploading it; or the\n"
+    "       ledger cannot be written\n"
+    "  2    usage or configuration: neither RUN nor --all-failed, a RUN the ledger does not\n"
+    "       know, a bad key or value\n" + _STOPPED + _PIPE,
+    "forget": "  0    forgotten\n"
+    "  1    not forgotten: the run has an evaluation and --yes was not given (nor yes\n"
+    "       answered), or another process is uploading it; or the ledger cannot be written\n"
+    "  2    usage or configuration: a RUN the ledger does not know, a bad key or value\n"
+    + _STOPPED
+    + _PIPE,
+    "check": "  0    every check passed (or was skipped)\n"
+    "  1    the ledger, the platform or a watched root cannot be used\n"
+    "  2    the configuration or the credentials are wrong (the platform refusing the key\n"
+    "       included), or a watch root is relative\n" + _STOPPED + _PIPE,
+    "migrate": "  0    upgraded, nothing to do, or (--to) moved\n"
+    "  1    the ledger cannot be read or written; --to: a process on this host still holds\n"
+    "       a run, or the shared ledger cannot be used\n"
+    "  2    usage or configuration: a --to URL that is not postgresql:// or holds a password,\n"
+    "       no ledger to move, a bad key or value\n" + _STOPPED + _PIPE,
+    "demo": "  0    every demo run settled (with --keep: then Ctrl-C)\n"
+    "  1    not every demo run settled in time: the table says where each one stands\n"
+    + _STOPPED
+    + _PIPE,
+    "local-platform": "  0    stopped by SIGTERM or SIGINT\n" + _USAGE,
+}
+"""Each subcommand's exit codes, shown by its `--help`."""
 
 
 _DURATION = re.compile(
@@ -90,16 +165,21 @@ def parse_duration(text: str) -> float:
     return total
 
 
-def _global_flags(parser: argparse.ArgumentParser, *, default: Any) -> None:
+def _global_flags(parser: argparse.ArgumentParser, *, default: Any, state_dir: bool = True) -> None:
     """`--config` and `--state-dir`, accepted before the subcommand and after it. On the
-    subcommands they default to SUPPRESS, so one given before the subcommand is not reset."""
+    subcommands they default to SUPPRESS, so one given before the subcommand is not reset; a
+    subcommand that uses no ledger of the user's (`convert`, `demo`, `local-platform`) offers
+    no `--state-dir`."""
     parser.add_argument(
         "--config",
         type=Path,
         default=default,
         help="config file (TOML); default $EVALPUSH_CONFIG",
     )
-    parser.add_argument("--state-dir", type=Path, default=default, help="where the ledger lives")
+    if state_dir:
+        parser.add_argument(
+            "--state-dir", type=Path, default=default, help="where the ledger lives"
+        )
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -130,22 +210,28 @@ def build_parser() -> argparse.ArgumentParser:
     _global_flags(parser, default=None)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def command(name: str, help: str) -> argparse.ArgumentParser:
+    def command(name: str, help: str, *, state_dir: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(
             name,
             help=help,
             description=help,
-            epilog=EXIT_CODES,
+            epilog="exit codes:\n" + COMMAND_EXIT_CODES[name],
             formatter_class=_HelpFormatter,
         )
-        _global_flags(p, default=argparse.SUPPRESS)
+        _global_flags(p, default=argparse.SUPPRESS, state_dir=state_dir)
         return p
 
-    p = command("convert", "print a run's samples as JSON lines (no network)")
+    p = command("convert", "print a run's samples as JSON lines (no network)", state_dir=False)
     p.add_argument("dir", type=Path, help="the run directory")
 
     p = command("push", "upload the given run dirs (or roots holding them) now")
-    p.add_argument("dirs", type=Path, nargs="+", metavar="DIR")
+    p.add_argument(
+        "dirs",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="a run directory, or a directory holding runs at any depth (symlinks not followed)",
+    )
     p.add_argument(
         "--no-wait",
         action="store_true",
@@ -215,13 +301,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(a fleet's: docs/FLEET.md); finalized runs stay finalized, nothing is uploaded again",
     )
 
-    p = command("demo", "the main job on an embedded default: local platform, sample runs")
+    p = command(
+        "demo", "the main job on an embedded default: local platform, sample runs", state_dir=False
+    )
     p.add_argument("--dir", type=Path, default=None, help="scratch dir (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the local platform up until Ctrl-C")
 
-    p = command("local-platform", "serve the local stand-in of the platform")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8700)
+    p = command("local-platform", "serve the local stand-in of the platform", state_dir=False)
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; clients send keys in plain http only "
+        "to a loopback address)",
+    )
+    p.add_argument("--port", type=int, default=8700, help="port to listen on (default 8700)")
     p.add_argument("--api-key", default=None, help="bearer key to require (default: any)")
     p.add_argument("--db", type=Path, default=None, help="SQLite file (default: in memory)")
     return parser
@@ -305,13 +398,17 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
     if missing:
         print(f"evalpush push: no such directory: {', '.join(missing)}", file=sys.stderr)
         return EXIT_USAGE
-    found = find_runs([d.resolve() for d in args.dirs])
+    roots = [d.resolve() for d in args.dirs]
+    found = find_runs(roots)
     if not found:
+        from evalpush.runs import why_no_run
+
         print(
-            "evalpush push: no eval run found (a run dir holds config.toml and traces.jsonl)",
+            "evalpush push: no eval run found (a run dir holds config.toml and traces.jsonl, "
+            f"or configs/resolved/eval.json and a traces.jsonl holding a line): {why_no_run(roots)}",
             file=sys.stderr,
         )
-        return EXIT_USAGE
+        return EXIT_NO_RUN
     progress = push_progress(sys.stdout, sys.stderr, found, quiet=args.json)
     # One-shot: the key is checked by one probe before anything is sent, and a refused key
     # stops the push (exit 2) instead of waiting for a new one; outages are told on stderr.
@@ -526,7 +623,7 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
     if args.json:
         _print_json(document)
         return EXIT_OK
-    print(f"ledger:     {shown}: {count} run{'' if count == 1 else 's'}")
+    print(f"ledger:     {shown}: {counted(count, 'run')}")
     if old:
         print(f"            {upgrade_advice(ledger.file_version)}")
     print(daemon_text(view) if view is not None else not_running_text(last))
@@ -629,7 +726,7 @@ def cmd_retry(args: argparse.Namespace, config: Config) -> int:
             for record in failed:
                 transitions.requeue(ledger, record)
                 print(f"queued {record.run_id} ({record.path})")
-            print(f"{len(failed)} failed run{'' if len(failed) == 1 else 's'} queued")
+            print(f"{counted(len(failed), 'failed run')} queued")
             return EXIT_OK
         record = _find(ledger, args.run)
         if record.state not in (State.FAILED, State.HELD):
@@ -741,7 +838,7 @@ def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigErro
     source = args.config or os.environ.get("EVALPUSH_CONFIG") or "defaults and the environment"
     if config is None:
         rows = [
-            _Row(Check.CONFIG, False, str(error), "correct the key it names"),
+            _Row(Check.CONFIG, False, str(error), error.fix if error else ""),
             *(_Row(c, None, "needs a valid configuration") for c in list(Check)[1:]),
         ]
         return _check_report(rows)
@@ -811,7 +908,7 @@ def _check_ledger(path: Path) -> _Row:
         )
     try:
         with Ledger(path, read_only=True) as ledger:
-            runs = f"{len(ledger.all())} runs known"
+            runs = f"{counted(len(ledger.all()), 'run')} known"
             if ledger.file_version != SCHEMA_VERSION:
                 runs += f" ({upgrade_advice(ledger.file_version)})"
     except EvalpushError as exc:
@@ -845,7 +942,9 @@ def _check_shared_ledger(config: Config) -> _Row:
         )
     running = sum(d.running(time.time()) for d in daemons)
     return _Row(
-        Check.LEDGER, True, f"{shown}: shared, {runs} runs known, {running} daemons running"
+        Check.LEDGER,
+        True,
+        f"{shown}: shared, {counted(runs, 'run')} known, {counted(running, 'daemon')} running",
     )
 
 
@@ -888,12 +987,17 @@ def _check_report(rows: list[_Row]) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, config: Config) -> int:
-    from evalpush import log
     from evalpush.cli.demo import run_demo
 
-    # The live view is the demo's output; the daemon's lifecycle lines would drown it.
-    log.configure("warning", config.log.format, stream=sys.stderr)
-    return run_demo(sys.stdout, directory=args.dir, keep=args.keep)
+    # The live view is the demo's output; the daemon's lifecycle lines would drown it: the log
+    # is at warning, and on a terminal its lines go above the view.
+    return run_demo(
+        sys.stdout,
+        directory=args.dir,
+        keep=args.keep,
+        log_format=config.log.format,
+        log_stream=sys.stderr,
+    )
 
 
 def cmd_local_platform(args: argparse.Namespace, config: Config) -> int:
@@ -925,8 +1029,26 @@ def _print_any_file_name() -> None:
             reconfigure(errors="backslashreplace")
 
 
-@scrubbed_output  # nothing the command prints can carry the API key
 def main(argv: Sequence[str] | None = None) -> int:
+    """`evalpush ARGS`: the command's exit code. A reader that went away before the output was
+    all written (`evalpush status | head -1`) ends the command quietly with 141, the exit of a
+    command killed by SIGPIPE as a shell reports it: stdout is pointed at /dev/null, so
+    nothing more fails on it (the interpreter flushes it once more on the way out). Python
+    ignores SIGPIPE, and so does evalpush: left to kill it, a platform that closed a
+    connection mid-request would kill an upload."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+@scrubbed_output  # nothing the command prints can carry the API key
+def _main(argv: Sequence[str] | None) -> int:
     _print_any_file_name()
     args = build_parser().parse_args(argv)
     try:

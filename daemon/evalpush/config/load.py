@@ -204,9 +204,9 @@ def load_config(
     variables = _sort_variables(environ)
     problems = list(variables.problems)
     try:
-        file = read_toml(path, ConfigError, what) if path is not None else {}
+        file = read_toml(path, ConfigError, what, named_how=NAMED_HOW) if path is not None else {}
     except ConfigError as exc:
-        raise _invalid([*problems, str(exc)]) from None
+        raise _invalid([*problems, str(exc)], [*([KEY_FIX] if problems else []), exc.fix]) from None
     ignored = [
         f"{name} ({ENVIRONMENT}): {section}.{key} ({RETIRED[section, key]})"
         for name, section, key in variables.retired
@@ -230,5 +230,13 @@ def load_config(
     return config
 
 
-def _invalid(problems: Sequence[str]) -> ConfigError:
-    return ConfigError("invalid configuration: " + "; ".join(problems))
+KEY_FIX = "correct the key it names"
+NAMED_HOW = f"point --config (or ${CONFIG_VARIABLE}) at the file"
+"""How another configuration file is named: the fix of one that cannot be read."""
+
+
+def _invalid(problems: Sequence[str], fixes: Sequence[str] = (KEY_FIX,)) -> ConfigError:
+    return ConfigError(
+        "invalid configuration: " + "; ".join(problems),
+        fix="; ".join(dict.fromkeys(fix for fix in fixes if fix)),
+    )

@@ -308,20 +308,35 @@ def _closest(name: str, candidates: Sequence[str]) -> str | None:
 # -- the file ---------------------------------------------------------------------------------
 
 
-def read_toml(path: Path, error: type[BadInput], what: str) -> dict[str, Any]:
-    """A TOML file as a dict; every way it can fail is one `error` naming the file. Only a
-    regular file is read: a FIFO (or a device) would block the reader, or never end."""
+def read_toml(
+    path: Path, error: type[BadInput], what: str, *, named_how: str = ""
+) -> dict[str, Any]:
+    """A TOML file as a dict; every way it can fail is one `error` naming the file, with its
+    fix (`named_how`: how another file is named instead). Only a regular file is read: a FIFO
+    (or a device) would block the reader, or never end."""
+    elsewhere = f", or {named_how}" if named_how else ""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise error(f"{path}: {what} is not a regular file (a FIFO, device or socket)")
+                raise error(
+                    f"{path}: {what} is not a regular file (a FIFO, device or socket)",
+                    fix=f"make it a regular file{elsewhere}",
+                )
             return tomllib.load(f)
     except FileNotFoundError:
-        raise error(f"{path}: {what} not found") from None
+        raise error(f"{path}: {what} not found", fix=f"create it{elsewhere}") from None
     except PermissionError:
-        raise error(f"{path}: {what} not readable (permission denied)") from None
+        raise error(
+            f"{path}: {what} not readable (permission denied)",
+            fix=f"make it readable by this user (its owner and mode){elsewhere}",
+        ) from None
     except OSError as exc:
-        raise error(f"{path}: {what} cannot be read: {exc.strerror}") from None
+        raise error(
+            f"{path}: {what} cannot be read: {exc.strerror}", fix=f"see the message{elsewhere}"
+        ) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise error(f"{path}: {what} is not valid TOML: {exc}") from None
+        raise error(
+            f"{path}: {what} is not valid TOML: {exc}",
+            fix="correct the TOML syntax where the message says (line and column)",
+        ) from None

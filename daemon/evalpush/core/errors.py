@@ -86,7 +86,12 @@ class EvalpushError(Exception):
 
 
 class BadInput(EvalpushError):
-    """The input is wrong; it is set aside with where and why, and the rest goes on."""
+    """The input is wrong; it is set aside with where and why, and the rest goes on. `fix`:
+    what to do about it, when the message alone does not say."""
+
+    def __init__(self, message: str = "", *, fix: str = "") -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 class ConfigError(BadInput):

@@ -11,9 +11,10 @@ writes of several runs committed meanwhile share one sync. Which write must be d
 protocol's business, said once by `evalpush.ledger.store.Ledger`'s named writes.
 
 The file is created with mode 0600 in a 0700 directory, and a `state.db` that is a symlink or
-not a regular file is refused. Every SQLite failure (full disk, locked or corrupt file) surfaces
-as `LedgerError` naming the file: the upload stops rather than carry on with progress it cannot
-record. What a server echoed is stored scrubbed of secrets, and an older ledger's texts are
+not a regular file is refused. A reader (`read_only`: `status`, `check`) creates no file and
+changes none: see `LedgerFile._read_connection`. Every SQLite failure (full disk, locked or
+corrupt file) surfaces as `LedgerError` naming the file: the upload stops rather than carry on
+with progress it cannot record. What a server echoed is stored scrubbed of secrets, and an older ledger's texts are
 scrubbed and the file rebuilt when it is upgraded.
 """
 
@@ -21,10 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import math
 import os
+import shutil
 import sqlite3
 import stat
+import struct
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -46,6 +51,10 @@ WAL_RETRY_SECONDS = 0.01
 BUSY_SLICE_SECONDS = 0.1
 """With a stop event, SQLite waits this long at a time for another process's lock; between
 slices the stop is looked at."""
+SHARED_LOCK = (0x40000000 + 2, 510)
+"""SQLite's shared lock on a database file (unix VFS: `SHARED_FIRST`, `SHARED_SIZE`). A reader
+holding a read lock on it keeps a closing writer from checkpointing and deleting the `-wal`
+and `-shm` files (that writer needs the range exclusively), as SQLite's own readers do."""
 STOP_BUSY_SECONDS = 1.0
 """Once a stop is requested, this long in all is what the ledger still waits for another
 process's lock (one evalpush stopped mid-write by Ctrl-Z holds it until it continues): the
@@ -141,6 +150,8 @@ class LedgerFile:
         self._committed = 0  # write transactions committed by this process
         self._synced = 0  # of those, how many the last sync of the log covered
         self._log_fd: int | None = None  # the write-ahead log, opened at the first sync
+        self._shared_fd: int | None = None  # a reader's, holding SQLite's shared lock
+        self._immutable = False  # a reader's connection ignores locks: checked at each read
         self.writes = 0  # write transactions committed (what bench/many_runs.py counts)
         self.syncs = 0  # syncs of the write-ahead log
         self.db = self._open(path)
@@ -152,15 +163,14 @@ class LedgerFile:
             # again once it has the key) and the file rebuilt from its live rows.
             self.scrub_secrets(rewrite=True)
 
-    def _connect(self, path: Path, *, immutable: bool = False) -> sqlite3.Connection:
-        if self.read_only:
-            mode = "immutable=1" if immutable else "mode=ro"
-            target: str | Path = f"file:{urllib.parse.quote(os.fsencode(path))}?{mode}"
-        else:
-            target = path
+    def _connect(self, path: Path, *, query: str = "") -> sqlite3.Connection:
+        """A connection to `path`; with `query`, through a SQLite URI with those parameters."""
+        target: str | Path = (
+            f"file:{urllib.parse.quote(os.fsencode(path))}?{query}" if query else path
+        )
         return sqlite3.connect(
             target,
-            uri=self.read_only,
+            uri=bool(query),
             check_same_thread=False,
             isolation_level=None,
             timeout=self._busy_timeout_seconds,
@@ -169,15 +179,22 @@ class LedgerFile:
     def _open(self, path: Path) -> sqlite3.Connection:
         try:
             self._check_file(path)
-            db = self._connect(path)
+            db = self._read_connection() if self.read_only else self._connect(path)
         except (OSError, sqlite3.Error) as exc:
+            self._unshare()
             raise LedgerError(f"{path}: cannot open the ledger: {exc}") from None
         try:
             if self.read_only:
-                db = self._readable(db, path)
-                self.file_version = schema.version(db, self.path)
+                while True:
+                    self.file_version = schema.version(db, self.path)
+                    if self.file_version != schema.SCHEMA_VERSION:
+                        db = self._upgraded_copy(db)
+                    if not self._writer_came():
+                        break
+                    db.close()  # read again, through the log of the writer that came
+                    db = self._read_connection()
                 if self.file_version != schema.SCHEMA_VERSION:
-                    db = self._upgraded_copy(db)
+                    self._immutable = False  # a copy in memory: nobody else writes it
             else:
                 self._write_ahead_log(db)
                 # No sync by SQLite at each commit: `_sync` does it after the commit, outside
@@ -191,9 +208,11 @@ class LedgerFile:
             )  # after migrating: a table rebuild must not cascade
         except sqlite3.Error as exc:
             db.close()
+            self._unshare()
             raise LedgerError(self._unusable(exc)) from None
         except LedgerError:
             db.close()
+            self._unshare()
             raise
         return db
 
@@ -214,20 +233,72 @@ class LedgerFile:
                 raise sqlite3.OperationalError("cannot switch to WAL: database is locked")
             time.sleep(WAL_RETRY_SECONDS)
 
-    def _readable(self, db: sqlite3.Connection, path: Path) -> sqlite3.Connection:
-        """A read-only connection that can read. A WAL ledger no process has open has no `-shm`
-        index file, and one who may not create it (no write access to the directory) cannot
-        read it that way; with no `-wal` file either, every committed write is in the file
-        itself, so it is read as immutable (a writer starting that very instant could make the
-        read fail, never show a wrong row)."""
-        try:
-            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            return db
-        except sqlite3.OperationalError:
-            if os.path.lexists(f"{path}-wal"):
-                raise
-            db.close()
-            return self._connect(path, immutable=True)
+    def _read_connection(self) -> sqlite3.Connection:
+        """A reader's connection, which creates no file beside the ledger and changes none
+        (a `mode=ro` open of a WAL database creates its `-wal` and `-shm` files when it may:
+        as root, on a service's state dir). `_check_file` took SQLite's shared lock on the file
+        first, so a writer closing meanwhile leaves its `-wal` and `-shm` where they are.
+
+        - No `-wal`: no process has the ledger open and every commit is in the file itself,
+          read as immutable (without locks or the `-shm`). A writer that opens it from then on
+          creates a `-wal` that stays while this reader lives: every read looks for it after
+          (`_writer_came`) and, once it is there, is read again through it, so a checkpoint
+          moving that writer's commits into the file while it was read never shows.
+        - `-wal` and `-shm`: a writer has it open (or died): read-only through them, the
+          `-shm` never written (`readonly_shm`; without a live writer SQLite indexes the
+          `-wal` in memory).
+        - A `-wal` without its `-shm` (a writer died and the `-shm` was removed): the two
+          copied to a private directory and read there, so the log's commits are read."""
+        wal, shm = (os.path.lexists(f"{self.path}-{end}") for end in ("wal", "shm"))
+        self._immutable = not wal
+        if not wal:
+            return self._connect(self.path, query="immutable=1")
+        if shm:
+            return self._connect(self.path, query="mode=ro&readonly_shm=1")
+        return self._private_copy()
+
+    def _writer_came(self) -> bool:
+        """Whether a writer opened the ledger since this reader read it as immutable."""
+        return self._immutable and os.path.lexists(f"{self.path}-wal")
+
+    def _private_copy(self) -> sqlite3.Connection:
+        """The ledger and its `-wal` copied to a private directory, SQLite's recovery of the
+        log done there, and the result copied into memory."""
+        copy = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        with tempfile.TemporaryDirectory(prefix="evalpush-ledger-") as private:
+            aside = Path(private) / LEDGER_FILE
+            for end in ("", "-wal"):
+                shutil.copyfile(f"{self.path}{end}", f"{aside}{end}", follow_symlinks=False)
+            source = sqlite3.connect(aside, isolation_level=None)
+            try:
+                source.backup(copy)
+            finally:
+                source.close()
+        return copy
+
+    def _share(self, fd: int) -> None:
+        """SQLite's shared lock on the file, held by this reader's own open file description
+        (an OFD lock: SQLite closing its descriptors does not release it), waited for while a
+        closing writer holds the range for its checkpoint."""
+        operation = getattr(fcntl, "F_OFD_SETLK", None)
+        if operation is None:  # not Linux: read without it
+            return
+        start, length = SHARED_LOCK
+        lock = struct.pack("hhqqi4x", fcntl.F_RDLCK, os.SEEK_SET, start, length, 0)
+        deadline = time.monotonic() + self._busy_timeout_seconds
+        while True:
+            try:
+                fcntl.fcntl(fd, operation, lock)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    raise
+            time.sleep(WAL_RETRY_SECONDS)
+
+    def _unshare(self) -> None:
+        if self._shared_fd is not None:
+            os.close(self._shared_fd)
+            self._shared_fd = None
 
     def _check_file(self, path: Path) -> None:
         """Refuse a ledger that is a symlink or not a regular file (without creating a symlink's
@@ -247,8 +318,12 @@ class LedgerFile:
             if not stat.S_ISREG(st.st_mode):
                 raise LedgerError(self._not_a_file(path))
             self._file = (st.st_dev, st.st_ino)
+            if self.read_only:
+                self._share(fd)
+                self._shared_fd, fd = fd, -1
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
     def _check_still_the_file(self) -> None:
         """Inside a write: `path` must still name the file this connection has open. A ledger
@@ -325,6 +400,7 @@ class LedgerFile:
                 with contextlib.suppress(OSError):  # the next writer recovers what is lost
                     self._sync(self._committed)
             self.db.close()
+            self._unshare()
             if self._log_fd is not None:
                 os.close(self._log_fd)
                 self._log_fd = None
@@ -428,7 +504,12 @@ class LedgerFile:
     def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self.lock:
             try:
-                return self._while_busy(lambda: self.db.execute(sql, args).fetchall())
+                rows = self._while_busy(lambda: self.db.execute(sql, args).fetchall())
+                if self._writer_came():  # read again through the writer's log
+                    self.db.close()
+                    self.db = self._read_connection()
+                    rows = self._while_busy(lambda: self.db.execute(sql, args).fetchall())
+                return rows
             except sqlite3.Error as exc:
                 raise LedgerError(f"{self.path}: cannot read the ledger: {exc}") from None
 

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from evalpush.core.states import State
+from evalpush.core.words import counted
 from evalpush.ledger.claims import Process, held_by, holder_alive
 from evalpush.ledger.records import CLAIM_COLUMNS, COLUMNS, RunRecord
 from evalpush.ledger.store import Ledger
@@ -34,9 +35,9 @@ class Moved(msgspec.Struct, frozen=True):
     @property
     def message(self) -> str:
         return (
-            f"{self.added} runs added, {self.replaced} replaced by this host's finalized record, "
-            f"{self.kept} kept as the shared ledger had them, {self.forgotten} forgotten "
-            "evaluations carried over"
+            f"{counted(self.added, 'run')} added, {self.replaced} replaced by this host's "
+            f"finalized record, {self.kept} kept as the shared ledger had them, "
+            f"{counted(self.forgotten, 'forgotten evaluation')} carried over"
         )
 
 

@@ -28,6 +28,7 @@ from evalpush.runs.directory import (
     resolved_config,
     settles_in,
     traces_file,
+    why_no_run,
     why_not_a_run,
 )
 from evalpush.runs.read import (
@@ -93,5 +94,6 @@ __all__ = [
     "traces_file",
     "verify",
     "what_is_at",
+    "why_no_run",
     "why_not_a_run",
 ]

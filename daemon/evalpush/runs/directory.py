@@ -27,7 +27,7 @@ import socket
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -165,6 +165,8 @@ def why_not_a_run(directory: Path) -> str | None:
     if is_run_dir(directory):
         return None
     config, traces = config_file(directory), traces_file(directory)
+    if traces is None and (odd := _not_regular(directory / TRACES_FILE)) is not None:
+        return odd
     if config is not None and traces is not None:
         return (
             f"{directory} holds {config.relative_to(directory)} and an empty {traces.name}: it "
@@ -179,6 +181,56 @@ def why_not_a_run(directory: Path) -> str | None:
     if config is not None:
         return f"{directory} holds {config.relative_to(directory)} but no {TRACES_FILE} yet"
     return f"{directory} holds neither {CONFIG_FILE} nor {TRACES_FILE}: not a run directory"
+
+
+def _not_regular(path: Path) -> str | None:
+    """What `path` is when it is there but not a regular file, for people (else None)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        kind = f"a symlink (to {os.readlink(path)})"
+        why = "a run's files are read only where they are, never through a symlink"
+    else:
+        kind = {
+            stat.S_IFIFO: "a FIFO (named pipe)",
+            stat.S_IFDIR: "a directory",
+            stat.S_IFSOCK: "a socket",
+            stat.S_IFCHR: "a character device",
+            stat.S_IFBLK: "a block device",
+        }.get(stat.S_IFMT(mode), "not a file")
+        why = "a run's trace file is a regular file"
+    return f"{path} is {kind}, not a regular file: {why}"
+
+
+def why_no_run(roots: Sequence[Path], *, most: int = 5) -> str:
+    """Why no run directory is found at or under `roots`, for people: what looks like part of
+    a run there (a trace file or a config, a symlinked directory, which are not followed) and
+    why it is not taken; or that nothing of a run is there. At most `most` reasons."""
+    reasons: list[str] = []
+    for root in roots:
+        if not root.is_dir() or root.is_symlink():
+            reasons.append(why_not_a_run(root) or f"{root}: not a directory")
+            continue
+        for parent, dirs, files in os.walk(root, followlinks=False):
+            dirs.sort()
+            here = Path(parent)
+            names = {*dirs, *files}
+            if names & {TRACES_FILE, LEGACY_TRACES_FILE, CONFIG_FILE, CONFIGS_DIR}:
+                why = why_not_a_run(here)
+                if why is not None:
+                    reasons.append(why)
+            for name in dirs:
+                if (here / name).is_symlink():
+                    reasons.append(f"{here / name} is a symlink to a directory: not followed")
+            if len(reasons) >= most:
+                break
+    if not reasons:
+        return "nothing there holds a trace file or a run's config"
+    return "; ".join(reasons[:most]) + ("; ..." if len(reasons) > most else "")
 
 
 def find_run_dirs(root: Path) -> Iterator[Path]:

@@ -23,6 +23,7 @@ from evalpush.core.errors import (
 from evalpush.core.ids import short_id
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import Outcome, SetAsideKind, Step
+from evalpush.core.words import counted
 from evalpush.ledger import RunRecord, transitions
 from evalpush.log import get_logger
 from evalpush.runs import (
@@ -42,7 +43,7 @@ from evalpush.upload.files import FileWatch, check_bytes, fingerprint
 from evalpush.upload.prescan import Prescan
 from evalpush.upload.reconcile import Reconciler, intent, without_stored
 
-HOLD_REASON = "{count} bad lines set aside: fix them, or `evalpush retry` uploads the rest"
+HOLD_REASON = "{count} set aside: fix them, or `evalpush retry` uploads the rest"
 MAX_REFUSALS_NOT_BORNE_OUT = 3
 """A request about an open evaluation answered 404/409 again and again (the read says it is open
 each time) fails the run after this many: a platform contradicting itself is for a person."""
@@ -99,7 +100,10 @@ class Steps:
         scanned = Prescan(ident, digest.digest(), found).columns()
         if bad and ctx.config.convert.on_bad_line == "hold" and not record.release_hold:
             return transitions.hold(
-                ctx.ledger, record, HOLD_REASON.format(count=len(bad)), **scanned
+                ctx.ledger,
+                record,
+                HOLD_REASON.format(count=counted(len(bad), "bad line")),
+                **scanned,
             )
         return ctx.ledger.record_progress(record, **scanned)  # goes with the create intent
 

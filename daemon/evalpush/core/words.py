@@ -1,0 +1,9 @@
+"""Counts in words: `1 run`, `2 runs`."""
+
+from __future__ import annotations
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and `noun`, the noun in the plural (`plural`, else `noun` + "s") unless the count
+    is one."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
