@@ -27,6 +27,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from evalpush.core.errors import BadInput
+from evalpush.core.secrets import register_secret
 
 MIB = 1024 * 1024
 MAX_PORT = 65535
@@ -156,17 +157,76 @@ class StateConfig(_Section):
     dir: Path | None = None
 
 
+def _names_a_password(key: str) -> bool:
+    """Whether a URL query key (percent-decoded) names a password, however it is spelt:
+    `password`, `PASSWORD`, `%70assword`, libpq's `sslpassword`."""
+    return "password" in key.strip().lower()
+
+
+def _url_pieces(value: str) -> tuple[str, str, str, str, str]:
+    """A URL cut as it is written, never failing: (`scheme://` or "", userinfo, `@host...` up
+    to the path, the path, `?query#fragment` or "")."""
+    scheme, sep, rest = value.partition("://")
+    head = f"{scheme}{sep}" if sep else ""
+    rest = rest if sep else value
+    netloc = re.match(r"[^/?#]*", rest)[0]  # type: ignore[index] - always matches
+    userinfo, at, host = netloc.rpartition("@")
+    tail = rest[len(netloc) :]
+    cut = min((i for i in (tail.find("?"), tail.find("#")) if i >= 0), default=len(tail))
+    return head, userinfo if at else "", f"{at}{host}", tail[:cut], tail[cut:]
+
+
+def _query_pairs(rest: str) -> list[tuple[str, str, str]]:
+    """`?query#fragment`'s parameters: (the piece as written, its key decoded, its value
+    decoded)."""
+    query = rest.partition("?")[2].partition("#")[0] if rest.startswith("?") else ""
+    pairs = []
+    for piece in query.split("&") if query else []:
+        key, _, secret = piece.partition("=")
+        pairs.append((piece, urllib.parse.unquote_plus(key), urllib.parse.unquote_plus(secret)))
+    return pairs
+
+
+def ledger_url_passwords(value: str) -> list[str]:
+    """Every password a ledger URL holds: its userinfo's, and each query parameter's whose key
+    names one (keys percent-decoded before they are judged)."""
+    _, userinfo, _, _, rest = _url_pieces(value)
+    found = [urllib.parse.unquote(userinfo.partition(":")[2])] if ":" in userinfo else []
+    found += [secret for _, key, secret in _query_pairs(rest) if _names_a_password(key)]
+    return found
+
+
+def masked_ledger_url(value: str) -> str:
+    """A ledger URL as it may be shown when it is refused: the userinfo's password and every
+    password query parameter's value replaced by `***`."""
+    head, userinfo, host, path, rest = _url_pieces(value)
+    if ":" in userinfo:
+        userinfo = f"{userinfo.partition(':')[0]}:***"
+    if rest.startswith("?"):
+        query, hash_, fragment = rest[1:].partition("#")
+        pieces = [
+            f"{piece.partition('=')[0]}=***" if _names_a_password(key) else piece
+            for piece, key, _ in _query_pairs(rest)
+        ]
+        rest = f"?{'&'.join(pieces)}{hash_}{fragment}"
+    return f"{head}{userinfo}{host}{path}{rest}"
+
+
 def check_ledger_url(value: str) -> str:
     """`""` (the SQLite file in the state dir) or a PostgreSQL URL with no password in it (a
-    URL is shown in status and logs; the password comes from `password_file`)."""
+    URL is shown in status and logs; the password comes from `password_file`). A password
+    found in it is registered with the scrubber at once, and the refusal never quotes it."""
     if not value:
         return value
+    passwords = ledger_url_passwords(value)
+    for password in passwords:
+        register_secret(password)
     parts = urllib.parse.urlsplit(value)
     if parts.scheme not in ("postgresql", "postgres"):
         raise ValueError(
             "expected empty (the SQLite ledger in the state dir) or postgresql://USER@HOST:PORT/DB"
         )
-    if parts.password is not None or "password=" in parts.query:
+    if passwords:
         raise ValueError(
             "the URL holds a password, which would be shown wherever the URL is: put it in "
             "[ledger] password_file (or the systemd credential ledger-password) instead"
