@@ -15,12 +15,16 @@ platform over loopback, real PostgreSQL where a shared ledger is needed.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from daemon_support import RUN_STARTED, Daemon, daemon_environ, wait_until
+from evalpush.core.smallfile import SECRET_FILE_BYTES
 from evalpush.local_platform import LocalPlatform
 from support.commands import COMMAND_SECONDS
 from support.environ import cli_environ
@@ -79,3 +83,102 @@ def test_migrate_to_a_url_holding_a_password_in_its_query_is_refused_without_quo
     assert result.returncode == 2, result.stderr
     assert "holds a password" in result.stderr
     assert LEDGER_PASSWORD not in result.stdout + result.stderr
+
+
+# -- secret files that are not regular files -------------------------------------------------
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path, 0o600)
+    return path
+
+
+def _hostile(kind: str, tmp_path: Path, name: str) -> Path:
+    """A FIFO (no writer: an open that waits blocks forever), `/dev/zero` (endless), or a
+    regular file over the cap, at `tmp_path/name` (or as `/dev/zero` itself)."""
+    path = tmp_path / name
+    if kind == "fifo":
+        return _fifo(path)
+    if kind == "/dev/zero":
+        path.symlink_to("/dev/zero")
+        return path
+    path.write_bytes(b"k" * (SECRET_FILE_BYTES + 1))
+    path.chmod(0o600)
+    return path
+
+
+HOSTILE = ["fifo", "/dev/zero", "too large"]
+HOSTILE_WORDS = {
+    "fifo": "not a regular file (a FIFO)",
+    "/dev/zero": "not a regular file (a device)",
+    "too large": "larger than 64 KiB",
+}
+
+
+@pytest.mark.parametrize("where", ["api_key_file", "systemd credential"])
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_a_daemon_whose_key_file_is_no_regular_file_says_so_and_stops_on_sigterm(
+    platform: LocalPlatform, tmp_path: Path, tree: Path, kind: str, where: str
+) -> None:
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    if where == "api_key_file":
+        key = _hostile(kind, tmp_path, "key")
+        extra = {"EVALPUSH_PLATFORM__API_KEY_FILE": str(key)}
+    else:
+        key = _hostile(kind, credentials, "prime-api-key")
+        extra = {"CREDENTIALS_DIRECTORY": str(credentials)}
+    environ = daemon_environ(platform, tmp_path, [tree], PRIME_API_KEY=None, **extra)
+    with Daemon(environ) as daemon:
+        daemon.started()
+        wait_until(lambda: HOSTILE_WORDS[kind] in daemon.text(), "the key file's refusal")
+        assert str(key) in daemon.text()
+        assert daemon.stop() == 0
+    assert "MemoryError" not in daemon.text() and "Traceback" not in daemon.text()
+
+
+def test_a_key_file_swapped_for_a_fifo_before_sighup_leaves_the_daemon_stoppable(
+    platform: LocalPlatform, tmp_path: Path, tree: Path
+) -> None:
+    key = tmp_path / "key"
+    key.write_text(platform.api_key or "any-key")
+    key.chmod(0o600)
+    environ = daemon_environ(
+        platform, tmp_path, [tree], PRIME_API_KEY=None, EVALPUSH_PLATFORM__API_KEY_FILE=str(key)
+    )
+    with Daemon(environ) as daemon:
+        daemon.started()
+        key.unlink()
+        _fifo(key)
+        daemon.signal(signal.SIGHUP)
+        wait_until(
+            lambda: len(daemon.find(RUN_STARTED)) >= 1 and "(a FIFO)" in daemon.text(), "the reload"
+        )
+        assert daemon.stop() == 0
+
+
+@pytest.mark.parametrize("command", ["status", "check"])
+@pytest.mark.parametrize("where", ["password_file", "systemd credential"])
+@pytest.mark.parametrize("kind", HOSTILE)
+def test_a_ledger_password_file_that_is_no_regular_file_is_an_error_naming_it(
+    platform: LocalPlatform, tmp_path: Path, kind: str, where: str, command: str
+) -> None:
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    if where == "password_file":
+        secret = _hostile(kind, tmp_path, "ledger-password")
+        extra = {"EVALPUSH_LEDGER__PASSWORD_FILE": str(secret)}
+    else:
+        secret = _hostile(kind, credentials, "ledger-password")
+        extra = {"CREDENTIALS_DIRECTORY": str(credentials)}
+    environ = cli_environ(
+        platform,
+        tmp_path,
+        EVALPUSH_LEDGER__URL="postgresql://evalpush@127.0.0.1:9/evalpush",
+        **extra,
+    )
+    result = run_evalpush(environ, command)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert f"{secret}" in output and HOSTILE_WORDS[kind] in output, output
+    assert "Traceback" not in output

@@ -26,12 +26,15 @@ import msgspec
 
 from evalpush.config import PlatformConfig
 from evalpush.core import errors
+from evalpush.core.smallfile import SECRET_FILE_BYTES, read_small_file
 from evalpush.log import get_logger, register_secret
 
 DEFAULT_API_BASE = "https://api.primeintellect.ai"
 DEFAULT_FRONTEND_URL = "https://app.primeintellect.ai"
 API_PREFIX = "/api/v1"
 SYSTEMD_CREDENTIAL_NAME = "prime-api-key"
+PRIME_CONFIG_BYTES = 1024 * 1024
+"""The cap on `~/.prime/config.json`: far above any real one."""
 OTHERS_READ = stat.S_IRGRP | stat.S_IROTH
 """A key file with either bit set may be read by users other than its owner: a warning."""
 
@@ -65,7 +68,7 @@ def _read_prime_config(home: Path) -> tuple[dict[str, Any], str]:
     """`~/.prime/config.json` (written by `prime login`) and a note on how it was found."""
     path = home / ".prime" / "config.json"
     try:
-        data = msgspec.json.decode(path.read_bytes())
+        data = msgspec.json.decode(read_small_file(path, PRIME_CONFIG_BYTES)[0])
     except FileNotFoundError:
         return {}, f"{path} (no such file)"
     except (OSError, msgspec.DecodeError, RecursionError) as exc:
@@ -78,12 +81,15 @@ def _read_prime_config(home: Path) -> tuple[dict[str, Any], str]:
 
 def _read_key_file(path: Path, name: str) -> str:
     try:
-        key = path.read_text(encoding="utf-8").strip()
-        mode = stat.S_IMODE(path.stat().st_mode)
+        data, info = read_small_file(path, SECRET_FILE_BYTES)
+        key = data.decode("utf-8").strip()
+        mode = stat.S_IMODE(info.st_mode)
     except OSError as exc:
         raise errors.AuthError(
             f"{name}: cannot read the API key from {path}: {exc.strerror}"
         ) from None
+    except UnicodeDecodeError:
+        raise errors.AuthError(f"{name}: {path} is not UTF-8 text") from None
     if not key:
         raise errors.AuthError(f"{name}: {path} is empty")
     _warn_if_others_read(path, mode)

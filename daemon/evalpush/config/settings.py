@@ -14,7 +14,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import stat
 import tomllib
 import urllib.parse
 from collections.abc import Iterator, Sequence
@@ -28,6 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from evalpush.core.errors import BadInput
 from evalpush.core.secrets import register_secret
+from evalpush.core.smallfile import NotRegularFile, read_small_file
 
 MIB = 1024 * 1024
 MAX_PORT = 65535
@@ -367,15 +367,19 @@ def _closest(name: str, candidates: Sequence[str]) -> str | None:
 # -- the file ---------------------------------------------------------------------------------
 
 
+TOML_FILE_BYTES = 16 * 1024 * 1024
+"""The cap on a config file: far above any real one."""
+
+
 def read_toml(path: Path, error: type[BadInput], what: str) -> dict[str, Any]:
     """A TOML file as a dict; every way it can fail is one `error` naming the file. Only a
-    regular file is read: a FIFO (or a device) would block the reader, or never end."""
+    regular file is read (`read_small_file`): a FIFO (or a device) would block the reader, or
+    never end."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise error(f"{path}: {what} is not a regular file (a FIFO, device or socket)")
-            return tomllib.load(f)
+        data, _ = read_small_file(path, TOML_FILE_BYTES)
+        return tomllib.loads(data.decode("utf-8"))
+    except NotRegularFile as exc:
+        raise error(f"{path}: {what} is {exc.strerror}") from None
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None
     except PermissionError:

@@ -1,1 +1,1 @@
-"""The vocabulary every floor speaks: failures (`errors`), the closed sets of states (`states`), file names as bytes (`paths`), the set-aside record (`setaside`) and the one scrubber of secrets (`secrets`). It imports nothing of evalpush."""
+"""The vocabulary every floor speaks: failures (`errors`), the closed sets of states (`states`), file names as bytes (`paths`), the set-aside record (`setaside`), the one scrubber of secrets (`secrets`) and the one reader of small named files (`smallfile`). It imports nothing of evalpush."""
