@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,17 +28,20 @@ import pytest
 from daemon_support import RUN_STARTED, Daemon, daemon_environ, wait_until
 from evalpush.core.smallfile import SECRET_FILE_BYTES
 from evalpush.local_platform import LocalPlatform
-from support.commands import COMMAND_SECONDS
+from inotify_limited import limited_namespaces_available
+from support.commands import COMMAND_SECONDS, check_rows
 from support.environ import cli_environ
 
 LEDGER_PASSWORD = "fleet-secret-123"
 SHORT_PASSWORD = "abc"  # under the scrubber's length: only the refusal's masking hides it
 
 
-def run_evalpush(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m evalpush ARGS` as a process, to its end (a hang fails the test)."""
+def run_evalpush(
+    environ: dict[str, str], *args: str, prefix: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """`[PREFIX...] python -m evalpush ARGS` as a process, to its end (a hang fails the test)."""
     return subprocess.run(
-        [sys.executable, "-m", "evalpush", *args],
+        [*prefix, sys.executable, "-m", "evalpush", *args],
         env=environ,
         capture_output=True,
         text=True,
@@ -182,3 +187,88 @@ def test_a_ledger_password_file_that_is_no_regular_file_is_an_error_naming_it(
     assert result.returncode != 0, output
     assert f"{secret}" in output and HOSTILE_WORDS[kind] in output, output
     assert "Traceback" not in output
+
+
+# -- check is the daemon's start-up, dry ------------------------------------------------------
+
+
+@pytest.fixture
+def port_in_use() -> Iterator[int]:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]
+
+
+def _refusal(case: str, tmp_path: Path, tree: Path, port: int) -> tuple[dict[str, str], list[str]]:
+    """The variables (and the command prefix) that make `run` refuse to start, by case."""
+    if case == "relative root":
+        return {"EVALPUSH_WATCH__ROOTS": '["outputs"]'}, []
+    if case == "the default root given":
+        return {"EVALPUSH_WATCH__ROOTS": '["./outputs"]'}, []
+    if case == "metrics address in use":
+        return {"EVALPUSH_METRICS__LISTEN": f"127.0.0.1:{port}"}, []
+    if case == "state dir under a file":
+        (tmp_path / "a-file").write_text("")
+        return {"EVALPUSH_STATE_DIR": str(tmp_path / "a-file" / "state")}, []
+    if case == "ledger password file a FIFO":
+        return {
+            "EVALPUSH_LEDGER__URL": "postgresql://evalpush@127.0.0.1:9/evalpush",
+            "EVALPUSH_LEDGER__PASSWORD_FILE": str(_fifo(tmp_path / "ledger-password")),
+        }, []
+    if case == "plain http to a remote platform":
+        return {"PRIME_API_BASE_URL": "http://platform.example:8000"}, []
+    assert case == "inotify forced over the watch limit"
+    if not limited_namespaces_available():
+        pytest.skip("no user namespace here to lower the inotify limit in")
+    for name in ("a", "b", "c"):
+        (tree / name).mkdir()
+    limit = 'echo 1 > /proc/sys/user/max_inotify_watches && exec "$@"'
+    return {"EVALPUSH_WATCH__OBSERVER": "inotify"}, [
+        "unshare", "--user", "--map-root-user", "sh", "-c", limit, "sh",
+    ]  # fmt: skip
+
+
+STARTUP_REFUSALS = [
+    "relative root",
+    "the default root given",
+    "metrics address in use",
+    "state dir under a file",
+    "ledger password file a FIFO",
+    "plain http to a remote platform",
+    "inotify forced over the watch limit",
+]
+
+
+@pytest.mark.parametrize("case", STARTUP_REFUSALS)
+def test_check_fails_every_start_up_refusal_of_run_in_runs_own_words(
+    platform: LocalPlatform, tmp_path: Path, tree: Path, port_in_use: int, case: str
+) -> None:
+    settings, prefix = _refusal(case, tmp_path, tree, port_in_use)
+    environ = daemon_environ(platform, tmp_path, [tree], **settings)
+
+    checked = run_evalpush(environ, "check", prefix=prefix)
+    ran = run_evalpush(environ, "run", prefix=prefix)
+
+    refusals = [line for line in ran.stderr.splitlines() if line.startswith("evalpush: ")]
+    assert ran.returncode != 0 and refusals, ran.stdout + ran.stderr
+    words = refusals[-1].removeprefix("evalpush: ")
+    failed = [detail for result, detail in check_rows(checked.stdout).values() if result == "FAIL"]
+    assert any(words in detail for detail in failed), (words, checked.stdout)
+    assert checked.returncode == ran.returncode, checked.stdout + checked.stderr
+
+
+def test_check_warns_of_a_key_file_other_users_may_read_in_its_credentials_row(
+    platform: LocalPlatform, tmp_path: Path, tree: Path
+) -> None:
+    key = tmp_path / "key"
+    key.write_text(platform.api_key or "any-key")
+    key.chmod(0o644)
+    environ = daemon_environ(
+        platform, tmp_path, [tree], PRIME_API_KEY=None, EVALPUSH_PLATFORM__API_KEY_FILE=str(key)
+    )
+    checked = run_evalpush(environ, "check")
+    result, detail = check_rows(checked.stdout)["credentials"]
+    assert result == "WARN", checked.stdout
+    assert f"{key} is readable by other users (mode 0644): chmod 600 it" in detail
+    assert checked.returncode == 0, checked.stdout + checked.stderr
