@@ -27,10 +27,12 @@ import pytest
 
 from daemon_support import RUN_STARTED, Daemon, daemon_environ, wait_until
 from evalpush.core.smallfile import SECRET_FILE_BYTES
+from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
 from inotify_limited import limited_namespaces_available
 from support.commands import COMMAND_SECONDS, check_rows
 from support.environ import cli_environ
+from support.postgres import PASSWORD as PG_PASSWORD
 
 LEDGER_PASSWORD = "fleet-secret-123"
 SHORT_PASSWORD = "abc"  # under the scrubber's length: only the refusal's masking hides it
@@ -272,3 +274,52 @@ def test_check_warns_of_a_key_file_other_users_may_read_in_its_credentials_row(
     assert result == "WARN", checked.stdout
     assert f"{key} is readable by other users (mode 0644): chmod 600 it" in detail
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# -- migrate --to while the daemon runs; a refused login --------------------------------------
+
+
+def test_migrate_to_a_shared_ledger_refuses_while_this_hosts_daemon_runs(
+    platform: LocalPlatform, tmp_path: Path, tree: Path, pg_url: str
+) -> None:
+    password_file = tmp_path / "pw"
+    password_file.write_text(PG_PASSWORD)
+    environ = daemon_environ(
+        platform, tmp_path, [tree], EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file)
+    )
+    with Daemon(environ) as daemon:
+        daemon.started()
+        wait_until(
+            lambda: (
+                f"daemon:     pid {daemon.pid}"
+                in run_evalpush(environ, "status", "--daemon").stdout
+            ),
+            "status to see the daemon running",
+        )
+        moved = run_evalpush(environ, "migrate", "--to", pg_url)
+        assert daemon.stop() == 0
+    assert moved.returncode != 0, moved.stdout + moved.stderr
+    assert f"the daemon (pid {daemon.pid}) runs on this state dir" in moved.stderr
+    assert "stop it first" in moved.stderr
+    assert "moved" not in moved.stdout
+    # Stopped, the same move goes through.
+    again = run_evalpush(environ, "migrate", "--to", pg_url)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("command", ["migrate", "check", "run"])
+def test_a_shared_ledger_login_refused_for_want_of_a_password_is_said_so_with_how_to_give_one(
+    platform: LocalPlatform, tmp_path: Path, tree: Path, pg_url: str, command: str
+) -> None:
+    environ = daemon_environ(platform, tmp_path, [tree], PGPASSWORD=None, PGPASSFILE=None)
+    (tmp_path / "state").mkdir()
+    if command == "migrate":
+        Ledger(default_path(tmp_path / "state")).close()
+        result = run_evalpush(environ, "migrate", "--to", pg_url)
+    else:
+        result = run_evalpush({**environ, "EVALPUSH_LEDGER__URL": pg_url}, command)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "the database refused the login" in output, output
+    assert "cannot be reached" not in output, output
+    assert "password_file" in output and "ledger-password" in output and "PGPASSWORD" in output

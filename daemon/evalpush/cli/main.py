@@ -607,6 +607,16 @@ def _move_to_shared(path: Path, url: str, config: Config) -> int:
         raise UsageError(f"migrate --to: {exc}") from None
     if not os.path.lexists(path):
         raise UsageError(f"no ledger at {path}: nothing to move")
+    running = _live_daemon(config)
+    if running is not None:
+        # It would go on writing the file while its runs are copied: two ledgers diverging.
+        print(
+            f"evalpush migrate --to: the daemon (pid {running}) runs on this state dir "
+            f"({config.state_dir}) and writes {path}: stop it first (systemctl stop evalpush), "
+            "then migrate, set [ledger] url and start it again",
+            file=sys.stderr,
+        )
+        return EXIT_PARTIAL
     with Ledger(path) as source, Ledger.shared(url, password=ledger_password(config)) as target:
         _tell_upgrade(source)
         moved = move(source, target)
