@@ -15,11 +15,13 @@ platform over loopback, real PostgreSQL where a shared ledger is needed.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -28,6 +30,7 @@ import pytest
 from daemon_support import RUN_STARTED, Daemon, daemon_environ, wait_until
 from evalpush.core.smallfile import SECRET_FILE_BYTES
 from evalpush.ledger import Ledger, default_path
+from evalpush.ledger.records import HEARTBEAT_SECONDS
 from evalpush.local_platform import LocalPlatform
 from inotify_limited import limited_namespaces_available
 from support.commands import COMMAND_SECONDS, check_rows
@@ -323,3 +326,66 @@ def test_a_shared_ledger_login_refused_for_want_of_a_password_is_said_so_with_ho
     assert "the database refused the login" in output, output
     assert "cannot be reached" not in output, output
     assert "password_file" in output and "ledger-password" in output and "PGPASSWORD" in output
+
+
+# -- a fleet daemon that stopped beating ------------------------------------------------------
+
+
+def _fleet_line(status_text: str, pid: int) -> str:
+    return next(line for line in status_text.splitlines() if f" pid {pid} (" in line)
+
+
+def test_a_killed_fleet_daemon_is_shown_not_heard_from_at_the_next_status(
+    platform: LocalPlatform, tmp_path: Path, tree: Path, pg_url: str
+) -> None:
+    password_file = tmp_path / "pw"
+    password_file.write_text(PG_PASSWORD)
+    environ = daemon_environ(
+        platform,
+        tmp_path,
+        [tree],
+        EVALPUSH_LEDGER__URL=pg_url,
+        EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+    )
+    with Daemon(environ) as daemon:
+        daemon.started()
+        wait_until(
+            lambda: "1 running" in run_evalpush(environ, "status").stdout, "its heartbeat row"
+        )
+        daemon.kill()
+    shown = run_evalpush(environ, "status")
+    document = json.loads(run_evalpush(environ, "status", "--daemon", "--json").stdout)
+
+    assert "daemons:    0 running, 1 not" in shown.stdout, shown.stdout
+    assert "not heard from since" in _fleet_line(shown.stdout, daemon.pid)
+    (row,) = [d for d in document["daemons"] if d["pid"] == daemon.pid]
+    assert (row["running"], row["state"]) == (False, "silent")
+
+
+def test_a_daemon_of_another_host_three_heartbeats_late_is_shown_not_heard_from(
+    platform: LocalPlatform, tmp_path: Path, pg_url: str
+) -> None:
+    late = time.time() - 3 * HEARTBEAT_SECONDS - 1
+    with Ledger.shared(pg_url, password=PG_PASSWORD, clock=lambda: late) as ledger:
+        ledger.daemon_seen(
+            "elsewhere/boot/pidns/4242/99",
+            host="elsewhere",
+            pid=4242,
+            version="0.4.0",
+            observer="polling",
+            started_at=late - 60,
+            lease_seconds=120,
+        )
+    password_file = tmp_path / "pw"
+    password_file.write_text(PG_PASSWORD)
+    environ = cli_environ(
+        platform,
+        tmp_path,
+        EVALPUSH_LEDGER__URL=pg_url,
+        EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+    )
+    shown = run_evalpush(environ, "status")
+    document = json.loads(run_evalpush(environ, "status", "--daemon", "--json").stdout)
+
+    assert "not heard from since" in _fleet_line(shown.stdout, 4242), shown.stdout
+    assert [(d["running"], d["state"]) for d in document["daemons"]] == [(False, "silent")]

@@ -469,6 +469,7 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
         daemon_json,
         daemon_text,
         detail_text,
+        fleet_alive,
         fleet_rows,
         fleet_text,
         mark_paused,
@@ -499,8 +500,9 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
         return EXIT_OK
     with open_ledger(config, read_only=True) as ledger:
         fleet = fleet_rows(ledger)
+        alive = fleet_alive(ledger) if shared else None
         if args.run is not None:
-            detail = run_detail(ledger, _find(ledger, args.run, busy_ok=True))
+            detail = run_detail(ledger, _find(ledger, args.run, busy_ok=True), alive)
             mark_paused([detail], view)
             _print_json(detail) if args.json else print(detail_text(detail))
             return EXIT_OK
@@ -514,12 +516,12 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
             _print_json(document)
             return EXIT_OK
         records = {record.run_id: record for record in ledger.all()}
-        rows = select_rows(status_rows(ledger), states=args.state, limit=args.limit)
+        rows = select_rows(status_rows(ledger, alive), states=args.state, limit=args.limit)
         mark_paused(rows, view)
         if args.json:
             shown = {row["run_id"] for row in rows if row["state"] != State.SUPERSEDED}
             document = [
-                run_detail(ledger, records[run_id]) for run_id in records if run_id in shown
+                run_detail(ledger, records[run_id], alive) for run_id in records if run_id in shown
             ]
             mark_paused(document, view)
         count = len(records)
@@ -931,7 +933,8 @@ def _check_shared_ledger(config: Config) -> _Row:
             "check [ledger] url, the password (password_file), and that PostgreSQL runs",
             setup=isinstance(exc, ConfigError),  # what the daemon refuses with exit 2
         )
-    running = sum(d.running(time.time()) for d in daemons)
+    here, now = Process.current(), time.time()
+    running = sum(d.running(now, lambda h: holder_alive(h, here, now)) for d in daemons)
     return _Row(
         Check.LEDGER, True, f"{shown}: shared, {runs} runs known, {running} daemons running"
     )

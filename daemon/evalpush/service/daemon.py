@@ -64,12 +64,13 @@ from evalpush.discover import (
     refuse_relative_roots,
 )
 from evalpush.ledger import RunRecord, gatefile, next_step
+from evalpush.ledger.records import HEARTBEAT_SECONDS
 from evalpush.log import get_logger
 from evalpush.service.sdnotify import Notifier
 from evalpush.service.tracker import Tracker
 from evalpush.upload import upload_ended, upload_started
 
-STATUS_SECONDS = 5.0
+STATUS_SECONDS = HEARTBEAT_SECONDS
 """How often the STATUS line for systemd (and `daemon.json`, and the metrics' runs by state)
 is brought up to date."""
 
