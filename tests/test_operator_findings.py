@@ -27,7 +27,14 @@ from pathlib import Path
 
 import pytest
 
-from daemon_support import RUN_STARTED, Daemon, daemon_environ, wait_until
+from daemon_support import (
+    RUN_STARTED,
+    Daemon,
+    daemon_environ,
+    slow_run,
+    upload_under_way,
+    wait_until,
+)
 from evalpush.core.smallfile import SECRET_FILE_BYTES
 from evalpush.ledger import Ledger, default_path
 from evalpush.ledger.records import HEARTBEAT_SECONDS
@@ -389,3 +396,32 @@ def test_a_daemon_of_another_host_three_heartbeats_late_is_shown_not_heard_from(
 
     assert "not heard from since" in _fleet_line(shown.stdout, 4242), shown.stdout
     assert [(d["running"], d["state"]) for d in document["daemons"]] == [(False, "silent")]
+
+
+def test_status_says_which_fleet_daemon_holds_a_run_and_no_run_is_held_by_one_shown_gone(
+    platform: LocalPlatform, tmp_path: Path, tree: Path, pg_url: str
+) -> None:
+    password_file = tmp_path / "pw"
+    password_file.write_text(PG_PASSWORD)
+    environ = daemon_environ(
+        platform,
+        tmp_path,
+        [tree],
+        EVALPUSH_LEDGER__URL=pg_url,
+        EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+        EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="1",
+    )
+    slow_run(platform, tree / "group", stalls=1000, seconds=1.0)
+    with Daemon(environ) as daemon:
+        daemon.started()
+        upload_under_way(platform)
+        held = run_evalpush(environ, "status")
+        (run,) = json.loads(run_evalpush(environ, "status", "--json").stdout)
+        daemon.kill()
+    after = run_evalpush(environ, "status")
+    (run_after,) = json.loads(run_evalpush(environ, "status", "--json").stdout)
+
+    assert "holds 1 run" in _fleet_line(held.stdout, daemon.pid), held.stdout
+    assert run["holder"]["pid"] == daemon.pid
+    assert "not heard from since" in _fleet_line(after.stdout, daemon.pid), after.stdout
+    assert run_after["holder"] is None, run_after
