@@ -811,10 +811,7 @@ def _check_watch(config: Config) -> _Row:
         refuse_relative_roots(config.watch)
     except ConfigError as exc:
         return _Row(Check.WATCH, False, f"{exc}; {detail}", setup=True)
-    if bad:
-        fixes = "; ".join(dict.fromkeys(v.fix for v in bad))
-        return _Row(Check.WATCH, False, detail, fixes)
-    if config.watch.observer == "inotify":
+    if config.watch.observer == "inotify":  # first: what it refuses (an unreadable root too)
         watcher = Watcher.from_config(config.watch, config.runs, HintQueue())
         try:
             watcher.start()
@@ -822,6 +819,9 @@ def _check_watch(config: Config) -> _Row:
             return _Row(Check.WATCH, False, f"{exc}; {detail}", setup=True)
         finally:
             watcher.stop()
+    if bad:
+        fixes = "; ".join(dict.fromkeys(v.fix for v in bad))
+        return _Row(Check.WATCH, False, detail, fixes)
     return _Row(Check.WATCH, True, detail)
 
 
