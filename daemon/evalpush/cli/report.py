@@ -366,10 +366,14 @@ def fleet_rows(ledger: Ledger, now: float | None = None) -> list[dict[str, Any]]
     how many runs each holds (the runs whose `holder` it is)."""
     alive = _alive_now()
     now = time.time() if now is None else now
-    holders = [h for r in ledger.all() if (h := r.holder) is not None and alive(h)]  # live ones
+    daemons = [(d, d.running(now, alive)) for d in ledger.daemons()]
+    holders = (  # the live claims, read only when some daemon may hold one
+        [h for r in ledger.all() if (h := r.holder) is not None and alive(h)]
+        if any(running for _, running in daemons)
+        else []
+    )
     rows = []
-    for d in ledger.daemons():
-        running = d.running(now, alive)
+    for d, running in daemons:
         state = "running" if running else ("stopped" if d.stopped_at is not None else "silent")
         rows.append(
             {
