@@ -72,6 +72,8 @@ URLS_WITH_PASSWORDS = {
     ),
     "upper-case query key": f"postgres://evalpush@127.0.0.1:55432/evalpush?PASSWORD={SHORT_PASSWORD}",
     "wrong scheme": f"mysql://evalpush:{LEDGER_PASSWORD}@127.0.0.1:55432/evalpush",
+    "libpq keyword form": f"host=127.0.0.1 user=evalpush password={LEDGER_PASSWORD}",
+    "libpq keyword form, quoted": f"host=127.0.0.1 password = '{SHORT_PASSWORD} x' user=e",
 }
 
 

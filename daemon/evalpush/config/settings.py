@@ -187,9 +187,16 @@ def _query_pairs(rest: str) -> list[tuple[str, str, str]]:
     return pairs
 
 
+_KEYWORD_PASSWORD = re.compile(r"(?i)(\w*password\w*\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+"""libpq's keyword/value form (`host=h password=x`): a password given in it, and its value."""
+
+
 def ledger_url_passwords(value: str) -> list[str]:
     """Every password a ledger URL holds: its userinfo's, and each query parameter's whose key
-    names one (keys percent-decoded before they are judged)."""
+    names one (keys percent-decoded before they are judged); in libpq's keyword/value form
+    (not a URL, refused for that), each value of a key naming a password."""
+    if "://" not in value:
+        return [match[2].strip("'") for match in _KEYWORD_PASSWORD.finditer(value)]
     _, userinfo, _, _, rest = _url_pieces(value)
     found = [urllib.parse.unquote(userinfo.partition(":")[2])] if ":" in userinfo else []
     found += [secret for _, key, secret in _query_pairs(rest) if _names_a_password(key)]
@@ -198,7 +205,10 @@ def ledger_url_passwords(value: str) -> list[str]:
 
 def masked_ledger_url(value: str) -> str:
     """A ledger URL as it may be shown when it is refused: the userinfo's password and every
-    password query parameter's value replaced by `***`."""
+    password query parameter's value replaced by `***` (in libpq's keyword/value form, each
+    value of a key naming a password)."""
+    if "://" not in value:
+        return _KEYWORD_PASSWORD.sub(r"\1***", value)
     head, userinfo, host, path, rest = _url_pieces(value)
     if ":" in userinfo:
         userinfo = f"{userinfo.partition(':')[0]}:***"
