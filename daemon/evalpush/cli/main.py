@@ -759,12 +759,8 @@ def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigErro
     credentials are wrong (the platform refusing the key included: what `run` refuses with 2),
     1 when only the ledger or the platform fails, 0 when all pass (WARN rows included). Writes
     nothing (an address in `[metrics] listen` is bound and let go at once)."""
-    from evalpush import log
     from evalpush.client import PlatformClient
 
-    # A warning logged while checking (a key file others may read) is one of the rows too: on
-    # stderr, the table on stdout stays whole.
-    log.configure("warning", "console", stream=_Stderr())
     source = args.config or os.environ.get("EVALPUSH_CONFIG") or "defaults and the environment"
     if config is None:
         rows = [
@@ -825,22 +821,6 @@ def _check_watch(config: Config) -> _Row:
     return _Row(Check.WATCH, True, detail)
 
 
-class _Stderr:
-    """Whatever `sys.stderr` is when a line is written (the command's, scrubbed)."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-    def isatty(self) -> bool:
-        return sys.stderr.isatty()
-
-    def fileno(self) -> int:
-        return sys.stderr.fileno()
-
-
 def _live_daemon(config: Config) -> int | None:
     """The pid of the daemon that runs on this state dir now (`daemon.json`, judged alive as
     `status` judges it), or None."""
@@ -877,7 +857,10 @@ def _check_metrics(config: Config) -> _Row:
 
 def _check_credentials(client: Any) -> _Row:
     try:
-        creds = client.credentials
+        # The warning logged of a key file others may read is this row's WARN too: it goes to
+        # stderr, so the table on stdout stays whole.
+        with contextlib.redirect_stdout(sys.stderr):
+            creds = client.credentials
     except (AuthError, ConfigError) as exc:
         # A missing key's message says where to set one; an unusable URL's, what to change.
         says_how = isinstance(exc, ConfigError) or "prime login" in str(exc)
