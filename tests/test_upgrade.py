@@ -137,7 +137,7 @@ def test_the_version_is_one_value_for_the_cli_the_package_metadata_and_the_chang
 ) -> None:
     shown = evalpush(cli_environ(platform, tmp_path), "--version")
     changelog = (ROOT / "CHANGELOG.md").read_text()
-    # the first release entry, under what is not released yet
+    # changes not released yet sit above the released entries, under "## Unreleased"
     first_entry = re.search(r"^## (?!Unreleased$)(\S+)", changelog, re.M)
 
     assert shown.stdout == f"evalpush {__version__}\n"

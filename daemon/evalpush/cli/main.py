@@ -50,6 +50,7 @@ from evalpush.ledger import (
     held_by,
     holder_alive,
     open_ledger,
+    refuse_uncreatable,
     where,
 )
 from evalpush.log import scrubbed_output
@@ -565,6 +566,7 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
         daemon_json,
         daemon_text,
         detail_text,
+        fleet_alive,
         fleet_rows,
         fleet_text,
         mark_paused,
@@ -595,8 +597,9 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
         return EXIT_OK
     with open_ledger(config, read_only=True) as ledger:
         fleet = fleet_rows(ledger)
+        alive = fleet_alive(ledger) if shared else None
         if args.run is not None:
-            detail = run_detail(ledger, _find(ledger, args.run, busy_ok=True))
+            detail = run_detail(ledger, _find(ledger, args.run, busy_ok=True), alive)
             mark_paused([detail], view)
             _print_json(detail) if args.json else print(detail_text(detail))
             return EXIT_OK
@@ -610,12 +613,12 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
             _print_json(document)
             return EXIT_OK
         records = {record.run_id: record for record in ledger.all()}
-        rows = select_rows(status_rows(ledger), states=args.state, limit=args.limit)
+        rows = select_rows(status_rows(ledger, alive), states=args.state, limit=args.limit)
         mark_paused(rows, view)
         if args.json:
             shown = {row["run_id"] for row in rows if row["state"] != State.SUPERSEDED}
             document = [
-                run_detail(ledger, records[run_id]) for run_id in records if run_id in shown
+                run_detail(ledger, records[run_id], alive) for run_id in records if run_id in shown
             ]
             mark_paused(document, view)
         count = len(records)
@@ -703,6 +706,16 @@ def _move_to_shared(path: Path, url: str, config: Config) -> int:
         raise UsageError(f"migrate --to: {exc}") from None
     if not os.path.lexists(path):
         raise UsageError(f"no ledger at {path}: nothing to move")
+    running = _live_daemon(config)
+    if running is not None:
+        # It would go on writing the file while its runs are copied: two ledgers diverging.
+        print(
+            f"evalpush migrate --to: the daemon (pid {running}) runs on this state dir "
+            f"({config.state_dir}) and writes {path}: stop it first (systemctl stop evalpush), "
+            "then migrate, set [ledger] url and start it again",
+            file=sys.stderr,
+        )
+        return EXIT_PARTIAL
     with Ledger(path) as source, Ledger.shared(url, password=ledger_password(config)) as target:
         _tell_upgrade(source)
         moved = move(source, target)
@@ -805,6 +818,7 @@ class Check(enum.StrEnum):
 
     CONFIG = "config"
     WATCH = "watch"
+    METRICS = "metrics"  # only when [metrics] listen is set
     LEDGER = "ledger"
     CREDENTIALS = "credentials"
     PLATFORM = "platform"
@@ -815,9 +829,15 @@ class _Row(msgspec.Struct, frozen=True):
     ok: bool | None  # None: skipped, since what it needs failed
     detail: str
     fix: str = ""
+    warn: bool = False  # ok, but something to fix: WARN
+    setup: bool = False  # a refusal the daemon makes at start as a configuration error (exit 2)
 
     def line(self) -> str:
-        result = "SKIP" if self.ok is None else ("OK" if self.ok else "FAIL")
+        result = (
+            "SKIP"
+            if self.ok is None
+            else ("FAIL" if not self.ok else ("WARN" if self.warn else "OK"))
+        )
         fix = f"; fix: {self.fix}" if self.fix else ""
         return f"{self.check:<12} {result:<6} {self.detail}{fix}"
 
@@ -830,9 +850,12 @@ KEY_FIX = (
 
 
 def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigError | None) -> int:
-    """Every check, one row each (OK, FAIL with the fix, or SKIP when what it needs failed):
-    exit 2 when the configuration or the credentials are wrong (the platform refusing the key
-    included), 1 when only the ledger or the platform fails, 0 when all pass. Reads only."""
+    """The daemon's start-up, dry, then the platform: one row each (OK, WARN: works but fix it,
+    FAIL with the fix, or SKIP when what it needs failed). Every refusal `run` makes at start is
+    a FAIL row in `run`'s words, made by the same code. Exit 2 when the configuration or the
+    credentials are wrong (the platform refusing the key included: what `run` refuses with 2),
+    1 when only the ledger or the platform fails, 0 when all pass (WARN rows included). Writes
+    nothing (an address in `[metrics] listen` is bound and let go at once)."""
     from evalpush.client import PlatformClient
 
     source = args.config or os.environ.get("EVALPUSH_CONFIG") or "defaults and the environment"
@@ -845,6 +868,8 @@ def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigErro
     ignored = "".join(f"; ignored, retired: {notice}" for notice in config.ignored)
     rows = [_Row(Check.CONFIG, True, f"{source}: valid{ignored}")]
     rows.append(_check_watch(config))
+    if config.metrics.listen:
+        rows.append(_check_metrics(config))
     rows.append(
         _check_shared_ledger(config)
         if config.ledger.url
@@ -860,11 +885,12 @@ def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigErro
 
 
 def _check_watch(config: Config) -> _Row:
-    """The daemon's roots: absolute, there, readable; the filesystem and watcher of each."""
-    from evalpush.config import WatchConfig
-    from evalpush.discover import watch_verdicts
+    """The daemon's roots: absolute (the daemon's own refusal), there, readable; the filesystem
+    and watcher of each; with `observer = "inotify"`, the watches set up and let go, as the
+    daemon's start does (its refusal when inotify cannot watch them)."""
+    from evalpush.discover import HintQueue, Watcher, refuse_relative_roots, watch_verdicts
 
-    if config.watch.roots == WatchConfig().roots:  # the default: not set
+    if "roots" not in config.watch.model_fields_set:  # not given: the default ./outputs
         return _Row(
             Check.WATCH,
             None,
@@ -874,38 +900,84 @@ def _check_watch(config: Config) -> _Row:
     verdicts, watches = watch_verdicts(config.watch)
     bad = [v for v in verdicts if not v.ok]
     detail = "; ".join(v.detail for v in verdicts) + f"; {watches}"
-    if not bad:
-        return _Row(Check.WATCH, True, detail)
-    fixes = "; ".join(dict.fromkeys(v.fix for v in bad))
-    return _Row(Check.WATCH, False, detail, fixes)
+    try:
+        refuse_relative_roots(config.watch)
+    except ConfigError as exc:
+        return _Row(Check.WATCH, False, f"{exc}; {detail}", setup=True)
+    if config.watch.observer == "inotify":  # first: what it refuses (an unreadable root too)
+        watcher = Watcher.from_config(config.watch, config.runs, HintQueue())
+        try:
+            watcher.start()
+        except ConfigError as exc:
+            return _Row(Check.WATCH, False, f"{exc}; {detail}", setup=True)
+        finally:
+            watcher.stop()
+    if bad:
+        fixes = "; ".join(dict.fromkeys(v.fix for v in bad))
+        return _Row(Check.WATCH, False, detail, fixes)
+    return _Row(Check.WATCH, True, detail)
+
+
+def _live_daemon(config: Config) -> int | None:
+    """The pid of the daemon that runs on this state dir now (`daemon.json`, judged alive as
+    `status` judges it), or None."""
+    from evalpush.ledger import gatefile
+
+    view = gatefile.read(config.state_dir)
+    return None if view is None else view.pid
+
+
+def _check_metrics(config: Config) -> _Row:
+    """`[metrics] listen`: bound and let go, as the daemon binds it at start."""
+    from evalpush.service.metrics import check_listen
+
+    try:
+        shown = check_listen(config.metrics)
+    except ConfigError as exc:
+        running = _live_daemon(config)
+        if running is not None:
+            return _Row(
+                Check.METRICS,
+                None,
+                f"{exc} (the daemon of this state dir runs, pid {running}: it may be the one "
+                "listening there)",
+            )
+        return _Row(
+            Check.METRICS,
+            False,
+            str(exc),
+            "choose a free address in metrics.listen, or stop what listens there",
+            setup=True,
+        )
+    return _Row(Check.METRICS, True, f"{shown}: free; the daemon serves /metrics there")
 
 
 def _check_credentials(client: Any) -> _Row:
     try:
-        creds = client.credentials
+        # The warning logged of a key file others may read is this row's WARN too: it goes to
+        # stderr, so the table on stdout stays whole.
+        with contextlib.redirect_stdout(sys.stderr):
+            creds = client.credentials
     except (AuthError, ConfigError) as exc:
         # A missing key's message says where to set one; an unusable URL's, what to change.
         says_how = isinstance(exc, ConfigError) or "prime login" in str(exc)
         return _Row(Check.CREDENTIALS, False, str(exc), "" if says_how else KEY_FIX)
     team = f" (team {creds.team_id})" if creds.team_id else ""
-    return _Row(Check.CREDENTIALS, True, f"key from {creds.key_source}; api {creds.api_base}{team}")
+    detail = f"key from {creds.key_source}; api {creds.api_base}{team}"
+    if creds.warning:
+        return _Row(Check.CREDENTIALS, True, f"{detail}; {creds.warning}", warn=True)
+    return _Row(Check.CREDENTIALS, True, detail)
 
 
 def _check_ledger(path: Path) -> _Row:
     """Read-only: a ledger that is not there yet is fine where it can be created; one from
     an older evalpush is read through a copy (the file is left as it is) and said to be."""
     if not os.path.lexists(path):
-        parent = path.parent
-        while not parent.exists() and parent != parent.parent:
-            parent = parent.parent
-        if os.access(parent, os.W_OK | os.X_OK):
-            return _Row(Check.LEDGER, True, f"{path}: not created yet; the first push or run will")
-        return _Row(
-            Check.LEDGER,
-            False,
-            f"{path}: cannot be created ({parent} is not writable by this user)",
-            "give this user the directory, or set state.dir / --state-dir",
-        )
+        try:
+            refuse_uncreatable(path)  # what the daemon's start (and a push) would refuse
+        except EvalpushError as exc:
+            return _Row(Check.LEDGER, False, str(exc))
+        return _Row(Check.LEDGER, True, f"{path}: not created yet; the first push or run will")
     try:
         with Ledger(path, read_only=True) as ledger:
             runs = f"{counted(len(ledger.all()), 'run')} known"
@@ -939,8 +1011,10 @@ def _check_shared_ledger(config: Config) -> _Row:
             False,
             str(exc),
             "check [ledger] url, the password (password_file), and that PostgreSQL runs",
+            setup=isinstance(exc, ConfigError),  # what the daemon refuses with exit 2
         )
-    running = sum(d.running(time.time()) for d in daemons)
+    here, now = Process.current(), time.time()
+    running = sum(d.running(now, lambda h: holder_alive(h, here, now)) for d in daemons)
     return _Row(
         Check.LEDGER,
         True,
@@ -978,7 +1052,8 @@ def _check_report(rows: list[_Row]) -> int:
         file=sys.stderr,
     )
     setup = any(
-        row.check in (Check.CONFIG, Check.CREDENTIALS)
+        row.setup
+        or row.check in (Check.CONFIG, Check.CREDENTIALS)
         or (row.check == Check.WATCH and "relative" in row.detail)
         or (row.check == Check.PLATFORM and row.detail.startswith(KEY_REFUSED))
         for row in failed

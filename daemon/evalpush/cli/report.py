@@ -350,23 +350,46 @@ def daemon_json(view: gatefile.DaemonView | None, last: gatefile.LastSeen | None
     return {"running": False, "last_seen": None if last is None else msgspec.structs.asdict(last)}
 
 
+def fleet_alive(ledger: Ledger, now: float | None = None) -> Alive:
+    """`_alive_now`, less the holders that are daemons `status` shows as not running (stopped,
+    or not heard from): a run is not shown held by a daemon shown gone."""
+    alive, now = _alive_now(), time.time() if now is None else now
+    gone = [d for d in ledger.daemons() if not d.running(now, alive)]
+    if not gone:
+        return alive
+    return lambda holder: alive(holder) and not any(d.holds(holder) for d in gone)
+
+
 def fleet_rows(ledger: Ledger, now: float | None = None) -> list[dict[str, Any]]:
-    """Every daemon the ledger heard from lately (a fleet's hosts): running (within its lease
-    of its last heartbeat) or when it was last seen."""
+    """Every daemon the ledger heard from lately (a fleet's hosts): running (its heartbeat not
+    three periods late, its process not seen gone), stopped, or not heard from since when; and
+    how many runs each holds (the runs whose `holder` it is)."""
+    alive = _alive_now()
     now = time.time() if now is None else now
-    return [
-        {
-            "host": d.host,
-            "pid": d.pid,
-            "version": d.version,
-            "observer": d.observer,
-            "started_at": d.started_at,
-            "seen_at": d.seen_at,
-            "running": d.running(now),
-            "stopped_at": d.stopped_at,
-        }
-        for d in ledger.daemons()
-    ]
+    daemons = [(d, d.running(now, alive)) for d in ledger.daemons()]
+    holders = (  # the live claims, read only when some daemon may hold one
+        [h for r in ledger.all() if (h := r.holder) is not None and alive(h)]
+        if any(running for _, running in daemons)
+        else []
+    )
+    rows = []
+    for d, running in daemons:
+        state = "running" if running else ("stopped" if d.stopped_at is not None else "silent")
+        rows.append(
+            {
+                "host": d.host,
+                "pid": d.pid,
+                "version": d.version,
+                "observer": d.observer,
+                "started_at": d.started_at,
+                "seen_at": d.seen_at,
+                "running": running,
+                "state": state,
+                "stopped_at": d.stopped_at,
+                "holds": sum(1 for h in holders if d.holds(h)) if running else 0,
+            }
+        )
+    return rows
 
 
 def fleet_text(rows: list[dict[str, Any]], now: float | None = None) -> str:
@@ -378,7 +401,10 @@ def fleet_text(rows: list[dict[str, Any]], now: float | None = None) -> str:
         who = f"{row['host']} pid {row['pid']} ({row['version']}; {row['observer'] or '-'})"
         ago = format_duration(max(0.0, now - row["seen_at"]))
         if row["running"]:
-            state = f"running since {_when(row['started_at'])}, heard from {ago} ago"
+            held = row.get("holds", 0)
+            state = f"running since {_when(row['started_at'])}, heard from {ago} ago" + (
+                f", holds {held} run{'' if held == 1 else 's'}" if held else ""
+            )
         elif row["stopped_at"] is not None:
             state = f"stopped at {_when(row['stopped_at'])}"
         else:

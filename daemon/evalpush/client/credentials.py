@@ -26,12 +26,15 @@ import msgspec
 
 from evalpush.config import PlatformConfig
 from evalpush.core import errors
+from evalpush.core.smallfile import SECRET_FILE_BYTES, read_small_file
 from evalpush.log import get_logger, register_secret
 
 DEFAULT_API_BASE = "https://api.primeintellect.ai"
 DEFAULT_FRONTEND_URL = "https://app.primeintellect.ai"
 API_PREFIX = "/api/v1"
 SYSTEMD_CREDENTIAL_NAME = "prime-api-key"
+PRIME_CONFIG_BYTES = 1024 * 1024
+"""The cap on `~/.prime/config.json`: far above any real one."""
 OTHERS_READ = stat.S_IRGRP | stat.S_IROTH
 """A key file with either bit set may be read by users other than its owner: a warning."""
 
@@ -45,6 +48,9 @@ class Credentials(msgspec.Struct, frozen=True):
     team_id: str | None = None
     key_source: str = ""
     """Where the key was found (for `evalpush check`), e.g. `$PRIME_API_KEY`."""
+    warning: str = ""
+    """What is wrong with how the key is kept without stopping its use (`check`'s WARN row):
+    a key file other users may read."""
 
     def __repr__(self) -> str:
         return (
@@ -65,7 +71,7 @@ def _read_prime_config(home: Path) -> tuple[dict[str, Any], str]:
     """`~/.prime/config.json` (written by `prime login`) and a note on how it was found."""
     path = home / ".prime" / "config.json"
     try:
-        data = msgspec.json.decode(path.read_bytes())
+        data = msgspec.json.decode(read_small_file(path, PRIME_CONFIG_BYTES)[0])
     except FileNotFoundError:
         return {}, f"{path} (no such file)"
     except (OSError, msgspec.DecodeError, RecursionError) as exc:
@@ -76,18 +82,29 @@ def _read_prime_config(home: Path) -> tuple[dict[str, Any], str]:
     return data, str(path)
 
 
-def _read_key_file(path: Path, name: str) -> str:
+def _read_key_file(path: Path, name: str) -> tuple[str, str]:
+    """The key in the file, and a warning when other users may read the file."""
     try:
-        key = path.read_text(encoding="utf-8").strip()
-        mode = stat.S_IMODE(path.stat().st_mode)
+        data, info = read_small_file(path, SECRET_FILE_BYTES)
+        key = data.decode("utf-8").strip()
+        mode = stat.S_IMODE(info.st_mode)
     except OSError as exc:
         raise errors.AuthError(
             f"{name}: cannot read the API key from {path}: {exc.strerror}"
         ) from None
+    except UnicodeDecodeError:
+        raise errors.AuthError(f"{name}: {path} is not UTF-8 text") from None
     if not key:
         raise errors.AuthError(f"{name}: {path} is empty")
     _warn_if_others_read(path, mode)
-    return key
+    return key, others_read_warning(path, mode)
+
+
+def others_read_warning(path: Path, mode: int) -> str:
+    """The warning about a key file users other than its owner may read ("" when none may)."""
+    if not mode & OTHERS_READ:
+        return ""
+    return f"the API key file {path} is readable by other users (mode {mode:04o}): chmod 600 it"
 
 
 _warned_modes: set[tuple[str, int]] = set()
@@ -100,7 +117,7 @@ def _warn_if_others_read(path: Path, mode: int) -> None:
         return
     _warned_modes.add((str(path), mode))
     get_logger(stage="platform").warning(
-        "the API key file is readable by other users: chmod 600 it",
+        "the API key file is readable by other users: chmod 600 it",  # others_read_warning's
         path=str(path),
         mode=f"{mode:04o}",
     )
@@ -111,26 +128,28 @@ def _find_key(
     environ: Mapping[str, str],
     prime_config: dict[str, Any],
     prime_note: str,
-) -> tuple[str, str]:
-    """The API key and where it came from, first found wins."""
+) -> tuple[str, str, str]:
+    """The API key, where it came from, and a warning about how it is kept; first found wins."""
     key = clean_text(environ.get("PRIME_API_KEY"))
     if key:
-        return key, "$PRIME_API_KEY"
+        return key, "$PRIME_API_KEY", ""
     if config.api_key_file is not None:
         path = config.api_key_file.expanduser()
-        return _read_key_file(path, "platform.api_key_file"), f"platform.api_key_file ({path})"
+        key, warning = _read_key_file(path, "platform.api_key_file")
+        return key, f"platform.api_key_file ({path})", warning
     looked = ["$PRIME_API_KEY", "platform.api_key_file (not set)"]
     credentials_dir = environ.get("CREDENTIALS_DIRECTORY")
     if credentials_dir:
         path = Path(credentials_dir) / SYSTEMD_CREDENTIAL_NAME
         if path.exists():
-            return _read_key_file(path, "$CREDENTIALS_DIRECTORY"), f"systemd credential ({path})"
+            key, warning = _read_key_file(path, "$CREDENTIALS_DIRECTORY")
+            return key, f"systemd credential ({path})", warning
         looked.append(f"{path} (no such file)")
     else:
         looked.append(f"$CREDENTIALS_DIRECTORY/{SYSTEMD_CREDENTIAL_NAME} (not set)")
     key = clean_text(prime_config.get("api_key"))
     if key:
-        return key, f"api_key in {prime_note}"
+        return key, f"api_key in {prime_note}", ""
     looked.append(f"api_key in {prime_note}")
     raise errors.AuthError(
         "no API key found; looked in "
@@ -240,7 +259,7 @@ def load_credentials(
     unusable base URL.
     """
     prime_config, prime_note = _read_prime_config(Path.home() if home is None else home)
-    key, key_source = _find_key(config, environ, prime_config, prime_note)
+    key, key_source, warning = _find_key(config, environ, prime_config, prime_note)
     register_secret(key)
     _check_key(key, key_source)
     source, raw_base = _first(
@@ -272,4 +291,5 @@ def load_credentials(
         frontend_url=frontend.rstrip("/"),
         team_id=team[1] if team else None,
         key_source=key_source,
+        warning=warning,
     )

@@ -46,6 +46,7 @@ from evalpush.config.settings import (
     Config,
     _closest,
     _keys,
+    masked_ledger_url,
     read_toml,
     sections,
     sources_below_flags,
@@ -159,7 +160,10 @@ def _problem(error: ErrorDetails, origins: _Origins) -> str:
     where = origins.of(error["loc"])
     if error["type"] == "extra_forbidden":
         return f"{where}: {_unknown_key(key)}"
-    return f"{where}: key {key!r}: {error['msg']} (got {error.get('input')!r})"
+    given = error.get("input")
+    if error["loc"] == ("ledger", "url") and isinstance(given, str):
+        given = masked_ledger_url(given)  # the password it may hold is never quoted
+    return f"{where}: key {key!r}: {error['msg']} (got {given!r})"
 
 
 # -- the sources -----------------------------------------------------------------------------

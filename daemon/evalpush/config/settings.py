@@ -14,7 +14,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import stat
 import tomllib
 import urllib.parse
 from collections.abc import Iterator, Sequence
@@ -27,6 +26,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from evalpush.core.errors import BadInput
+from evalpush.core.secrets import register_secret
+from evalpush.core.smallfile import NotRegularFile, read_small_file
 
 MIB = 1024 * 1024
 MAX_PORT = 65535
@@ -157,17 +158,86 @@ class StateConfig(_Section):
     dir: Path | None = None
 
 
+def _names_a_password(key: str) -> bool:
+    """Whether a URL query key (percent-decoded) names a password, however it is spelt:
+    `password`, `PASSWORD`, `%70assword`, libpq's `sslpassword`."""
+    return "password" in key.strip().lower()
+
+
+def _url_pieces(value: str) -> tuple[str, str, str, str, str]:
+    """A URL cut as it is written, never failing: (`scheme://` or "", userinfo, `@host...` up
+    to the path, the path, `?query#fragment` or "")."""
+    scheme, sep, rest = value.partition("://")
+    head = f"{scheme}{sep}" if sep else ""
+    rest = rest if sep else value
+    netloc = re.match(r"[^/?#]*", rest)[0]  # type: ignore[index] - always matches
+    userinfo, at, host = netloc.rpartition("@")
+    tail = rest[len(netloc) :]
+    cut = min((i for i in (tail.find("?"), tail.find("#")) if i >= 0), default=len(tail))
+    return head, userinfo if at else "", f"{at}{host}", tail[:cut], tail[cut:]
+
+
+def _query_pairs(rest: str) -> list[tuple[str, str, str]]:
+    """`?query#fragment`'s parameters: (the piece as written, its key decoded, its value
+    decoded)."""
+    query = rest.partition("?")[2].partition("#")[0] if rest.startswith("?") else ""
+    pairs = []
+    for piece in query.split("&") if query else []:
+        key, _, secret = piece.partition("=")
+        pairs.append((piece, urllib.parse.unquote_plus(key), urllib.parse.unquote_plus(secret)))
+    return pairs
+
+
+_KEYWORD_PASSWORD = re.compile(r"(?i)(\w*password\w*\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+"""libpq's keyword/value form (`host=h password=x`): a password given in it, and its value."""
+
+
+def ledger_url_passwords(value: str) -> list[str]:
+    """Every password a ledger URL holds: its userinfo's, and each query parameter's whose key
+    names one (keys percent-decoded before they are judged); in libpq's keyword/value form
+    (not a URL, refused for that), each value of a key naming a password."""
+    if "://" not in value:
+        return [match[2].strip("'") for match in _KEYWORD_PASSWORD.finditer(value)]
+    _, userinfo, _, _, rest = _url_pieces(value)
+    found = [urllib.parse.unquote(userinfo.partition(":")[2])] if ":" in userinfo else []
+    found += [secret for _, key, secret in _query_pairs(rest) if _names_a_password(key)]
+    return found
+
+
+def masked_ledger_url(value: str) -> str:
+    """A ledger URL as it may be shown when it is refused: the userinfo's password and every
+    password query parameter's value replaced by `***` (in libpq's keyword/value form, each
+    value of a key naming a password)."""
+    if "://" not in value:
+        return _KEYWORD_PASSWORD.sub(r"\1***", value)
+    head, userinfo, host, path, rest = _url_pieces(value)
+    if ":" in userinfo:
+        userinfo = f"{userinfo.partition(':')[0]}:***"
+    if rest.startswith("?"):
+        query, hash_, fragment = rest[1:].partition("#")
+        pieces = [
+            f"{piece.partition('=')[0]}=***" if _names_a_password(key) else piece
+            for piece, key, _ in _query_pairs(rest)
+        ]
+        rest = f"?{'&'.join(pieces)}{hash_}{fragment}"
+    return f"{head}{userinfo}{host}{path}{rest}"
+
+
 def check_ledger_url(value: str) -> str:
     """`""` (the SQLite file in the state dir) or a PostgreSQL URL with no password in it (a
-    URL is shown in status and logs; the password comes from `password_file`)."""
+    URL is shown in status and logs; the password comes from `password_file`). A password
+    found in it is registered with the scrubber at once, and the refusal never quotes it."""
     if not value:
         return value
+    passwords = ledger_url_passwords(value)
+    for password in passwords:
+        register_secret(password)
     parts = urllib.parse.urlsplit(value)
     if parts.scheme not in ("postgresql", "postgres"):
         raise ValueError(
             "expected empty (the SQLite ledger in the state dir) or postgresql://USER@HOST:PORT/DB"
         )
-    if parts.password is not None or "password=" in parts.query:
+    if passwords:
         raise ValueError(
             "the URL holds a password, which would be shown wherever the URL is: put it in "
             "[ledger] password_file (or the systemd credential ledger-password) instead"
@@ -308,22 +378,24 @@ def _closest(name: str, candidates: Sequence[str]) -> str | None:
 # -- the file ---------------------------------------------------------------------------------
 
 
+TOML_FILE_BYTES = 16 * 1024 * 1024
+"""The cap on a config file: far above any real one."""
+
+
 def read_toml(
     path: Path, error: type[BadInput], what: str, *, named_how: str = ""
 ) -> dict[str, Any]:
     """A TOML file as a dict; every way it can fail is one `error` naming the file, with its
-    fix (`named_how`: how another file is named instead). Only a regular file is read: a FIFO
-    (or a device) would block the reader, or never end."""
+    fix (`named_how`: how another file is named instead). Only a regular file is read
+    (`read_small_file`): a FIFO (or a device) would block the reader, or never end."""
     elsewhere = f", or {named_how}" if named_how else ""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise error(
-                    f"{path}: {what} is not a regular file (a FIFO, device or socket)",
-                    fix=f"make it a regular file{elsewhere}",
-                )
-            return tomllib.load(f)
+        data, _ = read_small_file(path, TOML_FILE_BYTES)
+        return tomllib.loads(data.decode("utf-8"))
+    except NotRegularFile as exc:
+        raise error(
+            f"{path}: {what} is {exc.strerror}", fix=f"make it a regular file{elsewhere}"
+        ) from None
     except FileNotFoundError:
         raise error(f"{path}: {what} not found", fix=f"create it{elsewhere}") from None
     except PermissionError:

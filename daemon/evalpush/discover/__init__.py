@@ -49,7 +49,7 @@ from evalpush.discover._inotify import (
 )
 from evalpush.discover._scan import RunDir, Scanner, look_at, printable, walk
 from evalpush.discover._watch import ObserverKind, Watcher
-from evalpush.discover.check import watch_verdicts
+from evalpush.discover.check import refuse_relative_roots, watch_verdicts
 
 __all__ = [
     "Hint",
@@ -68,5 +68,6 @@ __all__ = [
     "printable",
     "probe_inotify",
     "walk",
+    "refuse_relative_roots",
     "watch_verdicts",
 ]

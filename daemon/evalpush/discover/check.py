@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 
 from evalpush.config import WatchConfig
+from evalpush.core.errors import ConfigError
 from evalpush.discover._inotify import (
     NETWORK_FILESYSTEMS,
     filesystem_type,
@@ -92,6 +93,17 @@ def judge_root(root: Path, observer: str, mountinfo: str) -> RootVerdict:
     return RootVerdict(shown, True, f"{shown}: absolute, exists, readable, {fstype}, {kind}")
 
 
+def refuse_relative_roots(watch: WatchConfig) -> None:
+    """The daemon's refusal of relative roots (and `check`'s watch row): a ConfigError."""
+    relative = [str(root) for root in watch.roots if not root.is_absolute()]
+    if relative:
+        raise ConfigError(
+            f"watch.roots: {', '.join(repr(r) for r in relative)} is relative: the daemon "
+            "resolves it against its working directory (/ under systemd, so './outputs' "
+            "would be '/outputs'); give absolute paths"
+        )
+
+
 def watch_verdicts(watch: WatchConfig) -> tuple[list[RootVerdict], str]:
     """Each root judged, and the line about inotify watches left."""
     mountinfo = _mountinfo()
@@ -105,4 +117,10 @@ def watch_verdicts(watch: WatchConfig) -> tuple[list[RootVerdict], str]:
     return verdicts, watches
 
 
-__all__ = ["RootVerdict", "judge_root", "watch_verdicts", "watches_left"]
+__all__ = [
+    "RootVerdict",
+    "judge_root",
+    "refuse_relative_roots",
+    "watch_verdicts",
+    "watches_left",
+]

@@ -9,6 +9,7 @@ from evalpush.ledger.claims import (
     holder_alive,
     process_start,
 )
+from evalpush.ledger.file import STATE_DIR_FIX, refuse_uncreatable
 from evalpush.ledger.opening import open_ledger, where
 from evalpush.ledger.store import SCHEMA_VERSION, Ledger, RunRecord, default_path
 from evalpush.ledger.transitions import next_step
@@ -21,11 +22,13 @@ __all__ = [
     "Process",
     "RunRecord",
     "SCHEMA_VERSION",
+    "STATE_DIR_FIX",
     "default_path",
     "held_by",
     "holder_alive",
     "next_step",
     "open_ledger",
     "process_start",
+    "refuse_uncreatable",
     "where",
 ]

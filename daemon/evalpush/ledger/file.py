@@ -87,6 +87,29 @@ def default_path(state_dir: Path) -> Path:
     return state_dir / LEDGER_FILE
 
 
+STATE_DIR_FIX = "give this user the directory, or set state.dir / --state-dir"
+
+
+def refuse_uncreatable(path: Path) -> None:
+    """A missing ledger file `path` that could not be created here (its directory's nearest
+    existing ancestor is not a directory, or this user may not write in it): a LedgerError,
+    the refusal of a command opening it to write (and `check`'s ledger row, which only reads)."""
+    if os.path.lexists(path):
+        return
+    parent = path.parent
+    while not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        reason = f"{parent} is not a directory"
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        reason = f"{parent} is not writable by this user"
+    else:
+        return
+    raise LedgerError(
+        f"{path}: cannot open the ledger: it cannot be created ({reason}); {STATE_DIR_FIX}"
+    )
+
+
 UNUSABLE_ADVICE = (
     "try the lighter fixes first: free disk space; fix the file's owner and mode; stop another "
     "evalpush holding it; for a damaged file, `sqlite3 {path} .recover | sqlite3 {path}.new` and "
@@ -304,6 +327,7 @@ class LedgerFile:
         """Refuse a ledger that is a symlink or not a regular file (without creating a symlink's
         target); create a missing one, private, unless opening read-only."""
         if not self.read_only:
+            refuse_uncreatable(path)
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         flags |= os.O_RDONLY if self.read_only else os.O_RDWR | os.O_CREAT

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from evalpush.core.secrets import scrub
+from evalpush.core.smallfile import read_small_file
 from evalpush.ledger.claims import Holder, Process, holder_alive
 
 FILE_NAME = "daemon.json"
@@ -146,11 +147,8 @@ def read(state_dir: Path, *, now: float | None = None) -> DaemonView | None:
 
 def _load(path: Path) -> dict[str, Any] | None:
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+        data, _ = read_small_file(path, MAX_FILE_BYTES)  # a FIFO there never blocks `status`
     except OSError:
-        return None
-    if len(data) > MAX_FILE_BYTES:
         return None
     try:
         found = json.loads(data)

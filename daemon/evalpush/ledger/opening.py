@@ -13,6 +13,7 @@ from pathlib import Path
 from evalpush.config import Config
 from evalpush.core.errors import ConfigError
 from evalpush.core.secrets import register_secret
+from evalpush.core.smallfile import SECRET_FILE_BYTES, read_small_file
 from evalpush.ledger.file import default_path
 from evalpush.ledger.store import Ledger
 
@@ -32,9 +33,11 @@ def ledger_password(config: Config, environ: Mapping[str, str] | None = None) ->
         path = candidate
     path = path.expanduser()
     try:
-        password = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"ledger.password_file: cannot read {path}: {exc}") from None
+        password = read_small_file(path, SECRET_FILE_BYTES)[0].decode("utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"ledger.password_file: cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"ledger.password_file: {path} is not UTF-8 text") from None
     if not password:
         raise ConfigError(f"ledger.password_file: {path} is empty")
     register_secret(password)

@@ -99,6 +99,13 @@ class HistoryRecord(msgspec.Struct, frozen=True, gc=False):
     at: float
 
 
+HEARTBEAT_SECONDS = 5.0
+"""How often a daemon writes its heartbeat row (with its STATUS line)."""
+LATE_HEARTBEATS = 3
+"""A daemon whose heartbeat is this many periods late is not heard from: shown so at once,
+not after its lease (which only says when its runs may be taken over)."""
+
+
 class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
     """One row of `daemons`: a daemon that used the ledger, and its last heartbeat."""
 
@@ -112,10 +119,40 @@ class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
     lease_seconds: float
     stopped_at: float | None
 
-    def running(self, now: float) -> bool:
-        """Whether it still runs, as far as the ledger can tell: not stopped, and heard from
-        within its lease."""
-        return self.stopped_at is None and now - self.seen_at < self.lease_seconds
+    def silent_after(self) -> float:
+        """How long after its last heartbeat it counts as not heard from."""
+        return min(self.lease_seconds, LATE_HEARTBEATS * HEARTBEAT_SECONDS)
+
+    def running(self, now: float, alive: Callable[[Holder], bool] | None = None) -> bool:
+        """Whether it still runs, as far as can be told: not stopped, its heartbeat not
+        `LATE_HEARTBEATS` periods late, and (with `alive`, the claims' judge) its process not
+        seen gone where this process can see it (the same host and PID namespace)."""
+        if self.stopped_at is not None or now - self.seen_at >= self.silent_after():
+            return False
+        holder = self.as_holder()
+        return alive is None or holder is None or alive(holder)
+
+    def as_holder(self) -> Holder | None:
+        """The daemon as the claims' `Holder` (its id is `host/boot/pidns/pid/start`), for
+        `holder_alive`; None for an id of another shape."""
+        parts = self.id.split("/")
+        if len(parts) != 5 or not parts[3].isdigit() or not parts[4].isdigit():
+            return None
+        host, boot, pidns, pid, start = parts
+        expires = self.seen_at + self.silent_after()
+        return Holder("", host, boot, int(pid), int(start), pidns, self.seen_at, expires)
+
+    def holds(self, holder: Holder) -> bool:
+        """Whether `holder` (a run's claim) is this daemon's process."""
+        mine = self.as_holder()
+        if mine is None:
+            return (holder.host, holder.pid) == (self.host, self.pid)
+        return (mine.host, mine.boot, mine.pidns, mine.pid) == (
+            holder.host,
+            holder.boot,
+            holder.pidns,
+            holder.pid,
+        )
 
 
 DAEMON_COLUMNS = ", ".join(DaemonRecord.__struct_fields__)

@@ -288,10 +288,18 @@ class LedgerServer:
             self._next_report = self._down_since + FIRST_REPORT_SECONDS
             self._report_gap = FIRST_REPORT_SECONDS
             get_logger(stage="ledger").warning(
-                "shared ledger unreachable: uploads pause (nothing is sent without its intent "
-                "written) until it is back",
+                (
+                    "shared ledger refused the login: uploads pause until it accepts it"
+                    if _login_refused(exc)
+                    else "shared ledger unreachable: uploads pause (nothing is sent without "
+                    "its intent written) until it is back"
+                ),
                 ledger=self.where,
                 error=self._error,
+            )
+        if _login_refused(exc):
+            return LedgerUnavailable(
+                f"{self.where}: the database refused the login: {_said(exc)}; {PASSWORD_HINT}"
             )
         return LedgerUnavailable(f"{self.where}: the shared ledger cannot be reached: {_said(exc)}")
 
@@ -467,6 +475,22 @@ a server starting up or going down, and the connection exceptions."""
 def _connection_lost(exc: BaseException) -> bool:
     sqlstate = getattr(exc, "sqlstate", None)
     return sqlstate is None or sqlstate in _LOST
+
+
+LOGIN_REFUSED = ("password authentication failed", "no password supplied", "authentication failed")
+"""What libpq says when the server refused the login (SQLSTATE 28P01/28000 when it has one)."""
+PASSWORD_HINT = (
+    "give the password in [ledger] password_file, the systemd credential ledger-password, or "
+    "libpq's PGPASSWORD / ~/.pgpass"
+)
+
+
+def _login_refused(exc: BaseException) -> bool:
+    """Whether the server answered, and refused the login (a wrong or missing password)."""
+    if getattr(exc, "sqlstate", None) in ("28P01", "28000"):
+        return True
+    said = str(exc).lower()
+    return any(words in said for words in LOGIN_REFUSED)
 
 
 def _said(exc: BaseException) -> str:

@@ -55,14 +55,22 @@ from evalpush.core.errors import (
     RunError,
 )
 from evalpush.core.states import State
-from evalpush.discover import Hint, HintKind, HintQueue, Scanner, Watcher
+from evalpush.discover import (
+    Hint,
+    HintKind,
+    HintQueue,
+    Scanner,
+    Watcher,
+    refuse_relative_roots,
+)
 from evalpush.ledger import RunRecord, gatefile, next_step
+from evalpush.ledger.records import HEARTBEAT_SECONDS
 from evalpush.log import get_logger
 from evalpush.service.sdnotify import Notifier
 from evalpush.service.tracker import Tracker
 from evalpush.upload import upload_ended, upload_started
 
-STATUS_SECONDS = 5.0
+STATUS_SECONDS = HEARTBEAT_SECONDS
 """How often the STATUS line for systemd (and `daemon.json`, and the metrics' runs by state)
 is brought up to date."""
 
@@ -313,13 +321,7 @@ class Daemon:
         }
 
     def _build(self, config: Config) -> _Parts:
-        relative = [str(root) for root in config.watch.roots if not root.is_absolute()]
-        if relative:
-            raise ConfigError(
-                f"watch.roots: {', '.join(repr(r) for r in relative)} is relative: the daemon "
-                "resolves it against its working directory (/ under systemd, so './outputs' "
-                "would be '/outputs'); give absolute paths"
-            )
+        refuse_relative_roots(config.watch)
         if self._feed is None and config.metrics.listen:
             from evalpush.service.metrics import DaemonFeed
 

@@ -476,6 +476,35 @@ def _routes(metrics: Metrics, health: Health) -> WSGIApp:
     return app
 
 
+def _listen_text(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _bind(host: str, port: int, deadline: float) -> _Server:
+    """The server's socket, bound and listening; a ConfigError naming `metrics.listen` (the
+    daemon's refusal at start, and `check`'s metrics row) when the address cannot be used."""
+    try:
+        family, *_, sockaddr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        return _Server(sockaddr, family, deadline)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            f"metrics.listen = {_listen_text(host, port)!r}: cannot listen there: {reason}"
+        ) from None
+
+
+def check_listen(config: MetricsConfig) -> str:
+    """`check`: bind where `[metrics] listen` says, as the daemon would at start, and let go at
+    once; the address as shown. A ConfigError in the daemon's words when it cannot be used."""
+    if config.address is None:
+        return "off"
+    host, port = config.address
+    _bind(host, port, REQUEST_DEADLINE_SECONDS).server_close()
+    return _listen_text(host, port)
+
+
 class MetricsServer:
     """`/metrics`, `/livez`, `/readyz` (and `/healthz`) on one address, served by one thread
     between `start` and `stop`.
@@ -504,19 +533,8 @@ class MetricsServer:
         """Bind and serve; a ConfigError naming `metrics.listen` when the address cannot be used."""
         if self._server is not None:
             raise RuntimeError("the metrics server is already started")
-        listen = (
-            f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
-        )
-        try:
-            family, *_, sockaddr = socket.getaddrinfo(
-                self._host, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-            )[0]
-            server = _Server(sockaddr, family, self._request_deadline)
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise ConfigError(
-                f"metrics.listen = {listen!r}: cannot listen there: {reason}"
-            ) from None
+        listen = _listen_text(self._host, self._port)
+        server = _bind(self._host, self._port, self._request_deadline)
         server.set_app(self._app)
         self._server = server
         self._thread = threading.Thread(
