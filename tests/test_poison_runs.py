@@ -118,10 +118,10 @@ def test_the_daemon_uploads_a_run_with_a_hostile_identity_and_the_good_run_and_l
 # ---------------------------------------------------------------- a run the ledger cannot record
 
 REFUSED_MARK = "refused-by-the-database"
-REFUSING_TRIGGER = f"""
+REFUSING_TRIGGER = """
 CREATE FUNCTION refuse_marked_runs() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF NEW.path LIKE '%{REFUSED_MARK}%' THEN
+    IF NEW.path LIKE '%{mark}%' AND ({when}) THEN
         RAISE EXCEPTION 'index row size 5016 exceeds btree version 4 maximum 2704'
             USING ERRCODE = '54000';
     END IF;
@@ -130,11 +130,11 @@ END $$;
 CREATE TRIGGER refuse_marked_runs BEFORE INSERT OR UPDATE ON runs
     FOR EACH ROW EXECUTE FUNCTION refuse_marked_runs();
 """
-"""The database refuses every row of a run under a `REFUSED_MARK` directory, as PostgreSQL
-refuses a value past one of its limits (SQLSTATE 54000, program limit exceeded)."""
+"""The database refuses a row of a run under a `REFUSED_MARK` directory (`when`: which), as
+PostgreSQL refuses a value past one of its limits (SQLSTATE 54000, program limit exceeded)."""
 
 
-def refusing_database(url: str) -> None:
+def refusing_database(url: str, when: str = "true") -> None:
     """The shared ledger's tables made at `url`, with `REFUSING_TRIGGER` on its runs."""
     import psycopg
 
@@ -142,7 +142,7 @@ def refusing_database(url: str) -> None:
 
     Ledger.shared(url, password=PASSWORD).close()
     with psycopg.connect(url, password=PASSWORD, autocommit=True) as connection:
-        connection.execute(REFUSING_TRIGGER)
+        connection.execute(REFUSING_TRIGGER.format(mark=REFUSED_MARK, when=when))
 
 
 def refused_run(root: Path) -> RunDir:
@@ -173,11 +173,16 @@ def test_push_fails_a_run_the_ledger_cannot_record_alone_with_its_reason_and_upl
     assert "Traceback" not in said
 
 
+@pytest.mark.parametrize(
+    "when",
+    ["true", "NEW.claim_owner IS NOT NULL"],
+    ids=["every-write", "its-claim"],  # found by the daemon's look; taken by an upload job
+)
 def test_the_daemon_leaves_a_run_the_ledger_cannot_record_saying_why_and_uploads_the_rest(
-    local_platform, tmp_path: Path, request: pytest.FixtureRequest
+    when: str, local_platform, tmp_path: Path, request: pytest.FixtureRequest
 ):
     settings = on_store("postgresql", request, tmp_path)
-    refusing_database(settings["EVALPUSH_LEDGER__URL"])
+    refusing_database(settings["EVALPUSH_LEDGER__URL"], when)
     root = tmp_path / "outputs"
     root.mkdir()
     environ = daemon_environ(local_platform, tmp_path, [root], **settings)
