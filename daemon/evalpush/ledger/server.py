@@ -199,7 +199,8 @@ class _Statements:
     @staticmethod
     def _args(args: Any) -> tuple[Any, ...]:
         # A flag is an integer column (SQLite takes True as 1; PostgreSQL has no such cast), and
-        # text holds no NUL in PostgreSQL: it is stored escaped, as an undecodable byte is.
+        # text holds no NUL in PostgreSQL: a message is stored with it shown as \x00 (as an
+        # undecodable byte is shown); a run id never reaches here with one (`stored_run_id`).
         return tuple(
             int(a)
             if isinstance(a, bool)
