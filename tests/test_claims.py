@@ -279,6 +279,82 @@ class TestBesideARunningPush:
         assert "HOLDER" in table and f"pid {holder.pid} since " in table
 
 
+LATE_SECONDS = 4.0
+"""How late the late batch lands: after the reconciling read of a push that would not wait for
+it, while the run is still open (the next batch's answer trickles in for seconds)."""
+LATE_WRITES = {"EVALPUSH_PLATFORM__LATE_WRITE_SECONDS": "6"}
+
+
+def land_first_batch_late(platform: LocalPlatform) -> None:
+    """The first batch lands LATE_SECONDS after it came in, unanswered; the answer to the next
+    batch comes a byte every 0.25 s, so the evaluation is still open when the late one lands."""
+    platform.inject("late", on="samples", seconds=LATE_SECONDS)
+    platform.inject("trickle", on="samples", seconds=0.25)
+
+
+class TestRequestsOutlivingTheirSender:
+    """A write can land after its sender gave it up: the platform held it between a proxy and
+    the backend, or its process was killed or cut off after sending it. Whoever reconciles
+    waits `platform.late_write_seconds` first, and a holder's writes end that long before its
+    lease could lapse."""
+
+    def test_a_batch_landing_after_its_killed_sender_is_not_sent_again_by_the_next_push(
+        self, source_runs, platform, tmp_path
+    ):
+        root = outputs(tmp_path, source_runs[:1])
+        environ = push_environ(platform, tmp_path, **LATE_WRITES)
+        land_first_batch_late(platform)
+        killed = start_push(root, environ)
+        wait_until(lambda: platform.summary()["requests"]["samples"] >= 1, "the first batch")
+        killed.kill()
+        killed.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+
+        again = evalpush(environ, "push", str(root))
+
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert_exactly_once(platform, root)
+
+    def test_a_batch_landing_after_the_client_gave_up_on_it_is_not_sent_again(
+        self, source_runs, platform, tmp_path
+    ):
+        root = outputs(tmp_path, source_runs[:1])
+        environ = push_environ(
+            platform,
+            tmp_path,
+            EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="0.5",
+            **LATE_WRITES,
+        )
+        land_first_batch_late(platform)
+
+        done = evalpush(environ, "push", str(root))
+
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert_exactly_once(platform, root)
+
+    def test_a_holders_write_is_cut_off_before_its_lease_could_lapse(
+        self, source_runs, platform, tmp_path
+    ):
+        """A samples request the platform never answers, with a read timeout and a request
+        deadline far past the lease: the push cuts it off within the lease, reconciles, and
+        finishes (before, it waited the whole stall, past the time a lease-holder on another
+        host would have lost the run)."""
+        root = outputs(tmp_path, source_runs[2:])
+        environ = push_environ(
+            platform,
+            tmp_path,
+            EVALPUSH_LEDGER__LEASE_SECONDS="6",
+            EVALPUSH_PLATFORM__LATE_WRITE_SECONDS="1",
+            EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="300",
+            EVALPUSH_LOG__LEVEL="info",
+        )
+        platform.inject("stall", on="samples", seconds=120)  # the work done, no answer for 2 min
+
+        done = evalpush(environ, "push", "--timeout", "60", str(root))
+
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert_exactly_once(platform, root)
+
+
 class TestKilledHolder:
     def test_a_claim_left_by_a_killed_push_is_taken_over_and_reconciled(
         self, source_runs, platform, tmp_path
@@ -310,6 +386,7 @@ class TestKilledHolder:
 
 
 RUN_ID = "7a0c4b1e-2d3f-4a5b-8c6d-9e0f1a2b3c4d"
+SHORT_LEASE_SECONDS = 0.5
 
 
 class Clock:
@@ -354,13 +431,14 @@ class TestTakingAClaim:
             mine.release(record)
 
     def test_a_claim_whose_lease_ran_out_on_another_host_is_taken_over(self, ledger):
-        clock = Clock()
-        theirs = taken_by(ledger, another_host(), clock, lease_seconds=60.0)
+        # Leases are judged by the ledger's clock (the database's, on PostgreSQL): real time
+        # passes here, not a clock of the test's.
+        theirs = taken_by(ledger, another_host(), lease_seconds=SHORT_LEASE_SECONDS)
         with pytest.raises(Busy):
-            take(Claims(ledger, clock=clock))
+            take(Claims(ledger))
 
-        clock.now += 61.0
-        mine = Claims(ledger, clock=clock)
+        time.sleep(SHORT_LEASE_SECONDS + 0.1)
+        mine = Claims(ledger)
         record, gone = take(mine)
 
         assert gone is not None and gone.owner == theirs.claim_owner
@@ -403,19 +481,41 @@ class TestTakingAClaim:
 
     def test_a_live_owner_in_another_pid_namespace_is_judged_by_its_lease(self, ledger):
         here = Process.current()
-        clock = Clock()
         # A process in a container on this host: its pid (here: one that runs nothing) means
         # nothing to this process, so only its lease can say it is gone.
         contained = Process(here.host, here.boot, 999_999_999, 1, "pid:[1]")
-        taken_by(ledger, contained, clock, lease_seconds=60.0)
+        taken_by(ledger, contained, lease_seconds=SHORT_LEASE_SECONDS)
         with pytest.raises(Busy):
-            take(Claims(ledger, clock=clock))
+            take(Claims(ledger))
 
-        clock.now += 61.0
-        mine = Claims(ledger, clock=clock)
+        time.sleep(SHORT_LEASE_SECONDS + 0.1)
+        mine = Claims(ledger)
         record, gone = take(mine)
 
         assert gone is not None and gone.pidns == "pid:[1]"
+        mine.release(record)
+
+    def test_a_host_whose_clock_runs_ahead_does_not_take_a_live_lease(self, ledger):
+        """Leases are judged by one clock, the ledger's: a claimer five minutes ahead of it
+        does not see another host's fresh lease as run out."""
+        taken_by(ledger, another_host(), lease_seconds=60.0)
+        ahead = Clock()
+        ahead.now += 300.0
+
+        with pytest.raises(Busy):
+            take(Claims(ledger, clock=ahead))
+
+    def test_a_lease_written_by_a_host_whose_clock_runs_behind_runs_out_on_time(self, ledger):
+        behind = Clock()
+        behind.now -= 300.0
+        taken_by(ledger, another_host(), behind, lease_seconds=SHORT_LEASE_SECONDS)
+        with pytest.raises(Busy):
+            take(Claims(ledger))
+
+        time.sleep(SHORT_LEASE_SECONDS + 0.1)
+        record, gone = take(mine := Claims(ledger))
+
+        assert gone is not None
         mine.release(record)
 
     @pytest.mark.parametrize("what", ["recycled pid", "reboot"])
@@ -445,10 +545,9 @@ class TestTakingAClaim:
 
 class TestFencing:
     def test_every_write_of_a_holder_whose_claim_was_taken_over_is_refused(self, ledger):
-        clock = Clock()
-        theirs = taken_by(ledger, another_host(), clock, lease_seconds=1.0)
-        clock.now += 2.0
-        mine = Claims(ledger, clock=clock)
+        theirs = taken_by(ledger, another_host(), lease_seconds=SHORT_LEASE_SECONDS)
+        time.sleep(SHORT_LEASE_SECONDS + 0.1)
+        mine = Claims(ledger)
         record, _ = take(mine)
         before = ledger.get_run(RUN_ID)
 

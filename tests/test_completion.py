@@ -9,6 +9,7 @@ import pytest
 
 from evalpush.config import RunsConfig
 from evalpush.runs import (
+    MARKER_SETTLE_SECONDS,
     Line,
     LineCounter,
     ReadinessRules,
@@ -33,9 +34,10 @@ def facts(
     marker_present: bool = False,
     quiet_seconds: float = 48.0,
     grown_at: float | None = None,
+    again_after: float | None = None,
 ) -> RunFacts:
     """Facts of a run whose trace file was last modified `quiet_seconds` before NOW."""
-    return RunFacts(lines, expected, marker_present, NOW - quiet_seconds, grown_at)
+    return RunFacts(lines, expected, marker_present, NOW - quiet_seconds, grown_at, again_after)
 
 
 WITH_MARKER = ReadinessRules(SETTLE, MARKER)
@@ -47,7 +49,24 @@ class TestReadiness:
         "run, rules, rule, reason",
         [
             (facts(400), NO_MARKER, ReadyRule.EXPECTED_COUNT, "400/400 traces: the expected count"),
-            (facts(401), NO_MARKER, ReadyRule.EXPECTED_COUNT, "401/400 traces: the expected count"),
+            (
+                facts(401, quiet_seconds=SETTLE),
+                NO_MARKER,
+                ReadyRule.SETTLED,
+                "no growth for 5m00s (401/400 traces)",
+            ),
+            (
+                facts(401, marker_present=True, quiet_seconds=MARKER_SETTLE_SECONDS),
+                WITH_MARKER,
+                ReadyRule.MARKER,
+                "marker .done present (401/400 traces, no growth for 10s)",
+            ),
+            (
+                facts(400, again_after=NOW),
+                NO_MARKER,
+                ReadyRule.EXPECTED_COUNT,
+                "400/400 traces: the expected count",
+            ),
             (facts(0, 0), NO_MARKER, ReadyRule.EXPECTED_COUNT, "0/0 traces: the expected count"),
             (
                 facts(marker_present=True),
@@ -76,7 +95,9 @@ class TestReadiness:
         ],
         ids=[
             "count reached exactly",
-            "count exceeded",
+            "count exceeded, then settled",
+            "count exceeded, marker present, then quiet a short while",
+            "changed after finalize, its settle period over",
             "num_tasks = 0 expects nothing",
             "marker present",
             "settled at exactly settle_seconds",
@@ -104,6 +125,23 @@ class TestReadiness:
             (facts(marker_present=True), NO_MARKER, "212/400 traces, settles in 4m12s"),
             (facts(quiet_seconds=SETTLE - 0.5), NO_MARKER, "212/400 traces, settles in 1s"),
             (facts(quiet_seconds=-3600), NO_MARKER, "212/400 traces, settles in 1h05m"),
+            (
+                facts(401),
+                NO_MARKER,
+                "401/400 traces, past the expected count: waits for the file to settle, "
+                "settles in 4m12s",
+            ),
+            (
+                facts(401, marker_present=True, quiet_seconds=2),
+                WITH_MARKER,
+                "401/400 traces, past the expected count: waits for the file to settle, "
+                "settles in 8s",
+            ),
+            (
+                facts(400, again_after=NOW + 100),
+                NO_MARKER,
+                "400/400 traces, changed after it was finalized, again; uploads again in 1m40s",
+            ),
         ],
         ids=[
             "short of the count",
@@ -114,6 +152,9 @@ class TestReadiness:
             "a marker file nobody configured",
             "half a second before settling",
             "mtime in the future (a skewed file server)",
+            "past the count and still growing",
+            "past the count, marker present, growing a moment ago",
+            "changed after finalize within its settle period",
         ],
     )
     def test_a_run_waits_with_a_reason_naming_each_rule_and_how_far(self, run, rules, reason):
@@ -131,6 +172,12 @@ class TestReadiness:
     )
     def test_when_several_rules_hold_the_first_in_spec_order_is_named(self, run, rule):
         assert readiness(run, NOW, WITH_MARKER).rule == rule
+
+    def test_a_finalized_run_that_changed_wakes_its_tracker_when_it_may_upload_again(self):
+        result = readiness(facts(400, again_after=NOW + 100), NOW, NO_MARKER)
+
+        assert (result.ready, result.settles_at) == (False, NOW + 100)
+        assert readiness(facts(400, again_after=NOW + 100), NOW + 100, NO_MARKER).ready
 
     def test_settle_counts_from_the_daemons_own_sighting_of_growth_when_it_is_later(self):
         # The file's mtime says an hour ago (another host's clock); the daemon saw it grow 10 s ago.

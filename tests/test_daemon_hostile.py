@@ -539,3 +539,34 @@ class TestMany:
             e["status"] == "COMPLETED" and e["finalize_count"] == 1 and e["sample_count"] == 1
             for e in state["evaluations"].values()
         )
+
+
+@pytest.mark.parametrize("marker", [False, True], ids=["no-marker", "marker-left-in-place"])
+def test_a_file_growing_past_its_expected_count_is_uploaded_again_once_it_settles_not_per_line(
+    local_platform: LocalPlatform, tmp_path: Path, marker: bool
+) -> None:
+    """A run finished by its expected count, then appended to line after line (an eval resumed
+    into it, or one that writes more than it said): the appends make one new evaluation once
+    the file settles, not one per line; a marker left in place changes nothing."""
+    tree = tmp_path / "outputs"
+    extra = {"EVALPUSH_RUNS__SETTLE_SECONDS": "4", "EVALPUSH_RUNS__MARKER": ".done"}
+    environ = daemon_environ(local_platform, tmp_path, [tree], **extra)
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=2)  # 4 expected
+    run.write(run.lines(4))
+    if marker:
+        (run.path / ".done").touch()
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        daemon.wait_for(RUN_FINALIZED, run=run.run_id)
+        appended = 30
+        run.write(run.lines(appended, start=4), pause=0.2)  # six seconds of growth
+        row = status(environ)[run.run_id]
+        daemon.wait_for(RUN_FINALIZED, run=run.run_id, count=2)
+        time.sleep(1.0)  # room for a third, wrongly, before the count below
+        assert daemon.stop() == 0
+
+    assert row["state"] == "finalized"
+    assert "past the expected count" in row["reason"], row
+    evaluations = evaluations_of(local_platform, run.run_id)
+    assert len(evaluations) == 2, sorted(e["sample_count"] for e in evaluations.values())
+    assert sorted(e["sample_count"] for e in evaluations.values()) == [4, 4 + appended]

@@ -614,20 +614,37 @@ class TestFailuresAgainstTheLocalPlatform:
         evaluation_id, _ = platform_client.create_evaluation(create_body(env_id, "run-setup"))
         return env_id, evaluation_id
 
-    def test_a_burst_of_503s_is_retried_until_the_platform_answers(
+    def test_a_burst_of_503s_on_a_replayable_step_is_retried_until_the_platform_answers(
         self,
         retrier: Retrier,
         platform_client: PlatformClient,
         local_platform: LocalPlatform,
         setup: tuple[str, str],
     ) -> None:
-        local_platform.inject("status", on="create", status=503, count=3)
-        evaluation_id, _ = retrier.call(
-            run_step("create", platform_client, *setup), replayable=False, what="create"
+        sent_before = local_platform.summary()["requests"]["resolve"]
+        local_platform.inject("status", on="resolve", status=503, count=3)
+        env_id = retrier.call(
+            lambda: platform_client.resolve_environment("gsm8k"), replayable=True, what="resolve"
         )
-        summary = local_platform.summary()
-        assert summary["requests"]["create"] == 1 + 4 and summary["runs"]["run-ambiguous"] == 1
-        assert evaluation_id in summary["evaluations"]
+        assert env_id == setup[0]
+        assert local_platform.summary()["requests"]["resolve"] == sent_before + 4
+
+    @pytest.mark.parametrize("status", [408, 429, 500, 503])
+    @pytest.mark.parametrize("step", ["create", "samples", "finalize"])
+    def test_a_retryable_status_on_a_step_that_must_not_be_replayed_is_ambiguous(
+        self,
+        retrier: Retrier,
+        platform_client: PlatformClient,
+        local_platform: LocalPlatform,
+        setup: tuple[str, str],
+        step: str,
+        status: int,
+    ) -> None:
+        """The server may have done the work before it answered: the step is not sent again
+        blind (the upload reconciles it with a read first)."""
+        local_platform.inject("status", on=step, status=status, do_work=True)
+        with pytest.raises(errors.Ambiguous, match=f"HTTP {status}"):
+            retrier.call(run_step(step, platform_client, *setup), replayable=False, what=step)
 
     def test_a_429_with_retry_after_waits_that_long_then_succeeds(
         self,
@@ -636,13 +653,14 @@ class TestFailuresAgainstTheLocalPlatform:
         local_platform: LocalPlatform,
         setup: tuple[str, str],
     ) -> None:
-        local_platform.inject("status", on="samples", status=429, retry_after="0.3")
+        local_platform.inject("status", on="read", status=429, retry_after="0.3")
         started = time.monotonic()
-        retrier.call(
-            run_step("samples", platform_client, *setup), replayable=False, what="push samples"
+        evaluation = retrier.call(
+            lambda: platform_client.get_evaluation(setup[1]), replayable=True, what="read"
         )
         assert time.monotonic() - started >= 0.3
-        assert local_platform.summary()["evaluations"][setup[1]]["sample_count"] == 3
+        assert local_platform.summary()["requests"]["read"] >= 2
+        assert evaluation["status"] == "RUNNING"
 
     def test_a_short_refused_connection_outage_is_ridden_out_with_one_probe_at_a_time(
         self,

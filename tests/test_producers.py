@@ -192,23 +192,13 @@ def as_run_of(directory: Path, run_id: str) -> None:
     (directory / "traces.jsonl").write_bytes(b"\n".join(lines) + b"\n")
 
 
-def producer_evaluation(platform) -> str:
-    """An evaluation as prime-runs opens one before the first rollout."""
-    body = {
-        "name": "reverse-text--run",
-        "environments": [
-            {
-                "id": api(platform, "POST", "/environmentshub/resolve", {"name": "reverse-text"})[
-                    "data"
-                ]["id"]
-            }
-        ],
-        "tags": [],
-        "model_name": "openai/gpt-4.1-mini",
-        "dataset": "reverse-text",
-        "framework": "verifiers",
-        "metadata": {"model": "openai/gpt-4.1-mini", "num_examples": 3, "rollouts_per_example": 2},
-    }
+def producer_evaluation(platform, **changes: Any) -> str:
+    """An evaluation as prime-runs opened the recorded run's before its first rollout (the
+    recorded create, its environment resolved on `platform`), with `changes` to its body."""
+    recorded = recording(ONLINE_0_4)["requests"]
+    body = {**next(r["body"] for r in recorded if r["path"].endswith("/evaluations/")), **changes}
+    env = api(platform, "POST", "/environmentshub/resolve", {"name": body["dataset"]})
+    body["environments"] = [{"id": env["data"]["id"]}]
     return api(platform, "POST", "/evaluations/", body)["evaluation_id"]
 
 
@@ -254,6 +244,59 @@ def test_a_0_4_run_whose_eval_died_mid_run_completes_the_evaluation_it_left_open
     assert (evaluation["sample_count"], evaluation["duplicates"]) == (len(want), 0)
     assert evaluation["metadata"]["run_id"] == evaluation_id
     assert after["requests"]["close"] == 1  # the update before the finalize
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"metadata": {"owner": "another team"}, "name": "another team's evaluation"},
+        {"model_name": "another/model"},
+        {"dataset": "another-env"},
+    ],
+    ids=["another team's", "another model", "another environment"],
+)
+def test_a_0_4_run_naming_an_open_evaluation_that_is_not_its_own_leaves_it_untouched(
+    evalpush, platform, tmp_path: Path, changes: dict[str, Any]
+) -> None:
+    """Someone else's open evaluation, named by the run's lines: nothing is written into it,
+    its metadata stays, it is not finalized; the run uploads as a new evaluation, and `status
+    RUN` names the one it set apart."""
+    foreign = producer_evaluation(platform, **changes)
+    before = platform.summary()["evaluations"][foreign]
+    directory = copy_run(ONLINE_0_4, tmp_path / "outputs")
+    as_run_of(directory, foreign)
+
+    done = evalpush("push", str(tmp_path / "outputs"))
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = platform.summary()["evaluations"]
+    assert after[foreign] == before, "someone else's evaluation is left exactly as it was"
+    (new,) = set(after) - {foreign}
+    assert after[new]["status"] == "COMPLETED" and after[new]["metadata"]["run_id"] == foreign
+    detail = evalpush("status", foreign)
+    assert "not the run's" in detail.stdout and foreign in detail.stdout, detail.stdout
+
+
+def test_a_0_4_run_naming_another_runs_evaluation_is_uploaded_as_its_own(
+    evalpush, platform, tmp_path: Path
+) -> None:
+    """Run A uploaded as evaluation E; run B's lines say `run.id = E`: B's episodes go to a new
+    evaluation of B's, and E keeps A's samples alone."""
+    first = copy_run(ONLINE_0_4, tmp_path / "a")
+    as_run_of(first, "disabled-0123456789abcdef")
+    assert evalpush("push", str(tmp_path / "a")).returncode == 0
+    ((taken, held),) = platform.summary()["evaluations"].items()
+    second = copy_run(ONLINE_0_4, tmp_path / "b")
+    as_run_of(second, taken)
+
+    done = evalpush("push", str(tmp_path / "b"))
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = platform.summary()["evaluations"]
+    assert after[taken] == held, "A's evaluation is left as A's upload finalized it"
+    (new,) = set(after) - {taken}
+    assert after[new]["sample_count"] == held["sample_count"]
+    assert after[new]["metadata"]["run_id"] == taken
 
 
 def test_an_offline_0_4_run_is_created_as_new_under_its_disabled_run_id(

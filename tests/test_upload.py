@@ -42,6 +42,7 @@ from evalpush.upload.steps import MAX_REFUSALS_NOT_BORNE_OUT
 from pushing import as_the_eval_sends, assert_run_exactly_once
 from support import platform_view, producer, runs
 from support.canned import ObservedTransport
+from support.environ import LATE_WRITE_SECONDS
 from support.postgres import PASSWORD as PG_PASSWORD
 from support.runs import rewrite_in_place
 
@@ -240,10 +241,14 @@ def make_uploader(
         progress: Callable[[RunRecord], None] | None = None,
         **sections: dict[str, Any],
     ) -> Uploader:
-        config = Config.model_validate(sections)
+        platform = {"late_write_seconds": float(LATE_WRITE_SECONDS), **sections.get("platform", {})}
+        config = Config.model_validate({**sections, "platform": platform})
         client = client or make_platform_client()
-        context = Context(config, ledger, client, make_retrier(client))
-        uploader = Uploader(context, Claims(ledger))
+        claims = Claims(ledger)
+        context = Context(
+            config, ledger, client, make_retrier(client), lease_left=claims.lease_left
+        )
+        uploader = Uploader(context, claims)
         if progress is not None:
             uploader.progress = progress
         return uploader
@@ -349,6 +354,13 @@ AMBIGUOUS_FAULTS = [
     pytest.param({"fault": "stall", "seconds": 2.0}, id="stall-past-the-read-timeout"),
     pytest.param({"fault": "status", "status": 502, "do_work": True}, id="502-after-the-work"),
     pytest.param({"fault": "status", "status": 504}, id="504-without-the-work"),
+    # A status says what the server meant, not what it did: a proxy's 503 while the backend
+    # commits, a 500 raised after the commit, a 408 or 429 from a layer in front of it.
+    *(
+        pytest.param({"fault": "status", "status": s, "do_work": True}, id=f"{s}-after-the-work")
+        for s in (500, 503, 408, 429)
+    ),
+    pytest.param({"fault": "status", "status": 503}, id="503-without-the-work"),
     pytest.param({"fault": "malformed"}, id="malformed-2xx-body"),
 ]
 

@@ -37,6 +37,10 @@ def clean_environ(**overrides: str | None) -> dict[str, str]:
     return environ
 
 
+LATE_WRITE_SECONDS = "0.2"
+"""`platform.late_write_seconds` for the tests' processes, against the local platform."""
+
+
 def cli_environ(platform: LocalPlatform, tmp_path: Path, **overrides: str | None) -> dict[str, str]:
     home = tmp_path / "home"
     home.mkdir(exist_ok=True)
@@ -45,5 +49,8 @@ def cli_environ(platform: LocalPlatform, tmp_path: Path, **overrides: str | None
         "PRIME_API_BASE_URL": platform.base_url,
         "HOME": str(home),
         "EVALPUSH_STATE_DIR": str(tmp_path / "state"),
+        # A write cut off (or left by a killed process) lands within this on the loopback
+        # platform: reconciling reads wait this long, not the default's 10 s.
+        "EVALPUSH_PLATFORM__LATE_WRITE_SECONDS": LATE_WRITE_SECONDS,
     }
     return clean_environ(**{**pointed, **overrides})

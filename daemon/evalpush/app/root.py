@@ -85,7 +85,15 @@ class App(msgspec.Struct):
         retrier = Retrier(client, gate, stop, wait_on_auth=wait_on_auth, on_retry=on_retry)
         claims = Claims(ledger, clock=clock, lease_seconds=config.ledger.lease_seconds)
         owned.append(claims)
-        context = Context(config, ledger, client, retrier, progress=progress, clock=clock)
+        context = Context(
+            config,
+            ledger,
+            client,
+            retrier,
+            progress=progress,
+            clock=clock,
+            lease_left=claims.lease_left,
+        )
         uploader = Uploader(context, claims)
         return cls(config, ledger, client, gate, retrier, claims, uploader, stop, owned)
 

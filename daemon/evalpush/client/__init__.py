@@ -28,6 +28,7 @@ from evalpush.client.retry import (
     OutageEvent,
     Retrier,
 )
+from evalpush.client.wire import request_deadline
 
 __all__ = [
     "AUTH",
@@ -54,4 +55,5 @@ __all__ = [
     "is_platform_id",
     "load_credentials",
     "most_samples_stored",
+    "request_deadline",
 ]

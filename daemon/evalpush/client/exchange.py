@@ -332,6 +332,7 @@ class Exchange:
                         raise errors.from_status(
                             response.status_code,
                             what=what,
+                            replayable=replayable,
                             retry_after=response.headers.get("Retry-After"),
                             body=_read_start(response),
                         )

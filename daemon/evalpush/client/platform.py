@@ -122,8 +122,8 @@ MAX_SAMPLE_COUNT = 2**63 - 1
 class Evaluation(msgspec.Struct, frozen=True):
     """What the upload reads of an evaluation the platform holds (from `get_evaluation` or a
     listing), whatever the answer's spelling: its id, whether it is finalized, the run it
-    belongs to (`metadata.run_id`), how many samples it holds, and its viewer URL (http(s)
-    only)."""
+    belongs to (`metadata.run_id`), what it says it is (name, environment, model), how many
+    samples it holds, and its viewer URL (http(s) only)."""
 
     id: str
     finalized: bool
@@ -131,6 +131,9 @@ class Evaluation(msgspec.Struct, frozen=True):
     run_id: str | None = None
     sample_count: int | None = None
     viewer_url: str | None = None
+    name: str | None = None
+    environment: str | None = None  # environment_name, environment_names[0], or dataset
+    model: str | None = None  # model_name
 
     @property
     def usable(self) -> bool:
@@ -151,7 +154,24 @@ class Evaluation(msgspec.Struct, frozen=True):
             run_id=run_id if isinstance(run_id, str) else None,
             sample_count=count if count is not None and 0 <= count <= MAX_SAMPLE_COUNT else None,
             viewer_url=_viewer_url_in(data),
+            name=_text(data.get("name")),
+            environment=_environment_of(data),
+            model=_text(data.get("model_name")),
         )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _environment_of(data: Mapping[str, Any]) -> str | None:
+    """The environment an evaluation names, in whichever spelling the answer has."""
+    names = data.get("environment_names")
+    first = names[0] if isinstance(names, list) and names else None
+    for value in (data.get("environment_name"), first, data.get("dataset")):
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def most_samples_stored(samples_in_run: int) -> int:

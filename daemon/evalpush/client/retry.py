@@ -641,6 +641,10 @@ class Retrier:
                 self._gate.report(exc, token)
             raise
 
+    def wait(self, seconds: float, *, what: str) -> None:
+        """Wait `seconds` (a stop: `Interrupted`, naming `what` waited for)."""
+        self._pause(seconds, what=what)
+
     def pause_after(self, failures: int, *, what: str) -> None:
         """Wait as a call waits after `failures + 1` failed attempts (a stop: `Interrupted`)."""
         self._pause(self._backoff.delay(failures, self._rng), what=what)

@@ -68,8 +68,11 @@ _deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def request_deadline(seconds: float) -> Iterator[None]:
-    """Every socket wait in this thread, inside the block, ends `seconds` from now at the latest."""
-    token = _deadline.set(time.monotonic() + seconds)
+    """Every socket wait in this thread, inside the block, ends `seconds` from now at the latest
+    (or at an enclosing block's deadline, if that comes first)."""
+    at = time.monotonic() + seconds
+    outer = _deadline.get()
+    token = _deadline.set(at if outer is None else min(at, outer))
     try:
         yield
     finally:

@@ -149,6 +149,7 @@ class PlatformConfig(_Section):
     connect_timeout_seconds: float = Field(10.0, gt=0)
     read_timeout_seconds: float = Field(120.0, gt=0)
     request_deadline_seconds: float = Field(600.0, gt=0)
+    late_write_seconds: float = Field(10.0, ge=0)
 
 
 class StateConfig(_Section):

@@ -261,9 +261,22 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
 
 
 def from_status(
-    status: int, *, what: str, retry_after: str | None = None, body: str = ""
+    status: int,
+    *,
+    what: str,
+    replayable: bool = True,
+    retry_after: str | None = None,
+    body: str = "",
 ) -> EvalpushError:
-    """The error a non-2xx answer stands for. `what` names the request for the message."""
+    """The error a non-2xx answer stands for. `what` names the request for the message.
+
+    A status says what the server meant, not what it did: a proxy answers 503 or 504 while the
+    backend commits, an application raises its 500 after the commit, a layer in front answers
+    408 or 429 to a request that went through. So for a step that must not be replayed
+    (`replayable=False`: create, samples, finalize), every answer that would be retried is
+    `Ambiguous`: reconciled with a read before anything is sent again. Only the refusals the
+    platform documents are believed as they stand: 401/403 (the key), 413/422 (this batch),
+    and 404/409, which the caller settles with a read of the evaluation anyway."""
     detail = scrub(f"{what}: HTTP {status}" + (f": {body[:200]}" if body else ""))
     wait = parse_retry_after(retry_after)
     if status in (401, 403):
@@ -274,9 +287,10 @@ def from_status(
         return Conflict(detail, status=status)
     if status in (413, 422):
         return BatchRefused(detail, status=status)
-    if status in _AMBIGUOUS_STATUSES:
+    retried = status in _AMBIGUOUS_STATUSES or status in _TRANSIENT_STATUSES or status >= 500
+    if status in _AMBIGUOUS_STATUSES or (retried and not replayable):
         return Ambiguous(detail, retry_after=wait, status=status)
-    if status in _TRANSIENT_STATUSES or status >= 500:
+    if retried:
         return Transient(detail, retry_after=wait, status=status)
     return Refused(detail, status=status)
 

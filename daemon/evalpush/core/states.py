@@ -42,6 +42,7 @@ class Outcome(enum.StrEnum):
     DELETED = "deleted"  # 404: deleted on the platform mid-upload
     CLOSED = "closed"  # 409: closed on the platform mid-upload
     DUPLICATE = "duplicate"  # a second ledger row of the run, merged by the schema-2 upgrade
+    NOT_THE_RUNS = "not the run's"  # named by the run's lines, but another run's or someone else's
 
 
 class SetAsideKind(enum.StrEnum):

@@ -160,8 +160,8 @@ def _pid_exists(pid: int) -> bool:
 
 
 Renew = Callable[[list[str], float], set[str]]
-"""`renew(owners, expires)`: push the leases of `owners` to `expires`; returns the owners that
-still held their claim."""
+"""`renew(owners, lease_seconds)`: push the leases of `owners` to `lease_seconds` past the
+ledger's clock; returns the owners that still held their claim."""
 
 
 class Heartbeat:
@@ -188,6 +188,7 @@ class Heartbeat:
         self._interval = lease_seconds / RENEWALS_PER_LEASE
         self._tick = min(self._interval, LINGER_SECONDS)
         self._owners: set[str] = set()
+        self._valid_until: dict[str, float] = {}  # owner -> monotonic time its lease runs out
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._idle_since: float | None = None  # monotonic: when the last claim was released
@@ -197,9 +198,20 @@ class Heartbeat:
         """When a lease taken or renewed now runs out."""
         return self._clock() + self.lease_seconds
 
-    def add(self, owner: str) -> None:
+    def lease_left(self, owner: str) -> float | None:
+        """How long the claim `owner` is sure to be held still (None: not one of this process's
+        claims), by this process's monotonic clock: its lease counted from the moment before
+        the claim's (or last renewal's) transaction began, which the ledger's own expiry (its
+        clock at commit, plus the lease) can only follow."""
+        with self._changed:
+            valid_until = self._valid_until.get(owner)
+        return None if valid_until is None else valid_until - time.monotonic()
+
+    def add(self, owner: str, *, asked_at: float) -> None:
+        """`owner`'s claim, taken by a transaction that began at `asked_at` (monotonic)."""
         with self._changed:
             self._owners.add(owner)
+            self._valid_until[owner] = asked_at + self.lease_seconds
             self._stopped = False
             self._idle_since = None
             if self._thread is None:
@@ -209,6 +221,7 @@ class Heartbeat:
     def remove(self, owner: str) -> None:
         with self._changed:
             self._owners.discard(owner)
+            self._valid_until.pop(owner, None)
             if not self._owners:
                 self._idle_since = time.monotonic()
 
@@ -216,6 +229,7 @@ class Heartbeat:
         """Renew nothing more; the thread ends now."""
         with self._changed:
             self._owners.clear()
+            self._valid_until.clear()
             self._stopped = True
             self._changed.notify_all()
 
@@ -240,11 +254,15 @@ class Heartbeat:
         return not self._owners and idle is not None and time.monotonic() - idle >= LINGER_SECONDS
 
     def _renew_once(self, owners: list[str]) -> None:
+        asked_at = time.monotonic()
         try:
-            held = self._renew(owners, self.expires())
+            held = self._renew(owners, self.lease_seconds)
         except Exception as exc:  # noqa: BLE001 - a heartbeat that dies would let leases lapse
             get_logger().warning("could not renew the claims' leases", error=str(exc))
             return
+        with self._changed:
+            for owner in held & self._owners:
+                self._valid_until[owner] = asked_at + self.lease_seconds
         lost = set(owners) - held
         if lost:
             with self._changed:  # a claim released since `owners` was taken was given back
@@ -276,6 +294,7 @@ class Claims:
         owner = self.process.new_owner()
         with _held_lock:
             _held.add(owner)
+        asked_at = time.monotonic()
         try:
             claimed, previous = self._ledger.claim(
                 run_id=run_id,
@@ -283,14 +302,18 @@ class Claims:
                 kind=kind,
                 owner=owner,
                 process=self.process,
-                expires=self._heartbeat.expires(),
+                lease_seconds=self._heartbeat.lease_seconds,
                 alive=self.alive,
             )
         except BaseException:
             self._forget(owner)
             raise
-        self._heartbeat.add(owner)
+        self._heartbeat.add(owner, asked_at=asked_at)
         return claimed, previous
+
+    def lease_left(self, owner: str | None) -> float | None:
+        """How long this process is sure to hold the claim `owner` still (None: not its own)."""
+        return None if owner is None else self._heartbeat.lease_left(owner)
 
     def release(self, record: RunRecord) -> RunRecord:
         """Give the claim `record` holds back; returns the run as nobody's."""
@@ -310,12 +333,13 @@ class Claims:
         (its leases run out); every way out of an upload has released its claim before."""
         self._heartbeat.stop()
 
-    def alive(self, holder: Holder) -> bool:
-        """Whether `holder` may still be working on its run (then its claim is not taken)."""
+    def alive(self, holder: Holder, now: float | None = None) -> bool:
+        """Whether `holder` may still be working on its run (then its claim is not taken); its
+        lease judged at `now` (the ledger's clock, when a claim asks), else by this host's."""
         if self.process.same_process(holder):
             with _held_lock:
                 return holder.owner in _held
-        return holder_alive(holder, self.process, self._clock())
+        return holder_alive(holder, self.process, self._clock() if now is None else now)
 
     @staticmethod
     def _forget(owner: str) -> None:

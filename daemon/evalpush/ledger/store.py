@@ -228,8 +228,8 @@ class Ledger(LedgerReads):
         kind: str,
         owner: str,
         process: Any,
-        expires: float,
-        alive: Callable[[Holder], bool],
+        lease_seconds: float,
+        alive: Callable[[Holder, float], bool],
     ) -> tuple[RunRecord, Holder | None]:
         """Take the run's claim for `owner` (of `process`, a `claims.Process`), adding the run if
         the ledger does not know it; returns the run and the dead holder it was taken over from.
@@ -239,11 +239,15 @@ class Ledger(LedgerReads):
         IMMEDIATE`); in PostgreSQL the row is read `FOR UPDATE SKIP LOCKED`: a row another
         daemon is claiming at this instant is not there for this one, and a run it is adding
         is known once its insert commits; either way the run is theirs (`Busy`).
+
+        Leases are judged and written by one clock, the ledger's (`lease_now`): PostgreSQL's for
+        a shared ledger, so that a host whose clock runs ahead takes no live host's runs.
         """
         now = self._clock()
         # Not synced: a claim lost to power loss was never held (nothing is sent before the
         # run's first intent, whose sync makes the claim durable too).
         with self._transaction(durable=False) as db:
+            lease_now = self._lease_now(db)
             row = db.execute(
                 f"{SELECT} WHERE run_key = ?{self._file.row_lock}", (schema.run_key(run_id),)
             ).fetchone()
@@ -268,7 +272,7 @@ class Ledger(LedgerReads):
             else:
                 record = run_record(row)
                 row_id, previous = record.id, record.holder
-                if previous is not None and alive(previous):
+                if previous is not None and alive(previous, lease_now):
                     raise held_by(
                         previous, f"run {run_id} is being uploaded by {previous.describe(process)}"
                     )
@@ -284,7 +288,7 @@ class Ledger(LedgerReads):
                     process.start,
                     process.pidns,
                     now,
-                    expires,
+                    lease_now + lease_seconds,
                     row_id,
                 ),
             ).fetchone()
@@ -310,16 +314,24 @@ class Ledger(LedgerReads):
             )
         return msgspec.structs.replace(record, **cleared)
 
-    def renew(self, owners: list[str], expires: float) -> set[str]:
-        """Push the leases of `owners`' claims to `expires`; returns those still held."""
+    def renew(self, owners: list[str], lease_seconds: float) -> set[str]:
+        """Push the leases of `owners`' claims to `lease_seconds` past the ledger's clock;
+        returns those still held."""
         marks = ", ".join("?" * len(owners))
         with self._transaction(durable=False) as db:  # a lease lost to power loss: a reboot
+            expires = self._lease_now(db) + lease_seconds
             rows = db.execute(
                 f"UPDATE runs SET claim_expires = ? WHERE claim_owner IN ({marks}) "
                 "RETURNING claim_owner",
                 (expires, *owners),
             ).fetchall()
         return {owner for (owner,) in rows}
+
+    def _lease_now(self, db: Any) -> float:
+        """Inside a transaction: the time by the clock leases are judged by (the database's on
+        PostgreSQL, this host's for the file)."""
+        now = self._file.lease_now(db)
+        return self._clock() if now is None else now
 
     def _fence(self, db: Any, record: RunRecord) -> None:
         """Inside a write: the run must still be held as `record` says, else nothing is written.
@@ -513,6 +525,17 @@ class Ledger(LedgerReads):
             )
             row = db.execute(f"{SELECT} WHERE id = ?", (record.id,)).fetchone()
         return run_record(row)
+
+    def note_foreign(self, record: RunRecord, evaluation_id: str, viewer_url: str | None) -> None:
+        """An evaluation the run's lines name that is not the run's own: kept in its history
+        (`not the run's`), so that `status RUN` shows it and no upload of the run adopts it."""
+        with self._transaction() as db:
+            self._fence(db, record)
+            db.execute(
+                f"INSERT INTO history (run, evaluation_id, viewer_url, outcome, at) "
+                f"VALUES (?, ?, ?, ?, ?) {_HISTORY_REPLACES}",
+                (record.id, evaluation_id, viewer_url, Outcome.NOT_THE_RUNS, self._clock()),
+            )
 
     # ------------------------------------------------------------ set-aside records and history
 

@@ -115,6 +115,12 @@ def _finalized(at: float, fields: dict[str, Any]) -> dict[str, Any]:
     return {"step": Step.DONE, "pending": None, "finalized_at": at, **fields}
 
 
+def note_change(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
+    """A finalized run whose file changed and is not finished again yet: it stays finalized
+    (the platform holds that evaluation), `reason` saying what it waits for."""
+    return ledger.set_state(record, State.FINALIZED, reason=reason)
+
+
 def restore_finalized(ledger: Ledger, record: RunRecord) -> RunRecord:
     """A run whose upload is done (step `done`) but marked otherwise: finalized again. (An older
     evalpush marked a finalized run failed when its config failed to load once; the run then

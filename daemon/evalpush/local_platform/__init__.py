@@ -63,6 +63,7 @@ Faults (each hits the next `count` requests of kind `on`; `refuse` is not tied t
 | `endless` | a chunked body of JSON whitespace that never ends, 1 MiB after 1 MiB: 200 with `do_work`, else HTTP `status` | done only with `do_work` |
 | `trickle` | the answer, one byte every `seconds` seconds | done |
 | `unread` | nothing: the request body is never read (a big upload blocks), then after `seconds` the connection is dropped | not done |
+| `late` | nothing: the request is read whole and never answered; `seconds` later the work is done (whatever became of the client) and the connection dropped | done, `seconds` late |
 | `echo_key` | HTTP `status` whose body quotes the Authorization header, raw and escaped | not done |
 | `bad_id` | a create (or resolve) answer whose id is `value` (default `../../../environmentshub/resolve?x=`) and whose viewer URL is `javascript:` | done |
 | `twice` | the answer, then `seconds` later the same answer again on the connection (read by the next request on it if that went out first) | done |

@@ -25,6 +25,7 @@ FAULTS = (
     "twice",
     "endless_pages",
     "gzip_bomb",
+    "late",
 )
 LISTING_FAULTS = frozenset({"repeat_page", "endless_pages"})
 """Faults that only listings (`GET .../samples`, `GET /evaluations/`) take; other reads pass."""
@@ -53,6 +54,9 @@ class Fault(msgspec.Struct, frozen=True):
     - `twice`: do the work, answer, then send the same answer again on the connection
       `seconds` later (a server or proxy answering twice: on a kept-alive connection the copy
       is read as the next request's answer if that request went out before it came).
+    - `late`: read the whole request, answer nothing, and do the work `seconds` later, whatever
+      became of the client (a request held up between a proxy and the backend, or one whose
+      sender was killed or partitioned after sending it); the connection is dropped then.
     - `repeat_page`: a listing answers its first page whatever page or skip was asked, without
       any paging field (no page, skip or total).
     - `endless_pages`: a listing answers a full page of made-up items, with no total and no

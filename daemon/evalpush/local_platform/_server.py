@@ -57,8 +57,15 @@ def _query_int(request: web.Request, name: str, default: int, low: int, high: in
     return value
 
 
+_BODY_READ = web.RequestKey("evalpush_body", bytes)
+"""Where a body read ahead of its work is kept on the request (the `late` fault)."""
+
+
 async def _read_body(request: web.Request) -> bytes | bytearray:
     """The request body, refused with 413 past MAX_BODY_BYTES without reading the rest."""
+    read_ahead = request.get(_BODY_READ)
+    if read_ahead is not None:
+        return read_ahead
     length = request.content_length
     if length is not None:
         if length > MAX_BODY_BYTES:
@@ -235,6 +242,8 @@ class PlatformServer:
             return await self._answering(self._hostile_page(fault))(request)
         if fault.fault == "gzip_bomb" and not fault.do_work:
             return await self._bomb(fault)
+        if fault.fault == "late":
+            return await self._late(fault, request, answer)
         response = await answer(request)
         if fault.fault == "gzip_bomb":
             return await self._bomb(fault)
@@ -323,6 +332,33 @@ class PlatformServer:
 
         asyncio.get_running_loop().call_later(fault.seconds, write_again)
         return response
+
+    async def _late(
+        self, fault: Fault, request: web.Request, answer: Handler
+    ) -> web.StreamResponse:
+        """The work done `fault.seconds` after the request came in, on a task of its own (the
+        client may be gone by then); no answer, the connection dropped once it is done."""
+        try:
+            request[_BODY_READ] = await _read_body(request)  # all here, kept for the work
+        except Refusal as refusal:
+            return _error(refusal.status, refusal.detail)
+        landed = asyncio.Event()
+
+        async def land() -> None:
+            await self._hold(fault.seconds)
+            try:
+                if not self._closing.is_set():
+                    await answer(request)
+            finally:
+                landed.set()
+
+        task = asyncio.get_running_loop().create_task(land())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        await landed.wait()
+        if request.transport is not None:
+            request.transport.abort()
+        return web.Response(status=503)
 
     async def _unread(self, fault: Fault, request: web.Request) -> web.StreamResponse:
         await self._hold(fault.seconds)

@@ -446,6 +446,7 @@ class RunFacts(msgspec.Struct, frozen=True, gc=False):
     marker_present: bool  # the marker file exists in the run directory
     mtime: float  # the trace file's modification time
     grown_at: float | None  # when the daemon last saw the file grow; None: not seen growing
+    again_after: float | None = None  # a finalized run that changed: no new upload before this
 
     @property
     def last_growth(self) -> float:
@@ -464,8 +465,20 @@ class Readiness(msgspec.Struct, frozen=True, gc=False):
     progress: str = ""  # a waiting run's reason without the countdown (what the ledger keeps)
 
 
+MARKER_SETTLE_SECONDS = 10.0
+"""A run past its expected count with its marker present is finished once its file has not grown
+for this long (or `runs.settle_seconds`, if shorter): a marker left in place while lines keep
+coming must not finish it at every line."""
+
+
 def readiness(facts: RunFacts, now: float, rules: ReadinessRules) -> Readiness:
     """Is the run finished? The first rule that holds, in order: expected count, marker, settle.
+
+    A run whose file holds more lines than expected is still being written (or was resumed): the
+    expected count no longer says it is finished, so it waits for its file to settle, or for its
+    marker and a short quiet (`MARKER_SETTLE_SECONDS`). A finalized run that changed
+    (`again_after`) is not finished before that time, whatever the rules say: it is uploaded
+    again at most once per settle period while it keeps changing.
 
     Pure: the same facts and `now` give the same answer, so a caller can ask as often as it likes
     and wake itself at `settles_at` instead of polling.
@@ -476,21 +489,35 @@ def readiness(facts: RunFacts, now: float, rules: ReadinessRules) -> Readiness:
         if facts.expected is None
         else f"{facts.lines}/{facts.expected} traces"
     )
-    if facts.expected is not None and facts.lines >= facts.expected:
-        return Readiness(True, ReadyRule.EXPECTED_COUNT, f"{count}: the expected count", settles_at)
-    if rules.marker and facts.marker_present:
-        return Readiness(
-            True, ReadyRule.MARKER, f"marker {rules.marker} present ({count})", settles_at
-        )
-    if now >= settles_at:
+    past = facts.expected is not None and facts.lines > facts.expected
+    marker = bool(rules.marker) and facts.marker_present
+    quiet_at = facts.last_growth + min(MARKER_SETTLE_SECONDS, rules.settle_seconds)
+    decided: tuple[ReadyRule, str] | None = None
+    if facts.expected is not None and facts.lines == facts.expected:
+        decided = ReadyRule.EXPECTED_COUNT, f"{count}: the expected count"
+    elif marker and (not past or now >= quiet_at):
+        quiet = f", no growth for {format_duration(now - facts.last_growth)}" if past else ""
+        decided = ReadyRule.MARKER, f"marker {rules.marker} present ({count}{quiet})"
+    elif now >= settles_at:
         quiet = format_duration(now - facts.last_growth)
-        return Readiness(True, ReadyRule.SETTLED, f"no growth for {quiet} ({count})", settles_at)
+        decided = ReadyRule.SETTLED, f"no growth for {quiet} ({count})"
+    again_after = facts.again_after
+    if decided is not None and (again_after is None or now >= again_after):
+        return Readiness(True, decided[0], decided[1], settles_at)
     waiting = [count]
-    if rules.marker:
+    if past:
+        waiting.append("past the expected count: waits for the file to settle")
+    if rules.marker and not facts.marker_present:
         waiting.append(f"no marker {rules.marker} yet")
+    wake = min(settles_at, quiet_at) if marker and past else settles_at
+    if decided is not None and again_after is not None:
+        wake = again_after
+        waiting.append("changed after it was finalized, again")
+        reason = f"{', '.join(waiting)}; uploads again in {format_duration(math.ceil(wake - now))}"
+        return Readiness(False, None, reason, wake, ", ".join(waiting))
     progress = ", ".join(waiting)
-    reason = f"{progress}, {settles_in(settles_at, now)}"
-    return Readiness(False, None, reason, settles_at, progress)
+    reason = f"{progress}, {settles_in(wake, now)}"
+    return Readiness(False, None, reason, wake, progress)
 
 
 def settles_in(settles_at: float, now: float) -> str:

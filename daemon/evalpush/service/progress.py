@@ -58,6 +58,7 @@ class Waiting(msgspec.Struct):
     unwritten: bool = False  # progress changed within WAIT_WRITE_SECONDS of the last write
     feeder: Feeder | None = None  # its running scan, once the run was seen waiting
     stand_in: bool = False  # `run_id` is a stand-in until a line names the run
+    again_after: float | None = None  # a finalized run that changed: no new upload before this
 
     def due_at(self) -> float:
         """When the tracker must look again: at the settle time, or to write its progress."""
@@ -104,10 +105,26 @@ class Progress:
                 path=paths.display(path),
                 **({"problem": waiting.problem} if waiting.problem else {}),
             )
-        elif waiting.in_ledger and progress != waiting.progress:
-            if now - waiting.written_at >= WAIT_WRITE_SECONDS:
+        elif progress != waiting.progress and (waiting.in_ledger or waiting.again_after):
+            if now - waiting.written_at < WAIT_WRITE_SECONDS:
+                waiting.unwritten = True
+            elif waiting.in_ledger:
                 return self._write(path, waiting, progress, now)
-            waiting.unwritten = True
+            else:
+                return self._note_change(path, waiting, progress, now)
+        return True
+
+    def _note_change(self, path: str, waiting: Waiting, progress: str, now: float) -> bool:
+        """A finalized run whose file keeps changing: its row stays finalized (the platform holds
+        that evaluation) and says so in its reason, for `status`."""
+        record = self._ledger.get_run(waiting.run_id)
+        if record is None or self.held(record) or record.state != State.FINALIZED:
+            return False
+        try:
+            transitions.note_change(self._ledger, record, progress)
+        except ClaimLost:
+            return True
+        waiting.progress, waiting.written_at, waiting.unwritten = progress, now, False
         return True
 
     def unreadable(self, path: str, waiting: Waiting, *, new: bool) -> bool:

@@ -207,12 +207,15 @@ class Tracker:
         elif record.state == State.WAITING:
             self._start_waiting(path, rundir, in_ledger=True)
         elif record.state == State.FINALIZED and _changed(record, rundir):
+            # At most one new evaluation per settle period while the file keeps changing.
+            again_after = (record.finalized_at or 0.0) + self._rules.settle_seconds
             self._log.info(
                 "finalized run changed: it uploads again once ready",
                 run=record.run_id,
                 path=paths.display(path),
+                not_before_seconds=max(0, round(again_after - self._clock())),
             )
-            self._start_waiting(path, rundir, in_ledger=False)
+            self._start_waiting(path, rundir, in_ledger=False, again_after=again_after)
         else:
             with self._lock:
                 self._settled[path] = _facts(rundir)
@@ -233,7 +236,13 @@ class Tracker:
         self._start_waiting(path, rundir, in_ledger=False, new=True)
 
     def _start_waiting(
-        self, path: str, rundir: RunDir, *, in_ledger: bool, new: bool = False
+        self,
+        path: str,
+        rundir: RunDir,
+        *,
+        in_ledger: bool,
+        new: bool = False,
+        again_after: float | None = None,
     ) -> None:
         config = _config_facts(path)
         run, problem = _load(path, self._ledger)
@@ -251,7 +260,7 @@ class Tracker:
             if run is not None
             else derive_run_id(Path(path), known=self._ledger.run_id_at)
         )
-        waiting = Waiting(run_id, run, problem, config, counter, in_ledger)
+        waiting = Waiting(run_id, run, problem, config, counter, in_ledger, again_after=again_after)
         waiting.stand_in = named_by_lines_later(Path(path))
         with self._lock:
             self._waiting[path] = waiting
@@ -305,7 +314,9 @@ class Tracker:
         if waiting.stand_in and count.lines and not self._named(path, waiting):
             return
         expected = waiting.run.expected_traces if waiting.run is not None else None
-        facts = RunFacts(count.lines, expected, rundir.marker, count.mtime, count.grown_at)
+        facts = RunFacts(
+            count.lines, expected, rundir.marker, count.mtime, count.grown_at, waiting.again_after
+        )
         now = self._clock()
         decided = readiness(facts, now, self._rules)
         if not first and waiting.run is not None:

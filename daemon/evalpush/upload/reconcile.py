@@ -67,6 +67,7 @@ class Reconciler:
         evaluation (to be closed out), not an orphan left open for ever."""
         if create_pending(record) is None:
             return record
+        self._ctx.wait_for_late_writes(what="an earlier create to land, if it will")
         found = self.find_evaluation(record, run, fresh=True)
         if found is None:
             return record
@@ -104,6 +105,19 @@ class Reconciler:
             return None
         found = Evaluation.from_answer(data, id=run_id)
         if found.id != run_id or (found.closed and not found.finalized):
+            return None
+        why = not_the_runs(found, run)
+        if why is not None:
+            # Someone else's evaluation (another run's, another team's): never written into,
+            # updated or finalized; the run uploads as a new evaluation, and this one stays in
+            # its history so that it is not read again.
+            get_logger(run=run_id).warning(
+                "the evaluation the run's lines name is not the run's own: uploading it as a new "
+                "evaluation",
+                evaluation=found.id,
+                why=why,
+            )
+            self._ctx.ledger.note_foreign(record, found.id, found.viewer_url)
             return None
         return found
 
@@ -236,6 +250,25 @@ class Reconciler:
     def is_finalized(self, record: RunRecord) -> bool:
         assert record.evaluation_id is not None
         return self._read(record.evaluation_id, record.run_id).finalized
+
+
+def not_the_runs(found: Evaluation, run: Run) -> str | None:
+    """Why `found` is provably not `run`'s own evaluation, or None when what it says of itself
+    matches what the producer's own push writes: the run id in its metadata (evalpush's own
+    addition), its name, environment and model, each where the answer carries it. An answer
+    naming neither the run nor its name proves nothing, and is not the run's either."""
+    expected = (
+        ("metadata.run_id", found.run_id, run.run_id),
+        ("name", found.name, run.evaluation_name),
+        ("environment", found.environment, run.env_name),
+        ("model", found.model, run.model),
+    )
+    for key, theirs, ours in expected:
+        if theirs is not None and theirs != ours:
+            return f"its {key} is {theirs[:80]!r}, the run's is {ours[:80]!r}"
+    if found.run_id is None and found.name is None:
+        return "it names neither the run nor the run's evaluation name"
+    return None
 
 
 class _SampleId(msgspec.Struct):

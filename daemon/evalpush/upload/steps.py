@@ -148,6 +148,8 @@ class Steps:
         """Create the run's evaluation, unless the platform already has one to adopt."""
         ctx = self._ctx
         fresh = record.pending is not None or run.pushed_inline
+        if record.pending is not None:  # a create a process (this one, or one gone) sent
+            ctx.wait_for_late_writes(what="an earlier create to land, if it will")
         if record.pending is None:
             own = self._reconcile.producer_evaluation(record, run)
             if own is not None:
@@ -168,12 +170,13 @@ class Steps:
                 evaluation_id, url = ctx.once(
                     lambda: ctx.client.create_evaluation(body),
                     what="create evaluation",
-                    run=run.run_id,
+                    record=record,
                 )
                 crash_point("create-sent")
                 self._reconcile.confirm_created(evaluation_id, run)
                 break
             except Ambiguous as exc:
+                ctx.wait_for_late_writes(what="the create to land, if it will")
                 found = self._reconcile.find_evaluation(record, run, fresh=True)
                 if found is not None:
                     return self._reconcile.adopt(record, found)
@@ -210,7 +213,10 @@ class Steps:
         assert known is not None
         if record.acked_offset or record.pending:
             check_bytes(record, run)
-        stored = self._reconcile.stored_ids(record) if record.pending else None
+        stored = None
+        if record.pending:  # a batch a process (this one, or one gone) sent, or an adoption
+            ctx.wait_for_late_writes(what="an earlier batch to land, if it will")
+            stored = self._reconcile.stored_ids(record)
         reconcile_end = msgspec.json.decode(record.pending)["end"] if record.pending else 0
         max_line = ctx.config.read.max_line_bytes
         totals = self._totals_before(record, run, known.identity)
@@ -338,7 +344,7 @@ class Steps:
             self._ctx.once(
                 lambda: client.push_samples(evaluation, batch.body(), count=len(batch.samples)),
                 what="push samples",
-                run=record.run_id,
+                record=record,
             )
             return len(batch.samples)
         except (Gone, Conflict) as exc:
@@ -364,7 +370,7 @@ class Steps:
                 record, second, set_aside
             )
         except Ambiguous:
-            pass
+            self._ctx.wait_for_late_writes(what="the batch to land, if it will")
         missing = without_stored(batch, self._reconcile.stored_ids(record))
         already = len(batch.samples) - len(missing.samples)
         if not missing.samples:
@@ -381,6 +387,8 @@ class Steps:
         totals = RunTotals.from_json(record.totals)
         report = summary(run, totals)
         metrics = report["metrics"]
+        if record.pending is not None:  # a finalize a process (this one, or one gone) sent
+            ctx.wait_for_late_writes(what="an earlier finalize to land, if it will")
         if record.pending is None or not self._reconcile.is_finalized(record):
             if run.producer == Producer.EPISODES_0_4:
                 self._update(record, self._metadata(record, run, report, totals), metrics)
@@ -416,7 +424,7 @@ class Steps:
                 return self._ctx.once(
                     lambda: client.finalize(evaluation, metrics),
                     what="finalize",
-                    run=record.run_id,
+                    record=record,
                 )
             except (Gone, Conflict) as exc:
                 now = self._reconcile.read_after_refusal(record, exc)
@@ -428,6 +436,7 @@ class Steps:
                     ) from None
                 refusals = _count_refusal(refusals, exc, evaluation)
             except Ambiguous:
+                self._ctx.wait_for_late_writes(what="the finalize to land, if it will")
                 if self._reconcile.is_finalized(record):
                     return None
 
