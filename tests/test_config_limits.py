@@ -45,7 +45,7 @@ def test_a_variable_nested_too_deeply_is_a_config_error_naming_it():
         load_config(environ={"EVALPUSH_WATCH__ROOTS": DEEP})
 
 
-SECONDS = [
+SECONDS = [  # every float setting
     "watch.rescan_seconds",
     "watch.poll_seconds",
     "watch.ledger_poll_seconds",
@@ -53,14 +53,27 @@ SECONDS = [
     "platform.connect_timeout_seconds",
     "platform.read_timeout_seconds",
     "platform.request_deadline_seconds",
+    "platform.late_write_seconds",
     "ledger.lease_seconds",
     "metrics.unhealthy_after_seconds",
 ]
 
 
+def float_settings() -> set[str]:
+    from evalpush.config import Config
+
+    return {
+        name
+        for section in Config.model_fields.values()
+        for name, field in section.annotation.model_fields.items()
+        if field.annotation is float
+    }
+
+
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
 @pytest.mark.parametrize("key", SECONDS)
 def test_a_number_of_seconds_that_is_not_finite_is_refused_naming_its_key(key: str, value: str):
+    assert {k.split(".")[1] for k in SECONDS} >= float_settings(), "a float setting is missing"
     section, name = key.split(".")
     variable = f"EVALPUSH_{section.upper()}__{name.upper()}"
 
