@@ -404,7 +404,7 @@ class TestServer:
             assert closed_by_peer(slow)
         assert sent < len(request), "cut off at the 1 s deadline, before the request ended"
 
-    def test_connections_past_the_cap_are_closed_and_a_scrape_still_gets_through_after(
+    def test_idle_connections_past_the_cap_close_the_oldest_idle_ones_and_livez_answers_meanwhile(
         self, world, metrics
     ):
         from evalpush.service import MAX_CONNECTIONS
@@ -413,15 +413,35 @@ class TestServer:
         with server:
             idle = [
                 socket.create_connection(server.address, timeout=HTTP_TIMEOUT_SECONDS)
-                for _ in range(MAX_CONNECTIONS + 5)
+                for _ in range(MAX_CONNECTIONS + 8)  # 40 held open, sending nothing
             ]
             try:
-                extra = idle[-1]
-                assert extra.recv(1) == b"", "one over the cap is closed at once"
+                live = httpx.get(f"{server.url}/livez", timeout=HTTP_TIMEOUT_SECONDS)
+                assert live.status_code == 200 and live.text == "ok\n"
+                assert idle[0].recv(1) == b"", "the oldest idle connection made room"
             finally:
                 for conn in idle:
                     conn.close()
             assert healthz(server).status_code == 200
+
+    def test_a_request_whose_headers_never_end_counts_as_idle_and_makes_room_too(
+        self, world, metrics
+    ):
+        from evalpush.service import MAX_CONNECTIONS
+
+        server = MetricsServer(metrics, Health(world.probes(), THRESHOLD_SECONDS), "127.0.0.1", 0)
+        with server, socket.create_connection(server.address, timeout=30) as begun:
+            begun.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n")  # headers not ended yet
+            idle = [
+                socket.create_connection(server.address, timeout=HTTP_TIMEOUT_SECONDS)
+                for _ in range(MAX_CONNECTIONS + 8)
+            ]
+            try:
+                assert healthz(server).status_code == 200
+            finally:
+                for conn in idle:
+                    conn.close()
+            assert begun.recv(1) == b"", "a request not ended is idle too: made room"
 
     def test_an_idle_connection_that_times_out_logs_one_json_line_and_no_traceback(
         self, world, metrics, capfd

@@ -23,7 +23,15 @@ import msgspec
 
 from evalpush.app import App, Scheduler
 from evalpush.core import paths
-from evalpush.core.errors import AuthError, Busy, ClaimLost, Interrupted, RunError, RunIdTaken
+from evalpush.core.errors import (
+    AuthError,
+    Busy,
+    ClaimLost,
+    Interrupted,
+    LedgerRefused,
+    RunError,
+    RunIdTaken,
+)
 from evalpush.core.states import State
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
@@ -189,7 +197,19 @@ def push_one(
 ) -> tuple[PushResult, AuthError | None]:
     """Upload the run in `directory` and say what became of it; with the `AuthError` if the platform refused the key (the whole push
     stops). `waited_for`: the pid of another process that held the run until now; its outcome
-    is reported as is (a failed run is not retried), unless it left the run unfinished."""
+    is reported as is (a failed run is not retried), unless it left the run unfinished. A run
+    the ledger cannot record (`LedgerRefused`) fails alone, with the reason."""
+    try:
+        return _push_one(app, directory, waited_for)
+    except LedgerRefused as exc:
+        message = f"the ledger cannot record this run: {exc}"
+        get_logger(path=paths.display(directory)).error("run cannot be uploaded", error=message)
+        return PushResult(directory, None, 0, message), None
+
+
+def _push_one(
+    app: App, directory: Path, waited_for: int | None
+) -> tuple[PushResult, AuthError | None]:
     if app.stop.is_set():
         return PushResult(directory, _row(app, directory), 0, "interrupted"), None
     try:

@@ -16,6 +16,7 @@ import os
 import threading
 import time
 import urllib.parse
+import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -57,13 +58,68 @@ class TooLarge(errors.Transient):
     """A read's answer ran past its byte cap (a listing shrinks its page and asks again)."""
 
 
+class Undecodable(Exception):
+    """An answer's body in a content coding the client did not ask for, or not valid in the
+    one it names."""
+
+
+_CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""The content codings asked for (`Accept-Encoding: gzip, deflate`), as zlib's window bits."""
+
+
+def _decoded(response: httpx.Response, limit: int) -> Iterator[bytes]:
+    """The body's bytes as its `Content-Encoding` says, decoded here in bounded steps: never
+    more than `limit` + 1 bytes in all, however much they inflate (httpx's own decoder
+    inflates a whole network read at once: 64 KiB of a compression bomb is 64 MiB, and a
+    stacked `gzip, gzip` is unbounded). One coding asked for (gzip, deflate) or none; anything
+    else (stacked codings, br, zstd...) is `Undecodable`: the client never asked for it."""
+    if response.is_stream_consumed:  # made whole in this process (a test's canned answer)
+        yield response.content[: limit + 1]
+        return
+    codings = [
+        c.strip().lower()
+        for c in response.headers.get("Content-Encoding", "").split(",")
+        if c.strip().lower() not in ("", "identity")
+    ]
+    if not codings:
+        yield from response.iter_raw()
+        return
+    if len(codings) > 1 or codings[0] not in _CODINGS:
+        raise Undecodable(
+            f"a body in content coding {', '.join(codings)!r}, which was not asked for "
+            f"(Accept-Encoding: {_DEFAULT_HEADERS['Accept-Encoding']})"
+        )
+    coding = codings[0]
+    decoder = zlib.decompressobj(_CODINGS[coding])
+    first = coding == "deflate"  # deflate is sent with its zlib wrapper, or raw: httpx's rule
+    budget = limit + 1
+    for data in response.iter_raw():
+        while data and budget > 0 and not decoder.eof:
+            try:
+                out = decoder.decompress(data, budget)
+            except zlib.error as exc:
+                if not first:
+                    raise Undecodable(f"a body that is not valid {coding}: {exc}") from None
+                decoder = zlib.decompressobj(-zlib.MAX_WBITS)
+                first = False
+                continue
+            first = False
+            budget -= len(out)
+            data = decoder.unconsumed_tail
+            if out:
+                yield out
+        if budget <= 0 or decoder.eof:
+            return
+
+
 def _read_capped(response: httpx.Response, cap: int) -> bytearray | None:
-    """The body, read as a stream; None as soon as it runs past `cap` bytes."""
+    """The body, read as a stream and decoded in bounded steps (`_decoded`); None as soon as it
+    runs past `cap` bytes. `Undecodable` if its coding was not asked for or is broken."""
     declared = response.headers.get("Content-Length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > cap:  # not "\xb2"
         return None
     body = bytearray()
-    for chunk in response.iter_bytes():
+    for chunk in _decoded(response, cap):
         body += chunk
         if len(body) > cap:
             return None
@@ -71,18 +127,21 @@ def _read_capped(response: httpx.Response, cap: int) -> bytearray | None:
 
 
 def _read_start(response: httpx.Response) -> str:
-    """The start of an error answer's body, as text; the rest is never read. A body that
-    cannot be read (cut short, an encoding not asked for) is said so: the status stands,
-    whatever its body (a 401 read as a broken exchange would be retried, not paused on)."""
+    """The start of an error answer's body, as text; the rest is never read (nor inflated).
+    A body that cannot be read (cut short, an encoding not asked for) is said so: the status
+    stands, whatever its body (a 401 read as a broken exchange would be retried, not paused
+    on)."""
     body = bytearray()
     unreadable = ""
     try:
-        for chunk in response.iter_bytes():
+        for chunk in _decoded(response, ERROR_BODY_BYTES):
             body += chunk
             if len(body) >= ERROR_BODY_BYTES:
                 break
     except httpx.RequestError as exc:
         unreadable = f" [the rest of the body could not be read: {exc}]"
+    except Undecodable as exc:
+        unreadable = f" [the body could not be read: {exc}]"
     text = body[:ERROR_BODY_BYTES].decode("utf-8", "replace")[:_ERROR_BODY_CHARS]
     return text + unreadable
 
@@ -277,7 +336,14 @@ class Exchange:
                             retry_after=response.headers.get("Retry-After"),
                             body=_read_start(response),
                         )
-                    content = _read_capped(response, cap)
+                    try:
+                        content = _read_capped(response, cap)
+                    except Undecodable as exc:
+                        raise (errors.Transient if replayable else errors.Ambiguous)(
+                            scrub(f"{what}: HTTP {response.status_code} with {exc}"),
+                            status=response.status_code,
+                            unusable=True,
+                        ) from None
             except httpx.RequestError as exc:
                 if self._stop.is_set():
                     raise errors.Interrupted(

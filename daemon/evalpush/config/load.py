@@ -105,7 +105,10 @@ def _sort_variables(environ: Mapping[str, str]) -> _Variables:
 
 def _toml_value(raw: str) -> Any:
     """`raw` read as one TOML value; ValueError when it is not one (or is more than one)."""
-    document = tomllib.loads(f"v = {raw}")
+    try:
+        document = tomllib.loads(f"v = {raw}")
+    except RecursionError:  # nested arrays or inline tables past the interpreter's depth
+        raise ValueError("nested too deeply to read") from None
     if len(document) != 1:
         raise ValueError("more than one TOML value")
     return document["v"]

@@ -88,9 +88,10 @@ def _host_and_port(value: str) -> str:
 
 
 class _Section(BaseModel):
-    """A section of settings: frozen, and an unknown key is an error naming it."""
+    """A section of settings: frozen, an unknown key is an error naming it, and a number of
+    seconds (every float setting) is finite: no setting means "never" by infinity or NaN."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class WatchConfig(_Section):
@@ -242,6 +243,12 @@ def check_ledger_url(value: str) -> str:
             "the URL holds a password, which would be shown wherever the URL is: put it in "
             "[ledger] password_file (or the systemd credential ledger-password) instead"
         )
+    try:
+        parts.port  # noqa: B018 - read to see it is one: 0 to 65535
+    except ValueError as exc:
+        raise ValueError(
+            f"not a usable port ({exc}); expected postgresql://USER@HOST:PORT/DB"
+        ) from None
     return value
 
 
@@ -411,4 +418,9 @@ def read_toml(
         raise error(
             f"{path}: {what} is not valid TOML: {exc}",
             fix="correct the TOML syntax where the message says (line and column)",
+        ) from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise error(
+            f"{path}: {what} is not valid TOML: nested too deeply to read",
+            fix="flatten the nesting (no real configuration nests this deep)",
         ) from None

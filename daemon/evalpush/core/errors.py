@@ -24,6 +24,8 @@ The tree (what the daemon does about each class in brackets)::
     │   ├── AuthError         401/403 or no API key
     │   ├── CertificateError  push: the platform's certificate failed verification [exit 2]
     │   └── LedgerError       the state database cannot be written (full disk, corrupt, locked)
+    │       ├── LedgerRefused  the database refused one run's value (past its limits) [that
+    │       │                  run fails alone with the reason; the others go on]
     │       └── LedgerUnavailable  a shared ledger's PostgreSQL cannot be reached [an outage:
     │                          uploads pause, nothing is sent without its intent written]
     ├── Busy                  another live process holds the run's claim [leave the run alone]
@@ -62,6 +64,7 @@ __all__ = [
     "Gone",
     "Interrupted",
     "LedgerError",
+    "LedgerRefused",
     "LedgerUnavailable",
     "NeedsPerson",
     "Refused",
@@ -200,6 +203,12 @@ class CertificateError(NeedsPerson):
 
 class LedgerError(NeedsPerson):
     """The ledger cannot be read or written (full disk, corrupt or locked database)."""
+
+
+class LedgerRefused(LedgerError):
+    """The ledger's database refused a value of one run (one it cannot hold: past a limit of
+    the database, or not text it takes). Not the whole ledger's failure: that run fails alone
+    with the reason, and the others go on."""
 
 
 class LedgerUnavailable(LedgerError):

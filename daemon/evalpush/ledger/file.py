@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from evalpush.core.errors import LedgerError
+from evalpush.core.errors import LedgerError, LedgerRefused
 from evalpush.ledger import schema
 from evalpush.ledger.records import scrub_stored_texts
 from evalpush.log import get_logger, scrub
@@ -62,22 +62,24 @@ writes a stop makes (interrupted, release) are worth a moment, not the busy time
 
 
 class Upgrade(msgspec.Struct, frozen=True):
-    """A ledger brought from an older schema to this evalpush's, and where the old file went."""
+    """A ledger brought from an older schema to this evalpush's, and where the old file went
+    (a shared ledger's database has no backup of ours: `pg_dump` is the operator's)."""
 
-    path: Path
+    path: Path | str
     from_version: int
     to_version: int
-    backup: Path
+    backup: Path | None
 
     @property
     def message(self) -> str:
-        return f"ledger upgraded {self.from_version} -> {self.to_version} (backup: {self.backup})"
+        kept = f"backup: {self.backup}" if self.backup is not None else f"in {self.path}"
+        return f"ledger upgraded {self.from_version} -> {self.to_version} ({kept})"
 
     def log(self) -> None:
         get_logger(stage="ledger").warning(
             self.message,
             ledger=str(self.path),
-            backup=str(self.backup),
+            backup=None if self.backup is None else str(self.backup),
             from_version=self.from_version,
             to_version=self.to_version,
         )
@@ -451,6 +453,8 @@ class LedgerFile:
             except sqlite3.Error as exc:
                 with contextlib.suppress(sqlite3.Error):
                     self.db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.DataError):  # a value past SQLite's limits: one run's
+                    raise LedgerRefused(f"{self.path}: the ledger cannot hold: {exc}") from None
                 raise LedgerError(
                     f"{self.path}: cannot write the ledger: {exc}" + self._why_busy(exc)
                 ) from None
@@ -534,6 +538,8 @@ class LedgerFile:
                     self.db = self._read_connection()
                     rows = self._while_busy(lambda: self.db.execute(sql, args).fetchall())
                 return rows
+            except sqlite3.DataError as exc:
+                raise LedgerRefused(f"{self.path}: the ledger cannot hold: {exc}") from None
             except sqlite3.Error as exc:
                 raise LedgerError(f"{self.path}: cannot read the ledger: {exc}") from None
 

@@ -17,6 +17,7 @@ import msgspec
 
 from evalpush.core.states import State
 from evalpush.core.words import counted
+from evalpush.ledger import schema
 from evalpush.ledger.claims import Process, held_by, holder_alive
 from evalpush.ledger.records import CLAIM_COLUMNS, COLUMNS, RunRecord
 from evalpush.ledger.store import Ledger
@@ -56,14 +57,14 @@ def move(source: Ledger, target: Ledger) -> Moved:
                 f"run {record.run_id} is being uploaded by pid {holder.pid}: stop the daemon "
                 "(and any push) on this host before moving its ledger",
             )
-    forgotten = source._query("SELECT run_id, evaluation_id, at FROM forgotten")
+    forgotten = source._query("SELECT run_key, run_id, evaluation_id, at FROM forgotten")
     added = replaced = kept = 0
     with target._transaction() as db:
         for record in records:
             row = db.execute(
-                "SELECT id, state, evaluation_id, claim_owner FROM runs WHERE run_id = ? "
+                "SELECT id, state, evaluation_id, claim_owner FROM runs WHERE run_key = ? "
                 "FOR UPDATE",
-                (record.run_id,),
+                (schema.run_key(record.run_id),),
             ).fetchone()
             if row is None:
                 added += 1
@@ -74,11 +75,11 @@ def move(source: Ledger, target: Ledger) -> Moved:
                 replaced += 1
                 _drop_shared(db, record, row[0], row[2], now)
             _insert(db, source, record)
-        for run_id, evaluation_id, at in forgotten:
+        for run_key, run_id, evaluation_id, at in forgotten:
             db.execute(
-                "INSERT INTO forgotten (run_id, evaluation_id, at) VALUES (?, ?, ?) "
+                "INSERT INTO forgotten (run_key, run_id, evaluation_id, at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT DO NOTHING",
-                (run_id, evaluation_id, at),
+                (run_key, run_id, evaluation_id, at),
             )
     return Moved(added, replaced, kept, len(forgotten))
 
@@ -88,26 +89,31 @@ def _drop_shared(
 ) -> None:
     """The shared row gives way to this host's finalized record; its evaluation (if another)
     and its history are kept under the run id as forgotten, never to be adopted."""
+    key, stored = schema.run_key(record.run_id), schema.stored_run_id(record.run_id)
     db.execute(
-        "INSERT INTO forgotten (run_id, evaluation_id, at) "
-        "SELECT ?, evaluation_id, ? FROM history WHERE run = ? ON CONFLICT DO NOTHING",
-        (record.run_id, now, row_id),
+        "INSERT INTO forgotten (run_key, run_id, evaluation_id, at) "
+        "SELECT ?, ?, evaluation_id, ? FROM history WHERE run = ? ON CONFLICT DO NOTHING",
+        (key, stored, now, row_id),
     )
     if evaluation_id is not None and evaluation_id != record.evaluation_id:
         db.execute(
-            "INSERT INTO forgotten (run_id, evaluation_id, at) VALUES (?, ?, ?) "
+            "INSERT INTO forgotten (run_key, run_id, evaluation_id, at) VALUES (?, ?, ?, ?) "
             "ON CONFLICT DO NOTHING",
-            (record.run_id, evaluation_id, now),
+            (key, stored, evaluation_id, now),
         )
     db.execute("DELETE FROM runs WHERE id = ?", (row_id,))
 
 
 def _insert(db: Any, source: Ledger, record: RunRecord) -> None:
     values = msgspec.structs.asdict(record)
-    marks = ", ".join("?" * len(_MOVED))
+    values["run_id"] = schema.stored_run_id(record.run_id)
+    values["run_key"] = schema.run_key(record.run_id)
+    values["path_key"] = schema.path_key(record.path_raw)
+    columns = [*_MOVED, "run_key", "path_key"]
+    marks = ", ".join("?" * len(columns))
     (row_id,) = db.execute(
-        f"INSERT INTO runs ({', '.join(_MOVED)}) VALUES ({marks}) RETURNING id",
-        tuple(values[c] for c in _MOVED),
+        f"INSERT INTO runs ({', '.join(columns)}) VALUES ({marks}) RETURNING id",
+        tuple(values[c] for c in columns),
     ).fetchone()
     db.executemany(
         'INSERT INTO set_aside (run, line, "offset", size, kind, reason) VALUES (?, ?, ?, ?, ?, ?)',

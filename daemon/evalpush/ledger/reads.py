@@ -13,7 +13,8 @@ import msgspec
 from evalpush.core import paths
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import SetAsideKind, State
-from evalpush.ledger.records import SELECT, HistoryRecord, RunRecord
+from evalpush.ledger import schema
+from evalpush.ledger.records import SELECT, HistoryRecord, RunRecord, run_record
 
 
 class LedgerReads:
@@ -25,7 +26,7 @@ class LedgerReads:
 
     def _records(self, where: str, args: tuple[Any, ...] = ()) -> list[RunRecord]:
         """Rows as this process knows them: with their deferred writes."""
-        records = [RunRecord(*row) for row in self._query(f"{SELECT} {where}", args)]
+        records = [run_record(row) for row in self._query(f"{SELECT} {where}", args)]
         if not self._deferred:
             return records
         with self._lock:
@@ -46,29 +47,36 @@ class LedgerReads:
 
     def get_run(self, run_id: str) -> RunRecord | None:
         """The run with this exact run id."""
-        found = self._records("WHERE run_id = ?", (run_id,))
+        found = self._records("WHERE run_key = ?", (schema.run_key(run_id),))
         return found[0] if found else None
 
     def run_id_at(self, path: Path) -> str | None:
         """The run id of the run last seen at `path`, if the ledger knows one (the run id of a
         directory whose name is not a UUID: `runs.derive_run_id`)."""
+        raw = paths.raw(path)
         found = self._query(
-            "SELECT run_id FROM runs WHERE path_raw = ? ORDER BY updated_at DESC LIMIT 1",
-            (paths.raw(path),),
+            "SELECT run_id FROM runs WHERE path_key = ? AND path_raw = ? "
+            "ORDER BY updated_at DESC LIMIT 1",
+            (schema.path_key(raw), raw),
         )
-        return found[0][0] if found else None
+        return schema.loaded_run_id(found[0][0]) if found else None
 
     def match(self, key: str) -> list[RunRecord]:
         """The runs `key` names: the one at that path, the one with that run id, else every run
         whose id starts with `key` (literally: no wildcards). An empty key names none."""
         if not key:
             return []
-        found = self._records("WHERE path_raw = ?", (paths.raw(key),))
+        raw = paths.raw(key)
+        found = self._records("WHERE path_key = ? AND path_raw = ?", (schema.path_key(raw), raw))
         if found or paths.printable(key) != key:
             return found  # a key with bytes that are not UTF-8 can only be a path
-        found = self._records("WHERE run_id = ?", (key,))
+        found = self._records("WHERE run_key = ?", (schema.run_key(key),))
+        # A prefix of the run id as stored: as it is, or in hex (`schema.stored_run_id`).
+        hexed = schema.ESCAPED_RUN_ID + key.encode("utf-8", "surrogatepass").hex()
         return found or self._records(
-            "WHERE substr(run_id, 1, CAST(? AS INTEGER)) = ? ORDER BY run_id", (len(key), key)
+            "WHERE substr(run_id, 1, CAST(? AS INTEGER)) = ? "
+            "OR substr(run_id, 1, CAST(? AS INTEGER)) = ? ORDER BY run_id",
+            (len(key), key, len(hexed), hexed),
         )
 
     def all(self) -> list[RunRecord]:
@@ -117,7 +125,7 @@ class LedgerReads:
         earlier ledger row of the same run that a person forgot."""
         rows = self._query(
             "SELECT evaluation_id FROM history WHERE run = ? "
-            "UNION SELECT evaluation_id FROM forgotten WHERE run_id = ?",
-            (record.id, record.run_id),
+            "UNION SELECT evaluation_id FROM forgotten WHERE run_key = ?",
+            (record.id, schema.run_key(record.run_id)),
         )
         return {evaluation_id for (evaluation_id,) in rows}

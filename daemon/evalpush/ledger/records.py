@@ -11,6 +11,7 @@ import msgspec
 
 from evalpush.core import paths
 from evalpush.ledger.claims import Holder
+from evalpush.ledger.schema import ESCAPED_RUN_ID, loaded_run_id
 from evalpush.log import scrub
 
 
@@ -83,13 +84,21 @@ class RunRecord(msgspec.Struct, frozen=True, gc=False):
         return paths.from_raw(self.path_raw)
 
 
+def run_record(row: tuple[Any, ...]) -> RunRecord:
+    """A `runs` row read with `SELECT` (or `RETURNING` its `COLUMNS`): its run id as it is,
+    not as stored (`schema.stored_run_id`)."""
+    if row[1].startswith(ESCAPED_RUN_ID):
+        row = (row[0], loaded_run_id(row[1]), *row[2:])
+    return RunRecord(*row)
+
+
 COLUMNS = list(RunRecord.__struct_fields__)
 SELECT = f"SELECT {', '.join(COLUMNS)} FROM runs"
 MESSAGE_COLUMNS = {"reason", "last_error"}
 CLAIM_COLUMNS = {c for c in COLUMNS if c.startswith("claim_")}
 WRITABLE_COLUMNS = set(COLUMNS) - CLAIM_COLUMNS - {"id", "run_id", "path_raw", "created_at"}
 """What `set_state` may write: not the run's identity, not its claim (`claim`/`release` do);
-`path` writes `path_raw` with it. `update` writes the same, less `state`."""
+`path` writes `path_raw` and `path_key` with it. `update` writes the same, less `state`."""
 
 
 class HistoryRecord(msgspec.Struct, frozen=True, gc=False):
@@ -180,5 +189,6 @@ def scrub_stored_texts(
 
 def stored_text(text: str) -> str:
     """Text as it may be stored: secrets scrubbed (errors can quote what a server echoed
-    back) and lone surrogates (non-UTF-8 file names) escaped, which SQLite cannot encode."""
-    return paths.printable(scrub(text))
+    back), lone surrogates (non-UTF-8 file names) escaped, which SQLite cannot encode, and NUL
+    shown as `\\x00`, which PostgreSQL text cannot hold (a message may quote a run id)."""
+    return paths.printable(scrub(text)).replace("\0", "\\x00")

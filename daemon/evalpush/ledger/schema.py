@@ -20,10 +20,18 @@ after it, never half-built (creating a new file is migrating from version 0).
   once instead, naming it. Counts saved raw (an older evalpush's, or a few) still read.
 - Version 6: `daemons`, a row per daemon that used the ledger with its heartbeat (`status`
   shows which are running, and when the others were last seen: a fleet's hosts).
+- Version 7: a run id and a path of any characters and any length. Runs are found by fixed-size
+  digests (`run_key`: SHA-256 of the run id, unique; `path_key`: SHA-256 of `path_raw`), the
+  values themselves kept whole in columns no index holds (a PostgreSQL btree refuses an entry
+  over 2,704 bytes: a long run id or path stopped every daemon of a fleet). A run id that holds
+  a NUL (which PostgreSQL text cannot) is stored as `evalpush-hex:` and its UTF-8 bytes in hex,
+  reversibly (`stored_run_id`); so is one that starts with that mark. `forgotten` is keyed by
+  `run_key` too.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -194,7 +202,123 @@ DAEMONS_TABLE = """
 
 _V6 = [DAEMONS_TABLE]
 
-_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6]
+ESCAPED_RUN_ID = "evalpush-hex:"
+"""What starts a run id stored in hex (`stored_run_id`)."""
+
+
+def run_key(run_id: str) -> bytes:
+    """What finds a run by its run id: the SHA-256 of its UTF-8 bytes (32 bytes whatever its
+    length)."""
+    return hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).digest()
+
+
+def path_key(path_raw: bytes) -> bytes:
+    """What finds runs by the path they were last seen at: the SHA-256 of its bytes."""
+    return hashlib.sha256(path_raw).digest()
+
+
+def stored_run_id(run_id: str) -> str:
+    """The run id as the `run_id` columns hold it, on both stores: as it is, unless it holds a
+    NUL (PostgreSQL text cannot) or starts with `ESCAPED_RUN_ID`: then that mark and its UTF-8
+    bytes in hex (`loaded_run_id` reverses it)."""
+    if "\0" in run_id or run_id.startswith(ESCAPED_RUN_ID):
+        return ESCAPED_RUN_ID + run_id.encode("utf-8", "surrogatepass").hex()
+    return run_id
+
+
+def loaded_run_id(stored: str) -> str:
+    """The run id `stored_run_id` stored as `stored`."""
+    if stored.startswith(ESCAPED_RUN_ID):
+        hexed = stored[len(ESCAPED_RUN_ID) :]
+        return bytes.fromhex(hexed).decode("utf-8", "surrogatepass")
+    return stored
+
+
+_RUNS_V7_COLUMNS = (
+    "id, run_id, path, path_raw, kind, state, reason, step, file_device, file_inode, file_size, "
+    "file_mtime_ns, file_ctime_ns, file_digest, upload_end, env_id, evaluation_id, viewer_url, "
+    "pending, acked_offset, acked_line, samples_sent, samples_seen, bytes_sent, totals, "
+    "release_hold, attempts, last_error, looked_up, claim_owner, claim_host, claim_boot, "
+    "claim_pid, claim_start, claim_pidns, claim_since, claim_expires, created_at, updated_at, "
+    "finalized_at, settles_at, last_error_at"
+)
+
+# The unique index on run_id and the index on path_raw go (SQLite keeps a constraint in its
+# table's definition: the table is rebuilt, as version 2 did); digests take their place.
+_V7 = [
+    """
+    CREATE TABLE runs_v7 (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        path TEXT NOT NULL,
+        path_raw BLOB NOT NULL,
+        kind TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT NOT NULL DEFAULT '',
+        step TEXT NOT NULL DEFAULT 'scan',
+        file_device INTEGER,
+        file_inode INTEGER,
+        file_size INTEGER,
+        file_mtime_ns INTEGER,
+        file_ctime_ns INTEGER,
+        file_digest BLOB,
+        upload_end INTEGER,
+        env_id TEXT,
+        evaluation_id TEXT,
+        viewer_url TEXT,
+        pending TEXT,
+        acked_offset INTEGER NOT NULL DEFAULT 0,
+        acked_line INTEGER NOT NULL DEFAULT 0,
+        samples_sent INTEGER NOT NULL DEFAULT 0,
+        samples_seen INTEGER NOT NULL DEFAULT 0,
+        bytes_sent INTEGER NOT NULL DEFAULT 0,
+        totals BLOB,
+        release_hold INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_error TEXT,
+        looked_up INTEGER NOT NULL DEFAULT 0,
+        claim_owner TEXT,
+        claim_host TEXT,
+        claim_boot TEXT,
+        claim_pid INTEGER,
+        claim_start INTEGER,
+        claim_pidns TEXT,
+        claim_since REAL,
+        claim_expires REAL,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        finalized_at REAL,
+        settles_at REAL,
+        last_error_at REAL,
+        run_key BLOB NOT NULL UNIQUE,
+        path_key BLOB NOT NULL
+    )""",
+    f"""
+    INSERT INTO runs_v7 ({_RUNS_V7_COLUMNS}, run_key, path_key)
+    SELECT {_RUNS_V7_COLUMNS.replace("id, run_id,", "id, evalpush_stored_run_id(run_id),", 1)},
+        evalpush_run_key(run_id), evalpush_path_key(path_raw)
+    FROM runs""",
+    "DROP TABLE runs",
+    "ALTER TABLE runs_v7 RENAME TO runs",
+    "CREATE INDEX runs_path_key ON runs (path_key)",
+    "CREATE INDEX runs_state ON runs (state)",
+    """
+    CREATE TABLE forgotten_v7 (
+        run_key BLOB NOT NULL,
+        run_id TEXT NOT NULL,
+        evaluation_id TEXT NOT NULL,
+        at REAL NOT NULL,
+        PRIMARY KEY (run_key, evaluation_id)
+    )""",
+    """
+    INSERT INTO forgotten_v7 (run_key, run_id, evaluation_id, at)
+    SELECT evalpush_run_key(run_id), evalpush_stored_run_id(run_id), evaluation_id, at
+    FROM forgotten""",
+    "DROP TABLE forgotten",
+    "ALTER TABLE forgotten_v7 RENAME TO forgotten",
+]
+
+_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 
@@ -229,6 +353,7 @@ def migrate(
             return None
         if found and before is not None:
             before(db, found)
+        _functions(db)
         for statements in _MIGRATIONS[found:]:
             for statement in statements:
                 db.execute(statement)
@@ -241,3 +366,10 @@ def migrate(
         if db.in_transaction:
             db.execute("ROLLBACK")
         raise
+
+
+def _functions(db: sqlite3.Connection) -> None:
+    """What the migrations call that SQLite lacks: the digests and the run id's stored form."""
+    db.create_function("evalpush_run_key", 1, run_key, deterministic=True)
+    db.create_function("evalpush_path_key", 1, path_key, deterministic=True)
+    db.create_function("evalpush_stored_run_id", 1, stored_run_id, deterministic=True)

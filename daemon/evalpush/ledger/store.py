@@ -54,6 +54,7 @@ from evalpush.ledger.records import (
     DaemonRecord,
     HistoryRecord,
     RunRecord,
+    run_record,
     stored_text,
 )
 from evalpush.ledger.server import LedgerServer
@@ -197,12 +198,23 @@ class Ledger(LedgerReads):
     ) -> int | None:
         """Inside a write: a new run's row; its id. `unless_known`: None, not an error, when the
         ledger knows the run id (another process added it meanwhile)."""
+        raw = paths.raw(path)
         row = db.execute(
-            "INSERT INTO runs (run_id, path, path_raw, kind, state, created_at, updated_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)"
-            + (" ON CONFLICT (run_id) DO NOTHING" if unless_known else "")
+            "INSERT INTO runs (run_id, run_key, path, path_raw, path_key, kind, state, "
+            "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            + (" ON CONFLICT (run_key) DO NOTHING" if unless_known else "")
             + " RETURNING id",
-            (run_id, paths.display(path), paths.raw(path), kind, state, now, now),
+            (
+                schema.stored_run_id(run_id),
+                schema.run_key(run_id),
+                paths.display(path),
+                raw,
+                schema.path_key(raw),
+                kind,
+                state,
+                now,
+                now,
+            ),
         ).fetchone()
         return None if row is None else row[0]
 
@@ -237,7 +249,7 @@ class Ledger(LedgerReads):
         with self._transaction(durable=False) as db:
             lease_now = self._lease_now(db)
             row = db.execute(
-                f"{SELECT} WHERE run_id = ?{self._file.row_lock}", (run_id,)
+                f"{SELECT} WHERE run_key = ?{self._file.row_lock}", (schema.run_key(run_id),)
             ).fetchone()
             if row is None:
                 row_id = self._insert(
@@ -258,7 +270,7 @@ class Ledger(LedgerReads):
                     )
                 previous = None
             else:
-                record = RunRecord(*row)
+                record = run_record(row)
                 row_id, previous = record.id, record.holder
                 if previous is not None and alive(previous, lease_now):
                     raise held_by(
@@ -280,7 +292,7 @@ class Ledger(LedgerReads):
                     row_id,
                 ),
             ).fetchone()
-            claimed = RunRecord(*row)
+            claimed = run_record(row)
             self._deferred.pop(row_id, None)  # a write left over from a claim given up
         return claimed, previous
 
@@ -404,7 +416,10 @@ class Ledger(LedgerReads):
         return self._deferred.pop(record.id, None) or {}
 
     def _update_row(self, db: Any, record: RunRecord, changes: dict[str, Any]) -> None:
-        """Inside a write: `changes` to the run's row, fenced by `record`'s claim."""
+        """Inside a write: `changes` to the run's row, fenced by `record`'s claim (a new path
+        with its digest, `path_key`)."""
+        if "path_raw" in changes:
+            changes = {**changes, "path_key": schema.path_key(changes["path_raw"])}
         assignments = ", ".join(f"{name} = ?" for name in changes)
         cursor = db.execute(
             f"UPDATE runs SET {assignments} WHERE id = ? AND claim_owner IS NOT DISTINCT FROM ?",
@@ -443,12 +458,19 @@ class Ledger(LedgerReads):
         with self._transaction() as db:
             self._fence(db, record)
             db.execute(
-                "INSERT INTO forgotten (run_id, evaluation_id, at) "
-                "SELECT run_id, evaluation_id, ? FROM runs "
+                "INSERT INTO forgotten (run_key, run_id, evaluation_id, at) "
+                "SELECT run_key, run_id, evaluation_id, ? FROM runs "
                 "WHERE id = ? AND evaluation_id IS NOT NULL "
-                "UNION SELECT ?, evaluation_id, ? FROM history WHERE run = ? "
+                "UNION SELECT ?, ?, evaluation_id, ? FROM history WHERE run = ? "
                 "ON CONFLICT DO NOTHING",
-                (now, record.id, record.run_id, now, record.id),
+                (
+                    now,
+                    record.id,
+                    schema.run_key(record.run_id),
+                    schema.stored_run_id(record.run_id),
+                    now,
+                    record.id,
+                ),
             )
             db.execute("DELETE FROM runs WHERE id = ?", (record.id,))
 
@@ -459,7 +481,8 @@ class Ledger(LedgerReads):
         run by that id already, the stand-in row is dropped and None returned (the other row is
         the run)."""
         with self._transaction() as db:
-            taken = db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            key = schema.run_key(run_id)
+            taken = db.execute("SELECT 1 FROM runs WHERE run_key = ?", (key,)).fetchone()
             if taken:
                 db.execute(
                     "DELETE FROM runs WHERE id = ? AND claim_owner IS NULL AND state = ?",
@@ -467,9 +490,9 @@ class Ledger(LedgerReads):
                 )
                 return None
             cursor = db.execute(
-                "UPDATE runs SET run_id = ?, updated_at = ? "
+                "UPDATE runs SET run_id = ?, run_key = ?, updated_at = ? "
                 "WHERE id = ? AND claim_owner IS NULL AND state = ? AND evaluation_id IS NULL",
-                (run_id, self._clock(), record.id, State.WAITING),
+                (schema.stored_run_id(run_id), key, self._clock(), record.id, State.WAITING),
             )
         return self.get(record.id) if cursor.rowcount else None
 
@@ -501,7 +524,7 @@ class Ledger(LedgerReads):
                 (state, Step.SCAN, record.release_hold if same_file else 0, now, record.id),
             )
             row = db.execute(f"{SELECT} WHERE id = ?", (record.id,)).fetchone()
-        return RunRecord(*row)
+        return run_record(row)
 
     def note_foreign(self, record: RunRecord, evaluation_id: str, viewer_url: str | None) -> None:
         """An evaluation the run's lines name that is not the run's own: kept in its history

@@ -43,7 +43,7 @@ Control (same bearer auth), for tests and for trying the daemon against bad weat
 
 | request | effect |
 | --- | --- |
-| `POST /_control/faults` `{"fault", "on"?, "count"?, "status"?, "retry_after"?, "seconds"?, "do_work"?, "value"?}` | queue a fault (see `Fault` and the table below); `refuse` acts at once |
+| `POST /_control/faults` `{"fault", "on"?, "count"?, "status"?, "retry_after"?, "seconds"?, "do_work"?, "value"?, "encoding"?}` | queue a fault (see `Fault` and the table below); `refuse` acts at once |
 | `GET /_control/faults` / `DELETE /_control/faults` | list / drop the pending faults |
 | `GET /_control/summary` | `{"evaluations": {id: {"name", "environment", "status", "metadata", "metrics", "sample_count", "distinct_sample_ids", "duplicates", "finalize_count"}}, "runs": {run_id: evaluations}, "requests": {kind: count}}`; `finalize_count` counts finalize requests received, refused ones included |
 | `GET /_control/evaluations/{id}/samples` | `{"samples": [...]}`: every stored sample, duplicates included |
@@ -69,6 +69,7 @@ Faults (each hits the next `count` requests of kind `on`; `refuse` is not tied t
 | `twice` | the answer, then `seconds` later the same answer again on the connection (read by the next request on it if that went out first) | done |
 | `repeat_page` | a listing's first page, whatever page or skip was asked, with no paging field (`page`, `skip`, `total`...) | - |
 | `endless_pages` | a listing page full of made-up items, no total, no end | - |
+| `gzip_bomb` | HTTP `status` with `Content-Encoding: encoding` (`gzip`, or stacked `gzip, gzip`) and a body inflating to 4 GiB of zeros (about 4 MiB, or 10 KB stacked) | done only with `do_work` |
 
 `repeat_page` and `endless_pages` hit listings only (`GET .../samples`, `GET /evaluations/`);
 other reads pass them by.
@@ -190,6 +191,7 @@ class LocalPlatform:
         seconds: float = 30.0,
         do_work: bool = False,
         value: str | None = None,
+        encoding: str = "gzip",
     ) -> None:
         """Queue a fault (see `Fault`); `refuse` takes effect before this returns."""
         spec = Fault(
@@ -200,6 +202,7 @@ class LocalPlatform:
             retry_after=retry_after,
             seconds=seconds,
             do_work=do_work,
+            encoding=encoding,
             **({} if value is None else {"value": value}),
         )
         server = self._running_server()
@@ -210,6 +213,10 @@ class LocalPlatform:
 
     def clear_faults(self) -> None:
         self._running_server().faults.clear()
+
+    def pending_faults(self) -> list[dict[str, Any]]:
+        """The faults not used up yet (what `GET /_control/faults` answers)."""
+        return self._running_server().faults.pending()
 
     def summary(self) -> dict[str, Any]:
         """What `GET /_control/summary` answers."""

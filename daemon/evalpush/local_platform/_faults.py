@@ -24,6 +24,7 @@ FAULTS = (
     "repeat_page",
     "twice",
     "endless_pages",
+    "gzip_bomb",
     "late",
 )
 LISTING_FAULTS = frozenset({"repeat_page", "endless_pages"})
@@ -60,6 +61,9 @@ class Fault(msgspec.Struct, frozen=True):
       any paging field (no page, skip or total).
     - `endless_pages`: a listing answers a full page of made-up items, with no total and no
       end, whatever is asked.
+    - `gzip_bomb`: answer `status` with `Content-Encoding: encoding` (`gzip`, or stacked:
+      `gzip, gzip`) and a body that inflates to 4 GiB of zeros (about 4 MiB once, about 10 KB
+      stacked); the work is done first only with `do_work`.
     Each of the others applies to the next `count` requests of kind `on` (or of any kind); a
     listing fault only to listings.
     """
@@ -72,6 +76,7 @@ class Fault(msgspec.Struct, frozen=True):
     seconds: float = 30.0
     do_work: bool = False
     value: str = "../../../environmentshub/resolve?x="
+    encoding: str = "gzip"
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from evalpush.local_platform._bomb import bomb
 from evalpush.local_platform._dashboard import add_routes as add_dashboard_routes
 from evalpush.local_platform._faults import REQUEST_KINDS, Fault, FaultPlan
 from evalpush.local_platform._store import Refusal, Store, decode_json
@@ -239,9 +240,13 @@ class PlatformServer:
             return await self._endless(request, fault.status)
         if fault.fault in ("repeat_page", "endless_pages"):
             return await self._answering(self._hostile_page(fault))(request)
+        if fault.fault == "gzip_bomb" and not fault.do_work:
+            return await self._bomb(fault)
         if fault.fault == "late":
             return await self._late(fault, request, answer)
         response = await answer(request)
+        if fault.fault == "gzip_bomb":
+            return await self._bomb(fault)
         if fault.fault == "status":
             return self._fault_status(fault)
         if fault.fault == "reset":
@@ -260,6 +265,15 @@ class PlatformServer:
         if fault.fault == "twice":
             return self._twice(fault, request, response)
         return web.Response(status=200, body=MALFORMED_BODY, content_type="text/html")
+
+    @staticmethod
+    async def _bomb(fault: Fault) -> web.Response:
+        body = await asyncio.get_running_loop().run_in_executor(None, bomb, fault.encoding)
+        return web.Response(
+            status=fault.status,
+            body=body,
+            headers={"Content-Type": "application/json", "Content-Encoding": fault.encoding},
+        )
 
     async def _hold(self, seconds: float) -> None:
         """Wait `seconds`, or until the server stops."""

@@ -51,6 +51,7 @@ from evalpush.core.errors import (
     EvalpushError,
     Interrupted,
     LedgerError,
+    LedgerRefused,
     LedgerUnavailable,
     RunError,
 )
@@ -217,6 +218,8 @@ class _Parts:
             )
         except LedgerUnavailable:
             self._after_outage(path)
+        except LedgerRefused as exc:  # this run alone: the others go on
+            self.tracker.refused(path, exc)
         finally:
             self.tracker.finished(path, record)
             if self._feed is not None:

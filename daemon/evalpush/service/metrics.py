@@ -33,8 +33,10 @@ connection another thread owns.
 
 The server outlives no stop and holds up no reload: each connection has one deadline for the
 whole request (`REQUEST_DEADLINE_SECONDS`, however slowly it trickles in), at most
-`MAX_CONNECTIONS` are served at once (more are closed at once), and `stop` shuts down every open
-connection before it joins their threads. A connection that ends badly (a timeout, a reset) is
+`MAX_CONNECTIONS` are served at once, and `stop` shuts down every open connection before it
+joins their threads. Idle connections cannot shut the probes out: a connection accepted while
+`MAX_CONNECTIONS` are open takes the place of the oldest one that has not sent its request yet
+(closed at once); only when every open connection is answering a request is a new one closed. A connection that ends badly (a timeout, a reset) is
 one JSON log line at debug, never a traceback.
 
 How the daemon feeds them (`DaemonFeed`, built by `service.Daemon` when `[metrics] listen` is
@@ -89,7 +91,8 @@ from evalpush.log import get_logger
 REQUEST_DEADLINE_SECONDS = 10.0
 """How long one connection may take in all, to send its request and read the answer."""
 MAX_CONNECTIONS = 32
-"""Connections served at once; one more is closed as soon as it is accepted."""
+"""Connections served at once; one more takes the place of the oldest idle one (that has not
+sent its request yet), or is closed as soon as it is accepted if none is idle."""
 LISTEN_BACKLOG = 1024
 """Connections the kernel queues before they are accepted (capped by net.core.somaxconn)."""
 LIVE_AFTER_SECONDS = 60.0
@@ -385,6 +388,12 @@ class _Handler(WSGIRequestHandler):
         deadline = time.monotonic() + self.server.request_deadline
         self.rfile = io.BufferedReader(_DeadlineSocket(self.connection, deadline))
 
+    def parse_request(self) -> bool:
+        """The request line and headers are in: the connection is no longer idle."""
+        parsed = super().parse_request()
+        self.server.answering(self.connection)
+        return parsed
+
     def log_message(self, format: str, *args: Any) -> None:
         """Say nothing: a scrape every 15 s would drown the daemon's own log."""
 
@@ -399,24 +408,42 @@ class _Server(ThreadingMixIn, WSGIServer):
     def __init__(self, address: tuple[Any, ...], family: socket.AddressFamily, deadline: float):
         self.address_family = family  # read by TCPServer.__init__ to open the socket
         self.request_deadline = deadline
-        self._open: set[socket.socket] = set()
+        self._open: dict[socket.socket, bool] = {}  # accepted first first -> answering yet
         self._open_lock = threading.Lock()
         self._log = get_logger(stage="metrics")
         super().__init__(address, _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve `request` on a thread of its own; at the cap, in place of the oldest idle
+        connection (which is shut down: its thread sees the end of its input and returns)."""
+        idle = None
         with self._open_lock:
+            if len(self._open) >= MAX_CONNECTIONS:
+                idle = next((c for c, answering in self._open.items() if not answering), None)
+                if idle is not None:
+                    del self._open[idle]
             full = len(self._open) >= MAX_CONNECTIONS
             if not full:
-                self._open.add(request)
+                self._open[request] = False
+        if idle is not None:
+            try:
+                idle.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed meanwhile
         if full:
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
 
+    def answering(self, request: socket.socket) -> None:
+        """`request` sent its request: it is answered, never dropped for a newer one."""
+        with self._open_lock:
+            if request in self._open:
+                self._open[request] = True
+
     def shutdown_request(self, request: Any) -> None:
         with self._open_lock:
-            self._open.discard(request)
+            self._open.pop(request, None)
         super().shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:

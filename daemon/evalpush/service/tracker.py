@@ -44,7 +44,7 @@ import msgspec
 
 from evalpush.config import Config
 from evalpush.core import paths
-from evalpush.core.errors import RunError
+from evalpush.core.errors import LedgerRefused, RunError
 from evalpush.core.ids import short_id
 from evalpush.core.states import State
 from evalpush.discover import RunDir, look_at
@@ -171,10 +171,13 @@ class Tracker:
             if self._settled.get(path) == _facts(rundir):
                 return
             waiting = self._waiting.get(path)
-        if waiting is not None:
-            self._decide(path, waiting, rundir)
-        else:
-            self._first_look(path, rundir)
+        try:
+            if waiting is not None:
+                self._decide(path, waiting, rundir)
+            else:
+                self._first_look(path, rundir)
+        except LedgerRefused as exc:
+            self.refused(path, exc)
 
     def due(self) -> float:
         """Decide again for every waiting run whose settle time has come, or whose progress
@@ -183,7 +186,10 @@ class Tracker:
         with self._lock:
             due = [(p, w) for p, w in self._waiting.items() if w.due_at() <= now]
         for path, waiting in due:
-            self._decide(path, waiting, look_at(path, self._rules.marker))
+            try:
+                self._decide(path, waiting, look_at(path, self._rules.marker))
+            except LedgerRefused as exc:
+                self.refused(path, exc)
         with self._lock:
             return min((w.due_at() for w in self._waiting.values()), default=float("inf"))
 
@@ -418,6 +424,20 @@ class Tracker:
             self._in_flight.discard(path)
             if settled is not None:
                 self._settled[path] = settled
+
+    def refused(self, path: str, exc: LedgerRefused) -> None:
+        """The ledger cannot record the run at `path` (a value its database cannot hold): it is
+        said, and left alone until its trace file changes; the other runs go on."""
+        self._log.error(
+            "run cannot be uploaded: the ledger cannot record it; the other runs go on",
+            path=paths.display(path),
+            error=paths.printable(str(exc)),
+        )
+        rundir = look_at(path, self._rules.marker)
+        with self._lock:
+            self._waiting.pop(path, None)
+            if rundir is not None:
+                self._settled[path] = _facts(rundir)
 
     @property
     def waiting(self) -> int:
