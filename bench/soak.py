@@ -96,7 +96,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--stall-seconds", type=float, default=4.0, help="a stall fault, after the work"
     )
     parser.add_argument(
-        "--stall-weight", type=int, default=1, help="of the fault menu's 19 at 1 (a share)"
+        "--stall-weight", type=int, default=1, help="of the fault menu's 23 at 1 (a share)"
     )
     parser.add_argument(
         "--twice-weight",
@@ -118,6 +118,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--db-restarts", type=int, default=2, help="with --fleet: PostgreSQL crash-restarts"
+    )
+    parser.add_argument(
+        "--clock-ahead",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with --fleet: the first host's wall clock runs this far ahead (needs faketime)",
+    )
+    parser.add_argument(
+        "--late-weight", type=int, default=2, help="requests whose work lands late (menu weight)"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, default=None)
@@ -154,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             stall_seconds=args.stall_seconds,
             stall_weight=args.stall_weight,
             twice_weight=args.twice_weight,
+            late_weight=args.late_weight,
         ),
         batch_samples=args.batch_samples,
         read_timeout_seconds=args.read_timeout,
@@ -163,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         fleet=args.fleet,
         db_restarts=args.db_restarts if args.fleet else 0,
+        clock_ahead_seconds=args.clock_ahead if args.fleet else 0.0,
     )
     report = run_soak(params)
     print(table(report))

@@ -38,16 +38,24 @@ def fault_menu(
     stall_weight: int = 1,
     twice_weight: int = 0,
     twice_seconds: float = 0.05,
+    late_weight: int = 2,
+    late_seconds: float = 1.5,
 ) -> list[FaultKind]:
-    """Every fault kind of the issue: statuses, 429 with Retry-After, resets and stalls after
-    the work, malformed bodies, and a short refusal (`refuse` is not tied to a request kind);
-    with a `twice_weight`, answers sent again `twice_seconds` later on their connection."""
+    """Every fault kind of the issue: statuses (some after the work was done: a proxy's 503
+    while the backend commits, a 500 raised after the commit), 429 with Retry-After, resets and
+    stalls after the work, malformed bodies, requests whose work lands `late_seconds` after they
+    came in, unanswered, and a short refusal (`refuse` is not tied to a request kind); with a
+    `twice_weight`, answers sent again `twice_seconds` later on their connection."""
     twice = {"fault": "twice", "seconds": twice_seconds}
+    late = {"fault": "late", "seconds": late_seconds}
     return [
         FaultKind("500", {"fault": "status", "status": 500}, 2),
+        FaultKind("500 after work", {"fault": "status", "status": 500, "do_work": True}, 2),
         FaultKind("502 after work", {"fault": "status", "status": 502, "do_work": True}, 2),
         FaultKind("503", {"fault": "status", "status": 503}, 2),
+        FaultKind("503 after work", {"fault": "status", "status": 503, "do_work": True}, 2),
         FaultKind("504 after work", {"fault": "status", "status": 504, "do_work": True}, 2),
+        *([FaultKind("landed late", late, late_weight)] if late_weight else []),
         FaultKind("429 Retry-After", {"fault": "status", "status": 429, "retry_after": "1"}, 2),
         FaultKind("reset after work", {"fault": "reset"}, 3),
         FaultKind("stall after work", {"fault": "stall", "seconds": stall_seconds}, stall_weight),
@@ -70,10 +78,12 @@ class ChaosParams:
     first_outage_seconds: float = 5.0  # after the start: even a short soak meets one
     outage_seconds: tuple[float, float] = (2.0, 6.0)
     stall_seconds: float = 4.0  # past the uploaders' read timeout
-    stall_weight: int = 1  # of the menu's 19 (at 1): stalls are rare among the faults
+    stall_weight: int = 1  # of the menu's 23 (at 1): stalls are rare among the faults
     twice_weight: int = 0  # answers sent twice (a server or proxy out of turn); none by default
     twice_seconds: float = 0.05  # how late the second copy comes
     refused_seconds: float = 0.5  # a refused-connection fault: far shorter than an outage
+    late_weight: int = 2  # requests whose work lands late, unanswered
+    late_seconds: float = 1.5  # how late: within the uploaders' platform.late_write_seconds
 
 
 @dataclass
@@ -100,6 +110,8 @@ class Chaos:
             self.params.stall_weight,
             self.params.twice_weight,
             self.params.twice_seconds,
+            self.params.late_weight,
+            self.params.late_seconds,
         )
         self._next_outage = time.monotonic() + self.params.first_outage_seconds
 

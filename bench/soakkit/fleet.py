@@ -91,6 +91,7 @@ class Fleet:
     db_restarts: int
     progress: Callable[[], float]  # the share of the uploading runs COMPLETED on the platform
     rng: random.Random
+    clock_ahead_seconds: float = 0.0  # the first host's clock runs this far ahead (libfaketime)
     killed: int = 0
     starts: int = 0
     exits: Counter[int] = field(default_factory=Counter)  # exits the soak did not cause
@@ -134,12 +135,18 @@ class Fleet:
 
     def _start(self, host: _Host) -> None:
         args = ["--config", str(self.world.daemon_config()), "run"]
+        prefix, skew = NAMESPACE, {}
+        if self.clock_ahead_seconds and host is self._hosts[0]:
+            # Its wall clock only: monotonic time (timeouts, deadlines) runs true.
+            prefix = ("faketime", "-f", f"+{self.clock_ahead_seconds:g}s", *NAMESPACE)
+            skew = {"FAKETIME_DONT_FAKE_MONOTONIC": "1"}
         host.process = self.world.start(
             f"daemon-{host.name}",
             args,
-            prefix=NAMESPACE,
+            prefix=prefix,
             EVALPUSH_STATE_DIR=str(self.world.workdir / f"state-{host.name}"),
             EVALPUSH_LOG__LEVEL="info",  # each run finalized: the runs per daemon
+            **skew,
         )
         host.logs.append(self.world.last_log)
         self.starts += 1

@@ -73,6 +73,7 @@ class SoakParams:
     seed: int = 0
     fleet: int = 0  # daemons sharing a PostgreSQL ledger (soakkit.fleet); 0: one, on SQLite
     db_restarts: int = 0  # of the fleet's PostgreSQL, spread over the soak
+    clock_ahead_seconds: float = 0.0  # a fleet's first host's wall clock runs this far ahead
 
 
 @dataclass
@@ -174,6 +175,7 @@ class _Soak:
                 self.params.db_restarts,
                 lambda: len(self.completed & self.uploading) / max(1, len(self.uploading)),
                 self.rng,
+                self.params.clock_ahead_seconds,
             )
         else:
             uploader_type = Daemon if self.params.mode == Mode.DAEMON else PushOnly

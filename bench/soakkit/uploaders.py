@@ -38,6 +38,10 @@ DAEMON_DEATHS_TO_GIVE_UP = 5  # exits the soak did not cause
 DRAIN_PUSHES = 3
 
 
+LATE_WRITE_SECONDS = 3.0
+"""Every uploader's `platform.late_write_seconds` (a fleet's lease caps it at a quarter)."""
+
+
 class Mode(enum.StrEnum):
     """What uploads the tree."""
 
@@ -78,6 +82,8 @@ class EvalpushWorld:
             EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES=str(self.batch_samples),
             EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS=str(self.read_timeout_seconds),
             EVALPUSH_PLATFORM__CONNECT_TIMEOUT_SECONDS="2",
+            # the chaos's late work lands within this (`ChaosParams.late_seconds`)
+            EVALPUSH_PLATFORM__LATE_WRITE_SECONDS=str(LATE_WRITE_SECONDS),
             EVALPUSH_LOG__LEVEL=self.log_level,
             EVALPUSH_LOG__FORMAT="json",
             **self.shared,
