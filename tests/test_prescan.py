@@ -209,6 +209,7 @@ def scan_step(context: Context, run_dir: Path) -> tuple[dict[str, Any], list[Set
         row = context.ledger.get_run(run.run_id)
         assert row is not None
         claims.release(row)
+        claims.close()  # its heartbeat thread ends now, not a linger later
     context.client.close()
     return columns_of(scanned), context.ledger.set_aside(row)
 
@@ -439,7 +440,9 @@ class TestTheTrackerAndTheUpload:
         monkeypatch.setattr("evalpush.upload.steps.tally", no_first_pass)
         monkeypatch.setattr("evalpush.upload.steps.scan", no_first_pass)
         context = make_context(ledger, config)
-        record = Uploader(context, Claims(ledger)).upload(run)
+        claims = Claims(ledger)
+        record = Uploader(context, claims).upload(run)
+        claims.close()
         context.client.close()
 
         assert_uploaded_once(local_platform, run_dir, record)

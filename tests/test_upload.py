@@ -232,8 +232,11 @@ def make_uploader(
     ledger: Ledger,
     make_platform_client: Callable[..., PlatformClient],
     make_retrier: Callable[[PlatformClient], Retrier],
-) -> Callable[..., Uploader]:
-    """`make_uploader(client=None, progress=None, **config_sections)`: an Uploader on `ledger`."""
+) -> Iterator[Callable[..., Uploader]]:
+    """`make_uploader(client=None, progress=None, **config_sections)`: an Uploader on `ledger`;
+    its claims are closed after the test (their heartbeat thread ends at once, not a linger
+    later)."""
+    made: list[Claims] = []
 
     def make(
         *,
@@ -245,6 +248,7 @@ def make_uploader(
         config = Config.model_validate({**sections, "platform": platform})
         client = client or make_platform_client()
         claims = Claims(ledger)
+        made.append(claims)
         context = Context(
             config, ledger, client, make_retrier(client), lease_left=claims.lease_left
         )
@@ -253,7 +257,9 @@ def make_uploader(
             uploader.progress = progress
         return uploader
 
-    return make
+    yield make
+    for claims in made:
+        claims.close()
 
 
 @pytest.fixture

@@ -74,6 +74,7 @@ class SoakParams:
     fleet: int = 0  # daemons sharing a PostgreSQL ledger (soakkit.fleet); 0: one, on SQLite
     db_restarts: int = 0  # of the fleet's PostgreSQL, spread over the soak
     clock_ahead_seconds: float = 0.0  # a fleet's first host's wall clock runs this far ahead
+    late_write_seconds: float = 3.0  # every uploader's; the chaos's late work lands within it
 
 
 @dataclass
@@ -159,6 +160,7 @@ class _Soak:
             log_level=self.params.log_level,
             settle_seconds=self.params.settle_seconds,
             rescan_seconds=self.params.rescan_seconds,
+            late_write_seconds=self.params.late_write_seconds,
         )
         kills = KillPolicy(self.params.kills, self.params.kill_after_seconds, self.rng)
         self.database = None

@@ -38,10 +38,6 @@ DAEMON_DEATHS_TO_GIVE_UP = 5  # exits the soak did not cause
 DRAIN_PUSHES = 3
 
 
-LATE_WRITE_SECONDS = 3.0
-"""Every uploader's `platform.late_write_seconds` (a fleet's lease caps it at a quarter)."""
-
-
 class Mode(enum.StrEnum):
     """What uploads the tree."""
 
@@ -61,6 +57,7 @@ class EvalpushWorld:
     log_level: str = "warning"
     settle_seconds: float = 6.0
     rescan_seconds: float = 2.0
+    late_write_seconds: float = 3.0  # a fleet's lease caps it at a quarter
     shared: dict[str, str] = field(default_factory=dict)  # a fleet's ledger, for every process
     last_log: Path | None = None
     _started: int = 0
@@ -83,7 +80,7 @@ class EvalpushWorld:
             EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS=str(self.read_timeout_seconds),
             EVALPUSH_PLATFORM__CONNECT_TIMEOUT_SECONDS="2",
             # the chaos's late work lands within this (`ChaosParams.late_seconds`)
-            EVALPUSH_PLATFORM__LATE_WRITE_SECONDS=str(LATE_WRITE_SECONDS),
+            EVALPUSH_PLATFORM__LATE_WRITE_SECONDS=str(self.late_write_seconds),
             EVALPUSH_LOG__LEVEL=self.log_level,
             EVALPUSH_LOG__FORMAT="json",
             **self.shared,
