@@ -285,11 +285,14 @@ it, while the run is still open (the next batch's answer trickles in for seconds
 LATE_WRITES = {"EVALPUSH_PLATFORM__LATE_WRITE_SECONDS": "6"}
 
 
-def land_first_batch_late(platform: LocalPlatform) -> None:
-    """The first batch lands LATE_SECONDS after it came in, unanswered; the answer to the next
-    batch comes a byte every 0.25 s, so the evaluation is still open when the late one lands."""
-    platform.inject("late", on="samples", seconds=LATE_SECONDS)
-    platform.inject("trickle", on="samples", seconds=0.25)
+def land_first_batch_late(
+    platform: LocalPlatform, late: float = LATE_SECONDS, byte_seconds: float = 0.25
+) -> None:
+    """The first batch lands `late` seconds after it came in, unanswered; the answer to the
+    next batch comes a byte every `byte_seconds`, so the evaluation is still open when the late
+    one lands."""
+    platform.inject("late", on="samples", seconds=late)
+    platform.inject("trickle", on="samples", seconds=byte_seconds)
 
 
 class TestRequestsOutlivingTheirSender:
@@ -321,10 +324,10 @@ class TestRequestsOutlivingTheirSender:
         environ = push_environ(
             platform,
             tmp_path,
-            EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="0.5",
-            **LATE_WRITES,
+            EVALPUSH_PLATFORM__READ_TIMEOUT_SECONDS="0.4",
+            EVALPUSH_PLATFORM__LATE_WRITE_SECONDS="2",
         )
-        land_first_batch_late(platform)
+        land_first_batch_late(platform, late=1.2, byte_seconds=0.1)  # no process to start
 
         done = evalpush(environ, "push", str(root))
 
