@@ -38,9 +38,9 @@ if TYPE_CHECKING:
     from evalpush.ledger.store import Ledger, RunRecord
 
 LEASE_SECONDS = 120.0
-"""How long a claim outlives its last renewal, for an owner on another host (one on this host is
-checked directly). Longer than any single request (intent written, request in flight), so an
-owner that is alive never loses its claim to a lease running out mid-request."""
+"""How long a claim outlives its last renewal (by the ledger's clock), for an owner on another
+host (one on this host is checked directly). An owner's writes end `platform.late_write_seconds`
+before its lease could lapse (`upload.Context.once`), so none can still land once it does."""
 
 RENEWALS_PER_LEASE = 4
 """The heartbeat renews this many times per lease: three renewals can fail before it lapses."""
