@@ -357,7 +357,9 @@ class TestLineCounter:
 
         assert (first.replaced, counter.update().replaced) == (False, False)
 
-    def test_growth_is_timed_by_the_injected_clock_and_the_first_look_is_not_growth(self, tmp_path):
+    def test_growth_is_timed_by_the_injected_clock_and_the_first_look_counts_as_a_sighting(
+        self, tmp_path
+    ):
         path = write(tmp_path / "traces.jsonl", b"1\n")
         clock = FakeClock()
         counter = LineCounter(path, clock=clock)
@@ -375,8 +377,8 @@ class TestLineCounter:
         replaced = counter.update()
 
         assert [c.grown_at for c in (first, unchanged, grew, quiet, replaced)] == [
-            None,
-            None,
+            NOW,
+            NOW,
             NOW + 60,
             NOW + 60,
             NOW + 120,
@@ -384,7 +386,7 @@ class TestLineCounter:
 
     def test_settle_is_measured_from_the_last_growth(self, tmp_path):
         path = write(tmp_path / "traces.jsonl", b"1\n")
-        os.utime(path, (NOW - 3600, NOW - 3600))  # finished an hour ago, before the daemon started
+        os.utime(path, (NOW - 3600, NOW - 3600))  # an hour ago by the file server's clock
         clock = FakeClock()
         counter = LineCounter(path, clock=clock)
 
@@ -393,7 +395,11 @@ class TestLineCounter:
             run = RunFacts(count.lines, None, False, count.mtime, count.grown_at)
             return readiness(run, clock.now, NO_MARKER).ready
 
-        assert ready_now()  # settled long before the first look
+        # The mtime is another clock's (a file server behind this host's makes a file being
+        # written look an hour old): the settle time counts from the first look at the latest.
+        assert not ready_now()
+        clock.now += SETTLE
+        assert ready_now()
         with path.open("ab") as f:
             f.write(b"2\n")
         os.utime(path, (NOW - 3600, NOW - 3600))  # an mtime that lies (a skewed file server)
@@ -458,7 +464,7 @@ class TestResume:
         clock.now += 5
         second = counter.update()
 
-        assert (first.grown_at, second.grown_at) == (None, NOW + 5)
+        assert (first.grown_at, second.grown_at) == (NOW, NOW + 5)
 
 
 def _symlink(tmp: Path, target: Path) -> Path:

@@ -497,13 +497,14 @@ class RunFacts(msgspec.Struct, frozen=True, gc=False):
     expected: int | None  # `Run.expected_traces`: None when config.toml has no num_tasks
     marker_present: bool  # the marker file exists in the run directory
     mtime: float  # the trace file's modification time
-    grown_at: float | None  # when the daemon last saw the file grow; None: not seen growing
+    grown_at: float | None  # when the daemon last saw the file grow, or first looked at it
     again_after: float | None = None  # a finalized run that changed: no new upload before this
 
     @property
     def last_growth(self) -> float:
-        # The later of the two: mtime alone would trust another host's clock (NFS), and the
-        # daemon's own observation alone would restart every settle period at each restart.
+        # The later of the two: mtime alone would trust another host's clock (NFS: a file
+        # server behind this host's clock makes a file being written look settled), so the
+        # settle time counts at least from the daemon's own first look at the file.
         return self.mtime if self.grown_at is None else max(self.mtime, self.grown_at)
 
 
@@ -601,7 +602,7 @@ class LineCount(msgspec.Struct, frozen=True, gc=False):
     offset: int  # just past the last complete line
     size: int  # the file's size when looked at (bytes past `offset` are a half-written line)
     mtime: float  # its modification time, epoch seconds
-    grown_at: float | None  # when it was seen growing (the counter's clock); None: not yet
+    grown_at: float | None  # when it was seen growing, or first looked at (the counter's clock)
     replaced: bool  # replaced, shrunk or rewritten since the last look: restarted from 0
     file: FileIdentity  # the file looked at (device, inode, size, mtime, ctime), as it was then
 
@@ -706,7 +707,10 @@ class LineCounter:
             self._windows = None
             if sink is not None:
                 sink.restart()
-        if self._looked and (replaced or st.st_size != self._size):
+        if not self._looked or replaced or st.st_size != self._size:
+            # The first look counts as a sighting: a file's mtime is the file server's clock,
+            # and a host whose clock runs ahead of it would take a file being written for one
+            # that settled long ago.
             self._grown_at = self._clock()
         self._identity, self._size, self._looked = (st.st_dev, st.st_ino), st.st_size, True
         self._stat = now
