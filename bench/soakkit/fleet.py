@@ -137,8 +137,11 @@ class Fleet:
         args = ["--config", str(self.world.daemon_config()), "run"]
         prefix, skew = NAMESPACE, {}
         if self.clock_ahead_seconds and host is self._hosts[0]:
-            # Its wall clock only: monotonic time (timeouts, deadlines) runs true.
-            prefix = ("faketime", "-f", f"+{self.clock_ahead_seconds:g}s", *NAMESPACE)
+            # Its wall clock only: monotonic time (timeouts, deadlines) runs true. faketime
+            # forks the daemon and waits: inside the namespace, as its pid 1, so that a kill of
+            # `unshare` ends the namespace and the daemon with it.
+            ahead = ("faketime", "-f", f"+{self.clock_ahead_seconds:g}s")
+            prefix = (*NAMESPACE, *ahead)
             skew = {"FAKETIME_DONT_FAKE_MONOTONIC": "1"}
         host.process = self.world.start(
             f"daemon-{host.name}",
@@ -199,9 +202,15 @@ def _event(line: bytes) -> str | None:
 
 
 def _child(pid: int) -> int | None:
-    """The process `unshare` forked (the daemon, pid 1 of its namespace), by its pid here."""
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return None
-    return int(children[0]) if children else None
+    """The daemon `unshare` started (pid 1 of its namespace, or faketime's child there), by its
+    pid here."""
+    while True:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            if not children:
+                return None
+            pid = int(children[0])
+            if b"evalpush" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            return None
