@@ -135,18 +135,20 @@ class Fleet:
 
     def _start(self, host: _Host) -> None:
         args = ["--config", str(self.world.daemon_config()), "run"]
-        prefix, skew = NAMESPACE, {}
+        skew = {}
         if self.clock_ahead_seconds and host is self._hosts[0]:
-            # Its wall clock only: monotonic time (timeouts, deadlines) runs true. faketime
-            # forks the daemon and waits: inside the namespace, as its pid 1, so that a kill of
-            # `unshare` ends the namespace and the daemon with it.
-            ahead = ("faketime", "-f", f"+{self.clock_ahead_seconds:g}s")
-            prefix = (*NAMESPACE, *ahead)
-            skew = {"FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+            # libfaketime preloaded, not its `faketime` wrapper (which forks and waits, and
+            # names a semaphore by its pid: pid 1 in every namespace); the wall clock only,
+            # monotonic time (timeouts, deadlines) runs true.
+            skew = {
+                "LD_PRELOAD": str(libfaketime()),
+                "FAKETIME": f"+{self.clock_ahead_seconds:g}s",
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            }
         host.process = self.world.start(
             f"daemon-{host.name}",
             args,
-            prefix=prefix,
+            prefix=NAMESPACE,
             EVALPUSH_STATE_DIR=str(self.world.workdir / f"state-{host.name}"),
             EVALPUSH_LOG__LEVEL="info",  # each run finalized: the runs per daemon
             **skew,
@@ -199,6 +201,14 @@ def _event(line: bytes) -> str | None:
         return json.loads(line).get("event")
     except (ValueError, AttributeError):
         return None
+
+
+def libfaketime() -> Path:
+    """Debian's `faketime` package's library (`apt-get install faketime`)."""
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    if not found:
+        raise SystemExit("--clock-ahead needs libfaketime (Debian's faketime package)")
+    return found[0]
 
 
 def _child(pid: int) -> int | None:
