@@ -1,0 +1,1 @@
+cd /tmp/soakcode-c8cb1a1 && PYTHONPATH=/tmp/soakcode-c8cb1a1/daemon /work/main/.venv/bin/python bench/soak.py --mode daemon --runs 150 --samples 50000 --kills 40 --overlaps 10 --seed 41 --max-seconds 1200 --drain-seconds 600 --json /work/notes/soak/daemon-41.json
