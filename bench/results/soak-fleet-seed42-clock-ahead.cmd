@@ -1,0 +1,1 @@
+cd /tmp/soakcode-9f148e4 && PYTHONPATH=/tmp/soakcode-9f148e4/daemon /work/main/.venv/bin/python bench/soak.py --fleet 3 --clock-ahead 300 --runs 120 --samples 40000 --kills 24 --db-restarts 2 --seed 42 --max-seconds 1500 --drain-seconds 600 --json /work/notes/soak/fleet-42-9f148e4.json
