@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
+import threading
 import warnings
 
 import pytest
@@ -14,7 +17,7 @@ from evalpush import log
 
 
 def test_a_library_warning_is_a_json_log_line_and_watchdogs_double_watch_notice_is_dropped():
-    saved = structlog.get_config()
+    saved, hook = structlog.get_config(), threading.excepthook
     out = io.StringIO()
     try:
         with warnings.catch_warnings():  # restores the filters and showwarning after
@@ -29,11 +32,45 @@ def test_a_library_warning_is_a_json_log_line_and_watchdogs_double_watch_notice_
             )
     finally:
         structlog.configure(**saved)
+        threading.excepthook = hook
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [(line["event"], line["category"], line["warning"]) for line in lines] == [
         ("python warning", "DeprecationWarning", "a deprecated call")
     ]
     assert lines[0]["level"] == "warning" and "test_log.py:" in lines[0]["where"]
+
+
+THREAD_RAISES = """
+import sys, threading
+from evalpush import log
+log.configure(level="info", fmt="json", stream=sys.stdout)
+log.capture_warnings()
+log.register_secret("sk-thread-secret-0123456789")
+def fail():
+    raise OSError("watch gone; key sk-thread-secret-0123456789")
+thread = threading.Thread(target=fail, name="observer")
+thread.start()
+thread.join()
+"""
+
+
+def test_a_threads_uncaught_exception_is_one_scrubbed_json_log_line_not_a_raw_traceback():
+    """A library's thread dying (watchdog's observer did, under the fleet soak) is said in the
+    log, scrubbed like every line, instead of a raw traceback on stderr."""
+    done = subprocess.run(
+        [sys.executable, "-c", THREAD_RAISES], capture_output=True, text=True, timeout=60
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "", "nothing raw on stderr"
+    (line,) = [json.loads(text) for text in done.stdout.splitlines()]
+    assert (line["event"], line["level"], line["thread"]) == (
+        "a thread ended with an exception",
+        "error",
+        "observer",
+    )
+    assert line["error"].startswith("OSError: watch gone") and "in fail" in line["traceback"]
+    assert "thread-secret" not in done.stdout
 
 
 @pytest.mark.parametrize(

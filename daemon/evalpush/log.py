@@ -88,8 +88,9 @@ def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> Non
 
 
 def capture_warnings() -> None:
-    """Python warnings (a library's `warnings.warn`) become log lines at warning level, so a
-    daemon's output stays one JSON object per line for the journal; for the process (main).
+    """Python warnings (a library's `warnings.warn`) become log lines at warning level, and a
+    thread's uncaught exception one at error level, so a daemon's output stays one JSON object
+    per line for the journal, scrubbed; for the process (main).
 
     watchdog's notice that a directory's inotify watch was registered twice (a directory made
     while its parent's watch was being added: the second registration replaces the first with
@@ -117,6 +118,25 @@ def capture_warnings() -> None:
         )
 
     warnings.showwarning = show
+    threading.excepthook = _log_thread_exception
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    """A thread's uncaught exception (one of a library's: watchdog's observer) is one log line,
+    its traceback a field, scrubbed like any other; Python's default printed it raw, past the
+    scrubber and across many lines of the journal."""
+    if args.exc_type is SystemExit:
+        return
+    import traceback
+
+    get_logger(stage="python").error(
+        "a thread ended with an exception",
+        thread=args.thread.name if args.thread is not None else None,
+        error=f"{args.exc_type.__name__}: {args.exc_value}",
+        traceback="".join(
+            traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback)
+        ),
+    )
 
 
 def _apply_pending() -> None:
