@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import pytest
 from daemon_support import Daemon, daemon_environ
 from evalpush.core.states import State
 from evalpush.ledger import Ledger
-from support.commands import COMMAND_SECONDS
+from support.commands import as_process as _run
 from support.environ import cli_environ
 from support.runs import OTHER_RUN_ID, RUN_ID, write_run
 
@@ -27,17 +25,6 @@ SERVICE_UID = 65534
 """The service's user in these tests (`nobody`): not the one running `status`."""
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as another")
-
-
-def _run(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "evalpush", *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=COMMAND_SECONDS,
-        check=False,
-    )
 
 
 def _files(state: Path) -> dict[str, tuple[int, int, int]]:
