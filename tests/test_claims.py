@@ -279,14 +279,14 @@ class TestBesideARunningPush:
         assert "HOLDER" in table and f"pid {holder.pid} since " in table
 
 
-LATE_SECONDS = 4.0
+LATE_SECONDS = 2.0
 """How late the late batch lands: after the reconciling read of a push that would not wait for
 it, while the run is still open (the next batch's answer trickles in for seconds)."""
-LATE_WRITES = {"EVALPUSH_PLATFORM__LATE_WRITE_SECONDS": "6"}
+LATE_WRITES = {"EVALPUSH_PLATFORM__LATE_WRITE_SECONDS": "3"}
 
 
 def land_first_batch_late(
-    platform: LocalPlatform, late: float = LATE_SECONDS, byte_seconds: float = 0.25
+    platform: LocalPlatform, late: float = LATE_SECONDS, byte_seconds: float = 0.15
 ) -> None:
     """The first batch lands `late` seconds after it came in, unanswered; the answer to the
     next batch comes a byte every `byte_seconds`, so the evaluation is still open when the late

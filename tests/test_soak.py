@@ -260,7 +260,6 @@ class TestDaemonConfig:
 
 
 SOAK_CASES = [
-    pytest.param(Mode.PUSH_ONLY, 0, id="push-only"),
     pytest.param(Mode.PUSH_ONLY, 3, id="push-only-with-overlapping-pushes"),
     pytest.param(Mode.DAEMON, 3, id="daemon"),
 ]
