@@ -252,7 +252,11 @@ def _said(log: Any, result: Attempt) -> None:
         log.warning(
             "the run's claim was taken over: leaving the run to its new holder", error=error
         )
-    elif result.outcome in (Outcome.RUN_ID_TAKEN, Outcome.LEDGER_REFUSED):
+    elif result.outcome == Outcome.LEDGER_REFUSED:  # the daemon's tracker says it so too
+        log.error(
+            "run cannot be uploaded: the ledger cannot record it; the other runs go on", error=error
+        )
+    elif result.outcome == Outcome.RUN_ID_TAKEN:
         log.error("run cannot be uploaded", error=error)
     elif result.outcome == Outcome.FAILED:
         log.error("upload failed", error=error)
