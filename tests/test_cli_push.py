@@ -19,7 +19,7 @@ import pytest
 import disks
 from support.commands import check_rows, status_json
 from support.environ import cli_environ
-from support.runs import OTHER_RUN_ID, RUN_ID, trace_line, write_run
+from support.runs import OTHER_RUN_ID, RUN_ID, config_toml, trace_line, traces, write_run
 from support.terminal import ANSI, on_a_terminal
 
 
@@ -135,6 +135,82 @@ class TestPush:
 
         assert done.returncode == 2
         assert "upload.max_concurrent_runs" in done.stderr
+
+
+class TestPartial:
+    """A run with 3 of the 8 traces its config expects (4 tasks of 2 rollouts)."""
+
+    @staticmethod
+    def short_run(root):
+        return write_run(root, traces(3), config=config_toml(num_tasks=4))
+
+    def test_a_partial_upload_says_what_is_missing_and_exits_4(self, evalpush, platform, tmp_path):
+        self.short_run(tmp_path / "outputs")
+
+        done = evalpush("push", str(tmp_path / "outputs"))
+
+        assert done.returncode == 4, done.stderr
+        assert "3/8 samples (PARTIAL: 5 expected traces missing)" in done.stdout
+        assert done.stdout.startswith("partial")
+        ((_, evaluation),) = platform.summary()["evaluations"].items()
+        assert evaluation["status"] == "COMPLETED" and evaluation["sample_count"] == 3
+
+    def test_push_json_says_partial_with_the_expected_and_sent_counts(self, evalpush, tmp_path):
+        self.short_run(tmp_path / "outputs")
+
+        done = evalpush("push", "--json", str(tmp_path / "outputs"))
+
+        (result,) = json.loads(done.stdout)["results"]
+        assert done.returncode == 4
+        assert (result["status"], result["outcome"]) == ("partial", "partial")
+        assert (result["samples_sent"], result["expected_traces"]) == (3, 8)
+        assert result["missing_traces"] == 5
+
+    def test_push_partial_hold_overrides_the_configured_upload(self, evalpush, platform, tmp_path):
+        self.short_run(tmp_path / "outputs")
+
+        done = evalpush("push", "--partial", "hold", str(tmp_path / "outputs"))
+
+        assert done.returncode == 1
+        assert (
+            done.stdout.startswith("held") and "incomplete: 3 of 8 expected traces" in done.stdout
+        )
+        assert platform.summary()["evaluations"] == {}
+        assert [row["state"] for row in status_json(evalpush)] == ["held"]
+
+    def test_push_partial_upload_overrides_the_configured_hold(self, evalpush, platform, tmp_path):
+        self.short_run(tmp_path / "outputs")
+
+        done = evalpush(
+            "push",
+            "--partial",
+            "upload",
+            str(tmp_path / "outputs"),
+            EVALPUSH_RUNS__ON_INCOMPLETE="hold",
+        )
+
+        assert done.returncode == 4, done.stdout
+        assert len(platform.summary()["evaluations"]) == 1
+
+    def test_status_shows_sent_of_expected_and_marks_a_partial_run(self, evalpush, tmp_path):
+        self.short_run(tmp_path / "outputs")
+        write_run(tmp_path / "outputs", run_id=OTHER_RUN_ID)  # whole: 4 of 4
+        evalpush("push", str(tmp_path / "outputs"))
+
+        table = evalpush("status").stdout
+
+        lines = table.splitlines()
+        header = next(line for line in lines if line.startswith("RUN "))
+        assert header.split()[:4] == ["RUN", "STATE", "SENT/EXPECTED", "ASIDE"]
+        by_run = {row.split()[0]: row for row in lines[lines.index(header) + 1 :] if row}
+        assert "3/8 partial" in by_run[RUN_ID[:8]]
+        assert "PARTIAL: 5 of 8 expected traces missing" in by_run[RUN_ID[:8]]
+        assert "4/4" in by_run[OTHER_RUN_ID[:8]] and "partial" not in by_run[OTHER_RUN_ID[:8]]
+
+    def test_help_documents_exit_4_for_a_partial_upload(self, evalpush):
+        codes = evalpush("push", "--help").stdout.split("exit codes:")[1]
+
+        assert re.search(r"^  4 +every run uploaded .*but some partial", codes, re.M), codes
 
 
 class TestStatus:

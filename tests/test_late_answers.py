@@ -259,7 +259,7 @@ class TestAResolveAnsweredLateAgain:
         answer comes again, late. Taken for the second environment's, it put the second run's
         evaluation in the first environment."""
         root = tmp_path / "outputs"
-        lines = [trace_line(i, i // 2) for i in range(TRACES)]
+        lines = [trace_line(i, i // 2) for i in range(TRACES + 1)]  # whole: 5 tasks of 2
         write_run(root, lines, run_id=RUN_ID, config=config_toml(env="gsm8k", num_tasks=5))
         write_run(root, lines, run_id=OTHER_RUN_ID, config=config_toml(env="math", num_tasks=5))
         with LateAnswers(platform.base_url, is_resolve) as proxy:

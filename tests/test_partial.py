@@ -56,7 +56,9 @@ def test_a_crashed_evals_run_warns_uploads_as_partial_and_the_rest_supersedes_it
         marked = daemon.wait_for("superseded evaluation marked on the platform", run=run.run_id)
         assert daemon.stop() == 0
 
-    assert short["level"] == "warning" and "no growth" in short["why"]
+    assert (
+        short["level"] == "warning" and short["why"] == f"{WRITTEN} of {EXPECTED} expected traces"
+    )
     assert (first["level"], first["set_aside"], first["complete"]) == ("warning", 1, False)
     assert (first["seen_traces"], first["expected_traces"]) == (WRITTEN, EXPECTED)
     assert (second["level"], second["set_aside"]) == ("warning", 1), "the bad line is still bad"
@@ -139,7 +141,7 @@ def test_on_incomplete_hold_keeps_the_run_back_until_retry_uploads_it_as_it_is(
         assert daemon.stop() == 0
 
     assert held["level"] == "warning" and held["on_incomplete"] == "hold"
-    assert row["reason"].startswith("incomplete: no growth for")
+    assert row["reason"].startswith(f"incomplete: {WRITTEN} of {EXPECTED} expected traces")
     assert f"`evalpush retry {run.run_id[:8]}` uploads it as it is" in row["reason"]
     assert retried.returncode == 0, retried.stderr
     assert finalized["complete"] is False

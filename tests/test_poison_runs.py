@@ -90,7 +90,8 @@ def test_push_uploads_a_run_with_a_hostile_identity_and_the_good_run_beside_it(
     said = (out + err).decode("utf-8", "replace")
     assert completed(local_platform, good.run_id), said
     assert completed(local_platform, poison_id), said
-    assert push.returncode == 0, said
+    # The producer's run holds 4 of the 6 traces its config expects: uploaded, partial (exit 4).
+    assert push.returncode == 4, said
     assert "Traceback" not in said
 
 

@@ -27,6 +27,9 @@ from test_fixtures import differences
 PRODUCERS = Path(__file__).parent / "fixtures" / "producers"
 RECORDED = sorted(PRODUCERS.glob("*/recorded/*.json"))
 MIB = 1024 * 1024
+UPLOADED = (0, 4)
+"""`push`'s exit when every run is uploaded: 4 when some is partial (the recorded 0.3 and 0.4
+runs hold 4 of the 6 traces their config expects)."""
 
 
 def case_id(path: Path) -> str:
@@ -137,7 +140,7 @@ def test_push_uploads_each_producers_run_once_as_its_own_push_did(
 
     done = evalpush("push", str(tmp_path / "outputs"))
 
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode in UPLOADED, done.stdout + done.stderr
     ((evaluation_id, evaluation),) = platform.summary()["evaluations"].items()
     assert (evaluation["status"], evaluation["finalize_count"]) == ("COMPLETED", 1)
     found = differences(want_samples, sorted_like(stored(platform, evaluation_id), want_samples))
@@ -214,7 +217,7 @@ def test_a_0_4_run_its_eval_pushed_and_finalized_is_adopted_and_nothing_is_sent(
 
     done = evalpush("push", str(tmp_path / "outputs"))
 
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode in UPLOADED, done.stdout + done.stderr
     after = platform.summary()
     assert list(after["evaluations"]) == [evaluation_id]
     assert after["evaluations"][evaluation_id]["sample_count"] == 0
@@ -236,7 +239,7 @@ def test_a_0_4_run_whose_eval_died_mid_run_completes_the_evaluation_it_left_open
 
     done = evalpush("push", str(tmp_path / "outputs"))
 
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode in UPLOADED, done.stdout + done.stderr
     after = platform.summary()
     assert list(after["evaluations"]) == [evaluation_id], "no second evaluation"
     evaluation = after["evaluations"][evaluation_id]
@@ -268,7 +271,7 @@ def test_a_0_4_run_naming_an_open_evaluation_that_is_not_its_own_leaves_it_untou
 
     done = evalpush("push", str(tmp_path / "outputs"))
 
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode in UPLOADED, done.stdout + done.stderr
     after = platform.summary()["evaluations"]
     assert after[foreign] == before, "someone else's evaluation is left exactly as it was"
     (new,) = set(after) - {foreign}
@@ -284,14 +287,14 @@ def test_a_0_4_run_naming_another_runs_evaluation_is_uploaded_as_its_own(
     evaluation of B's, and E keeps A's samples alone."""
     first = copy_run(ONLINE_0_4, tmp_path / "a")
     as_run_of(first, "disabled-0123456789abcdef")
-    assert evalpush("push", str(tmp_path / "a")).returncode == 0
+    assert evalpush("push", str(tmp_path / "a")).returncode in UPLOADED
     ((taken, held),) = platform.summary()["evaluations"].items()
     second = copy_run(ONLINE_0_4, tmp_path / "b")
     as_run_of(second, taken)
 
     done = evalpush("push", str(tmp_path / "b"))
 
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode in UPLOADED, done.stdout + done.stderr
     after = platform.summary()["evaluations"]
     assert after[taken] == held, "A's evaluation is left as A's upload finalized it"
     (new,) = set(after) - {taken}
@@ -309,7 +312,7 @@ def test_an_offline_0_4_run_is_created_as_new_under_its_disabled_run_id(
 
     done = evalpush("push", str(tmp_path / "outputs"))
 
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode in UPLOADED, done.stdout + done.stderr
     ((evaluation_id, evaluation),) = platform.summary()["evaluations"].items()
     assert evaluation_id != run_id and evaluation["metadata"]["run_id"] == run_id
     assert (evaluation["status"], evaluation["finalize_count"]) == ("COMPLETED", 1)

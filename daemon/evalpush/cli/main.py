@@ -4,7 +4,8 @@ Exit codes: each subcommand's own (`COMMAND_EXIT_CODES`, shown by its `--help`; 
 help sums them up in `EXIT_CODES`, and so does the README's table). For `push`: 0 every run finalized; 1 some run
 failed, is held, had records set aside, or is busy elsewhere; 2 the command line, the
 configuration or the credentials are wrong (no key, or the platform refused it: checked once,
-before anything is sent, and said in one line); 3 no eval run found; 124 `push --timeout` ran
+before anything is sent, and said in one line); 3 no eval run found; 4 every run done, but some
+uploaded partial (short of the traces its config expects); 124 `push --timeout` ran
 out; 128 + the signal (130 SIGINT, 143 SIGTERM) when `push` was stopped by one; 141 (every
 command) the output's reader went away. Progress is kept in the ledger in every case: the next
 push goes on from there.
@@ -72,6 +73,11 @@ EXIT_NO_RUN = 3
 command line is fine) nor 1 (no run needs a person): a script pushing a directory its eval
 may not have written tells "nothing there" from both."""
 
+EXIT_UPLOADED_PARTIAL = 4
+"""`push` uploaded every run, but some short of the traces its config expects (an eval that
+crashed): nothing needs a person now (not 1), but the platform does not hold the whole run (not
+0). Resuming the eval into the same directory and pushing again supersedes it."""
+
 _STOPPED = "  130  stopped by SIGINT (Ctrl-C)\n"
 _PIPE = "  141  the output's reader went away (`evalpush ... | head -1`): a quiet exit\n"
 _USAGE = "  2    usage or configuration: a bad flag, key or value (one line says which)\n"
@@ -86,6 +92,7 @@ EXIT_CODES = (
        its TLS certificate failed verification (checked once before anything is sent;
        one line says which)
   3    push: no eval run found under the directories given
+  4    push: every run uploaded, but some partial (fewer traces than its config expects)
   124  push --timeout ran out; progress is kept, push again to go on
   130  stopped by SIGINT (Ctrl-C), 143 by SIGTERM; progress is kept, push again to go on
 """
@@ -108,6 +115,8 @@ COMMAND_EXIT_CODES = {
        one line says which)
   3    no eval run found under the directories given: nothing was sent (one line says
        what was found there, and why it is not a run)
+  4    every run uploaded (or nothing to do), but some partial: fewer traces than its
+       config.toml expects (its line says PARTIAL and how many are missing)
   124  --timeout ran out; progress is kept, push again to go on
   130  stopped by SIGINT (Ctrl-C), 143 by SIGTERM; progress is kept, push again to go on
 """
@@ -242,6 +251,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         help='one JSON document on stdout: {"results": [one object per run]}',
+    )
+    p.add_argument(
+        "--partial",
+        choices=("upload", "hold"),
+        help="a run with fewer traces than its config expects: upload it as partial (exit 4) "
+        "or hold it for a person; overrides runs.on_incomplete for this push",
     )
     p.add_argument(
         "--timeout",
@@ -390,7 +405,7 @@ def _readable_lines(path: Path, max_line_bytes: int) -> Iterator[Line]:
 
 def cmd_push(args: argparse.Namespace, config: Config) -> int:
     from evalpush import log
-    from evalpush.app import App
+    from evalpush.app import App, Outcome
     from evalpush.cli.report import push_object, push_progress
     from evalpush.client import Gate
     from evalpush.push import find_runs, push_runs
@@ -436,6 +451,7 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
                     found,
                     wait=not args.no_wait,
                     on_result=progress.done,
+                    on_incomplete=args.partial,
                 )
             except AuthError as exc:
                 refused = (
@@ -452,16 +468,19 @@ def cmd_push(args: argparse.Namespace, config: Config) -> int:
         document = msgspec.json.encode({"results": objects})
         sys.stdout.buffer.write(msgspec.json.format(document, indent=2) + b"\n")
         sys.stdout.flush()
-    finished = all(r.ok for r in results)
+    short = [r.outcome == Outcome.PARTIAL and not r.set_aside for r in results]
+    finished = all(r.ok or partial for r, partial in zip(results, short, strict=True))
     if stopped.code is not None and not finished:  # a stop after the last run changed nothing
-        done = sum(1 for r in results if r.ok)
+        done = sum(1 for r, partial in zip(results, short, strict=True) if r.ok or partial)
         print(
             f"evalpush push: {stopped.why}: stopped with {done} of {len(results)} runs done; "
             "progress is kept, push again to go on",
             file=sys.stderr,
         )
         return stopped.code
-    return EXIT_OK if finished else EXIT_PARTIAL
+    if not finished:
+        return EXIT_PARTIAL
+    return EXIT_UPLOADED_PARTIAL if any(short) else EXIT_OK
 
 
 class _Stopped:

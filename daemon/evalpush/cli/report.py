@@ -17,13 +17,13 @@ from typing import IO, Any
 
 import msgspec
 
+from evalpush.app import Attempt, Outcome
 from evalpush.client import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
 from evalpush.core import paths
 from evalpush.core.ids import short_id
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import State
 from evalpush.ledger import Holder, Ledger, Process, RunRecord, gatefile, holder_alive
-from evalpush.push import PushResult
 from evalpush.runs import format_duration, settles_in, traces_file
 
 Alive = Callable[[Holder], bool]
@@ -58,6 +58,8 @@ def _row(record: RunRecord, set_aside: int, holder: dict[str, Any] | None) -> di
         "reason": reason,
         "samples_sent": record.samples_sent,
         "samples_seen": record.samples_seen,
+        "expected_traces": record.expected_traces,
+        "missing_traces": record.missing_traces(set_aside),
         "set_aside": set_aside,
         "evaluation_id": record.evaluation_id,
         "url": record.viewer_url,
@@ -93,6 +95,7 @@ def status_rows(ledger: Ledger, alive: Alive | None = None) -> list[dict[str, An
                     "reason": _HISTORY_REASONS.get(earlier.outcome, earlier.outcome),
                     "samples_sent": None,
                     "samples_seen": None,
+                    "missing_traces": 0,
                     "evaluation_id": earlier.evaluation_id,
                     "url": earlier.viewer_url,
                     "last_error": None,
@@ -166,6 +169,17 @@ def _nbytes(count: int | None) -> str:
     return f"{count:,} B" if count < 1000 else f"{count:,} B ({count / 1e6:.1f} MB)"
 
 
+MISSING_FIX = (
+    ": the eval stopped short; resumed into the same directory, the whole run is uploaded again"
+    " and its evaluation supersedes this one"
+)
+
+
+def _missing_text(row: dict[str, Any]) -> str:
+    """`10 of 40 expected traces missing` (a partial run)."""
+    return f"{row['missing_traces']:,} of {row['expected_traces']:,} expected traces missing"
+
+
 def detail_text(detail: dict[str, Any]) -> str:
     """`status RUN`: one run in full, a labelled line per fact, then its evaluations and its
     set-aside records."""
@@ -189,6 +203,10 @@ def detail_text(detail: dict[str, Any]) -> str:
         ),
         ("attempts", str(detail["attempts"])),
     ]
+    if detail["expected_traces"] is not None:
+        lines.insert(6, ("expected", f"{detail['expected_traces']:,} traces (its config.toml)"))
+    if detail["missing_traces"]:
+        lines.insert(7, ("PARTIAL", _missing_text(detail) + MISSING_FIX))
     if detail["last_error"]:
         lines.append(
             ("last error", f"{detail['last_error']} (at {_when(detail['last_error_at'])})")
@@ -275,11 +293,18 @@ def status_table(
     and path, however wide that makes it."""
     if not rows:
         return "no runs in the ledger yet" + (f" ({ledger})" if ledger is not None else "")
-    header = ("RUN", "STATE", "SENT/SEEN", "ASIDE", "HOLDER", "EVALUATION", "DETAIL")
+    header = ("RUN", "STATE", "SENT/EXPECTED", "ASIDE", "HOLDER", "EVALUATION", "DETAIL")
     table = [header]
     for row in rows:
-        sent = "" if row["samples_sent"] is None else f"{row['samples_sent']}/{row['samples_seen']}"
+        # Of the traces its config expects; of those seen when it names no count.
+        expected = (
+            row["expected_traces"] if row["expected_traces"] is not None else row["samples_seen"]
+        )
+        sent = "" if row["samples_sent"] is None else f"{row['samples_sent']}/{expected}"
         detail = row["last_error"] or row["reason"] or ""
+        if row["missing_traces"]:
+            sent += " partial"
+            detail = f"PARTIAL: {_missing_text(row)}" + (f"; {detail}" if detail else "")
         table.append(
             (
                 short_id(row["run_id"]),
@@ -423,12 +448,12 @@ def not_running_text(last: gatefile.LastSeen | None) -> str:
     return f"daemon:     not running (last seen pid {last.pid}{where} at {_when(last.at)}; {how})"
 
 
-def push_line(result: PushResult) -> str:
+def push_line(result: Attempt) -> str:
     """One line per run directory: what `push` did with it."""
     return paths.printable(_push_line(result))
 
 
-def _push_line(result: PushResult) -> str:
+def _push_line(result: Attempt) -> str:
     record = result.record
     path = paths.display(result.path)
     if result.busy is not None:
@@ -438,6 +463,11 @@ def _push_line(result: PushResult) -> str:
     if record is None:
         return f"failed     {path}: {result.error}"
     where = f"{record.samples_sent}/{record.samples_seen} samples"
+    if result.outcome == Outcome.PARTIAL:
+        where = (
+            f"{record.samples_sent}/{record.expected_traces} samples "
+            f"(PARTIAL: {result.missing} expected traces missing)"
+        )
     if result.set_aside:
         where += f", {result.set_aside} set aside (see `evalpush status`)"
     if result.uploaded_by is not None:
@@ -446,9 +476,11 @@ def _push_line(result: PushResult) -> str:
         where += f"; a copy of the run at {result.copy_of}, not uploaded on its own"
     if record.state == State.FINALIZED and result.error:
         return f"failed     {path}: {result.error}; the run stays finalized -> {record.viewer_url}"
+    if result.outcome == Outcome.PARTIAL:
+        return f"partial    {path}: {where} -> {record.viewer_url}"
     if record.state == State.FINALIZED:
-        done = "already finalized, nothing sent" if result.already else where
-        if result.already and result.copy_of is not None:
+        done = "already finalized, nothing sent" if result.outcome == Outcome.ALREADY else where
+        if result.outcome == Outcome.ALREADY and result.copy_of is not None:
             done += f" (a copy of the run at {result.copy_of})"
         return f"finalized  {path}: {done} -> {record.viewer_url}"
     if record.state == State.SKIPPED:
@@ -456,24 +488,31 @@ def _push_line(result: PushResult) -> str:
     return f"{record.state:<10} {path}: {result.error or record.reason} ({where})"
 
 
-def push_object(result: PushResult, set_aside: list[SetAside]) -> dict[str, Any]:
+def push_object(result: Attempt, set_aside: list[SetAside]) -> dict[str, Any]:
     """One run of `push --json` (like `prime eval push -o json`'s results): its path, run id,
-    state, evaluation and viewer URL, samples, what was set aside, and the error if any;
-    `status` is `success` for a finalized or skipped run with nothing set aside."""
+    state, evaluation and viewer URL, samples (and the traces expected, and missing), what was
+    set aside, and the error if any; `status` is `success` for a finalized or skipped run with
+    nothing set aside, `partial` for one finalized short of its expected traces."""
     record = result.record
     error = result.error
     if result.busy is not None:
         error = f"being uploaded by pid {result.busy.pid} on {result.busy.host}"
+    status = "success" if result.ok else "failed"
+    if result.outcome == Outcome.PARTIAL:
+        status = "partial"
     return {
         "path": paths.printable(paths.display(result.path)),
         "run_id": None if record is None else record.run_id,
         "state": "busy" if result.busy is not None else (None if record is None else record.state),
-        "status": "success" if result.ok else "failed",
+        "status": status,
+        "outcome": result.outcome,
         "evaluation_id": None if record is None else record.evaluation_id,
         "url": None if record is None else record.viewer_url,
         "samples_sent": None if record is None else record.samples_sent,
         "samples_seen": None if record is None else record.samples_seen,
-        "already_finalized": result.already,
+        "expected_traces": None if record is None else record.expected_traces,
+        "missing_traces": result.missing,
+        "already_finalized": result.outcome == Outcome.ALREADY,
         "uploaded_by": result.uploaded_by,
         "copy_of": result.copy_of,
         "error": None if error is None else paths.printable(error),  # may name a path
@@ -532,7 +571,7 @@ class PushProgress:
             self._samples[path] = record.samples_sent
         self._draw()
 
-    def done(self, result: PushResult) -> None:
+    def done(self, result: Attempt) -> None:
         """A run finished: its line, and its bytes counted in full when it needs nothing more."""
         record = result.record
         with self._lock:

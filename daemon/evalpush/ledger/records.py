@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from evalpush.core import paths
+from evalpush.core.states import State
 from evalpush.ledger.claims import Holder
 from evalpush.ledger.schema import ESCAPED_RUN_ID, loaded_run_id
 from evalpush.log import scrub
@@ -62,6 +63,7 @@ class RunRecord(msgspec.Struct, frozen=True, gc=False):
     finalized_at: float | None
     settles_at: float | None  # a waiting run: when the settle rule makes it ready
     last_error_at: float | None  # when `last_error` was written
+    expected_traces: int | None  # what the run's config.toml expects (None: it names no count)
 
     @property
     def holder(self) -> Holder | None:
@@ -82,6 +84,14 @@ class RunRecord(msgspec.Struct, frozen=True, gc=False):
     @property
     def directory(self) -> Path:
         return paths.from_raw(self.path_raw)
+
+    def missing_traces(self, set_aside: int) -> int:
+        """How many of the traces its config expects a finalized run's evaluation lacks (the
+        run is partial when this is over 0): every line seen counts, set aside (`set_aside`) or
+        sent; 0 when the config names no count or the run is not finalized."""
+        if self.expected_traces is None or self.state != State.FINALIZED:
+            return 0
+        return max(0, self.expected_traces - self.samples_seen - set_aside)
 
 
 def run_record(row: tuple[Any, ...]) -> RunRecord:

@@ -27,6 +27,9 @@ after it, never half-built (creating a new file is migrating from version 0).
   a NUL (which PostgreSQL text cannot) is stored as `evalpush-hex:` and its UTF-8 bytes in hex,
   reversibly (`stored_run_id`); so is one that starts with that mark. `forgotten` is keyed by
   `run_key` too.
+- Version 8: `expected_traces`, the traces a run's config.toml expects (`num_tasks *
+  rollouts`; NULL when it names no count), written when its upload starts or it is held:
+  `status` shows a partial run's sent of expected, and what is missing.
 """
 
 from __future__ import annotations
@@ -318,7 +321,9 @@ _V7 = [
     "ALTER TABLE forgotten_v7 RENAME TO forgotten",
 ]
 
-_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7]
+_V8 = ["ALTER TABLE runs ADD COLUMN expected_traces INTEGER"]
+
+_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 

@@ -99,7 +99,8 @@ DDL = [
         settles_at double precision,
         last_error_at double precision,
         run_key bytea NOT NULL,
-        path_key bytea NOT NULL
+        path_key bytea NOT NULL,
+        expected_traces bigint
     )""",
     "CREATE UNIQUE INDEX runs_run_key ON runs (run_key)",
     "CREATE INDEX runs_path_key ON runs (path_key)",
@@ -162,6 +163,8 @@ UPGRADES: dict[int, list[str]] = {
         "ALTER TABLE forgotten DROP CONSTRAINT forgotten_pkey",
         "ALTER TABLE forgotten ADD PRIMARY KEY (run_key, evaluation_id)",
     ],
+    # 7 -> 8: the traces a run's config expects (`status` shows a partial run as such).
+    7: ["ALTER TABLE runs ADD COLUMN expected_traces bigint"],
 }
 """The steps that bring a shared ledger from each older version to the next (PostgreSQL's
 DDL is transactional: all of them run in one transaction, under the advisory lock). The first

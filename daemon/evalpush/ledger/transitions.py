@@ -21,15 +21,17 @@ WAITING_FOR_KEY = "waiting for a working API key"
 QUEUED_BY_RETRY = "queued by `evalpush retry`"
 
 
-def start(ledger: Ledger, record: RunRecord) -> RunRecord:
-    """An upload begins (or resumes at its step): a new attempt, the last error cleared.
-    Written with the run's next write (deferred: the claim says the run is being worked on)."""
+def start(ledger: Ledger, record: RunRecord, **facts: Any) -> RunRecord:
+    """An upload begins (or resumes at its step): a new attempt, the last error cleared,
+    `facts` of the run recorded with it (its expected count). Written with the run's next write
+    (deferred: the claim says the run is being worked on)."""
     return ledger.record_state(
         record,
         State.UPLOADING,
         reason="",
         attempts=record.attempts + 1,
         last_error=None,
+        **facts,
     )
 
 
@@ -89,8 +91,9 @@ def next_step(error: str, run_id: str) -> str:
 
 
 def hold(ledger: Ledger, record: RunRecord, reason: str, **progress: Any) -> RunRecord:
-    """Bad lines were set aside and the configuration wants a person to decide; `progress`
-    is what the scan recorded, written with it."""
+    """Bad lines were set aside, or traces are missing, and the configuration wants a person to
+    decide; `progress` is what the scan recorded (or the run's expected count), written with
+    it."""
     return ledger.set_state(record, State.HELD, reason=reason, **progress)
 
 

@@ -40,22 +40,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from evalpush import __version__
-from evalpush.app import App, Scheduler
+from evalpush.app import App, Outcome, Scheduler, attempt
 from evalpush.config import Config
 from evalpush.core import paths
 from evalpush.core.errors import (
     AuthError,
-    Busy,
     ClaimLost,
     ConfigError,
     EvalpushError,
-    Interrupted,
     LedgerError,
-    LedgerRefused,
     LedgerUnavailable,
-    RunError,
 )
-from evalpush.core.states import State
 from evalpush.discover import (
     Hint,
     HintKind,
@@ -64,12 +59,11 @@ from evalpush.discover import (
     Watcher,
     refuse_relative_roots,
 )
-from evalpush.ledger import RunRecord, gatefile, next_step
+from evalpush.ledger import gatefile
 from evalpush.ledger.records import HEARTBEAT_SECONDS
 from evalpush.log import get_logger
 from evalpush.service.sdnotify import Notifier
 from evalpush.service.tracker import Tracker
-from evalpush.upload import upload_ended, upload_started
 
 STATUS_SECONDS = HEARTBEAT_SECONDS
 """How often the STATUS line for systemd (and `daemon.json`, and the metrics' runs by state)
@@ -169,61 +163,17 @@ class _Parts:
         self.scheduler.submit(path)
 
     def _upload(self, path: str) -> None:
-        """One scheduler job: take the run as far as it goes now (the uploader decides what it
-        needs: nothing, a new path, a skip, an upload), then tell the tracker."""
-        record: RunRecord | None = None
-        done: RunRecord | None = None  # what this job did, for the metrics
-        set_aside = 0
-        log = self._run_logger(path)
-        try:
-            try:
-                run = self.app.load_run(Path(path))
-            except RunError as exc:
-                record = done = self.app.uploader.fail(Path(path), exc)
-                error = record.last_error if record.state == State.FAILED else None
-                log.error(
-                    "run cannot be uploaded",
-                    error=paths.printable(error or next_step(str(exc), record.run_id)),
-                )
-                return
-            upload_started(log)
-            started = time.monotonic()
-            at_claim: list[RunRecord] = []
-            record = self.app.uploader.upload(run, retry_failed=False, claimed_as=at_claim.append)
-            if at_claim and _finalized_already(at_claim[0], record):
-                # Another daemon of a fleet finished it between this one finding it ready and
-                # claiming it: nothing was sent, nothing is counted.
-                log.info(
-                    "run already finalized by another process: nothing sent",
-                    evaluation=record.evaluation_id,
-                )
-                return
-            set_aside = self.app.ledger.set_aside_count(record)
-            done = record
-            upload_ended(
-                log,
-                record,
-                time.monotonic() - started,
-                set_aside=set_aside,
-                expected=run.expected_traces,
-            )
-        except Busy as exc:
-            log.info("another process is uploading the run: leaving it to it", holder=exc.pid)
-        except (Interrupted, AuthError):
-            pass  # stopping (the gate waits out a refused key itself): it resumes at its step
-        except ClaimLost as exc:
-            log.warning(
-                "the run's claim was taken over: leaving the run to its new holder",
-                error=paths.printable(str(exc)),
-            )
-        except LedgerUnavailable:
+        """One scheduler job: one upload attempt of the run (`evalpush.app.attempt`, `push`'s
+        too), whose result goes to the tracker (and the metrics). A run the ledger cannot
+        record, or that clashes with another run's id, is left alone until its file changes;
+        one a shared ledger's outage cut off is queued again once the database answers."""
+        result = attempt(self.app, Path(path), retry_failed=False)
+        if result.outcome == Outcome.LEDGER_UNAVAILABLE:
             self._after_outage(path)
-        except LedgerRefused as exc:  # this run alone: the others go on
-            self.tracker.refused(path, exc)
-        finally:
-            self.tracker.finished(path, record)
-            if self._feed is not None:
-                self._feed.upload_done(done, set_aside)
+        leave = result.outcome in (Outcome.LEDGER_REFUSED, Outcome.RUN_ID_TAKEN)
+        self.tracker.finished(path, result.record, leave_alone=leave)
+        if self._feed is not None and result.outcome not in (Outcome.ALREADY, Outcome.BUSY):
+            self._feed.upload_done(result.record, result.set_aside)
 
     def _after_outage(self, path: str) -> None:
         """The shared ledger went away mid-job (said by the store, once): wait for it, then
@@ -485,17 +435,6 @@ class Daemon:
         gate = parts.app.gate.state
         words.append("platform reachable" if gate == "open" else f"platform {gate}")
         return ", ".join(words)
-
-
-def _finalized_already(claimed: RunRecord, record: RunRecord) -> bool:
-    """Whether the run was finalized when this job claimed it, and this job changed nothing
-    (another process finalized it between this one finding it ready and claiming it)."""
-    return (
-        claimed.state == State.FINALIZED
-        and record.state == State.FINALIZED
-        and (claimed.evaluation_id, claimed.finalized_at)
-        == (record.evaluation_id, record.finalized_at)
-    )
 
 
 def _rescan_seconds(parts: _Parts) -> float:

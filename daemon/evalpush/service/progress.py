@@ -3,9 +3,9 @@ writes that move one on.
 
 A run the ledger has never seen is added waiting (`transitions.discover`); while it waits, its
 progress and settle time go to its row (`transitions.wait`) for `status`, at most every
-`WAIT_WRITE_SECONDS`; a run that cannot be read says so there; a run found short of its expected
-traces is held (`transitions.hold`) when `runs.on_incomplete = "hold"`; a ready run is queued
-(`transitions.queue`), with its running scan's results when its `Feeder` has them. None of
+`WAIT_WRITE_SECONDS`; a run that cannot be read says so there; a ready run is queued
+(`transitions.queue`; one short of its expected traces too: its upload attempt holds it or
+uploads it as partial, as `push`'s does), with its running scan's results when its `Feeder` has them. None of
 these writes holds a claim: a row another process holds, or moved on, keeps its state, and the
 tracker looks at it afresh.
 
@@ -24,7 +24,6 @@ import msgspec
 from evalpush.config import Config
 from evalpush.core import paths
 from evalpush.core.errors import ClaimLost, LedgerError
-from evalpush.core.ids import short_id
 from evalpush.core.states import State
 from evalpush.ledger import Holder, Ledger, RunRecord, transitions
 from evalpush.log import get_logger
@@ -182,24 +181,6 @@ class Progress:
             return True
         waiting.progress, waiting.written_at, waiting.unwritten = progress, now, False
         self._log.debug("run still waiting", run=record.run_id, path=path, why=progress)
-        return True
-
-    def hold(self, path: str, waiting: Waiting, reason: str, *, new: bool) -> bool:
-        """Hold a run that finished short of its expected traces for a person; False when
-        another process added or took it first (it is not settled then)."""
-        if new and not self._discover(path, waiting, ""):
-            return False
-        record = self._ledger.get_run(waiting.run_id)
-        if record is not None and record.state == State.WAITING and not self.held(record):
-            try:
-                transitions.hold(
-                    self._ledger,
-                    record,
-                    f"incomplete: {reason}; `evalpush retry {short_id(waiting.run_id)}` uploads it "
-                    'as it is (runs.on_incomplete = "hold")',
-                )
-            except ClaimLost:
-                return False
         return True
 
     def queue(self, path: str, waiting: Waiting, reason: str, *, new: bool) -> bool:

@@ -323,14 +323,8 @@ class Tracker:
             if waiting.feeder is None:
                 waiting.feeder = Feeder(waiting.counter.path, self._config, clock=self._clock)
             waiting.feeder.feed(count, ready=decided.ready)
-        if decided.ready:
+        if decided.ready:  # short of its expected traces or not: its upload attempt decides
             self._forget(path)
-            if (
-                expected is not None
-                and count.lines < expected
-                and self._short(path, waiting, rundir, decided.reason, new=new)
-            ):
-                return
             self._ready(path, waiting, decided.reason, new=new)
             return
         waiting.settles_at = decided.settles_at
@@ -360,28 +354,6 @@ class Tracker:
             waiting.run = msgspec.structs.replace(waiting.run, run_id=run_id)
         return True
 
-    def _short(
-        self, path: str, waiting: Waiting, rundir: RunDir, reason: str, *, new: bool
-    ) -> bool:
-        """A run finished with fewer traces than expected (an eval that crashed): a warning,
-        and with `runs.on_incomplete = "hold"` the run is held for a person (True: handled);
-        else it goes on to be uploaded as a partial evaluation (False)."""
-        hold = self._config.runs.on_incomplete == "hold"
-        self._log.warning(
-            "run finished short of its expected traces: "
-            + ("held for a person" if hold else "uploading it as a partial evaluation"),
-            run=waiting.run_id,
-            path=paths.display(path),
-            why=reason,
-            on_incomplete=self._config.runs.on_incomplete,
-        )
-        if not hold:
-            return False
-        if self._progress.hold(path, waiting, reason, new=new):
-            with self._lock:
-                self._settled[path] = _facts(rundir)
-        return True
-
     def _ready(self, path: str, waiting: Waiting, reason: str, *, new: bool) -> None:
         self._log.info("run is ready", run=waiting.run_id, path=paths.display(path), why=reason)
         if self._progress.queue(path, waiting, reason, new=new):
@@ -403,13 +375,17 @@ class Tracker:
 
     # ------------------------------------------------------------ what an upload came to
 
-    def finished(self, path: str, record: RunRecord | None) -> None:
+    def finished(self, path: str, record: RunRecord | None, *, leave_alone: bool = False) -> None:
         """An upload job for `path` ended (upload workers call this). A run left in a final
         state is settled at the file facts the ledger recorded for it (or, for a copy or a run
-        that never got that far, at its file as it is now); anything else is looked at again by
-        the next rescan or ledger poll."""
+        that never got that far, at its file as it is now), and so is one to `leave_alone`
+        (the ledger cannot record it, or its run id is another run's) until its file changes;
+        anything else is looked at again by the next rescan or ledger poll."""
         settled: Facts | None = None
-        if record is not None and record.state in FINAL_STATES:
+        if leave_alone:
+            rundir = look_at(path, self._rules.marker)
+            settled = _facts(rundir) if rundir is not None else None
+        elif record is not None and record.state in FINAL_STATES:
             if record.path_raw == paths.raw(path) and record.file_inode is not None:
                 settled = (
                     record.file_device or 0,

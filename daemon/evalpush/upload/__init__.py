@@ -34,7 +34,6 @@ crash tests kill at).
 
 from evalpush.upload.batch import Batch, Prefetch, batches
 from evalpush.upload.crash import CRASH_ENV
-from evalpush.upload.lifecycle import upload_ended, upload_started
 from evalpush.upload.prescan import Prescan, RunningScan
 from evalpush.upload.uploader import Progress, Uploader
 
@@ -47,6 +46,4 @@ __all__ = [
     "RunningScan",
     "Uploader",
     "batches",
-    "upload_ended",
-    "upload_started",
 ]

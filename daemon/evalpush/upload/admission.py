@@ -6,7 +6,10 @@ still there), or another run under the same id (other bytes: `RunIdTaken`, not u
 debug run, or a replay without `runs.upload_replays`, is skipped with why; a trace file that
 changed since it was scanned supersedes a finalized evaluation, cancels an open one (the run
 starts over) or, deleted, fails the upload; a finalized, held or (unless retried) failed run
-stays as it is; anything else starts (or resumes) its upload.
+stays as it is; a run about to start with fewer traces than its config expects is said at
+warning, and held for a person when the policy in effect (`runs.on_incomplete`, or `push
+--partial`) says "hold"; anything else starts (or resumes) its upload, its expected count
+recorded.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import msgspec
 
 from evalpush.core import paths
 from evalpush.core.errors import RunIdTaken
+from evalpush.core.ids import short_id
 from evalpush.core.states import Outcome, State, Step
 from evalpush.ledger import Ledger, RunRecord, transitions
 from evalpush.log import get_logger
 from evalpush.runs import (
     Change,
     FileIdentity,
+    LineCounter,
     Run,
     RunKind,
     derive_run_id,
@@ -50,7 +55,9 @@ class Admission:
         self._ctx = context
         self._reconcile = reconciler
 
-    def admit(self, record: RunRecord, run: Run, *, retry_failed: bool) -> RunRecord:
+    def admit(
+        self, record: RunRecord, run: Run, *, retry_failed: bool, on_incomplete: str
+    ) -> RunRecord:
         """The run's row after the policy: `uploading` if its upload goes ahead."""
         ledger = self._ctx.ledger
         if record.path_raw != paths.raw(run.path):
@@ -73,7 +80,37 @@ class Admission:
             return record
         if record.state == State.FAILED and not retry_failed:
             return record
-        return transitions.start(ledger, record)
+        expected = {"expected_traces": run.expected_traces}
+        short = self._short(record, run)
+        hold = on_incomplete == "hold" and not record.release_hold
+        if short:
+            get_logger(run=run.run_id, path=paths.display(run.path)).warning(
+                "run finished short of its expected traces: "
+                + ("held for a person" if hold else "uploading it as a partial evaluation"),
+                why=short,
+                on_incomplete=on_incomplete,
+            )
+        if short and hold:
+            reason = (
+                f"incomplete: {short}; `evalpush retry {short_id(run.run_id)}` uploads it as it "
+                f'is (runs.on_incomplete = "hold")'
+            )
+            return transitions.hold(ledger, record, reason, **expected)
+        return transitions.start(ledger, record, **expected)
+
+    def _short(self, record: RunRecord, run: Run) -> str:
+        """How a run about to start its upload falls short of the traces its config expects
+        (`5 of 8 expected traces`), or empty. Only before anything is created: an upload under
+        way goes on."""
+        expected = run.expected_traces
+        if expected is None or record.evaluation_id is not None or record.pending is not None:
+            return ""
+        counter = LineCounter(run.traces_path, max_line_bytes=self._ctx.config.read.max_line_bytes)
+        try:
+            lines = counter.update().lines
+        except OSError:
+            return ""  # its scan says why it cannot be read
+        return f"{lines} of {expected} expected traces" if lines < expected else ""
 
     def _check_copy(self, record: RunRecord, run: Run) -> None:
         """A directory with the run id of a run still at its own path is a copy of it only if

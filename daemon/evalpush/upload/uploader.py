@@ -59,16 +59,19 @@ class Uploader:
         run: Run,
         *,
         retry_failed: bool = True,
+        on_incomplete: str | None = None,
         claimed_as: Callable[[RunRecord], object] | None = None,
     ) -> RunRecord:
         """Take `run` as far as it can go now, under its claim; returns its ledger row
         afterwards (held by nobody). `Busy` if another live process holds the run.
-        `claimed_as` hears the row as the claim found it (a daemon tells a run another process
-        finalized from one it finalized itself)."""
+        `on_incomplete` ("upload" or "hold"; None: `runs.on_incomplete`) is what becomes of a
+        run short of its expected traces. `claimed_as` hears the row as the claim found it (a
+        run another process finalized is told from one finalized now)."""
+        policy = on_incomplete or self.context.config.runs.on_incomplete
         claimed = self._claim(run.run_id, run.path, run.kind)
         if claimed_as is not None:
             claimed_as(claimed)
-        return self._release_after(claimed, lambda: self._work(claimed, run, retry_failed))
+        return self._release_after(claimed, lambda: self._work(claimed, run, retry_failed, policy))
 
     def fail(self, directory: Path, error: RunError) -> RunRecord:
         """Record a run directory that cannot even be loaded as failed, with why (under its
@@ -131,12 +134,16 @@ class Uploader:
 
     # ------------------------------------------------------------ the steps
 
-    def _work(self, record: RunRecord, run: Run, retry_failed: bool) -> RunRecord:
+    def _work(
+        self, record: RunRecord, run: Run, retry_failed: bool, on_incomplete: str
+    ) -> RunRecord:
         """Admit the run, then drive its steps; the outcome is recorded whatever goes wrong
         where (in admission too: a close-out refused, a file unreadable)."""
         ledger = self.context.ledger
         try:
-            record = self._admission.admit(record, run, retry_failed=retry_failed)
+            record = self._admission.admit(
+                record, run, retry_failed=retry_failed, on_incomplete=on_incomplete
+            )
             if record.state != State.UPLOADING:
                 return record
             if record.step == Step.CREATE and record.pending is None:
@@ -149,7 +156,7 @@ class Uploader:
             RunError,
             Refused,
             OSError,
-        ) as exc:  # its driver logs the outcome (evalpush.upload.lifecycle)
+        ) as exc:  # its driver logs the outcome (evalpush.app.attempt)
             return self._failed(record, run, exc)
         except Interrupted:
             self._interrupted(record)
