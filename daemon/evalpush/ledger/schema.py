@@ -27,6 +27,8 @@ after it, never half-built (creating a new file is migrating from version 0).
   a NUL (which PostgreSQL text cannot) is stored as `evalpush-hex:` and its UTF-8 bytes in hex,
   reversibly (`stored_run_id`); so is one that starts with that mark. `forgotten` is keyed by
   `run_key` too.
+- Version 9: a daemon's STATUS line and its gate (`records.GateState`, as JSON) in its
+  `daemons` row, where `status` reads them on either store.
 """
 
 from __future__ import annotations
@@ -318,7 +320,15 @@ _V7 = [
     "ALTER TABLE forgotten_v7 RENAME TO forgotten",
 ]
 
-_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7]
+_V8: list[str] = []  # the runs' `expected_traces`: version 8 is another change's, merged apart
+
+DAEMON_STATE = [
+    "ALTER TABLE daemons ADD COLUMN status text NOT NULL DEFAULT ''",
+    "ALTER TABLE daemons ADD COLUMN gate text NOT NULL DEFAULT '{}'",
+]
+"""Version 9, in the SQL both the file and a shared ledger's PostgreSQL take."""
+
+_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, DAEMON_STATE]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 

@@ -133,6 +133,7 @@ DDL = [
         PRIMARY KEY (run_key, evaluation_id)
     )""",
     schema.DAEMONS_TABLE,
+    *schema.DAEMON_STATE,
 ]
 """The tables at `schema.SCHEMA_VERSION`, as PostgreSQL types them (a new database is created at
 the current version at once; an older one is brought to it by `UPGRADES`)."""
@@ -162,6 +163,8 @@ UPGRADES: dict[int, list[str]] = {
         "ALTER TABLE forgotten DROP CONSTRAINT forgotten_pkey",
         "ALTER TABLE forgotten ADD PRIMARY KEY (run_key, evaluation_id)",
     ],
+    7: [],  # version 8 is another change's, merged apart
+    8: schema.DAEMON_STATE,  # a daemon's STATUS line and gate in its row
 }
 """The steps that bring a shared ledger from each older version to the next (PostgreSQL's
 DDL is transactional: all of them run in one transaction, under the advisory lock). The first
