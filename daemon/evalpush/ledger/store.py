@@ -577,7 +577,9 @@ class Ledger(LedgerReads):
         cut is the next one's to write). Rows of daemons not heard from for
         `DAEMONS_KEPT_SECONDS` go."""
         now = self._clock()
-        gate = msgspec.structs.replace(gate, reason=stored_text(gate.reason))
+        gate_json = msgspec.json.encode(
+            msgspec.structs.replace(gate, reason=stored_text(gate.reason))
+        )
         with self._transaction(durable=False) as db:
             db.execute(
                 f"INSERT INTO daemons ({DAEMON_COLUMNS}) "
@@ -585,18 +587,8 @@ class Ledger(LedgerReads):
                 "ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at, "
                 "observer = excluded.observer, lease_seconds = excluded.lease_seconds, "
                 "stopped_at = NULL, status = excluded.status, gate = excluded.gate",
-                (
-                    daemon_id,
-                    host,
-                    pid,
-                    version,
-                    observer,
-                    started_at,
-                    now,
-                    lease_seconds,
-                    stored_text(status),
-                    msgspec.json.encode(gate).decode(),
-                ),
+                (daemon_id, host, pid, version, observer, started_at, now, lease_seconds)
+                + (stored_text(status), gate_json.decode()),
             )
             db.execute("DELETE FROM daemons WHERE seen_at < ?", (now - DAEMONS_KEPT_SECONDS,))
 
