@@ -1,6 +1,7 @@
 """`status` for an operator with many runs, through the real CLI and a real daemon: whether a
-daemon runs (and which one ran last), its view inside `status --json`, `--state` and
-`--limit`, a table that fits 120 columns, runs paused by an outage, and `retry --all-failed`."""
+daemon runs (and which one ran last), its view inside `status --json` (read from its heartbeat
+row in the ledger), `--state` and `--limit`, a table that fits 120 columns, runs paused by an
+outage or a refused key, and `retry --all-failed`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from pathlib import Path
 
 from daemon_support import Daemon, RunDir, daemon_environ, wait_until
+from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
 from support.commands import evalpush
 from support.runs import config_toml, write_run
@@ -157,3 +159,35 @@ def test_runs_paused_by_an_outage_say_so(local_platform: LocalPlatform, tmp_path
     assert row["reason"] == "paused: platform unreachable; resumes by itself when it answers"
     assert "paused: platform unreachable" in text
     assert "upload paused" in text or "uploads paused" in text
+
+
+def test_a_refused_key_reaches_status_through_the_daemons_row_in_the_ledger_file(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The daemon's gate (the key refused) is in its row of the ledger's `daemons`, which is
+    what `status` shows: the state dir holds the ledger and nothing else."""
+    tree, state = tmp_path / "outputs", tmp_path / "state"
+    environ = daemon_environ(local_platform, tmp_path, [tree], PRIME_API_KEY="not-its-key")
+    with Daemon(environ) as daemon:
+        daemon.started()
+        run = RunDir(tree).config(num_tasks=1)
+        run.write(run.lines(2))
+        text = wait_until(
+            lambda: (lambda t: t if "API key refused for" in t else None)(
+                evalpush(environ, "status").stdout
+            ),
+            "status to show the key refused",
+        )
+        document = json.loads(evalpush(environ, "status", "--daemon", "--json").stdout)
+        with Ledger.for_reading(default_path(state)) as ledger:
+            (row,) = ledger.daemons()
+        assert daemon.stop() == 0
+
+    assert re.search(
+        rf"^daemon:     pid {daemon.pid}: API key refused for \d+s, \d+ att", text, re.M
+    )
+    assert "paused: API key refused; resumes" in text  # the run, in the table
+    assert (row.pid, row.gate.mode, row.gate.runs_waiting) == (daemon.pid, "auth", 1)
+    assert "platform auth refused since" in row.status  # its STATUS line, as systemd has it
+    assert document["daemon"]["running"] and document["daemon"]["gate"]["mode"] == "auth"
+    assert {p.name for p in state.iterdir()} <= {"state.db", "state.db-wal", "state.db-shm"}

@@ -1,5 +1,6 @@
-"""Schema 7: runs found by digests of their run id and path. A ledger of schema 6 is brought
-to it (and on to the current schema) on each store, its rows kept: the SQLite file after a backup beside it
+"""Schema 7: runs found by digests of their run id and path (and schema 9: a daemon's STATUS
+line and gate in its row). A ledger of schema 6 is brought to the current schema on each store,
+its rows kept: the SQLite file after a backup beside it
 (`state.db.bak-v6`), a shared ledger's database in one transaction by the first evalpush that
 opens it to write (`migrate`, `push`, `run`)."""
 
@@ -13,6 +14,7 @@ import psycopg
 
 from evalpush.core.states import State
 from evalpush.ledger import SCHEMA_VERSION, Ledger, default_path, schema
+from evalpush.ledger.records import GateState
 from evalpush.ledger.server import DDL
 from support.commands import evalpush
 from support.environ import cli_environ
@@ -42,6 +44,10 @@ def v6_file(path: Path, rows: list[tuple[str, bytes]]) -> None:
         "INSERT INTO forgotten (run_id, evaluation_id, at) VALUES (?, 'eval-forgotten', 1.0)",
         (rows[0][0],),
     )
+    db.execute(
+        "INSERT INTO daemons (id, host, pid, version, started_at, seen_at, lease_seconds) "
+        "VALUES ('h/b/ns/7/1', 'h', 7, '0.4.0', 1.0, 2.0, 120.0)"
+    )
     db.close()
 
 
@@ -56,6 +62,7 @@ def test_a_schema_6_file_is_upgraded_after_a_backup_keeping_every_run_id_and_pat
         at = {raw: ledger.run_id_at(Path(raw.decode())) for _, raw in rows}
         forgotten = ledger.earlier_evaluations(found[NUL_RUN_ID])
         by_prefix = ledger.match("disabled-nul")
+        (daemon,) = ledger.daemons()
 
     assert upgrade is not None and (upgrade.from_version, upgrade.to_version) == (6, SCHEMA_VERSION)
     assert upgrade.backup == path.with_name("state.db.bak-v6") and upgrade.backup.exists()
@@ -63,6 +70,7 @@ def test_a_schema_6_file_is_upgraded_after_a_backup_keeping_every_run_id_and_pat
     assert at == {raw: run_id for run_id, raw in rows}
     assert forgotten == {"eval-forgotten"}
     assert [r.run_id for r in by_prefix] == [NUL_RUN_ID]
+    assert (daemon.pid, daemon.status, daemon.gate) == (7, "", GateState())
     db = sqlite3.connect(path)
     indexed = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert "runs_path_raw" not in indexed and "runs_path_key" in indexed
@@ -74,7 +82,7 @@ def v6_ddl() -> list[str]:
     indexed, forgotten keyed by run id)."""
     changed = []
     for statement in DDL:
-        if "runs_run_key" in statement:
+        if "runs_run_key" in statement or statement in schema.DAEMON_STATE:
             continue
         statement = statement.replace("run_id text NOT NULL,\n", "run_id text NOT NULL UNIQUE,\n")
         statement = statement.replace(",\n        expected_traces bigint", "")  # schema 8's
@@ -121,9 +129,8 @@ def test_a_schema_6_shared_ledger_is_upgraded_by_migrate_keeping_its_runs(
     again = evalpush(environ, "migrate")
 
     assert before.returncode != 0 and "`evalpush migrate` upgrades it" in before.stderr
-    assert (
-        migrated.returncode == 0 and f"ledger upgraded 6 -> {SCHEMA_VERSION}" in migrated.stdout
-    ), migrated
+    assert migrated.returncode == 0, migrated
+    assert f"ledger upgraded 6 -> {SCHEMA_VERSION}" in migrated.stdout, migrated
     assert "nothing to do" in again.stdout
     with Ledger.shared(pg_url, password=PASSWORD) as ledger:
         (run,) = ledger.all()
@@ -131,6 +138,7 @@ def test_a_schema_6_shared_ledger_is_upgraded_by_migrate_keeping_its_runs(
         assert ledger.get_run(MARKED_RUN_ID) == run
         assert ledger.run_id_at(Path("/runs/a")) == MARKED_RUN_ID
         assert ledger.earlier_evaluations(run) == {"eval-gone"}
+        assert ledger.daemons() == []  # the daemons' table has its schema 9 columns
         long = ledger.add(path="/runs/long", run_id=LONG_RUN_ID, kind="eval", state=State.READY)
         nul = ledger.add(path="/runs/nul", run_id=NUL_RUN_ID, kind="eval", state=State.READY)
         assert (ledger.get_run(LONG_RUN_ID), ledger.get_run(NUL_RUN_ID)) == (long, nul)

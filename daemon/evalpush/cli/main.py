@@ -588,6 +588,7 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
         fleet_alive,
         fleet_rows,
         fleet_text,
+        local_daemon,
         mark_paused,
         not_running_text,
         run_detail,
@@ -595,26 +596,24 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
         status_rows,
         status_table,
     )
-    from evalpush.ledger import gatefile
 
     path = default_path(config.state_dir)
     shared = bool(config.ledger.url)
     shown = where(config)
-    view = gatefile.read(config.state_dir)
-    last = gatefile.last_seen(config.state_dir) if view is None else None
-    if not shared and not os.path.lexists(path):
+    if not shared and not os.path.lexists(path):  # no daemon has run here either
         if args.run is not None:
             raise UsageError(f"no run {args.run!r}: there is no ledger at {path} yet")
         if args.daemon and args.json:
-            _print_json({"ledger": str(path), "schema": None, "daemon": daemon_json(view, last)})
+            _print_json({"ledger": str(path), "schema": None, "daemon": daemon_json(None, None)})
         elif args.json:
             _print_json([])
         else:
             print(f"no runs: there is no ledger at {path} yet")
             if args.daemon:
-                print(daemon_text(view) if view is not None else not_running_text(last))
+                print(not_running_text(None))
         return EXIT_OK
     with open_ledger(config, read_only=True) as ledger:
+        view, last = local_daemon(ledger.daemons(), shared=shared)
         fleet = fleet_rows(ledger)
         alive = fleet_alive(ledger) if shared else None
         if args.run is not None:
@@ -734,7 +733,7 @@ def _move_to_shared(path: Path, url: str, config: Config) -> int:
         raise UsageError(f"migrate --to: {exc}") from None
     if not os.path.lexists(path):
         raise UsageError(f"no ledger at {path}: nothing to move")
-    running = _live_daemon(config)
+    running = _live_daemon(config, file=True)
     if running is not None:
         # It would go on writing the file while its runs are copied: two ledgers diverging.
         print(
@@ -946,13 +945,22 @@ def _check_watch(config: Config) -> _Row:
     return _Row(Check.WATCH, True, detail)
 
 
-def _live_daemon(config: Config) -> int | None:
-    """The pid of the daemon that runs on this state dir now (`daemon.json`, judged alive as
-    `status` judges it), or None."""
-    from evalpush.ledger import gatefile
+def _live_daemon(config: Config, *, file: bool = False) -> int | None:
+    """The pid of this host's daemon that runs now, judged as `status` judges it from its row
+    in the ledger `config` names (with `file`: the state dir's file), or None."""
+    from evalpush.cli.report import local_daemon
 
-    view = gatefile.read(config.state_dir)
-    return None if view is None else view.pid
+    path = default_path(config.state_dir)
+    shared = bool(config.ledger.url) and not file
+    if not shared and not os.path.lexists(path):
+        return None
+    try:
+        opened = open_ledger(config, read_only=True) if shared else Ledger.for_reading(path)
+        with opened as ledger:
+            running, _ = local_daemon(ledger.daemons(), shared=shared)
+    except EvalpushError:
+        return None
+    return None if running is None else running.pid
 
 
 def _check_metrics(config: Config) -> _Row:

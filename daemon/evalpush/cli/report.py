@@ -23,7 +23,8 @@ from evalpush.core import paths
 from evalpush.core.ids import short_id
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import State
-from evalpush.ledger import Holder, Ledger, Process, RunRecord, gatefile, holder_alive
+from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive
+from evalpush.ledger.records import DaemonRecord
 from evalpush.runs import format_duration, settles_in, traces_file
 
 Alive = Callable[[Holder], bool]
@@ -243,31 +244,42 @@ def detail_text(detail: dict[str, Any]) -> str:
     return paths.printable("\n".join(out))
 
 
-def daemon_text(view: gatefile.DaemonView | None, now: float | None = None) -> str | None:
-    """The running daemon's line for `status`: who it is and what the platform is doing, or
-    None when no daemon runs on this state directory."""
-    if view is None:
-        return None
+def local_daemon(
+    daemons: list[DaemonRecord], *, shared: bool, now: float | None = None
+) -> tuple[DaemonRecord | None, DaemonRecord | None]:
+    """The daemon `status` speaks of, from the ledger's `daemons` rows (the last heard from
+    first): (the one whose process runs, None), or (None, the one last seen; None when none ever
+    ran). A file's rows are its state dir's daemons; a shared ledger's, this host's only."""
+    here, now = Process.current(), time.time() if now is None else now
+    mine = [d for d in daemons if not shared or d.host == here.host]
+    for d in mine:
+        if d.process_lives(lambda holder: holder_alive(holder, here, now)):
+            return d, None
+    return None, (mine[0] if mine else None)
+
+
+def daemon_text(daemon: DaemonRecord, now: float | None = None) -> str:
+    """The running daemon's line for `status`: who it is and what the platform is doing."""
     now = time.time() if now is None else now
-    where = "" if view.host == socket.gethostname() else f" on {view.host}"
-    gate = view.gate
-    if gate.get("mode") in (UNREACHABLE, AUTH, PAUSED) and gate.get("since") is not None:
-        next_at = gate.get("next_probe_at")
+    where = "" if daemon.host == socket.gethostname() else f" on {daemon.host}"
+    gate = daemon.gate
+    if gate.mode in (UNREACHABLE, AUTH, PAUSED) and gate.since is not None:
+        next_at = gate.next_probe_at
         platform = Outage(
             OutageEvent.ONGOING,
-            gate["mode"],
-            now - float(gate["since"]),
-            int(gate.get("attempts") or 0),
-            None if next_at is None else max(0.0, float(next_at) - now),
-            int(gate.get("runs_waiting") or 0),
-            str(gate.get("reason") or ""),
+            gate.mode,
+            now - gate.since,
+            gate.attempts,
+            None if next_at is None else max(0.0, next_at - now),
+            gate.runs_waiting,
+            gate.reason,
         ).message
     else:
         platform = "platform reachable"
-    runs = view.status.split(", platform ")[0]  # the STATUS line's counts; its gate is above
-    line = f"daemon:     pid {view.pid}{where}: {platform} ({runs})"
-    age = view.age(now)
-    if age > gatefile.SILENT_SECONDS:
+    runs = daemon.status.split(", platform ")[0]  # the STATUS line's counts; its gate is above
+    line = f"daemon:     pid {daemon.pid}{where}: {platform} ({runs})"
+    age = max(0.0, now - daemon.seen_at)
+    if age >= daemon.silent_after():
         line += f"; last heard from {format_duration(age)} ago"
     return line
 
@@ -349,10 +361,10 @@ def select_rows(
     return rows
 
 
-def mark_paused(rows: list[dict[str, Any]], view: gatefile.DaemonView | None) -> None:
+def mark_paused(rows: list[dict[str, Any]], daemon: DaemonRecord | None) -> None:
     """Runs ready or uploading while the running daemon's platform is down say so: they are
     paused by the outage, not stuck."""
-    mode = None if view is None else view.gate.get("mode")
+    mode = None if daemon is None else daemon.gate.mode
     if mode not in (UNREACHABLE, AUTH, PAUSED):
         return
     why = {
@@ -366,13 +378,25 @@ def mark_paused(rows: list[dict[str, Any]], view: gatefile.DaemonView | None) ->
             row["paused"] = True
 
 
-def daemon_json(view: gatefile.DaemonView | None, last: gatefile.LastSeen | None) -> dict:
-    """The daemon's view for `status --json`: running (its pid, host, when it last wrote, its
-    STATUS line and gate), or not (`last_seen`: the pid, host and time it was last seen, and
-    whether it stopped cleanly; null when none ever ran here)."""
-    if view is not None:
-        return {"running": True, **msgspec.structs.asdict(view)}
-    return {"running": False, "last_seen": None if last is None else msgspec.structs.asdict(last)}
+def daemon_json(running: DaemonRecord | None, last: DaemonRecord | None) -> dict:
+    """The daemon for `status --json`: running (its pid, host, when it last wrote, its STATUS
+    line and gate), or not (`last_seen`: the pid, host and time it was last seen, and whether
+    it stopped cleanly; null when none ever ran here)."""
+    if running is not None:
+        return {
+            "running": True,
+            "pid": running.pid,
+            "host": running.host,
+            "written_at": running.seen_at,
+            "status": running.status,
+            "gate": msgspec.structs.asdict(running.gate),
+        }
+    if last is None:
+        return {"running": False, "last_seen": None}
+    stopped = last.stopped_at is not None
+    at = last.stopped_at if stopped else last.seen_at
+    seen = {"pid": last.pid, "host": last.host, "at": at, "stopped": stopped}
+    return {"running": False, "last_seen": seen}
 
 
 def fleet_alive(ledger: Ledger, now: float | None = None) -> Alive:
@@ -438,14 +462,15 @@ def fleet_text(rows: list[dict[str, Any]], now: float | None = None) -> str:
     return "\n".join(lines)
 
 
-def not_running_text(last: gatefile.LastSeen | None) -> str:
+def not_running_text(last: DaemonRecord | None) -> str:
     """`daemon: not running (last seen pid N at T)`: a daemon that stopped or vanished is
     not the same as one that never ran."""
     if last is None:
         return "daemon:     not running (none has run on this state directory)"
     where = "" if last.host == socket.gethostname() else f" on {last.host}"
-    how = "stopped" if last.stopped else "gone without stopping (killed?)"
-    return f"daemon:     not running (last seen pid {last.pid}{where} at {_when(last.at)}; {how})"
+    seen = daemon_json(None, last)["last_seen"]
+    at, how = seen["at"], "stopped" if seen["stopped"] else "gone without stopping (killed?)"
+    return f"daemon:     not running (last seen pid {last.pid}{where} at {_when(at)}; {how})"
 
 
 def push_line(result: Attempt) -> str:

@@ -267,7 +267,7 @@ class Gate:
             return f"{label} since {_iso(self._state_wall)}"
 
     def snapshot(self) -> dict[str, Any]:
-        """The gate as `status` shows it (see `evalpush.ledger.gatefile`): its mode, since when (Unix
+        """The gate as `status` shows it (`ledger.records.GateState`): its mode, since when (Unix
         time), attempts, when the next probe is due (Unix time), runs waiting, why."""
         with self._cond:
             closed = self._mode in (UNREACHABLE, AUTH, REFUSED, PAUSED)

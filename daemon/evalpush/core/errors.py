@@ -33,8 +33,10 @@ The tree (what the daemon does about each class in brackets)::
     └── Interrupted           a stop was requested while waiting; not a failure
 
 `from_status` and `from_transport_error` map the platform's answers onto this tree exactly as
-docs/PLATFORM_API.md's table says; nothing else in the code interprets a status code. Messages
-they build are scrubbed of secrets (`evalpush.core.secrets.scrub`): a server may echo the key back.
+docs/PLATFORM_API.md's table says. Elsewhere only the `status` an error carries is read: the gate
+takes an answer of any status for the platform being back, and the metrics count a 429 as
+throttled. The messages built there are scrubbed of secrets (`evalpush.core.secrets.scrub`):
+a server may echo the key back.
 """
 
 from __future__ import annotations

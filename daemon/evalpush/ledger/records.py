@@ -1,5 +1,6 @@
 """The ledger's rows as this process reads them: a run (`RunRecord`), an evaluation it had
-before (`HistoryRecord`), and which columns each kind of write may touch."""
+before (`HistoryRecord`), a daemon's heartbeat (`DaemonRecord`, with its `GateState`), and
+which columns each kind of write may touch."""
 
 from __future__ import annotations
 
@@ -119,14 +120,29 @@ class HistoryRecord(msgspec.Struct, frozen=True, gc=False):
 
 
 HEARTBEAT_SECONDS = 5.0
-"""How often a daemon writes its heartbeat row (with its STATUS line)."""
+"""How often a daemon writes its heartbeat row (with its STATUS line and its gate)."""
 LATE_HEARTBEATS = 3
 """A daemon whose heartbeat is this many periods late is not heard from: shown so at once,
 not after its lease (which only says when its runs may be taken over)."""
 
 
+class GateState(msgspec.Struct, frozen=True, gc=False):
+    """A daemon's view of the platform, as its heartbeat row carries it for `status` (the
+    gate's snapshot): its mode (open, unreachable, auth, paused), since when and the next probe
+    (Unix times), probes tried, runs waiting, and why (scrubbed, like every stored message)."""
+
+    mode: str = "open"
+    since: float | None = None
+    attempts: int = 0
+    next_probe_at: float | None = None
+    runs_waiting: int = 0
+    reason: str = ""
+
+
 class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
-    """One row of `daemons`: a daemon that used the ledger, and its last heartbeat."""
+    """One row of `daemons`: a daemon that used the ledger, and its last heartbeat. It is the
+    one channel a daemon tells `status` by, on either store: who it is, its STATUS line, its
+    gate."""
 
     id: str
     host: str
@@ -137,6 +153,8 @@ class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
     seen_at: float
     lease_seconds: float
     stopped_at: float | None
+    status: str
+    gate: GateState
 
     def silent_after(self) -> float:
         """How long after its last heartbeat it counts as not heard from."""
@@ -150,6 +168,13 @@ class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
             return False
         holder = self.as_holder()
         return alive is None or holder is None or alive(holder)
+
+    def process_lives(self, alive: Callable[[Holder], bool]) -> bool:
+        """Whether its process still runs, late heartbeat or not (a loop that is stuck says
+        nothing new): not stopped, and `alive` (the claims' judge: the process itself where
+        this process can see it, else its heartbeat)."""
+        holder = self.as_holder()
+        return self.stopped_at is None and holder is not None and alive(holder)
 
     def as_holder(self) -> Holder | None:
         """The daemon as the claims' `Holder` (its id is `host/boot/pidns/pid/start`), for
@@ -175,6 +200,11 @@ class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
 
 
 DAEMON_COLUMNS = ", ".join(DaemonRecord.__struct_fields__)
+
+
+def daemon_record(row: tuple[Any, ...]) -> DaemonRecord:
+    """A `daemons` row read as `DAEMON_COLUMNS` lists them (its gate stored as JSON)."""
+    return DaemonRecord(*row[:-1], msgspec.json.decode(row[-1], type=GateState))
 
 
 def scrub_stored_texts(

@@ -30,6 +30,8 @@ after it, never half-built (creating a new file is migrating from version 0).
 - Version 8: `expected_traces`, the traces a run's config.toml expects (`num_tasks *
   rollouts`; NULL when it names no count), written when its upload starts or it is held:
   `status` shows a partial run's sent of expected, and what is missing.
+- Version 9: a daemon's STATUS line and its gate (`records.GateState`, as JSON) in its
+  `daemons` row, where `status` reads them on either store.
 """
 
 from __future__ import annotations
@@ -323,7 +325,13 @@ _V7 = [
 
 _V8 = ["ALTER TABLE runs ADD COLUMN expected_traces INTEGER"]
 
-_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8]
+DAEMON_STATE = [
+    "ALTER TABLE daemons ADD COLUMN status text NOT NULL DEFAULT ''",
+    "ALTER TABLE daemons ADD COLUMN gate text NOT NULL DEFAULT '{}'",
+]
+"""Version 9, in the SQL both the file and a shared ledger's PostgreSQL take."""
+
+_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, DAEMON_STATE]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 

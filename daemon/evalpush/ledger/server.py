@@ -134,6 +134,7 @@ DDL = [
         PRIMARY KEY (run_key, evaluation_id)
     )""",
     schema.DAEMONS_TABLE,
+    *schema.DAEMON_STATE,
 ]
 """The tables at `schema.SCHEMA_VERSION`, as PostgreSQL types them (a new database is created at
 the current version at once; an older one is brought to it by `UPGRADES`)."""
@@ -165,6 +166,7 @@ UPGRADES: dict[int, list[str]] = {
     ],
     # 7 -> 8: the traces a run's config expects (`status` shows a partial run as such).
     7: ["ALTER TABLE runs ADD COLUMN expected_traces bigint"],
+    8: schema.DAEMON_STATE,  # a daemon's STATUS line and gate in its row
 }
 """The steps that bring a shared ledger from each older version to the next (PostgreSQL's
 DDL is transactional: all of them run in one transaction, under the advisory lock). The first

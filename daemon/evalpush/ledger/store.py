@@ -52,8 +52,10 @@ from evalpush.ledger.records import (
     SELECT,
     WRITABLE_COLUMNS,
     DaemonRecord,
+    GateState,
     HistoryRecord,
     RunRecord,
+    daemon_record,
     run_record,
     stored_text,
 )
@@ -567,18 +569,26 @@ class Ledger(LedgerReads):
         observer: str,
         started_at: float,
         lease_seconds: float,
+        status: str = "",
+        gate: GateState = GateState(),  # noqa: B008 - frozen: one shared default is safe
     ) -> None:
-        """A daemon's heartbeat: its row written (at its start, and every few seconds while it
-        runs), not synced (a heartbeat lost to a power cut is the next one's to write). Rows
-        of daemons not heard from for `DAEMONS_KEPT_SECONDS` go."""
+        """A daemon's heartbeat: its row written with its STATUS line and its gate (at its
+        start, and every few seconds while it runs), not synced (a heartbeat lost to a power
+        cut is the next one's to write). Rows of daemons not heard from for
+        `DAEMONS_KEPT_SECONDS` go."""
         now = self._clock()
+        gate_json = msgspec.json.encode(
+            msgspec.structs.replace(gate, reason=stored_text(gate.reason))
+        )
         with self._transaction(durable=False) as db:
             db.execute(
-                f"INSERT INTO daemons ({DAEMON_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL) "
+                f"INSERT INTO daemons ({DAEMON_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?) "
                 "ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at, "
                 "observer = excluded.observer, lease_seconds = excluded.lease_seconds, "
-                "stopped_at = NULL",
-                (daemon_id, host, pid, version, observer, started_at, now, lease_seconds),
+                "stopped_at = NULL, status = excluded.status, gate = excluded.gate",
+                (daemon_id, host, pid, version, observer, started_at, now, lease_seconds)
+                + (stored_text(status), gate_json.decode()),
             )
             db.execute("DELETE FROM daemons WHERE seen_at < ?", (now - DAEMONS_KEPT_SECONDS,))
 
@@ -594,7 +604,7 @@ class Ledger(LedgerReads):
     def daemons(self) -> list[DaemonRecord]:
         """Every daemon the ledger heard from lately, the last heard from first."""
         rows = self._query(f"SELECT {DAEMON_COLUMNS} FROM daemons ORDER BY seen_at DESC, id")
-        return [DaemonRecord(*row) for row in rows]
+        return [daemon_record(row) for row in rows]
 
 
 DAEMONS_KEPT_SECONDS = 7 * 24 * 3600.0

@@ -14,10 +14,10 @@ the uploader (`App`). One loop, on the main thread, owns all of it:
   one kept), and the credentials are read again;
 - sd_notify: READY=1 once the ledger is open and the first scan is queued, STATUS= kept
   current, WATCHDOG=1 from this loop (a wedged loop is restarted by systemd), STOPPING=1;
-- with the STATUS line, the gate's state goes to `daemon.json` for `status` (`gatefile`), and,
-  with `[metrics] listen` set, runs by state to the metrics (`metrics.DaemonFeed`, which also
-  serves `/metrics`, `/livez` and `/readyz` and hears of every request, retry and batch; each
-  turn of the loop is what `/livez` reads).
+- the STATUS line and the gate's state go to this daemon's heartbeat row in the ledger (for
+  `status`), and, with `[metrics] listen` set, runs by state to the metrics
+  (`metrics.DaemonFeed`, which also serves `/metrics`, `/livez` and `/readyz` and hears of
+  every request, retry and batch; each turn of the loop is what `/livez` reads).
 
 No key, or a key the platform refuses, does not stop it: uploads wait on the gate, which says
 so once and probes again as soon as the key changes. Nor does a shared ledger's database going
@@ -25,8 +25,9 @@ away (`LedgerUnavailable`): an upload stops where its write failed (nothing is s
 intent written) and is queued again once the database answers; the loop keeps turning, says so
 at the outage cadence, and `/readyz` answers 503 meanwhile.
 
-Each daemon keeps a row in the ledger's `daemons` table (its heartbeat, with the STATUS line),
-which is how `status` on any host of a fleet shows the fleet's daemons.
+Each daemon keeps a row in the ledger's `daemons` table (its heartbeat, with the STATUS line
+and the gate), which is how `status` shows this host's daemon and its gate, and, on a shared
+ledger, the fleet's daemons.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from evalpush import __version__
 from evalpush.app import App, Outcome, Scheduler, attempt
@@ -59,15 +62,14 @@ from evalpush.discover import (
     Watcher,
     refuse_relative_roots,
 )
-from evalpush.ledger import gatefile
-from evalpush.ledger.records import HEARTBEAT_SECONDS
+from evalpush.ledger.records import HEARTBEAT_SECONDS, GateState
 from evalpush.log import get_logger
 from evalpush.service.sdnotify import Notifier
 from evalpush.service.tracker import Tracker
 
 STATUS_SECONDS = HEARTBEAT_SECONDS
-"""How often the STATUS line for systemd (and `daemon.json`, and the metrics' runs by state)
-is brought up to date."""
+"""How often the STATUS line for systemd (and the heartbeat row, and the metrics' runs by
+state) is brought up to date."""
 
 if TYPE_CHECKING:
     from evalpush.service.metrics import DaemonFeed
@@ -124,8 +126,8 @@ class _Parts:
         )
         self._started_at = time.time()
 
-    def beat(self) -> None:
-        """This daemon's heartbeat row in the ledger (`status` shows a fleet's daemons)."""
+    def beat(self, status: str) -> None:
+        """This daemon's heartbeat row in the ledger, with its STATUS line and its gate."""
         process = self.app.claims.process
         watching = self.watcher.watching
         self.app.ledger.daemon_seen(
@@ -136,6 +138,8 @@ class _Parts:
             observer=", ".join(sorted({str(w) for w in watching.values()})),
             started_at=self._started_at,
             lease_seconds=self.config.ledger.lease_seconds,
+            status=status,
+            gate=msgspec.convert(self.app.gate.snapshot(), GateState),
         )
 
     def start(self) -> None:
@@ -146,16 +150,20 @@ class _Parts:
             self.scheduler.stop()
             raise
 
-    def stop(self) -> None:
-        """Stop taking work, cut off what is in flight, join every thread, close the app."""
+    def stop(self, *, for_good: bool = True) -> None:
+        """Stop taking work, cut off what is in flight, join every thread, close the app;
+        `for_good` (not a reload's): this daemon's row says it stopped."""
         self.app.request_stop()
         try:
             self.watcher.stop()
             self.scheduler.stop()
-            try:
-                self.app.ledger.daemon_stopped(self.daemon_id)
-            except LedgerError as exc:  # its row ages past its lease instead
-                self._log.info("could not mark this daemon stopped in the ledger", error=str(exc))
+            if for_good:
+                try:
+                    self.app.ledger.daemon_stopped(self.daemon_id)
+                except LedgerError as exc:  # its row ages past its lease instead
+                    self._log.info(
+                        "could not mark this daemon stopped in the ledger", error=str(exc)
+                    )
         finally:
             self.app.close()
 
@@ -244,7 +252,6 @@ class Daemon:
             self._parts.stop()
             if self._feed is not None:
                 self._feed.stop()
-            gatefile.stopped(self._parts.config.state_dir)
         return 0
 
     def _start_facts(self, parts: _Parts) -> dict[str, Any]:
@@ -387,7 +394,7 @@ class Daemon:
             return parts
         changed = _changes(parts.config, config)
         self._log.info("reload: rebuilding from the configuration", changed=changed or "nothing")
-        parts.stop()
+        parts.stop(for_good=False)
         try:
             rebuilt = self._build(config)
         except EvalpushError as exc:
@@ -402,17 +409,13 @@ class Daemon:
     # ------------------------------------------------------------ STATUS
 
     def _publish(self, parts: _Parts, status: str) -> None:
-        """The STATUS line to systemd, the gate to `daemon.json` (for `status`), runs by state
-        to the metrics, this daemon's heartbeat to the ledger."""
+        """The STATUS line to systemd, runs by state to the metrics, and both with the gate in
+        this daemon's heartbeat row in the ledger (for `status`)."""
         self._notifier.status(status)
         try:
-            parts.beat()
+            parts.beat(status)
         except LedgerError as exc:
             self._log.debug("heartbeat not written", error=str(exc))
-        try:
-            gatefile.write(parts.config.state_dir, parts.app.gate.snapshot(), status)
-        except OSError as exc:
-            self._log.debug("daemon.json not written", error=str(exc))
         if self._feed is not None:
             self._feed.refresh(parts.app.ledger)
 
