@@ -17,14 +17,15 @@ from typing import IO, Any
 
 import msgspec
 
-from evalpush.client import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
 from evalpush.core import paths
 from evalpush.core.ids import short_id
+from evalpush.core.outage import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import State
+from evalpush.core.words import format_duration
 from evalpush.ledger import Holder, Ledger, Process, RunRecord, gatefile, holder_alive
 from evalpush.push import PushResult
-from evalpush.runs import format_duration, settles_in, traces_file
+from evalpush.runs import settles_in, traces_file
 
 Alive = Callable[[Holder], bool]
 
