@@ -1,23 +1,19 @@
 """The gate: one for every upload of a process, so that it backs off from the platform as one.
 
-What it promises:
-- When the platform is unreachable or refuses the key, every caller waits while ONE of them
-  probes (a tenacity loop, backing off between probes) and all resume when a probe answers; a
-  `Retry-After` pauses everyone until then. The key is re-read before each probe (and every
-  `CREDENTIALS_POLL_SECONDS` while it is refused), and `wake()` (SIGHUP) probes at once.
-- Each outage (unreachable, key refused, a Retry-After pause) is told through
-  `evalpush.core.outage` to `on_outage`: the daemon logs it, `push` prints it.
-- A one-shot gate (`push`) probes once before the first request, and a refused key is final.
-
-The clock and the wait between probes are parameters, so tests never wait long.
+When the platform is unreachable or refuses the key, every caller waits while ONE of them probes
+(a tenacity loop, backing off between probes) and all resume when a probe answers; a
+`Retry-After` pauses everyone until then. The key is re-read before each probe (and every
+`CREDENTIALS_POLL_SECONDS` while it is refused), and `wake()` (SIGHUP) probes at once. Each
+outage is told through `evalpush.core.outage`: the daemon logs it, `push` prints it. The clock
+and the wait between probes are parameters, so tests never wait long.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Protocol
 
@@ -48,15 +44,11 @@ class Probe(Protocol):
 
 
 def _iso(wall_seconds: float) -> str:
-    return (
-        datetime.fromtimestamp(round(wall_seconds), UTC)
-        .isoformat(timespec="seconds")
-        .replace("+00:00", "Z")
-    )
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(round(wall_seconds)))
 
 
 class Gate:
-    """Whether uploads may talk to the platform now; shared by all of them.
+    """Whether uploads may talk to the platform now.
 
     Modes: `open`; `paused` (a Retry-After; opens by itself at the deadline); `unreachable` and
     `auth` (closed until a probe answers). Callers get a token from `wait_open` and hand it back
@@ -88,7 +80,8 @@ class Gate:
         self._wall_clock = wall_clock
         self._poll_seconds = poll_seconds
         self._on_probe = on_probe
-        self._outage = OutageReporter(PLATFORM, on_outage or logged(get_logger()), clock)
+        tell = on_outage or logged(get_logger())
+        self._outage = OutageReporter(PLATFORM, tell, clock, lambda: self._waiting)
         self._cond = threading.Condition()
         self._wake = threading.Event()
         self._mode = UNVERIFIED if one_shot else OPEN
@@ -184,7 +177,7 @@ class Gate:
                 if remaining <= 0:
                     self._open_locked()
                     return self._generation
-                self._outage.report_if_due(next_in=remaining, waiting=self._waiting)
+                self._outage.report_if_due(next_in=remaining)
                 self._cond.wait(min(remaining, self._poll_seconds))
             elif not self._probing:
                 self._probing = True
@@ -246,30 +239,24 @@ class Gate:
         next_key_look = self._clock() + CREDENTIALS_POLL_SECONDS
         with self._cond:
             self._next_probe = deadline
-            self._outage.report_if_due(next_in=seconds, waiting=self._waiting)
+            self._outage.report_if_due(next_in=seconds)
         while not stop.is_set():
             remaining = deadline - self._clock()
             if remaining <= 0:
                 return
             with self._cond:
-                self._outage.report_if_due(next_in=remaining, waiting=self._waiting)
+                self._outage.report_if_due(next_in=remaining)
             if self._wake.wait(min(remaining, self._poll_seconds)):
                 self._wake.clear()
                 return
             if self._mode == AUTH and self._clock() >= next_key_look:
-                if self._key_changed(client):
-                    return
+                # Credentials read again (a key file written, a variable set by a reload):
+                # cheap, local, no request; one that cannot be read is still no usable key.
+                with contextlib.suppress(errors.EvalpushError):
+                    if client.reload_credentials():
+                        return
                 next_key_look = self._clock() + CREDENTIALS_POLL_SECONDS
         raise errors.Interrupted("stop requested while waiting for the platform")
-
-    @staticmethod
-    def _key_changed(client: Probe) -> bool:
-        """Whether the credentials read now differ from the ones refused (a key file written,
-        a variable set by a reload): cheap, local, no request."""
-        try:
-            return client.reload_credentials()
-        except errors.EvalpushError:
-            return False  # still no usable key
 
     @staticmethod
     def _probe_once(client: Probe) -> tuple[str, errors.EvalpushError | None]:
@@ -285,9 +272,10 @@ class Gate:
             return AUTH, exc
         except errors.Transient as exc:
             # No HTTP status means no answer at all; any status means the platform is back.
-            return (UNREACHABLE, exc) if exc.status is None else (OPEN, None)
+            if exc.status is None:
+                return UNREACHABLE, exc
         except errors.Refused:
-            return OPEN, None
+            pass
         return OPEN, None
 
     # -- reporting ----------------------------------------------------------------------------
@@ -308,27 +296,21 @@ class Gate:
             return
         if self._mode in (OPEN, PAUSED, UNVERIFIED):
             self._wake.clear()  # a wake from before this outage does not cut its first wait
-        self._outage.start(
-            mode,
-            "" if reason is None else str(reason),
-            anew=self._mode == PAUSED,
-            waiting=self._waiting,
-        )
+        said = "" if reason is None else str(reason)
+        self._outage.start(mode, said, anew=self._mode == PAUSED)
         self._mode = mode
         self._cond.notify_all()
 
     def _refuse_locked(self, reason: errors.EvalpushError | None) -> None:
         """A one-shot gate: the key is refused (or there is none), or the platform's
         certificate, for good."""
-        if isinstance(reason, errors.NeedsPerson):
-            self._refusal = reason
-        else:
-            self._refusal = errors.AuthError(str(reason))
+        needs_person = isinstance(reason, errors.NeedsPerson)
+        self._refusal = reason if needs_person else errors.AuthError(str(reason))
         self._mode = REFUSED
         self._cond.notify_all()
 
     def _open_locked(self) -> None:
-        self._outage.end(waiting=self._waiting)
+        self._outage.end()
         self._mode = OPEN
         self._generation += 1
         self._cond.notify_all()
@@ -341,6 +323,6 @@ class Gate:
             return
         if self._mode == OPEN:
             self._wake.clear()
-            self._outage.start(PAUSED, str(reason), next_in=seconds, waiting=self._waiting)
+            self._outage.start(PAUSED, str(reason), next_in=seconds)
         self._mode = PAUSED  # a longer Retry-After while paused extends the pause
         self._paused_until = until

@@ -32,8 +32,7 @@ OUTAGE_FIRST_REPORT_SECONDS = 5.0
 OUTAGE_REPORT_CAP_SECONDS = 600.0
 """... up to one report every 10 minutes: a long outage stays visible without flooding."""
 
-PLATFORM, LEDGER = "platform", "ledger"
-"""What is out."""
+PLATFORM, LEDGER = "platform", "ledger"  # what is out
 UNREACHABLE, AUTH, PAUSED = "unreachable", "auth", "paused"
 """How: no answer; the key or the login refused (or none); asked to wait (Retry-After)."""
 
@@ -92,17 +91,16 @@ class Outage(msgspec.Struct, frozen=True):
     def message(self) -> str:
         """The line a person reads (a log event; `push`'s stderr; `status`)."""
         started, what, ended = _LINES[self.subject, self.mode]
-        if self.event == OutageEvent.STARTED:
-            return started
-        if self.event == OutageEvent.ENDED:
-            return ended
+        if self.event != OutageEvent.ONGOING:
+            return started if self.event == OutageEvent.STARTED else ended
         line = f"{what} for {format_duration(self.seconds)}"
         if self.mode != PAUSED:
             line += f", {self.attempts} attempts"
         if self.next_in is not None:
             line += f", next in {format_duration(math.ceil(self.next_in))}"
         # "paused", not "waiting": in `status` a waiting run is one not finished yet
-        return f"{line}; {'uploads' if self.waiting is None else counted(self.waiting, 'upload')} paused"
+        uploads = "uploads" if self.waiting is None else counted(self.waiting, "upload")
+        return f"{line}; {uploads} paused"
 
     @property
     def level(self) -> str:
@@ -112,18 +110,15 @@ class Outage(msgspec.Struct, frozen=True):
 
     def fields(self) -> dict[str, Any]:
         """The structured form, for a log line."""
-        fields: dict[str, Any] = {
+        fields = {
             "outage": self.mode,
             "seconds": round(self.seconds, 3),
             "attempts": self.attempts,
+            "runs_waiting": self.waiting,
+            "next_in_seconds": None if self.next_in is None else round(self.next_in, 3),
+            "reason": self.reason or None,
         }
-        if self.waiting is not None:
-            fields["runs_waiting"] = self.waiting
-        if self.next_in is not None:
-            fields["next_in_seconds"] = round(self.next_in, 3)
-        if self.reason:
-            fields["reason"] = self.reason
-        return fields
+        return {name: value for name, value in fields.items() if value is not None}
 
 
 def logged(logger: Any) -> Callable[[Outage], None]:
@@ -132,17 +127,20 @@ def logged(logger: Any) -> Callable[[Outage], None]:
 
 
 class OutageReporter:
-    """The outages of one thing (`subject`), told to `tell` as the module docstring says."""
+    """The outages of one thing (`subject`), told to `tell` as the module docstring says;
+    `waiting` counts the uploads that wait them out (None: not counted)."""
 
     def __init__(
         self,
         subject: str,
         tell: Callable[[Outage], None],
         clock: Callable[[], float] = time.monotonic,
+        waiting: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.subject = subject
         self._tell = tell
         self._clock = clock
+        self._waiting = waiting
         self.mode: str | None = None  # None: no outage now
         self.since = 0.0  # when the outage began, by `clock`
         self.attempts = 0
@@ -154,13 +152,7 @@ class OutageReporter:
         return self._clock() - self.since if self.mode is not None else 0.0
 
     def start(
-        self,
-        mode: str,
-        reason: str,
-        *,
-        anew: bool = False,
-        next_in: float | None = None,
-        waiting: int | None = None,
+        self, mode: str, reason: str, *, anew: bool = False, next_in: float | None = None
     ) -> None:
         """An outage starts, or the one going on changes kind (told again, counted on); with
         `anew`, a new outage even if one goes on (a pause turned into no answer at all)."""
@@ -170,23 +162,20 @@ class OutageReporter:
             self.since = self._clock()
             self.attempts = 1  # the failure that began it
             self._next_report = OUTAGE_FIRST_REPORT_SECONDS
-        self.mode = mode
-        self.reason = reason
-        self._say(OutageEvent.STARTED, next_in, waiting)
+        self.mode, self.reason = mode, reason
+        self._say(OutageEvent.STARTED, next_in)
 
     def attempt(self) -> None:
         """One more try during the outage."""
         if self.mode is not None:
             self.attempts += 1
 
-    def report_if_due(self, *, next_in: float | None = None, waiting: int | None = None) -> None:
+    def report_if_due(self, *, next_in: float | None = None) -> None:
         """While an outage lasts: a report, when one is due."""
-        if self.mode is None:
-            return
         elapsed = self.seconds()
-        if elapsed < self._next_report:
+        if self.mode is None or elapsed < self._next_report:
             return
-        self._say(OutageEvent.ONGOING, next_in, waiting, elapsed)
+        self._say(OutageEvent.ONGOING, next_in)
         # The next report is due at twice this one's due time (5 s, 10 s, 20 s, ...), not at
         # twice the time it was made: a report made late must not push every later one back.
         # Reports missed by a long wait are not made up for.
@@ -195,21 +184,15 @@ class OutageReporter:
             due = min(due * 2, due + OUTAGE_REPORT_CAP_SECONDS)
         self._next_report = due
 
-    def end(self, *, waiting: int | None = None) -> None:
+    def end(self) -> None:
         """The outage (if any) is over: told with how long it lasted."""
         if self.mode is not None:
-            self._say(OutageEvent.ENDED, None, waiting)
+            self._say(OutageEvent.ENDED, None)
             self.mode = None
 
-    def _say(
-        self,
-        event: OutageEvent,
-        next_in: float | None,
-        waiting: int | None,
-        elapsed: float | None = None,
-    ) -> None:
+    def _say(self, event: OutageEvent, next_in: float | None) -> None:
         assert self.mode is not None
-        seconds = self.seconds() if elapsed is None else elapsed
+        seconds, waiting = self.seconds(), self._waiting()
         self._tell(
             Outage(
                 event,
