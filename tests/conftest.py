@@ -53,8 +53,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tenacity
 
-from evalpush.client import Backoff, Gate, PlatformClient, Retrier
+from evalpush.client import Gate, PlatformClient, Retrier
 from evalpush.config import PlatformConfig
 from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
@@ -67,7 +68,7 @@ from support.postgres import binaries as postgres_binaries
 
 pytest_plugins = ["pytester"]  # test_thread_guard.py runs a session of leaky tests
 
-FAST_BACKOFF = Backoff(base_seconds=0.002, cap_seconds=0.02)
+FAST_WAIT = tenacity.wait_random_exponential(multiplier=0.002, max=0.02)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -197,14 +198,14 @@ def stop_event() -> Iterator[threading.Event]:
 
 @pytest.fixture
 def fast_gate() -> Gate:
-    return Gate(backoff=FAST_BACKOFF, poll_seconds=0.01)
+    return Gate(wait=FAST_WAIT, poll_seconds=0.01)
 
 
 @pytest.fixture
 def make_retrier(
     fast_gate: Gate, stop_event: threading.Event
 ) -> Callable[[PlatformClient], Retrier]:
-    return lambda client: Retrier(client, fast_gate, stop_event, backoff=FAST_BACKOFF)
+    return lambda client: Retrier(client, fast_gate, stop_event, wait=FAST_WAIT)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from evalpush.config import RunsConfig
+from evalpush.core.words import format_duration
 from evalpush.runs import (
     MARKER_SETTLE_SECONDS,
     Line,
@@ -15,7 +16,6 @@ from evalpush.runs import (
     ReadinessRules,
     ReadyRule,
     RunFacts,
-    format_duration,
     identity,
     read_lines,
     readiness,

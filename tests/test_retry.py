@@ -1,8 +1,7 @@
-"""The retry policy and the shared gate, with injected clocks, randomness and sleep."""
+"""The retry policy, the shared gate and the outage reporter, with injected clocks, waits and sleep."""
 
 from __future__ import annotations
 
-import random
 import re
 import threading
 import time
@@ -10,13 +9,26 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import tenacity
 from structlog.testing import capture_logs
 
-from evalpush.client import OUTAGE_FIRST_REPORT_SECONDS, Backoff, Gate, Outage, OutageEvent, Retrier
+from evalpush.client import Gate, Retrier
+from evalpush.client.gate import PROBE_WAIT
+from evalpush.client.retry import CALL_WAIT
 from evalpush.core import errors
+from evalpush.core.outage import (
+    LEDGER,
+    OUTAGE_FIRST_REPORT_SECONDS,
+    PLATFORM,
+    UNREACHABLE,
+    Outage,
+    OutageEvent,
+    OutageReporter,
+)
 
-BACKOFF = Backoff(base_seconds=0.5, cap_seconds=8.0)
-TINY = Backoff(base_seconds=0.001, cap_seconds=0.005)
+BACKOFF = tenacity.wait_exponential(multiplier=0.5, max=8.0)
+"""The ceiling of the call's full jitter, without the jitter: waits a test can predict."""
+TINY = tenacity.wait_random_exponential(multiplier=0.001, max=0.005)
 
 
 class FakeClock:
@@ -85,42 +97,44 @@ def failing(
 def make_retrier(
     clock: FakeClock,
     *,
-    rng: Callable[[], float] = lambda: 1.0,
+    wait: Callable[[tenacity.RetryCallState], float] = BACKOFF,
     stop: threading.Event | None = None,
     gate: Gate | None = None,
     sleep: Callable[[float], object] | None = None,
 ) -> Retrier:
-    gate = gate or Gate(backoff=TINY, clock=clock, poll_seconds=0.01)
+    gate = gate or Gate(wait=TINY, clock=clock, poll_seconds=0.01)
     return Retrier(
-        FakePlatform(),
-        gate,
-        stop or threading.Event(),
-        backoff=BACKOFF,
-        rng=rng,
-        sleep=sleep or clock.sleep,
+        FakePlatform(), gate, stop or threading.Event(), wait=wait, sleep=sleep or clock.sleep
     )
 
 
-class TestBackoff:
-    def test_the_ceiling_doubles_from_base_up_to_the_cap(self) -> None:
-        assert [BACKOFF.ceiling(n) for n in range(7)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
+def ceiling_after(wait: tenacity.wait.wait_base, attempt_number: int) -> float:
+    """The largest wait `wait` draws after attempt `attempt_number` failed."""
+    retry_state = tenacity.RetryCallState(tenacity.Retrying(), None, (), {})
+    retry_state.attempt_number = attempt_number
+    return tenacity.wait_exponential.__call__(wait, retry_state)
 
-    def test_full_jitter_scales_the_ceiling_by_the_random_draw(self) -> None:
-        assert BACKOFF.delay(3, lambda: 1.0) == 4.0
-        assert BACKOFF.delay(3, lambda: 0.25) == 1.0
-        assert BACKOFF.delay(3, lambda: 0.0) == 0.0
 
-    def test_every_draw_falls_between_zero_and_the_ceiling(self) -> None:
-        rng = random.Random(7).random
-        for attempt in range(40):
-            assert 0.0 <= BACKOFF.delay(attempt, rng) <= BACKOFF.ceiling(attempt)
+class TestWaits:
+    def test_calls_wait_full_jitter_from_half_a_second_doubling_up_to_a_minute(self) -> None:
+        assert isinstance(CALL_WAIT, tenacity.wait_random_exponential)
+        assert [ceiling_after(CALL_WAIT, n) for n in (1, 2, 3, 8, 100_000)] == [
+            0.5,
+            1.0,
+            2.0,
+            60.0,
+            60.0,
+        ]
 
-    def test_retry_after_is_a_lower_bound(self) -> None:
-        assert BACKOFF.delay(0, lambda: 0.0, retry_after=30.0) == 30.0
-        assert BACKOFF.delay(5, lambda: 1.0, retry_after=1.0) == 8.0
-
-    def test_a_huge_attempt_number_stays_at_the_cap(self) -> None:
-        assert BACKOFF.ceiling(100_000) == 8.0
+    def test_probes_wait_full_jitter_from_a_second_doubling_up_to_half_a_minute(self) -> None:
+        assert isinstance(PROBE_WAIT, tenacity.wait_random_exponential)
+        assert [ceiling_after(PROBE_WAIT, n) for n in (1, 2, 5, 6, 100_000)] == [
+            1.0,
+            2.0,
+            16.0,
+            30.0,
+            30.0,
+        ]
 
 
 class TestRetrier:
@@ -131,10 +145,10 @@ class TestRetrier:
         assert clock.slept == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
         assert call.calls == 7
 
-    def test_jitter_comes_from_the_injected_random_source(self) -> None:
+    def test_the_waits_come_from_the_injected_tenacity_wait(self) -> None:
         clock = FakeClock()
-        draws = iter([0.5, 0.1, 0.9])
-        make_retrier(clock, rng=lambda: next(draws)).call(
+        draws = tenacity.wait_chain(*map(tenacity.wait_fixed, [0.25, 0.1, 1.8]))
+        make_retrier(clock, wait=draws).call(
             failing(3, lambda: errors.Transient("HTTP 503")), replayable=True, what="read"
         )
         assert clock.slept == pytest.approx([0.25, 0.1, 1.8])
@@ -142,19 +156,21 @@ class TestRetrier:
     def test_retry_after_is_honoured_even_when_jitter_draws_less(self) -> None:
         clock = FakeClock()
         call = failing(1, lambda: errors.Transient("HTTP 429", retry_after=7.0, status=429))
-        make_retrier(clock, rng=lambda: 0.0).call(call, replayable=False, what="push samples")
+        make_retrier(clock, wait=tenacity.wait_none()).call(
+            call, replayable=False, what="push samples"
+        )
         assert clock.slept == [7.0]
 
     def test_retry_after_pauses_the_shared_gate_until_its_deadline(self) -> None:
         clock = FakeClock()
-        gate = Gate(backoff=TINY, clock=clock, poll_seconds=0.01)
+        gate = Gate(wait=TINY, clock=clock, poll_seconds=0.01)
         modes: list[str] = []
 
         def sleep(seconds: float) -> None:
             modes.append(gate.mode)
             clock.sleep(seconds)
 
-        make_retrier(clock, rng=lambda: 0.0, gate=gate, sleep=sleep).call(
+        make_retrier(clock, wait=tenacity.wait_none(), gate=gate, sleep=sleep).call(
             failing(1, lambda: errors.Transient("HTTP 503", retry_after=5.0, status=503)),
             replayable=True,
             what="read",
@@ -251,8 +267,8 @@ class TestGate:
     def test_while_unreachable_one_probe_runs_at_a_time_and_every_caller_resumes(self) -> None:
         platform = FakePlatform(probe_failures=3)
         stop = threading.Event()
-        gate = Gate(backoff=TINY, poll_seconds=0.01)
-        retrier = Retrier(platform, gate, stop, backoff=TINY)
+        gate = Gate(wait=TINY, poll_seconds=0.01)
+        retrier = Retrier(platform, gate, stop, wait=TINY)
 
         def upload() -> str:
             if not platform.up.is_set():
@@ -269,8 +285,8 @@ class TestGate:
 
     def test_the_outage_is_logged_once_when_it_starts_and_once_when_it_ends(self) -> None:
         platform = FakePlatform(probe_failures=2)
-        gate = Gate(backoff=TINY, poll_seconds=0.01)
-        retrier = Retrier(platform, gate, threading.Event(), backoff=TINY)
+        gate = Gate(wait=TINY, poll_seconds=0.01)
+        retrier = Retrier(platform, gate, threading.Event(), wait=TINY)
 
         def upload() -> None:
             if not platform.up.is_set():
@@ -307,8 +323,8 @@ class TestGate:
                     raise errors.AuthError("probe the platform: HTTP 401")
 
         platform = KeyRotation()
-        gate = Gate(backoff=TINY, poll_seconds=0.01, wall_clock=lambda: 1748779200.0)
-        retrier = Retrier(platform, gate, threading.Event(), backoff=TINY)
+        gate = Gate(wait=TINY, poll_seconds=0.01, wall_clock=lambda: 1748779200.0)
+        retrier = Retrier(platform, gate, threading.Event(), wait=TINY)
 
         def create() -> str:
             if platform.key != "new":
@@ -338,7 +354,7 @@ class TestGate:
                 return True
 
         platform = NoKey()
-        gate = Gate(backoff=TINY, poll_seconds=0.01)
+        gate = Gate(wait=TINY, poll_seconds=0.01)
         token = gate.wait_open(threading.Event(), platform)
         gate.report(errors.AuthError("HTTP 401"), token)
         assert gate.mode == "auth"
@@ -347,7 +363,7 @@ class TestGate:
 
     def test_retry_after_pauses_every_caller_without_probing(self) -> None:
         platform = FakePlatform()
-        gate = Gate(backoff=TINY, poll_seconds=0.01)
+        gate = Gate(wait=TINY, poll_seconds=0.01)
         token = gate.wait_open(threading.Event(), platform)
         gate.report(errors.Transient("HTTP 429", retry_after=0.2, status=429), token)
         assert gate.state.startswith("paused until ")
@@ -358,11 +374,7 @@ class TestGate:
 
     def test_wake_probes_at_once_instead_of_waiting_out_the_backoff(self) -> None:
         platform = FakePlatform()
-        gate = Gate(
-            backoff=Backoff(base_seconds=300.0, cap_seconds=300.0),
-            rng=lambda: 1.0,
-            poll_seconds=0.01,
-        )
+        gate = Gate(wait=tenacity.wait_fixed(300.0), poll_seconds=0.01)
         gate.report(errors.Unreachable("ConnectError"), gate.wait_open(threading.Event(), platform))
         waiter = threading.Thread(target=gate.wait_open, args=(threading.Event(), platform))
         waiter.start()
@@ -375,7 +387,7 @@ class TestGate:
     def test_a_stop_while_waiting_on_a_closed_gate_interrupts_prober_and_waiters(self) -> None:
         platform = FakePlatform(probe_failures=10**9)
         stop = threading.Event()
-        gate = Gate(backoff=TINY, poll_seconds=0.01)
+        gate = Gate(wait=TINY, poll_seconds=0.01)
         gate.report(errors.Unreachable("ConnectError"), gate.wait_open(stop, platform))
         threading.Timer(0.1, stop.set).start()
         results, failures = run_in_threads(3, lambda: gate.wait_open(stop, platform))
@@ -384,7 +396,7 @@ class TestGate:
 
     def test_a_failure_that_began_before_the_gate_reopened_does_not_close_it_again(self) -> None:
         platform = FakePlatform()
-        gate = Gate(backoff=TINY, poll_seconds=0.01)
+        gate = Gate(wait=TINY, poll_seconds=0.01)
         stale = gate.wait_open(threading.Event(), platform)
         gate.report(errors.Unreachable("ConnectError"), stale)
         gate.wait_open(threading.Event(), platform)  # probes, opens
@@ -392,7 +404,7 @@ class TestGate:
         assert gate.mode == "open"
 
     def test_the_state_line_says_what_holds_uploads_and_since_when(self) -> None:
-        gate = Gate(backoff=TINY, wall_clock=lambda: 1748779200.0)
+        gate = Gate(wait=TINY, wall_clock=lambda: 1748779200.0)
         assert gate.state == "open"
         gate.report(errors.Unreachable("ConnectError"), 0)
         assert gate.state == "unreachable since 2025-06-01T12:00:00Z"
@@ -434,8 +446,8 @@ class TestOutageReports:
 
         platform = SlowProbes(probe_failures=45)
         told: list[Outage] = []
-        gate = Gate(backoff=TINY, clock=clock, poll_seconds=0.001, on_outage=told.append)
-        retrier = Retrier(platform, gate, threading.Event(), backoff=TINY)
+        gate = Gate(wait=TINY, clock=clock, poll_seconds=0.001, on_outage=told.append)
+        retrier = Retrier(platform, gate, threading.Event(), wait=TINY)
 
         def upload() -> None:
             if not platform.up.is_set():
@@ -465,21 +477,43 @@ class TestOutageReports:
     def test_a_long_outage_is_told_at_least_every_ten_minutes(self) -> None:
         clock = TickingClock()
         told: list[Outage] = []
-        gate = Gate(backoff=TINY, clock=clock, poll_seconds=0.001, on_outage=told.append)
-        gate.report(errors.Unreachable("ConnectError"), 0)
+        outage = OutageReporter(PLATFORM, told.append, clock)
+        outage.start(UNREACHABLE, "ConnectError")
         for _ in range(200):  # an outage of 200 minutes, seen at each minute
             clock.advance(60.0)
-            with gate._cond:
-                gate._report_if_due_locked(next_in=30.0)
+            outage.report_if_due(next_in=30.0)
 
         at = [round(o.seconds / 60) for o in told if o.event == OutageEvent.ONGOING]
         gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
         assert gaps == sorted(gaps) and gaps[-1] == 10, at  # growing, then every 10 minutes
         assert at[0] == 1 and len(at) >= 200 // 10, at
 
+    @pytest.mark.parametrize("subject", [PLATFORM, LEDGER])
+    def test_the_platform_and_the_shared_ledger_are_told_alike(self, subject: str) -> None:
+        """The same cadence, the same fields and the same levels: a start and its reports are
+        warnings, the end is info, saying how long it lasted and how many attempts."""
+        clock = TickingClock()
+        told: list[Outage] = []
+        outage = OutageReporter(subject, told.append, clock)
+        outage.start(UNREACHABLE, "connection refused")
+        for _ in range(3):
+            clock.advance(3.0)
+            outage.attempt()
+            outage.report_if_due()
+        outage.end()
+
+        assert [(o.event, o.level) for o in told] == [
+            (OutageEvent.STARTED, "warning"),
+            (OutageEvent.ONGOING, "warning"),
+            (OutageEvent.ENDED, "info"),
+        ]
+        assert [set(o.fields()) for o in told] == [{"outage", "seconds", "attempts", "reason"}] * 3
+        assert told[-1].attempts == 4 and 9 <= told[-1].seconds < 10
+        assert re.fullmatch(r"\S.* unreachable for 6s, 3 attempts; uploads paused", told[1].message)
+
     def test_a_pause_asked_by_retry_after_is_told_and_so_is_its_end(self) -> None:
         told: list[Outage] = []
-        gate = Gate(backoff=TINY, poll_seconds=0.01, on_outage=told.append)
+        gate = Gate(wait=TINY, poll_seconds=0.01, on_outage=told.append)
         token = gate.wait_open(threading.Event(), FakePlatform())
         gate.report(errors.Transient("HTTP 429", retry_after=0.1, status=429), token)
         gate.wait_open(threading.Event(), FakePlatform())
@@ -492,7 +526,7 @@ class TestOutageReports:
 
     def test_the_snapshot_says_how_long_how_often_and_when_next(self) -> None:
         clock = TickingClock()
-        gate = Gate(backoff=TINY, clock=clock, wall_clock=lambda: 1748779200.0)
+        gate = Gate(wait=TINY, clock=clock, wall_clock=lambda: 1748779200.0)
         assert gate.snapshot()["mode"] == "open" and gate.unreachable_seconds() == 0
         gate.report(errors.Unreachable("ConnectError: refused"), 0)
         clock.advance(30.0)
@@ -508,7 +542,7 @@ class TestOutageReports:
 class TestOneShotGate:
     def test_the_first_caller_probes_once_before_anything_is_sent(self) -> None:
         platform = FakePlatform()
-        gate = Gate(backoff=TINY, poll_seconds=0.01, one_shot=True)
+        gate = Gate(wait=TINY, poll_seconds=0.01, one_shot=True)
 
         results, failures = run_in_threads(3, lambda: gate.wait_open(threading.Event(), platform))
 
@@ -517,7 +551,7 @@ class TestOneShotGate:
 
     def test_a_refused_key_is_raised_to_every_caller_and_never_waited_out(self) -> None:
         platform = FakePlatform(probe_failures=1, failure=errors.AuthError("probe: HTTP 401"))
-        gate = Gate(backoff=TINY, poll_seconds=0.01, one_shot=True)
+        gate = Gate(wait=TINY, poll_seconds=0.01, one_shot=True)
 
         results, failures = run_in_threads(3, lambda: gate.wait_open(threading.Event(), platform))
 
@@ -528,7 +562,7 @@ class TestOneShotGate:
     def test_an_unreachable_platform_at_the_first_probe_is_waited_out_as_an_outage(self) -> None:
         platform = FakePlatform(probe_failures=2)
         told: list[Outage] = []
-        gate = Gate(backoff=TINY, poll_seconds=0.01, one_shot=True, on_outage=told.append)
+        gate = Gate(wait=TINY, poll_seconds=0.01, one_shot=True, on_outage=told.append)
 
         gate.wait_open(threading.Event(), platform)
 

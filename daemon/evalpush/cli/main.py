@@ -504,7 +504,7 @@ class _Stopped:
 
     def by_timeout(self, request_stop: Callable[[], None]) -> Callable[[float], None]:
         def stop(seconds: float) -> None:
-            from evalpush.runs import format_duration
+            from evalpush.core.words import format_duration
 
             self._set(EXIT_TIMEOUT, f"--timeout {format_duration(seconds)} ran out")
             request_stop()

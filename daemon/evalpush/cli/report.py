@@ -18,14 +18,15 @@ from typing import IO, Any
 import msgspec
 
 from evalpush.app import Attempt, Outcome
-from evalpush.client import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
 from evalpush.core import paths
 from evalpush.core.ids import short_id
+from evalpush.core.outage import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import State
+from evalpush.core.words import format_duration
 from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive
 from evalpush.ledger.records import DaemonRecord
-from evalpush.runs import format_duration, settles_in, traces_file
+from evalpush.runs import settles_in, traces_file
 
 Alive = Callable[[Holder], bool]
 

@@ -1,4 +1,4 @@
-"""The platform: credentials, the evaluations API's client over httpx, the lookups it answers, and the retry policy and gate that ride out its outages."""
+"""The platform: credentials, the evaluations API's client over httpx, the lookups it answers, and the retry policy (`retry`) and the gate (`gate`) that ride out its outages."""
 
 from evalpush.client.credentials import (
     DEFAULT_API_BASE,
@@ -8,6 +8,7 @@ from evalpush.client.credentials import (
     load_credentials,
 )
 from evalpush.client.exchange import USER_AGENT, RequestObserver
+from evalpush.client.gate import Gate
 from evalpush.client.lookup import Environments, EvaluationIndex
 from evalpush.client.platform import (
     Evaluation,
@@ -16,23 +17,10 @@ from evalpush.client.platform import (
     is_platform_id,
     most_samples_stored,
 )
-from evalpush.client.retry import (
-    AUTH,
-    OUTAGE_FIRST_REPORT_SECONDS,
-    PAUSED,
-    UNREACHABLE,
-    UNUSABLE_ANSWER_ATTEMPTS,
-    Backoff,
-    Gate,
-    Outage,
-    OutageEvent,
-    Retrier,
-)
+from evalpush.client.retry import UNUSABLE_ANSWER_ATTEMPTS, Retrier
 from evalpush.client.wire import request_deadline
 
 __all__ = [
-    "AUTH",
-    "Backoff",
     "Credentials",
     "DEFAULT_API_BASE",
     "DEFAULT_FRONTEND_URL",
@@ -40,15 +28,10 @@ __all__ = [
     "Evaluation",
     "EvaluationIndex",
     "Gate",
-    "OUTAGE_FIRST_REPORT_SECONDS",
-    "Outage",
-    "OutageEvent",
-    "PAUSED",
     "PlatformClient",
     "RequestObserver",
     "Retrier",
     "SYSTEMD_CREDENTIAL_NAME",
-    "UNREACHABLE",
     "UNUSABLE_ANSWER_ATTEMPTS",
     "USER_AGENT",
     "is_finalized",

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 import urllib.parse
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from evalpush.core.errors import ConfigError, LedgerError, LedgerRefused, LedgerUnavailable
+from evalpush.core.outage import AUTH, LEDGER, UNREACHABLE, OutageReporter, logged
 from evalpush.ledger import schema
 from evalpush.ledger.file import Upgrade
 from evalpush.ledger.records import scrub_stored_texts, stored_text
@@ -45,10 +45,6 @@ CONNECT_TIMEOUT_SECONDS = 5
 """How long a connection attempt may take before the database counts as unreachable."""
 PROBE_SECONDS = 2.0
 """How often `wait_available` tries to connect again while the database is unreachable."""
-FIRST_REPORT_SECONDS = 5.0
-REPORT_CAP_SECONDS = 600.0
-"""An outage of the database is said when it starts, again after `FIRST_REPORT_SECONDS`, then
-at doubling intervals up to `REPORT_CAP_SECONDS` apart while it lasts (the platform's cadence)."""
 ADVISORY_LOCK = 0x6576_616C_7075_7368 & 0x7FFF_FFFF_FFFF_FFFF
 """The advisory lock the schema is created and upgraded under ('evalpush' in ASCII)."""
 
@@ -258,10 +254,7 @@ class LedgerServer:
         self._password = password
         self._busy_timeout_seconds = busy_timeout_seconds
         self._connection: psycopg.Connection[Any] | None = None
-        self._down_since: float | None = None
-        self._next_report = 0.0
-        self._report_gap = FIRST_REPORT_SECONDS
-        self._error = ""
+        self._outage = OutageReporter(LEDGER, logged(get_logger(stage="ledger", ledger=self.where)))
         try:
             import psycopg  # noqa: F401 - an extra: said here, before anything else is tried
         except ImportError:
@@ -305,13 +298,7 @@ class LedgerServer:
         except psycopg.Error as exc:
             raise LedgerError(f"{self.where}: cannot open the ledger: {_said(exc)}") from None
         self._connection = connection
-        if self._down_since is not None:
-            get_logger(stage="ledger").warning(
-                "shared ledger reachable again: uploads resume",
-                ledger=self.where,
-                down_seconds=round(time.monotonic() - self._down_since, 1),
-            )
-            self._down_since = None
+        self._outage.end()
         return connection
 
     def _drop(self) -> None:
@@ -321,23 +308,11 @@ class LedgerServer:
             self._connection = None
 
     def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
-        """The database cannot be reached: said once per outage, here; the callers pause."""
+        """The database cannot be reached: an outage (`evalpush.core.outage`); the callers pause."""
         self._drop()
-        self._error = _said(exc)
-        if self._down_since is None and not self.read_only:  # a reader just fails, saying why
-            self._down_since = time.monotonic()
-            self._next_report = self._down_since + FIRST_REPORT_SECONDS
-            self._report_gap = FIRST_REPORT_SECONDS
-            get_logger(stage="ledger").warning(
-                (
-                    "shared ledger refused the login: uploads pause until it accepts it"
-                    if _login_refused(exc)
-                    else "shared ledger unreachable: uploads pause (nothing is sent without "
-                    "its intent written) until it is back"
-                ),
-                ledger=self.where,
-                error=self._error,
-            )
+        if not self.read_only:  # a reader just fails, saying why
+            self._outage.attempt()
+            self._outage.start(AUTH if _login_refused(exc) else UNREACHABLE, _said(exc))
         if _login_refused(exc):
             return LedgerUnavailable(
                 f"{self.where}: the database refused the login: {_said(exc)}; {PASSWORD_HINT}"
@@ -347,24 +322,12 @@ class LedgerServer:
     @property
     def down_seconds(self) -> float | None:
         """How long the database has been unreachable; None while it is reachable."""
-        since = self._down_since
-        return None if since is None else time.monotonic() - since
+        return None if self._outage.mode is None else self._outage.seconds()
 
     def report_if_due(self) -> None:
         """While the database is unreachable, say so again when a report is due."""
         with self.lock:
-            now = time.monotonic()
-            if self._down_since is None or now < self._next_report:
-                return
-            self._report_gap = min(self._report_gap * 2, REPORT_CAP_SECONDS)
-            self._next_report = now + self._report_gap
-            get_logger(stage="ledger").warning(
-                "shared ledger still unreachable: uploads paused",
-                ledger=self.where,
-                down_seconds=round(now - self._down_since, 1),
-                error=self._error,
-                next_report_seconds=self._report_gap,
-            )
+            self._outage.report_if_due()
 
     def wait_available(self, stop: threading.Event) -> bool:
         """Wait until the database answers again (trying every `PROBE_SECONDS`) or `stop` is

@@ -36,6 +36,7 @@ import msgspec
 from evalpush.config import ReadConfig, RunsConfig, read_toml
 from evalpush.core.errors import RunError
 from evalpush.core.ids import short_id
+from evalpush.core.words import format_duration
 from evalpush.runs.read import CHUNK_BYTES, FileIdentity, Line, identity_of, read_lines
 
 CONFIG_FILE = "config.toml"
@@ -578,21 +579,6 @@ def settles_in(settles_at: float, now: float) -> str:
     if settles_at <= now:
         return "settles now"
     return f"settles in {format_duration(math.ceil(settles_at - now))}"
-
-
-def format_duration(seconds: float) -> str:
-    """A duration for people, two units at most: `42s`, `4m12s`, `1h02m`, `3d04h`."""
-    whole = max(0, int(seconds))
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
 
 
 class LineCount(msgspec.Struct, frozen=True, gc=False):
