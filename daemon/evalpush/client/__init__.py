@@ -12,7 +12,6 @@ from evalpush.client.lookup import Environments, EvaluationIndex
 from evalpush.client.platform import (
     Evaluation,
     PlatformClient,
-    is_finalized,
     is_platform_id,
     most_samples_stored,
 )
@@ -51,7 +50,6 @@ __all__ = [
     "UNREACHABLE",
     "UNUSABLE_ANSWER_ATTEMPTS",
     "USER_AGENT",
-    "is_finalized",
     "is_platform_id",
     "load_credentials",
     "most_samples_stored",

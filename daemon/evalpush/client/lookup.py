@@ -37,12 +37,12 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, Protocol
 
-from evalpush.client.platform import Evaluation
+from evalpush.client.answers import Evaluation
 from evalpush.core.errors import EvalpushError, RunError
 
 
 class Lister(Protocol):
-    def iter_evaluations(self, environment_name: str) -> Iterator[dict[str, Any]]: ...
+    def iter_evaluations(self, environment_name: str) -> Iterator[Evaluation]: ...
 
     def close_out(
         self, evaluation_id: str, status: str, error_message: str | None = None
@@ -166,8 +166,7 @@ class EvaluationIndex:
 
         def listing() -> dict[str, list[Evaluation]]:
             index: dict[str, list[Evaluation]] = defaultdict(list)
-            for answer in self._client.iter_evaluations(env_name):
-                evaluation = Evaluation.from_answer(answer)
+            for evaluation in self._client.iter_evaluations(env_name):
                 key = evaluation.run_id
                 if key is not None and (every_run or key == run_id):
                     index[key].append(evaluation)
