@@ -264,7 +264,7 @@ class TestEndpoints:
         evaluation_id, viewer_url = platform_client.create_evaluation(create_body(env_id, "run-42"))
         assert viewer_url and viewer_url.endswith(evaluation_id)
         read = platform_client.get_evaluation(evaluation_id)
-        assert read.status == "RUNNING" and read.run_id == "run-42" and read.model_name == "m"
+        assert read.status == "RUNNING" and read.run_id == "run-42" and read.model == "m"
         assert stored(local_platform, evaluation_id)["environment_ids"] == [env_id]
         assert local_platform.summary()["runs"] == {"run-42": 1}
 

@@ -106,7 +106,7 @@ class Evaluation(_Names, frozen=True):
     given_url: str | None = msgspec.field(default=None, name="viewer_url")
     metadata: dict[str, Any] | None = None
     name: str | None = None
-    model_name: str | None = None
+    model: str | None = msgspec.field(default=None, name="model_name")
     environment_name: str | None = None
     environment_names: list[str] | None = None
     dataset: str | None = None
