@@ -1,29 +1,26 @@
-"""The platform's answers, typed: one `msgspec.Struct` for each kind of answer, decoded in one
-place (`read`), and what "finalized" looks like said once (`Evaluation.finalized`).
+"""The platform's answers, typed: one `msgspec.Struct` per kind of answer, decoded in one place
+(`read`), and what "finalized" looks like said once (`Evaluation.finalized`: status COMPLETED).
 
 | endpoint | answer |
 | --- | --- |
 | resolve environment | `Environment` |
-| create, finalize, read one evaluation, each item of a listing | `Evaluation` |
+| create, finalize, read one evaluation, each listed evaluation | `Evaluation` |
 | push samples | `SamplesAck` (or an empty body) |
 | list samples / list evaluations | `SamplesPage` / `EvaluationsPage` (or a bare list) |
 
-Tolerant where the platform's answers vary: an id under `evaluation_id` or `id`, a string or an
-integer (as its text); one evaluation at the top level or in a `data` envelope; a page a bare
-list or an object holding it under one of its keys; a status in any case; unknown keys ignored.
-Strict where a misread would risk exactly-once: a field of another type, a sample without its
-`sample_id`, or a paging hint that is not a number makes the whole answer malformed:
-`Ambiguous` on a step that must not be replayed, `Transient` on the rest, its message naming
-the request and the field (`at $.samples[3].sample_id`).
-
-Ids are taken as the platform gives them; one goes into a URL only if `is_platform_id`. Viewer
-URLs are kept only if http(s), without a password or a secret.
+Tolerant where the platform's answers vary: an id under `evaluation_id` or `id`, a string or
+an integer; one evaluation at the top level or in a `data` envelope; a page a bare list or an
+object holding it under one of its keys; a status in any case; unknown keys. Strict where a
+misread would risk exactly-once: a field of another type, a sample without its `sample_id` or a
+paging hint that is not a number makes the answer malformed (`unexpected`: `Ambiguous` on a
+step that must not be replayed, `Transient` on the rest), its message naming the request and
+the field (`at $.samples[3]`). Viewer URLs are kept only if http(s), with no password or secret.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 import msgspec
 
@@ -43,8 +40,8 @@ CLOSED_OUT = frozenset({"FAILED", "CANCELLED"})
 """Statuses of an evaluation closed out without being finalized: it takes no more samples."""
 
 Id = str | int
-T = TypeVar("T")
 Enveloped = TypeVar("Enveloped", "Evaluation", "SamplesAck")
+Page = TypeVar("Page", "SamplesPage", "EvaluationsPage")
 
 
 def is_platform_id(value: str) -> bool:
@@ -76,10 +73,11 @@ def _url_shape(text: str) -> bool:
 
 
 class _Names(msgspec.Struct, frozen=True):
-    """An answer about one evaluation, naming it (or not)."""
+    """An answer about one evaluation, naming it (or not), with its status (or not)."""
 
     evaluation_id: Id | None = None
     plain_id: Id | None = msgspec.field(default=None, name="id")
+    status: str | None = None
 
     @property
     def named(self) -> str | None:
@@ -102,7 +100,6 @@ class Evaluation(_Names, frozen=True):
     """An evaluation as the platform answers it (a read, a listing's item, the answer to a
     create or a finalize): what the upload reads of it, whatever the spelling."""
 
-    status: str | None = None
     given_url: str | None = msgspec.field(default=None, name="viewer_url")
     metadata: dict[str, Any] | None = None
     name: str | None = None
@@ -167,7 +164,7 @@ class SamplesAck(_Names, frozen=True):
 def unwrapped(answer: Enveloped) -> Enveloped:
     """An answer's object, out of a `data` envelope when the answer says nothing of its own
     (no id, no status)."""
-    if answer.data is None or answer.named is not None or getattr(answer, "status", None):
+    if answer.data is None or answer.named is not None or answer.status is not None:
         return answer
     return answer.data
 
@@ -204,6 +201,9 @@ class Sample(msgspec.Struct, frozen=True):
 
 
 class SamplesPage(_Hints, frozen=True):
+    """A page of an evaluation's samples, under `samples`, `data` or `items`."""
+
+    ITEM: ClassVar[type] = Sample
     samples: list[Sample] | None = None
     data: list[Sample] | None = None
     items: list[Sample] | None = None
@@ -215,6 +215,9 @@ class SamplesPage(_Hints, frozen=True):
 
 
 class EvaluationsPage(_Hints, frozen=True):
+    """A page of an environment's evaluations, under `evaluations`, `data` or `items`."""
+
+    ITEM: ClassVar[type] = Evaluation
     evaluations: list[Evaluation] | None = None
     data: list[Evaluation] | None = None
     items: list[Evaluation] | None = None
@@ -229,17 +232,9 @@ def _decoder(shape: Any) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(shape)
 
 
-def read(answer: Answer, shape: type[T], *, what: str, replayable: bool) -> T:
-    """`answer`'s body as `shape` (a bare list is a page of `shape`'s items); a body that is
-    not JSON or not of that shape is a malformed answer (`unexpected`)."""
-    if shape is SamplesPage or shape is EvaluationsPage:
-        item = Sample if shape is SamplesPage else Evaluation
-        page = _read(answer, list[item] | shape, what, replayable)  # type: ignore[valid-type]
-        return shape(items=page) if isinstance(page, list) else page  # type: ignore[call-arg]
-    return _read(answer, shape, what, replayable)
-
-
-def _read(answer: Answer, shape: Any, what: str, replayable: bool) -> Any:
+def read(answer: Answer, shape: Any, *, what: str, replayable: bool) -> Any:
+    """`answer`'s body as `shape`; a body that is not JSON or not of that shape is a malformed
+    answer (`unexpected`)."""
     try:
         return _decoder(shape).decode(answer.body)
     except msgspec.ValidationError as exc:
@@ -247,6 +242,12 @@ def _read(answer: Answer, shape: Any, what: str, replayable: bool) -> Any:
         raise unexpected(answer, what=what, replayable=replayable, why=why) from None
     except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deeply
         raise unexpected(answer, what=what, replayable=replayable) from None
+
+
+def read_page(answer: Answer, shape: type[Page], *, what: str) -> Page:
+    """A listing's page: an object of `shape`, or a bare list of its items."""
+    page = read(answer, list[shape.ITEM] | shape, what=what, replayable=True)  # type: ignore[name-defined]
+    return shape(items=page) if isinstance(page, list) else page
 
 
 def unexpected(

@@ -38,7 +38,7 @@ import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 import httpx
 import msgspec
@@ -48,10 +48,12 @@ from evalpush.client.answers import (
     Environment,
     Evaluation,
     EvaluationsPage,
+    Page,
     SamplesAck,
     SamplesPage,
     is_platform_id,
     read,
+    read_page,
     unexpected,
     unwrapped,
 )
@@ -65,7 +67,6 @@ __all__ = ["Evaluation", "PlatformClient", "is_platform_id", "most_samples_store
 
 SAMPLES_PAGE_SIZE = 500
 EVALUATIONS_PAGE_SIZE = 100
-Page = TypeVar("Page", SamplesPage, EvaluationsPage)
 MIB = 1024 * 1024
 MAX_PAGE_BYTES = 32 * MIB
 """A listing page carries whole samples (each up to the platform's 25 MiB body limit) or whole
@@ -375,7 +376,7 @@ class PlatformClient:
             replayable=True,
             cap=MAX_PAGE_BYTES,
         )
-        return read(answer, shape, what=what, replayable=True)
+        return read_page(answer, shape, what=what)
 
     def close_out(
         self,
@@ -386,24 +387,9 @@ class PlatformClient:
         metrics: dict[str, Any] | None = None,
     ) -> None:
         """Mark an evaluation FAILED or CANCELLED (409 `Conflict` when already closed)."""
-        body: dict[str, Any] = {"status": status}
-        for key, value in (
-            ("error_message", error_message),
-            ("metadata", metadata),
-            ("metrics", metrics),
-        ):
-            if value is not None:
-                body[key] = value
         what = f"close out {evaluation_id[:80]} as {status}"
-        path = f"/evaluations/{_segment(evaluation_id, what, any_length=True)}"
-        self._send(
-            "PUT",
-            path,
-            endpoint="close_out",
-            what=what,
-            body=msgspec.json.encode(body),
-            replayable=True,
-        )
+        fields = {"error_message": error_message, "metadata": metadata, "metrics": metrics}
+        self._put(evaluation_id, {"status": status, **fields}, "close_out", what, any_length=True)
 
     def update_evaluation(
         self,
@@ -416,18 +402,15 @@ class PlatformClient:
         nor its samples change. What verifiers 0.4 (prime-runs) sends before its finalize, and
         how a superseded evaluation is marked."""
         what = f"update {evaluation_id[:80]}"
-        path = f"/evaluations/{_segment(evaluation_id, what)}"
-        body: dict[str, Any] = {"metadata": metadata}
-        if metrics is not None:
-            body["metrics"] = metrics
-        self._send(
-            "PUT",
-            path,
-            endpoint="update",
-            what=what,
-            body=msgspec.json.encode(body),
-            replayable=True,
-        )
+        self._put(evaluation_id, {"metadata": metadata, "metrics": metrics}, "update", what)
+
+    def _put(
+        self, evaluation_id: str, fields: dict[str, Any], endpoint: str, what: str, **segment: bool
+    ) -> None:
+        """`PUT /evaluations/{id}` with those of `fields` that are not None (replayable)."""
+        path = f"/evaluations/{_segment(evaluation_id, what, **segment)}"
+        body = msgspec.json.encode({k: v for k, v in fields.items() if v is not None})
+        self._send("PUT", path, endpoint=endpoint, what=what, body=body, replayable=True)
 
     def probe(self) -> None:
         """A cheap authenticated read: returns if the platform answers and accepts the key."""
