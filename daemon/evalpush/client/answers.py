@@ -36,8 +36,8 @@ _URL_CHARS = 2048
 MAX_SAMPLE_COUNT = 2**63 - 1
 """The largest sample count an answer may give (SQLite's integer)."""
 FINALIZED = "COMPLETED"
-CLOSED_OUT = frozenset({"FAILED", "CANCELLED"})
-"""Statuses of an evaluation closed out without being finalized: it takes no more samples."""
+CLOSED = frozenset({FINALIZED, "FAILED", "CANCELLED"})
+"""Statuses of an evaluation that takes no more samples: finalized, or closed out."""
 
 Id = str | int
 Enveloped = TypeVar("Enveloped", "Evaluation", "SamplesAck")
@@ -84,6 +84,16 @@ class _Names(msgspec.Struct, frozen=True):
         """The evaluation the answer names: its `evaluation_id`, else its `id`."""
         return _text(self.evaluation_id) or _text(self.plain_id)
 
+    @property
+    def finalized(self) -> bool:
+        """What finalized looks like, said once: the status COMPLETED, in any case."""
+        return (self.status or "").strip().upper() == FINALIZED
+
+    @property
+    def closed(self) -> bool:
+        """Whether it takes no more samples: finalized, or closed out (failed, cancelled)."""
+        return (self.status or "").strip().upper() in CLOSED
+
 
 class Environment(msgspec.Struct, frozen=True):
     """The answer to resolve: `{"data": {"id"}}`, or the id at the top level."""
@@ -120,15 +130,6 @@ class Evaluation(_Names, frozen=True):
         """Whether its id is one evalpush may put into a URL (`is_platform_id`): a listed
         evaluation without such an id (another tool's, a legacy one) is never adopted."""
         return is_platform_id(self.id)
-
-    @property
-    def finalized(self) -> bool:
-        return (self.status or "").strip().upper() == FINALIZED
-
-    @property
-    def closed(self) -> bool:
-        """Whether it takes no more samples: finalized, or closed out (failed, cancelled)."""
-        return self.finalized or (self.status or "").strip().upper() in CLOSED_OUT
 
     @property
     def run_id(self) -> str | None:
@@ -246,7 +247,8 @@ def read(answer: Answer, shape: Any, *, what: str, replayable: bool) -> Any:
 
 def read_page(answer: Answer, shape: type[Page], *, what: str) -> Page:
     """A listing's page: an object of `shape`, or a bare list of its items."""
-    page = read(answer, list[shape.ITEM] | shape, what=what, replayable=True)  # type: ignore[name-defined]
+    item = shape.ITEM
+    page = read(answer, list[item] | shape, what=what, replayable=True)  # type: ignore[valid-type]
     return shape(items=page) if isinstance(page, list) else page
 
 
