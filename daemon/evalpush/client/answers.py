@@ -171,16 +171,14 @@ def unwrapped(answer: Enveloped) -> Enveloped:
 
 
 class _Hints(msgspec.Struct, frozen=True):
-    """What a listing's page may say of the listing; its spellings vary."""
+    """What a listing's page may say of the listing: the page or skip it answers, and hints of
+    its end (prime-evals reads `total`, `has_more`; the local platform adds `total_pages`)."""
 
     page: int | None = None
     skip: int | None = None
     has_more: bool | None = None
     total_pages: int | None = None
-    pages: int | None = None
     total: int | None = None
-    total_count: int | None = None
-    count: int | None = None
 
     def last(self, *, page: int | None, seen: int) -> bool:
         """Whether the page's own hints (has_more, total_pages, total) say nothing follows it.
@@ -188,12 +186,10 @@ class _Hints(msgspec.Struct, frozen=True):
         Without hints only an empty page ends the listing: a server may cap `limit` below what
         was asked, so a short page does not prove the end, and a missed sample id would be sent
         twice."""
-        total_pages = self.total_pages if self.total_pages is not None else self.pages
-        total = next((t for t in (self.total, self.total_count, self.count) if t is not None), None)
         return (
             self.has_more is False
-            or (total_pages is not None and page is not None and page >= total_pages)
-            or (total is not None and seen >= total)
+            or (self.total_pages is not None and page is not None and page >= self.total_pages)
+            or (self.total is not None and seen >= self.total)
         )
 
 
@@ -202,30 +198,28 @@ class Sample(msgspec.Struct, frozen=True):
 
 
 class SamplesPage(_Hints, frozen=True):
-    """A page of an evaluation's samples, under `samples`, `data` or `items`."""
+    """A page of an evaluation's samples, under `samples` or `data`."""
 
     ITEM: ClassVar[type] = Sample
     samples: list[Sample] | None = None
     data: list[Sample] | None = None
-    items: list[Sample] | None = None
 
     @property
     def sample_ids(self) -> list[str] | None:
-        found = next((x for x in (self.samples, self.data, self.items) if x is not None), None)
+        found = self.samples if self.samples is not None else self.data
         return None if found is None else [str(s.sample_id) for s in found]
 
 
 class EvaluationsPage(_Hints, frozen=True):
-    """A page of an environment's evaluations, under `evaluations`, `data` or `items`."""
+    """A page of an environment's evaluations, under `evaluations` or `data`."""
 
     ITEM: ClassVar[type] = Evaluation
     evaluations: list[Evaluation] | None = None
     data: list[Evaluation] | None = None
-    items: list[Evaluation] | None = None
 
     @property
     def listed(self) -> list[Evaluation] | None:
-        return next((x for x in (self.evaluations, self.data, self.items) if x is not None), None)
+        return self.evaluations if self.evaluations is not None else self.data
 
 
 @functools.cache
@@ -249,7 +243,7 @@ def read_page(answer: Answer, shape: type[Page], *, what: str) -> Page:
     """A listing's page: an object of `shape`, or a bare list of its items."""
     item = shape.ITEM
     page = read(answer, list[item] | shape, what=what, replayable=True)  # type: ignore[valid-type]
-    return shape(items=page) if isinstance(page, list) else page
+    return shape(data=page) if isinstance(page, list) else page
 
 
 def unexpected(
