@@ -149,7 +149,7 @@ def test_a_compressed_answer_within_its_cap_is_read(encoding, compress, tmp_path
     body = compress(orjson.dumps(ANSWER))
     answer = streamed(body, encoding)
 
-    assert canned_client(tmp_path, answer).get_evaluation("ev-1")["id"] == "ev-1"
+    assert canned_client(tmp_path, answer).get_evaluation("ev-1").id == "ev-1"
 
 
 @pytest.mark.parametrize("encoding", ["br", "gzip, deflate", "compress"])

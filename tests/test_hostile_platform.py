@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import orjson
 import pytest
 
@@ -504,9 +505,9 @@ class TestIdsAreData:
 
         with mock_client(tmp_path, answer) as client:
             listed = list(client.iter_evaluations("gsm8k"))
-        assert "viewer_url" not in listed[0]
-        assert listed[1]["viewer_url"] == "https://app.test/dashboard/evaluations/e2"
-        assert "viewer_url" not in listed[2], "a URL holding a password is not kept to print"
+        assert listed[0].viewer_url is None
+        assert listed[1].viewer_url == "https://app.test/dashboard/evaluations/e2"
+        assert listed[2].viewer_url is None, "a URL holding a password is not kept to print"
 
     def test_a_viewer_url_seen_before_a_key_is_known_is_refused_once_it_holds_the_key(
         self,
@@ -515,9 +516,10 @@ class TestIdsAreData:
         # whether it holds a secret is judged every time, since a key may be learnt later.
         key = f"sk-viewer-{uuid.uuid4().hex}"
         url = f"https://app.test/dashboard/evaluations/e1?token={key}"
-        assert platform.Evaluation.from_answer({"id": "e1", "viewer_url": url}).viewer_url == url
+        evaluation = msgspec.convert({"id": "e1", "viewer_url": url}, platform.Evaluation)
+        assert evaluation.viewer_url == url
         log.register_secret(key)
-        assert platform.Evaluation.from_answer({"id": "e1", "viewer_url": url}).viewer_url is None
+        assert evaluation.viewer_url is None
 
     def test_a_listed_evaluation_whose_id_cannot_be_a_segment_is_listed_as_unusable_beside_others(
         self, tmp_path: Path
@@ -529,7 +531,7 @@ class TestIdsAreData:
             return httpx.Response(200, json={"evaluations": items if skip == 0 else []})
 
         with mock_client(tmp_path, answer) as client:
-            listed = [platform.Evaluation.from_answer(e) for e in client.iter_evaluations("gsm8k")]
+            listed = list(client.iter_evaluations("gsm8k"))
 
         assert [(e.id, e.usable) for e in listed] == [("..", False), ("e2", True)]
 

@@ -7,6 +7,7 @@ local platform does not produce are fed through httpx's MockTransport.
 from __future__ import annotations
 
 import io
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -27,13 +28,13 @@ from evalpush.client import (
     Gate,
     PlatformClient,
     Retrier,
-    is_finalized,
     load_credentials,
 )
 from evalpush.config import PlatformConfig
 from evalpush.core import errors
 from evalpush.local_platform import MAX_BODY_BYTES, LocalPlatform
 from support.canned import CannedTransport
+from support.platform_view import stored
 
 MakeClient = Callable[..., PlatformClient]
 MakeRetrier = Callable[[PlatformClient], Retrier]
@@ -262,9 +263,9 @@ class TestEndpoints:
         env_id = platform_client.resolve_environment("gsm8k")
         evaluation_id, viewer_url = platform_client.create_evaluation(create_body(env_id, "run-42"))
         assert viewer_url and viewer_url.endswith(evaluation_id)
-        stored = platform_client.get_evaluation(evaluation_id)
-        assert stored["status"] == "RUNNING" and stored["metadata"]["run_id"] == "run-42"
-        assert stored["model_name"] == "m" and stored["environment_ids"] == [env_id]
+        read = platform_client.get_evaluation(evaluation_id)
+        assert read.status == "RUNNING" and read.run_id == "run-42" and read.model == "m"
+        assert stored(local_platform, evaluation_id)["environment_ids"] == [env_id]
         assert local_platform.summary()["runs"] == {"run-42": 1}
 
     def test_the_team_is_sent_when_set(
@@ -273,7 +274,7 @@ class TestEndpoints:
         client = make_platform_client(
             environ={"PRIME_API_KEY": local_platform.api_key, "PRIME_TEAM_ID": "team-7"}
         )
-        assert client.get_evaluation(new_evaluation(client))["team_id"] == "team-7"
+        assert stored(local_platform, new_evaluation(client))["team_id"] == "team-7"
 
     def test_pushed_samples_are_listed_page_by_page_duplicates_included(
         self, platform_client: PlatformClient
@@ -283,19 +284,21 @@ class TestEndpoints:
         platform_client.push_samples(evaluation_id, samples_body(3))
         ids = list(platform_client.iter_sample_ids(evaluation_id, page_size=3))
         assert ids == ["0", "1", "2", "3", "4", "5", "6", "3"]
-        assert platform_client.get_evaluation(evaluation_id)["sample_count"] == 8
+        assert platform_client.get_evaluation(evaluation_id).sample_count == 8
 
     def test_an_evaluation_without_samples_lists_none(
         self, platform_client: PlatformClient
     ) -> None:
         assert list(platform_client.iter_sample_ids(new_evaluation(platform_client))) == []
 
-    def test_finalize_completes_the_evaluation_once(self, platform_client: PlatformClient) -> None:
+    def test_finalize_completes_the_evaluation_once(
+        self, platform_client: PlatformClient, local_platform: LocalPlatform
+    ) -> None:
         evaluation_id = new_evaluation(platform_client)
         viewer_url = platform_client.finalize(evaluation_id, {"avg_reward": 0.75})
         assert viewer_url and viewer_url.endswith(evaluation_id)
-        evaluation = platform_client.get_evaluation(evaluation_id)
-        assert is_finalized(evaluation) and evaluation["metrics"] == {"avg_reward": 0.75}
+        assert platform_client.get_evaluation(evaluation_id).finalized
+        assert stored(local_platform, evaluation_id)["metrics"] == {"avg_reward": 0.75}
         with pytest.raises(errors.Conflict):
             platform_client.finalize(evaluation_id, {})
         with pytest.raises(errors.Conflict):
@@ -315,7 +318,7 @@ class TestEndpoints:
             new_evaluation(platform_client, run_id, env="gsm8k")
         new_evaluation(platform_client, "other-run", env="math")
         listed = list(platform_client.iter_evaluations("gsm8k", page_size=2))
-        assert [e["metadata"]["run_id"] for e in listed] == runs
+        assert [e.run_id for e in listed] == runs
 
     def test_an_environment_name_of_any_characters_reaches_the_platform_as_it_is(
         self, platform_client: PlatformClient
@@ -326,18 +329,18 @@ class TestEndpoints:
         new_evaluation(platform_client, "run-odd", env=name)
         new_evaluation(platform_client, "run-plain", env="a b")
         listed = list(platform_client.iter_evaluations(name))
-        assert [e["metadata"]["run_id"] for e in listed] == ["run-odd"]
+        assert [e.run_id for e in listed] == ["run-odd"]
 
     def test_close_out_marks_the_evaluation_and_refuses_a_second_time(
-        self, platform_client: PlatformClient
+        self, platform_client: PlatformClient, local_platform: LocalPlatform
     ) -> None:
         evaluation_id = new_evaluation(platform_client)
         platform_client.close_out(
             evaluation_id, "FAILED", error_message="superseded", metadata={"run_id": "run-1"}
         )
         evaluation = platform_client.get_evaluation(evaluation_id)
-        assert evaluation["status"] == "FAILED" and evaluation["error_message"] == "superseded"
-        assert not is_finalized(evaluation)
+        assert evaluation.closed and not evaluation.finalized
+        assert stored(local_platform, evaluation_id)["error_message"] == "superseded"
         with pytest.raises(errors.Conflict):
             platform_client.close_out(evaluation_id, "CANCELLED")
 
@@ -497,7 +500,7 @@ class TestTolerantShapes:
             skip = int(request.url.params["skip"])
             return httpx.Response(200, json=[{"id": f"e{skip}"}] if skip < 2 else [])
 
-        assert [e["id"] for e in mock_client(tmp_path, answer).iter_evaluations("gsm8k")] == [
+        assert [e.id for e in mock_client(tmp_path, answer).iter_evaluations("gsm8k")] == [
             "e0",
             "e1",
         ]
@@ -505,28 +508,71 @@ class TestTolerantShapes:
 
     def test_get_evaluation_unwraps_a_data_envelope(self, tmp_path: Path) -> None:
         answer = httpx.Response(200, json={"data": {"id": "e1", "status": "COMPLETED"}})
-        assert mock_client(tmp_path, [answer]).get_evaluation("e1")["status"] == "COMPLETED"
+        assert mock_client(tmp_path, [answer]).get_evaluation("e1").finalized
 
     @pytest.mark.parametrize(
-        "evaluation",
+        "answer",
+        [{"status": "COMPLETED"}, {"status": "completed"}, {"data": {"status": " Completed "}}],
+    )
+    def test_a_read_evaluation_is_finalized_when_its_status_is_completed_in_any_case(
+        self, tmp_path: Path, answer: dict[str, Any]
+    ) -> None:
+        read = mock_client(tmp_path, [httpx.Response(200, json=answer)]).get_evaluation("e1")
+        assert read.finalized and read.closed
+
+    @pytest.mark.parametrize(
+        "answer",
+        [{"status": "RUNNING"}, {"status": "FAILED"}, {}, {"status": None}, {"status": "DONE"}],
+    )
+    def test_a_read_evaluation_with_another_status_or_none_is_not_finalized(
+        self, tmp_path: Path, answer: dict[str, Any]
+    ) -> None:
+        read = mock_client(tmp_path, [httpx.Response(200, json=answer)]).get_evaluation("e1")
+        assert not read.finalized
+        assert read.closed == (answer.get("status") == "FAILED")
+
+    @pytest.mark.parametrize(
+        ("step", "answer", "field"),
         [
-            {"status": "COMPLETED"},
-            {"status": "completed"},
-            {"status": "Finalized"},
-            {"data": {"status": "DONE"}},
-            {"finalized": True},
+            ("finalize", {"evaluation_id": "e1", "status": 3}, "$.status"),
+            ("samples", {"accepted": "3"}, "$.accepted"),
+            ("create", {"evaluation_id": True}, "$.evaluation_id"),
         ],
     )
-    def test_is_finalized_reads_every_spelling(self, evaluation: dict[str, Any]) -> None:
-        assert is_finalized(evaluation)
+    def test_a_write_answered_with_a_field_of_another_type_is_ambiguous_naming_the_field(
+        self, tmp_path: Path, step: str, answer: dict[str, Any], field: str
+    ) -> None:
+        client = mock_client(tmp_path, [httpx.Response(200, json=answer)])
+        call = {
+            "finalize": lambda: client.finalize("e1", {}),
+            "samples": lambda: client.push_samples("e1", b'{"samples": [1, 2, 3]}', count=3),
+            "create": lambda: client.create_evaluation({}),
+        }[step]
+        with pytest.raises(errors.Ambiguous, match=re.escape(field)):
+            call()
 
     @pytest.mark.parametrize(
-        "evaluation", [{"status": "RUNNING"}, {"status": "FAILED"}, {}, {"status": None}]
+        ("step", "answer", "field"),
+        [
+            ("get", {"id": "e1", "sample_count": -1}, "$.sample_count"),
+            ("get", {"id": "e1", "metadata": ["run-1"]}, "$.metadata"),
+            ("list samples", {"samples": [{"sample_id": "a"}, {"id": "b"}]}, "$.samples[1]"),
+            ("list samples", {"samples": [], "has_more": "no"}, "$.has_more"),
+            ("list evaluations", {"evaluations": [{"id": "e1", "status": 1}]}, "$.evaluations"),
+        ],
     )
-    def test_is_finalized_is_false_for_open_or_failed_evaluations(
-        self, evaluation: dict[str, Any]
+    def test_a_read_answered_with_a_field_of_another_type_is_transient_naming_the_field(
+        self, tmp_path: Path, step: str, answer: dict[str, Any], field: str
     ) -> None:
-        assert not is_finalized(evaluation)
+        client = mock_client(tmp_path, lambda request: httpx.Response(200, json=answer))
+        call = {
+            "get": lambda: client.get_evaluation("e1"),
+            "list samples": lambda: list(client.iter_sample_ids("e1")),
+            "list evaluations": lambda: list(client.iter_evaluations("gsm8k")),
+        }[step]
+        with pytest.raises(errors.Transient, match=re.escape(field)) as caught:
+            call()
+        assert not isinstance(caught.value, errors.Ambiguous) and caught.value.unusable
 
     @pytest.mark.parametrize(
         "step",
@@ -546,7 +592,7 @@ class TestTolerantShapes:
     def test_a_2xx_nested_too_deeply_to_parse_is_unreadable_not_a_crash(
         self, tmp_path: Path
     ) -> None:
-        deep = b"[" * 5000 + b"]" * 5000
+        deep = b'{"evaluation_id": "e1", "metadata": {"a": ' + b"[" * 5000 + b"]" * 5000 + b"}}"
         with pytest.raises(errors.Ambiguous, match="not JSON"):
             mock_client(tmp_path, [httpx.Response(200, content=deep)]).create_evaluation({})
 
@@ -660,7 +706,7 @@ class TestFailuresAgainstTheLocalPlatform:
         )
         assert time.monotonic() - started >= 0.3
         assert local_platform.summary()["requests"]["read"] >= 2
-        assert evaluation["status"] == "RUNNING"
+        assert evaluation.status == "RUNNING"
 
     def test_a_short_refused_connection_outage_is_ridden_out_with_one_probe_at_a_time(
         self,
@@ -750,7 +796,7 @@ class TestFailuresAgainstTheLocalPlatform:
         evaluation = retrier.call(
             lambda: platform_client.get_evaluation(setup[1]), replayable=True, what="read"
         )
-        assert evaluation["id"] == setup[1]
+        assert evaluation.id == setup[1]
 
     def test_a_401_closes_the_gate_until_the_key_is_fixed(
         self,

@@ -201,7 +201,7 @@ class TestConnections:
 
         server = serve(doubled, doubled, doubled)
         client = client_for(server.url)
-        assert [client.get_evaluation("e1")["id"] for _ in range(3)] == ["e1"] * 3
+        assert [client.get_evaluation("e1").id for _ in range(3)] == ["e1"] * 3
         assert server.connections == 3
 
     def test_bytes_arriving_on_an_idle_connection_retire_it(
@@ -220,11 +220,11 @@ class TestConnections:
 
         server = serve(repeats, answering(ok(RUNNING)))
         client = client_for(server.url)
-        assert client.get_evaluation("e1")["id"] == "e1"
+        assert client.get_evaluation("e1").id == "e1"
         answered.set()
         assert repeated.wait(SAFETY_SECONDS)
         time.sleep(0.05)  # let the repeated answer reach the client's socket
-        assert client.get_evaluation("e1")["id"] == "e1"
+        assert client.get_evaluation("e1").id == "e1"
         assert server.connections == 2
 
     def test_no_request_shares_a_connection(
@@ -279,7 +279,7 @@ class TestConnections:
         def worker(n: int) -> None:
             try:
                 for i in range(60):
-                    assert client.get_evaluation(f"t{n}-{i}")["id"] == f"t{n}-{i}"
+                    assert client.get_evaluation(f"t{n}-{i}").id == f"t{n}-{i}"
             except BaseException as exc:  # handed to the test thread
                 failures.append(exc)
 

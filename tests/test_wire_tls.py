@@ -153,7 +153,7 @@ def test_an_exchange_over_tls_reads_a_large_answer_whole(
     # Larger than one TLS record many times over: bytes wait in the SSL object between reads.
     evaluation = {"id": "e1", "status": "RUNNING", "metadata": {"pad": "x" * 500_000}}
     client = make_client(serve(answer(orjson.dumps(evaluation))))
-    assert client.get_evaluation("e1") == evaluation
+    assert client.get_evaluation("e1").metadata == evaluation["metadata"]
 
 
 @pytest.mark.parametrize(
@@ -245,7 +245,7 @@ def test_an_https_platform_is_reached_through_a_connect_tunnel(
         monkeypatch.delenv("NO_PROXY", raising=False)
         monkeypatch.delenv("no_proxy", raising=False)
         client = make_client(server)
-        assert client.get_evaluation("e1") == {"id": "e1", "status": "RUNNING"}
+        assert client.get_evaluation("e1").status == "RUNNING"
         client.close()
     finally:
         proxy.close()

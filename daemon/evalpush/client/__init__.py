@@ -13,7 +13,6 @@ from evalpush.client.lookup import Environments, EvaluationIndex
 from evalpush.client.platform import (
     Evaluation,
     PlatformClient,
-    is_finalized,
     is_platform_id,
     most_samples_stored,
 )
@@ -34,7 +33,6 @@ __all__ = [
     "SYSTEMD_CREDENTIAL_NAME",
     "UNUSABLE_ANSWER_ATTEMPTS",
     "USER_AGENT",
-    "is_finalized",
     "is_platform_id",
     "load_credentials",
     "most_samples_stored",

@@ -5,9 +5,8 @@ credentials in use.
 snapshot (another thread may reload them), the body handed to httpx once, the request bounded
 by `platform.request_deadline_seconds` and cut off by the stop event (`evalpush.client.wire`),
 a non-2xx answer turned into the failure it stands for (`errors.from_status`), a 2xx answer read
-under its byte cap. The observer, if any, hears how every attempt ended. `decode` and
-`unexpected` say what a 2xx that cannot be read means: ambiguous for a step that must not be
-replayed, transient for the rest.
+under its byte cap. The observer, if any, hears how every attempt ended. What a 2xx says is
+read by `evalpush.client.answers`.
 """
 
 from __future__ import annotations
@@ -359,41 +358,3 @@ class Exchange:
                 status=response.status_code,
             )
         return Answer(response.status_code, content)
-
-    def get_json(
-        self,
-        path: str,
-        *,
-        endpoint: str,
-        what: str,
-        params: Mapping[str, Any] | None = None,
-        cap: int = MAX_ANSWER_BYTES,
-    ) -> Any:
-        answer = self.send(
-            "GET", path, endpoint=endpoint, what=what, params=params, replayable=True, cap=cap
-        )
-        return decode(answer, what=what, replayable=True)
-
-
-def decode(answer: Answer, *, what: str, replayable: bool) -> Any:
-    try:
-        return msgspec.json.decode(answer.body)
-    except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deeply
-        raise unexpected(answer, what=what, replayable=replayable) from None
-
-
-def unexpected(
-    answer: Answer,
-    *,
-    what: str,
-    replayable: bool,
-    why: str = "a body that is not JSON",
-) -> errors.Transient:
-    """A 2xx we cannot read: the work may be done, so a non-replayable step is ambiguous."""
-    cls = errors.Transient if replayable else errors.Ambiguous
-    snippet = bytes(answer.body[:120]).decode("utf-8", "replace")
-    return cls(
-        scrub(f"{what}: HTTP {answer.status} with {why}: {snippet!r}"),
-        status=answer.status,
-        unusable=True,
-    )

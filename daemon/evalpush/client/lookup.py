@@ -35,85 +35,79 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
-from evalpush.client.platform import Evaluation
+from evalpush.client.answers import MAX_ID_CHARS, Evaluation
 from evalpush.core.errors import EvalpushError, RunError
 
 
 class Lister(Protocol):
-    def iter_evaluations(self, environment_name: str) -> Iterator[dict[str, Any]]: ...
+    def iter_evaluations(self, environment_name: str) -> Iterator[Evaluation]: ...
 
     def close_out(
         self, evaluation_id: str, status: str, error_message: str | None = None
     ) -> None: ...
 
 
-Retry = Callable[[Callable[[], Any], str, str], Any]
-"""`retry(fn, what, run)`: `fn()` under the retry policy, as a replayable call."""
-
-
-def _newest(
-    candidates: Collection[Evaluation], exclude: Callable[[], set[str]]
-) -> Evaluation | None:
-    """The last one listed (the platform lists in creation order) that is not excluded
-    (`exclude()` is asked only when there is a candidate: it reads the ledger). The caller
-    checks its id: it may be the one this run created (a create answered with an unusable id
-    is reconciled by this lookup), so it is neither adopted nor taken as "none": creating
-    another could make a second evaluation, over and over."""
-    found = None
-    excluded = exclude() if candidates else set()
-    for evaluation in candidates:
-        if evaluation.id not in excluded:
-            found = evaluation
-    return found
-
-
 class Resolver(Protocol):
     def resolve_environment(self, name: str) -> str: ...
 
 
+Retry = Callable[[Callable[[], Any], str, str], Any]
+"""`retry(fn, what, run)`: `fn()` under the retry policy, as a replayable call."""
+V = TypeVar("V")
+
+
+class _OncePerKey(Generic[V]):
+    """Values by key, each made once per process: callers asking for one key together wait
+    for one `make()` (thread-safe); `forget` has the next caller make it again."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
+        self._values: dict[str, V] = {}
+
+    def get(self, key: str, make: Callable[[], V]) -> V:
+        with self._guard:
+            lock = self._locks[key]
+        with lock:
+            value = self._values.get(key)
+            if value is None:
+                value = self._values[key] = make()
+            return value
+
+    def forget(self, key: str) -> None:
+        self._values.pop(key, None)
+
+
 class Environments:
-    """Environment ids by name, resolved once per process (thread-safe: runs of one environment
-    starting together wait for one resolve)."""
+    """Environment ids by name, resolved once per process."""
 
     def __init__(self, client: Resolver, retry: Retry):
         self._client = client
         self._retry = retry
-        self._guard = threading.Lock()
-        self._name_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
-        self._ids: dict[str, str] = {}
+        self._ids = _OncePerKey[str]()
 
     def id_of(self, name: str, run_id: str) -> str:
-        with self._guard:
-            name_lock = self._name_locks[name]
-        with name_lock:
-            with self._guard:
-                known = self._ids.get(name)
-            if known is not None:
-                return known
-            env_id = self._retry(
+        def resolve() -> str:
+            return self._retry(
                 lambda: self._client.resolve_environment(name), "resolve environment", run_id
             )
-            with self._guard:
-                self._ids[name] = env_id
-            return env_id
+
+        return self._ids.get(name, resolve)
 
     def forget(self, name: str) -> None:
         """The platform refused a create in this environment: resolve it again next time."""
-        with self._guard:
-            self._ids.pop(name, None)
+        self._ids.forget(name)
 
 
 class EvaluationIndex:
-    """The evaluations of each environment by run id, listed once per process (thread-safe)."""
+    """The evaluations of each environment by run id, listed once per process."""
 
     def __init__(self, client: Lister, retry: Retry):
         self._client = client
         self._retry = retry
-        self._guard = threading.Lock()
-        self._env_locks: dict[str, threading.Lock] = defaultdict(threading.Lock)
-        self._by_env: dict[str, dict[str, list[Evaluation]]] = {}
+        self._by_env = _OncePerKey[dict[str, list[Evaluation]]]()
 
     def find(
         self, env_name: str, run_id: str, *, exclude: Callable[[], set[str]], fresh: bool
@@ -124,7 +118,9 @@ class EvaluationIndex:
         if fresh:
             listed = self._list(env_name, run_id)
         else:
-            listed = self._indexed(env_name, run_id)
+            listed = self._by_env.get(
+                env_name, lambda: self._list(env_name, run_id, every_run=True)
+            )
         found = _newest(listed.get(run_id, ()), exclude)
         if found is not None and not found.usable:
             raise RunError(self._closed_out(found.id, run_id))
@@ -134,7 +130,7 @@ class EvaluationIndex:
         """Close out the run's evaluation whose id cannot be used; why the run fails."""
         why = (
             f"the platform gave run {run_id} an evaluation whose id evalpush cannot put into a "
-            f"URL ({evaluation_id[:40]!r}: empty, a dot segment or over 1024 characters)"
+            f"URL ({evaluation_id[:40]!r}: empty, a dot segment or over {MAX_ID_CHARS} characters)"
         )
         try:
             self._retry(
@@ -146,31 +142,30 @@ class EvaluationIndex:
             return f"{why}; it could not be closed out ({exc}): delete it on the platform"
         return f"{why}; it was closed out as FAILED"
 
-    def _indexed(self, env_name: str, run_id: str) -> dict[str, list[Evaluation]]:
-        with self._guard:
-            env_lock = self._env_locks[env_name]
-        with env_lock:  # one listing per environment, whoever asks first; the others wait for it
-            with self._guard:
-                index = self._by_env.get(env_name)
-            if index is None:
-                index = self._list(env_name, run_id, every_run=True)
-                with self._guard:
-                    self._by_env[env_name] = index
-            return index
-
     def _list(
         self, env_name: str, run_id: str, *, every_run: bool = False
     ) -> dict[str, list[Evaluation]]:
         """The environment's evaluations by run id, listed now: those of `run_id` (or of
-        `every_run`), as what adopting one reads of it."""
+        `every_run`)."""
 
         def listing() -> dict[str, list[Evaluation]]:
             index: dict[str, list[Evaluation]] = defaultdict(list)
-            for answer in self._client.iter_evaluations(env_name):
-                evaluation = Evaluation.from_answer(answer)
+            for evaluation in self._client.iter_evaluations(env_name):
                 key = evaluation.run_id
                 if key is not None and (every_run or key == run_id):
                     index[key].append(evaluation)
             return index
 
         return self._retry(listing, "list evaluations", run_id)
+
+
+def _newest(
+    candidates: Collection[Evaluation], exclude: Callable[[], set[str]]
+) -> Evaluation | None:
+    """The last one listed (the platform lists in creation order) that is not excluded
+    (`exclude()` is asked only when there is a candidate: it reads the ledger). The caller
+    checks its id: it may be the one this run created (a create answered with an unusable id
+    is reconciled by this lookup), so it is neither adopted nor taken as "none": creating
+    another could make a second evaluation, over and over."""
+    excluded = exclude() if candidates else set()
+    return next((e for e in reversed(list(candidates)) if e.id not in excluded), None)

@@ -72,7 +72,7 @@ def mark_superseded(ctx: Context, record: RunRecord) -> None:
         found = ctx.replayable(
             lambda: ctx.client.get_evaluation(old), what=f"read {old}", run=record.run_id
         )
-        meta = found.get("metadata") if isinstance(found.get("metadata"), dict) else {}
+        meta = found.metadata or {}
         ours = meta.get(KEY) if isinstance(meta.get(KEY), dict) else {}
         marked = {**meta, KEY: {**ours, "superseded_by": new}}
         ctx.replayable(

@@ -98,12 +98,11 @@ class Reconciler:
             return None
         client = self._ctx.client
         try:
-            data = self._ctx.replayable(
+            found = self._ctx.replayable(
                 lambda: client.get_evaluation(run_id), what="read evaluation", run=run_id
             )
         except Gone:
             return None
-        found = Evaluation.from_answer(data, id=run_id)
         if found.id != run_id or (found.closed and not found.finalized):
             return None
         why = not_the_runs(found, run)
@@ -226,10 +225,9 @@ class Reconciler:
 
     def _read(self, evaluation_id: str, run_id: str) -> Evaluation:
         client = self._ctx.client
-        found = self._ctx.replayable(
+        return self._ctx.replayable(
             lambda: client.get_evaluation(evaluation_id), what="read evaluation", run=run_id
         )
-        return Evaluation.from_answer(found, id=evaluation_id)
 
     def read_after_refusal(self, record: RunRecord, refusal: Gone | Conflict) -> Evaluation:
         """The run's evaluation, read after the platform answered a request about it with 404
