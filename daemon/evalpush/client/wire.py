@@ -297,10 +297,8 @@ _ERRORS: dict[type[Exception], type[httpx.TransportError]] = {
 def _as_httpx_errors() -> Iterator[None]:
     try:
         yield
-    except Exception as exc:
-        mapped = next((_ERRORS[c] for c in type(exc).__mro__ if c in _ERRORS), None)
-        if mapped is None:
-            raise
+    except tuple(_ERRORS) as exc:
+        mapped = next(_ERRORS[c] for c in type(exc).__mro__ if c in _ERRORS)  # the closest
         raise mapped(str(exc)) from exc
 
 
