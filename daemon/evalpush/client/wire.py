@@ -334,7 +334,9 @@ class SlicedTransport(httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         pool = self._direct
-        if self._proxied and not proxy_bypass_environment(url.netloc.decode(), self._proxies):
+        if self._proxied is not None and not proxy_bypass_environment(
+            url.netloc.decode(), self._proxies
+        ):
             pool = self._proxied
         target = httpcore.URL(
             scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
@@ -358,7 +360,7 @@ class SlicedTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         self._direct.close()
-        if self._proxied:
+        if self._proxied is not None:
             self._proxied.close()
 
 
