@@ -356,6 +356,23 @@ class TestProxies:
         assert b"Authorization: Bearer" not in seen[0]
         assert "Pr0xyS3cretPw" not in str(raised.value)
 
+    def test_an_https_platform_named_in_no_proxy_is_reached_directly(
+        self,
+        serve: Callable[..., Server],
+        client_for: Callable[..., PlatformClient],
+        no_proxies: pytest.MonkeyPatch,
+    ) -> None:
+        seen: list[bytes] = []
+        proxy = serve(recording(seen, ok(b"{}")))
+        no_proxies.setenv("HTTPS_PROXY", proxy.url)
+        no_proxies.setenv("NO_PROXY", "example.com, 127.0.0.1")
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        listener.close()  # nothing listens there now: a direct connect is refused
+        with pytest.raises(errors.Unreachable, match="ConnectError"):
+            client_for(f"https://127.0.0.1:{port}").probe()
+        assert seen == [] and proxy.connections == 0
+
     def test_a_socks_all_proxy_is_left_to_the_tools_it_is_for(
         self, client_for: Callable[..., PlatformClient], no_proxies: pytest.MonkeyPatch
     ) -> None:

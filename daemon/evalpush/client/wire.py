@@ -1,32 +1,28 @@
-"""The platform client's HTTP: an `httpx.Client` over httpcore pools whose sockets wait in slices.
+"""The platform client's HTTP: an `httpx.Client` over httpcore pools whose sockets wait in slices,
+all through the libraries' public interfaces.
 
 What it promises:
-- HTTP itself (framing, chunked, gzip, keep-alive, proxies, TLS, IDNA) is httpx's, httpcore's
-  and h11's. What is added is the network backend (httpcore's public `NetworkBackend` and
-  `NetworkStream`): every blocking step of an exchange (DNS lookup, TCP connect, TLS
-  handshake, each read and each write) waits in slices of at most `SLICE_SECONDS`, and between
-  slices checks the stop event the client was built with and the deadline of the request in
-  progress (`request_deadline`, set per thread by the platform client). httpx's timeouts are
-  per phase and per socket read, so without this a body trickling one byte a second would never
-  end, and nothing in httpx or httpcore watches an event.
-- A stop raises the step's error with "stop requested"; a passed deadline its timeout
-  ("the request's overall deadline passed"). httpx maps them to its own exceptions, which
-  `evalpush.core.errors.from_transport_error` classifies.
-- Proxies are taken from the environment as httpx takes them (`HTTPS_PROXY`, `ALL_PROXY`,
-  `NO_PROXY`, ...), with one rule on top: a plain `http://` URL is never proxied, so the key
-  never reaches a proxy in clear text. A socks proxy (curl's and git's, in `ALL_PROXY`) is not
-  for us: direct. TLS inside TLS (an https proxy before an https platform) is refused
-  (`UnsupportedProtocol`).
-- A plain-http connection goes only to a loopback address unless insecure http is allowed:
-  judged by the address connected to, not by the name.
+- HTTP itself (framing, chunked, keep-alive, proxies, TLS, IDNA) is httpx's, httpcore's and
+  h11's. What is added is a network backend (httpcore's `NetworkBackend` / `NetworkStream`):
+  every blocking step (DNS lookup, TCP connect, TLS handshake, each read and write) waits in
+  slices of at most `SLICE_SECONDS`, and between slices checks the client's stop event and the
+  deadline of the request in progress (`request_deadline`). httpx's timeouts are per phase and
+  per socket read, so without this a body trickling a byte a second would never end.
+- A stop raises the step's error with "stop requested"; a passed deadline its timeout ("the
+  request's overall deadline passed"); `SlicedTransport` hands them on as httpx's exceptions,
+  which `evalpush.core.errors.from_transport_error` classifies.
+- Proxies as `urllib.request.getproxies()` reads them (`HTTPS_PROXY`, `ALL_PROXY`, `NO_PROXY`),
+  for https only: a plain `http://` URL is never proxied, so the key never reaches a proxy in
+  clear text. A socks proxy (curl's and git's) is not for us: direct. TLS inside TLS (an https
+  proxy before an https platform) is refused (`UnsupportedProtocol`).
+- Plain http goes only to a loopback address unless insecure http is allowed: judged by the
+  address connected to, not by the name.
 - TLS is verified with httpx's CA bundle (`SSL_CERT_FILE`, `SSL_CERT_DIR`, else certifi's).
-- A client never reuses a connection: each request gets one of its own, closed after its
-  answer, so a late or repeated answer on a kept-alive connection can never be taken for the
-  answer to a later request (the pool keeps no idle connection).
+- No connection is reused: each request gets one of its own, closed after its answer, so a late
+  or repeated answer can never be taken for a later request's.
 
-Socket timeouts are used for the slices rather than `select`: a TLS socket may hold decrypted
-bytes that `select` does not see, and `SSLSocket.recv` with a timeout reads those first; a
-timed-out TLS read or write is resumed by calling it again.
+Socket timeouts make the slices rather than `select`: a TLS socket may hold decrypted bytes that
+`select` does not see; a timed-out TLS read or write is resumed by calling it again.
 """
 
 from __future__ import annotations
@@ -43,6 +39,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
+from urllib.request import getproxies, proxy_bypass_environment
 
 import httpcore
 import httpx
@@ -51,6 +48,7 @@ __all__ = [
     "SLICE_SECONDS",
     "SlicedBackend",
     "SlicedStream",
+    "SlicedTransport",
     "make_client",
     "request_deadline",
 ]
@@ -128,8 +126,6 @@ class SlicedStream(httpcore.NetworkStream):
             return data
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        if not buffer:
-            return
         limit = _Limit(timeout, self._stop)
         view = memoryview(buffer)
         while view:
@@ -185,13 +181,8 @@ class SlicedStream(httpcore.NetworkStream):
             pending = getattr(self._sock, "pending", None)  # TLS: bytes already decrypted
             return bool(pending and pending()) or _poll(self._sock, select.POLLIN, 0)
         if info == "ssl_object":
-            return self._sock._sslobj if isinstance(self._sock, ssl.SSLSocket) else None  # noqa: SLF001
-        if info == "server_addr":
-            return self._sock.getpeername()
-        if info == "client_addr":
-            return self._sock.getsockname()
-        if info == "socket":
-            return self._sock
+            # An SSLSocket has the SSLObject methods httpcore asks for (`selected_alpn_protocol`).
+            return self._sock if isinstance(self._sock, ssl.SSLSocket) else None
         return None
 
 
@@ -287,61 +278,128 @@ class SlicedBackend(httpcore.NetworkBackend):
             )
         raise httpcore.ConnectError(failures[-1] if failures else f"{host}: no address")
 
-    def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> SlicedStream:
-        raise httpcore.UnsupportedProtocol("unix sockets are not used")
-
     def sleep(self, seconds: float) -> None:
         self._stop.wait(seconds)
 
 
-class _Transport(httpx.HTTPTransport):
-    """httpx's own transport (request and answer conversion, exception mapping) over a pool
-    built here, with the sliced backend: httpx takes no backend of its own."""
+_ERRORS: dict[type[Exception], type[httpx.TransportError]] = {
+    getattr(httpcore, name): getattr(httpx, name)
+    for name in (
+        "TimeoutException ConnectTimeout ReadTimeout WriteTimeout PoolTimeout NetworkError "
+        "ConnectError ReadError WriteError ProxyError UnsupportedProtocol ProtocolError "
+        "LocalProtocolError RemoteProtocolError"
+    ).split()
+}
+"""httpcore's exceptions and httpx's of the same names (httpx's own transport maps them so)."""
 
-    def __init__(self, pool: httpcore.ConnectionPool) -> None:
-        self._pool = pool  # what `HTTPTransport.handle_request` and `close` use
+
+@contextlib.contextmanager
+def _as_httpx_errors() -> Iterator[None]:
+    try:
+        yield
+    except tuple(_ERRORS) as exc:
+        mapped = next(_ERRORS[c] for c in type(exc).__mro__ if c in _ERRORS)  # the closest
+        raise mapped(str(exc)) from exc
+
+
+class _Body(httpx.SyncByteStream):
+    """An httpcore answer's body, read as httpx reads a body."""
+
+    def __init__(self, answer: httpcore.Response) -> None:
+        self._answer = answer
+
+    def __iter__(self) -> Iterator[bytes]:
+        with _as_httpx_errors():
+            yield from self._answer.iter_stream()
+
+    def close(self) -> None:
+        with _as_httpx_errors():
+            self._answer.close()
+
+
+class SlicedTransport(httpx.BaseTransport):
+    """httpx's requests over httpcore pools of sliced connections: `direct`, or `proxied` for a
+    host that `proxies` (`urllib.request.getproxies()`, read once) do not exempt."""
+
+    def __init__(
+        self,
+        direct: httpcore.ConnectionPool,
+        proxied: httpcore.HTTPProxy | None = None,
+        proxies: dict[str, str] | None = None,
+    ) -> None:
+        self._direct = direct
+        self._proxied = proxied
+        self._proxies = proxies or {}
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        pool = self._direct
+        if self._proxied is not None and not proxy_bypass_environment(
+            url.netloc.decode(), self._proxies
+        ):
+            pool = self._proxied
+        target = httpcore.URL(
+            scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path
+        )
+        with _as_httpx_errors():
+            answer = pool.handle_request(
+                httpcore.Request(
+                    request.method,
+                    target,
+                    headers=request.headers.raw,
+                    content=request.stream,
+                    extensions=request.extensions,
+                )
+            )
+        return httpx.Response(
+            answer.status,
+            headers=answer.headers,
+            stream=_Body(answer),
+            extensions=answer.extensions,
+        )
+
+    def close(self) -> None:
+        self._direct.close()
+        if self._proxied is not None:
+            self._proxied.close()
 
 
 POOL_LIMITS: dict[str, Any] = {"max_connections": 100, "max_keepalive_connections": 0}
 """No idle connection is kept: a connection carries one exchange."""
 
 
-class _Client(httpx.Client):
-    """An `httpx.Client` for an https platform whose transports, the proxies' included (as
-    httpx reads them from the environment), are sliced pools."""
-
-    def __init__(self, stop: threading.Event, **kwargs: Any) -> None:
-        self._backend = SlicedBackend(stop)
-        self._ssl_context = httpx.create_ssl_context(trust_env=True)
-        super().__init__(trust_env=True, **kwargs)
-
-    def _init_transport(self, **_: Any) -> httpx.BaseTransport:
-        return _Transport(
-            httpcore.ConnectionPool(
-                ssl_context=self._ssl_context, network_backend=self._backend, **POOL_LIMITS
-            )
-        )
-
-    def _init_proxy_transport(self, proxy: httpx.Proxy, **_: Any) -> httpx.BaseTransport:
-        if proxy.url.scheme not in ("http", "https"):  # socks: for other tools (curl, git)
-            return self._init_transport()
-        return _Transport(
-            httpcore.HTTPProxy(
-                proxy_url=httpcore.URL(
-                    scheme=proxy.url.raw_scheme,
-                    host=proxy.url.raw_host,
-                    port=proxy.url.port,
-                    target=proxy.url.raw_path,
-                ),
-                proxy_auth=proxy.raw_auth,
-                proxy_headers=proxy.headers.raw,
-                ssl_context=self._ssl_context,
-                network_backend=self._backend,
-                **POOL_LIMITS,
-            )
-        )
+def _sliced_transport(stop: threading.Event, scheme: str, loopback_only: bool) -> SlicedTransport:
+    """Plain http: direct, at a loopback address only if `loopback_only`. https: direct, or
+    through the http(s) proxy the environment names (`HTTPS_PROXY`, else `ALL_PROXY`; a socks
+    one is for curl and git)."""
+    if scheme != "https":
+        backend = SlicedBackend(stop, loopback_only=loopback_only)
+        return SlicedTransport(httpcore.ConnectionPool(network_backend=backend, **POOL_LIMITS))
+    backend = SlicedBackend(stop)
+    context = httpx.create_ssl_context(trust_env=True)
+    direct = httpcore.ConnectionPool(ssl_context=context, network_backend=backend, **POOL_LIMITS)
+    proxies = getproxies()
+    named = proxies.get("https") or proxies.get("all")
+    if not named:
+        return SlicedTransport(direct)
+    url = httpx.URL(named if "://" in named else f"http://{named}")
+    if url.scheme not in ("http", "https"):
+        return SlicedTransport(direct)
+    proxy = httpx.Proxy(url)  # its credentials taken out of the URL
+    proxied = httpcore.HTTPProxy(
+        proxy_url=httpcore.URL(
+            scheme=proxy.url.raw_scheme,
+            host=proxy.url.raw_host,
+            port=proxy.url.port,
+            target=proxy.url.raw_path,
+        ),
+        proxy_auth=proxy.raw_auth,
+        proxy_headers=proxy.headers.raw,
+        ssl_context=context,
+        network_backend=backend,
+        **POOL_LIMITS,
+    )
+    return SlicedTransport(direct, proxied, proxies)
 
 
 def make_client(
@@ -357,11 +415,8 @@ def make_client(
     https platform is reached through the proxies the environment names; a plain-http one
     never is, and only at a loopback address unless `allow_insecure_http`. `transport`
     replaces the network (tests: canned answers)."""
-    common: dict[str, Any] = {"timeout": timeout, "headers": headers, "follow_redirects": False}
-    if transport is not None:
-        return httpx.Client(transport=transport, **common)
-    if scheme == "https":
-        return _Client(stop, **common)
-    backend = SlicedBackend(stop, loopback_only=not allow_insecure_http)
-    pool = httpcore.ConnectionPool(network_backend=backend, **POOL_LIMITS)
-    return httpx.Client(transport=_Transport(pool), **common)
+    if transport is None:
+        transport = _sliced_transport(stop, scheme, loopback_only=not allow_insecure_http)
+    return httpx.Client(
+        transport=transport, timeout=timeout, headers=headers, follow_redirects=False
+    )
