@@ -22,9 +22,10 @@ from evalpush.core import paths
 from evalpush.core.ids import short_id
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import State
+from evalpush.core.words import format_duration
 from evalpush.ledger import Holder, Ledger, Process, RunRecord, gatefile, holder_alive
 from evalpush.push import PushResult
-from evalpush.runs import format_duration, settles_in, traces_file
+from evalpush.runs import settles_in, traces_file
 
 Alive = Callable[[Holder], bool]
 

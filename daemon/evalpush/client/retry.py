@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import msgspec
 
 from evalpush.core import errors
+from evalpush.core.words import format_duration
 from evalpush.log import get_logger
-from evalpush.runs import format_duration
 
 if TYPE_CHECKING:  # tenacity is imported at the first retry: most calls never need one
     import tenacity

@@ -1,23 +1,21 @@
-"""The daemon (`evalpush run`): the tracker of runs under the roots, metrics and health, sd_notify."""
+"""The daemon (`evalpush run`): the tracker of runs under the roots, metrics (`metrics`), health
+(`health`) and the server of both (`server`), sd_notify."""
 
 from evalpush.service.daemon import Daemon, Request
 from evalpush.service.feeder import FEED_BYTES
+from evalpush.service.health import Health, Probes
 from evalpush.service.metrics import (
-    MAX_CONNECTIONS,
     RUN_STATES,
     DaemonFeed,
     Endpoint,
-    Health,
     Metrics,
-    MetricsServer,
-    Outcome,
-    Probes,
+    RequestOutcome,
     ledger_file_bytes,
-    observed,
     outcome_of,
     server_for,
 )
 from evalpush.service.sdnotify import MAX_STATUS_CHARS, Notifier
+from evalpush.service.server import MAX_CONNECTIONS, MetricsServer
 from evalpush.service.tracker import Tracker
 
 __all__ = [
@@ -31,13 +29,12 @@ __all__ = [
     "Metrics",
     "MetricsServer",
     "Notifier",
-    "Outcome",
     "Probes",
     "RUN_STATES",
     "Request",
+    "RequestOutcome",
     "Tracker",
     "ledger_file_bytes",
-    "observed",
     "outcome_of",
     "server_for",
 ]
