@@ -310,12 +310,14 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace, Config], int]] = {
 
 
 def _configure_log(command: str, config: Config) -> None:
-    """The log, once for the process: the daemon's on stdout at `log.level` (the journal reads
-    it), with Python's warnings and threads' uncaught exceptions as log lines; any other
-    command's on stderr, at warning unless `log.level` is set (its own output says what it did)."""
-    if command == "run":
+    """The log, once for the process: a server's (`run`, `local-platform`) on stdout at
+    `log.level` (the journal reads it), the daemon's with Python's warnings and threads' uncaught
+    exceptions as log lines; any other command's on stderr, at warning unless `log.level` is
+    set (its own output says what it did)."""
+    if command in ("run", "local-platform"):
         log.configure(config.log.level, config.log.format, stream=sys.stdout)
-        log.capture_warnings()
+        if command == "run":
+            log.capture_warnings()
         return
     level = config.log.level if "level" in config.log.model_fields_set else "warning"
     log.configure(level, config.log.format, stream=sys.stderr)
