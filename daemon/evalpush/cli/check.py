@@ -1,8 +1,8 @@
-"""`evalpush check`: the daemon's start-up, dry, then the platform; one row a check.
-
-Each row is OK, WARN (works, but fix it), FAIL with the fix, or SKIP when what it needs failed.
-Every refusal `run` makes at start is a FAIL row in `run`'s words, made by the same code
-(`refuse_relative_roots`, the watcher's start, `check_listen`, `refuse_uncreatable`).
+"""`evalpush check`: the daemon's start-up, dry, then the platform; one row a check (OK, WARN:
+works but fix it, FAIL with the fix, or SKIP when what it needs failed). Every refusal `run`
+makes at start is a FAIL row in `run`'s words, made by the same code (`refuse_relative_roots`,
+the watcher's start, `check_listen`, `refuse_uncreatable`). Writes nothing (an address in
+`[metrics] listen` is bound and let go at once).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class _Row(msgspec.Struct, frozen=True):
     detail: str
     fix: str = ""
     warn: bool = False  # ok, but something to fix: WARN
-    setup: bool = False  # a refusal the daemon makes at start as a configuration error (exit 2)
+    setup: bool = False  # FAIL: wrong configuration or credentials, what `run` exits 2 for
 
     def line(self) -> str:
         result = (
@@ -65,7 +65,6 @@ class _Row(msgspec.Struct, frozen=True):
         return f"{self.check:<12} {result:<6} {self.detail}{fix}"
 
 
-KEY_REFUSED = "the platform refused the key"
 KEY_FIX = (
     "set PRIME_API_KEY, or platform.api_key_file, or $CREDENTIALS_DIRECTORY/prime-api-key, "
     "or run `prime login`"
@@ -73,16 +72,13 @@ KEY_FIX = (
 
 
 def cmd_check(args: argparse.Namespace, config: Config | None, error: ConfigError | None) -> int:
-    """The daemon's start-up, dry, then the platform: one row each (OK, WARN: works but fix it,
-    FAIL with the fix, or SKIP when what it needs failed). Every refusal `run` makes at start is
-    a FAIL row in `run`'s words, made by the same code. Exit 2 when the configuration or the
-    credentials are wrong (the platform refusing the key included: what `run` refuses with 2),
-    1 when only the ledger or the platform fails, 0 when all pass (WARN rows included). Writes
-    nothing (an address in `[metrics] listen` is bound and let go at once)."""
+    """The rows, printed; exit 2 when the configuration or the credentials are wrong (the
+    platform refusing the key included: what `run` refuses with 2), 1 when only the ledger or
+    the platform fails, 0 when all pass (WARN rows included)."""
     source = args.config or os.environ.get("EVALPUSH_CONFIG") or "defaults and the environment"
     if config is None:
         rows = [
-            _Row(Check.CONFIG, False, str(error), error.fix if error else ""),
+            _Row(Check.CONFIG, False, str(error), error.fix if error else "", setup=True),
             *(_Row(c, None, "needs a valid configuration") for c in list(Check)[1:]),
         ]
         return _check_report(rows)
@@ -166,7 +162,7 @@ def _check_credentials(client: PlatformClient) -> _Row:
     except (AuthError, ConfigError) as exc:
         # A missing key's message says where to set one; an unusable URL's, what to change.
         says_how = isinstance(exc, ConfigError) or "prime login" in str(exc)
-        return _Row(Check.CREDENTIALS, False, str(exc), "" if says_how else KEY_FIX)
+        return _Row(Check.CREDENTIALS, False, str(exc), "" if says_how else KEY_FIX, setup=True)
     team = f" (team {creds.team_id})" if creds.team_id else ""
     detail = f"key from {creds.key_source}; api {creds.api_base}{team}"
     if creds.warning:
@@ -232,7 +228,9 @@ def _check_platform(client: PlatformClient) -> _Row:
     try:
         client.probe()
     except AuthError as exc:
-        return _Row(Check.PLATFORM, False, f"{KEY_REFUSED}: {exc}", KEY_FIX)
+        return _Row(
+            Check.PLATFORM, False, f"the platform refused the key: {exc}", KEY_FIX, setup=True
+        )
     except EvalpushError as exc:
         return _Row(
             Check.PLATFORM,
@@ -256,11 +254,4 @@ def _check_report(rows: list[_Row]) -> int:
         + "; ".join(f"{row.check}: {row.detail}" for row in failed),
         file=sys.stderr,
     )
-    setup = any(
-        row.setup
-        or row.check in (Check.CONFIG, Check.CREDENTIALS)
-        or (row.check == Check.WATCH and "relative" in row.detail)
-        or (row.check == Check.PLATFORM and row.detail.startswith(KEY_REFUSED))
-        for row in failed
-    )
-    return EXIT_USAGE if setup else EXIT_PARTIAL
+    return EXIT_USAGE if any(row.setup for row in failed) else EXIT_PARTIAL

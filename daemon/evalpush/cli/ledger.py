@@ -158,24 +158,16 @@ def cmd_migrate(args: argparse.Namespace, config: Config) -> int:
     path = default_path(config.state_dir)
     if args.to is not None:
         return _move_to_shared(path, args.to, config)
-    if config.ledger.url:  # the shared ledger: upgraded in its database by opening it to write
-        with open_ledger(config) as ledger:
-            upgrade = ledger.upgrade
-        print(
-            f"ledger {ledger.where} is at schema {SCHEMA_VERSION}, this evalpush's: nothing to do"
-            if upgrade is None
-            else upgrade.message
-        )
-        return EXIT_OK
-    if not os.path.lexists(path):
+    if not config.ledger.url and not os.path.lexists(path):
         print(f"no ledger at {path}: nothing to upgrade (the first push or run creates one)")
         return EXIT_OK
-    with Ledger(path) as ledger:
+    with open_ledger(config) as ledger:  # opening it to write upgrades it (a shared one too)
         upgrade = ledger.upgrade
-    if upgrade is None:
-        print(f"ledger {path} is at schema {SCHEMA_VERSION}, this evalpush's: nothing to do")
-    else:
-        print(upgrade.message)
+    print(
+        f"ledger {ledger.where} is at schema {SCHEMA_VERSION}, this evalpush's: nothing to do"
+        if upgrade is None
+        else upgrade.message
+    )
     return EXIT_OK
 
 

@@ -1,13 +1,6 @@
-"""The `evalpush` command line: its parser, and the exit codes each subcommand documents.
-
-Exit codes: each subcommand's own (`COMMAND_EXIT_CODES`, shown by its `--help`; the top-level
-help sums them up in `EXIT_CODES`, and so does the README's table). For `push`: 0 every run finalized; 1 some run
-failed, is held, had records set aside, or is busy elsewhere; 2 the command line, the
-configuration or the credentials are wrong (no key, or the platform refused it: checked once,
-before anything is sent, and said in one line); 3 no eval run found; 124 `push --timeout` ran
-out; 128 + the signal (130 SIGINT, 143 SIGTERM) when `push` was stopped by one; 141 (every
-command) the output's reader went away. Progress is kept in the ledger in every case: the next
-push goes on from there.
+"""The `evalpush` command line: its parser, and the exit codes each subcommand documents
+(`COMMAND_EXIT_CODES`, shown by its `--help`; the top-level help sums them up in `EXIT_CODES`,
+and so does the README's table). Progress is kept in the ledger whatever a push exits with.
 """
 
 from __future__ import annotations

@@ -23,8 +23,6 @@ from evalpush.runs.layout import (
     CONFIGS_DIR,
     RESOLVED_DIR,
     config_file,
-    regular_file,
-    resolved_config,
     traces_file,
 )
 
@@ -95,43 +93,44 @@ def load_run(directory: Path, known: KnownRunId | None = None) -> Run:
     """Read a run directory's identity (`derive_run_id`, with `known`) and config; `RunError`
     names what is wrong."""
     directory = Path(directory)
-    config_path = directory / CONFIG_FILE
     traces = traces_file(directory)
     if traces is None:
         raise RunError(f"{directory}: no traces.jsonl (or results.jsonl): not a run directory")
-    if not regular_file(config_path):
-        resolved = resolved_config(directory)
-        if resolved is None:
-            raise RunError(
-                f"{config_path}: no config.toml (nor {CONFIGS_DIR}/{RESOLVED_DIR}/eval.json): "
-                "not a run directory"
-            )
-        return _load_resolved(directory, resolved, traces, known)
-    config = read_toml(config_path, RunError, "config.toml")
+    config_path = config_file(directory)
+    if config_path is None:
+        raise RunError(
+            f"{directory / CONFIG_FILE}: no config.toml (nor {CONFIGS_DIR}/{RESOLVED_DIR}/"
+            "eval.json): not a run directory"
+        )
+    if config_path.name == CONFIG_FILE:
+        config = read_toml(config_path, RunError, "config.toml")
+        fields = _toml_fields(config, config_path)
+    else:
+        config = _read_json(config_path)
+        fields = _resolved_fields(config, config_path)
+    return Run(
+        path=directory,
+        run_id=derive_run_id(directory, known),
+        traces_path=traces,
+        num_rollouts=_int_key(config, "num_rollouts", 1, config_path) or 0,
+        pushed_inline=bool(config.get("push", True)),
+        **fields,
+    )
+
+
+def _toml_fields(config: dict[str, Any], config_path: Path) -> dict[str, Any]:
+    """A 0.1/0.2 run's `config.toml`: `[taskset] id` (or `id`), `model`, `num_tasks`."""
     taskset = config.get("taskset")
     taskset_id = taskset.get("id") if isinstance(taskset, dict) else None
     env_name = taskset_id or config.get("id") or ""
     model = config.get("model") or DEFAULT_MODEL
     if not isinstance(env_name, str) or not isinstance(model, str):
         raise RunError(f"{config_path}: 'taskset.id', 'id' and 'model' must be strings")
-    return Run(
-        path=directory,
-        run_id=derive_run_id(directory, known),
-        kind=_kind(config),
-        traces_path=traces,
-        env_name=env_name,
-        model=model,
-        num_rollouts=_int_key(config, "num_rollouts", 1, config_path) or 0,
-        num_tasks=_int_key(config, "num_tasks", None, config_path),
-        pushed_inline=bool(config.get("push", True)),
-    )
+    num_tasks = _int_key(config, "num_tasks", None, config_path)
+    return {"kind": _kind(config), "env_name": env_name, "model": model, "num_tasks": num_tasks}
 
 
-def _load_resolved(
-    directory: Path, config_path: Path, traces: Path, known: KnownRunId | None
-) -> Run:
-    """A 0.3/0.4 run: its resolved JSON config (`env.taskset.id`, `model`, `num_rollouts`,
-    `run.name`, `push`; the task count `num_tasks` in 0.3, `select.limit` in 0.4)."""
+def _read_json(config_path: Path) -> dict[str, Any]:
     try:
         config = msgspec.json.decode(config_path.read_bytes())
     except OSError as exc:
@@ -140,6 +139,12 @@ def _load_resolved(
         raise RunError(f"{config_path}: not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise RunError(f"{config_path}: not a JSON object")
+    return config
+
+
+def _resolved_fields(config: dict[str, Any], config_path: Path) -> dict[str, Any]:
+    """A 0.3/0.4 run's resolved JSON config (`env.taskset.id`, `model`, `run.name`; the task
+    count `num_tasks` in 0.3, `select.limit` in 0.4); its name says its kind."""
     env, run, select = (_section(config, key, config_path) for key in ("env", "run", "select"))
     taskset = _section(env, "taskset", config_path, "env.")
     env_name, model, name = taskset.get("id") or "", config.get("model"), run.get("name") or ""
@@ -148,23 +153,15 @@ def _load_resolved(
     if not isinstance(model, str) or not model:
         raise RunError(f"{config_path}: 'model' must be a non-empty string, got {model!r}")
     producer = Producer.EPISODES_0_4 if "select" in config else Producer.EPISODES_0_3
-    if producer == Producer.EPISODES_0_4:
-        num_tasks = _int_key(select, "limit", None, config_path)
-    else:
-        num_tasks = _int_key(config, "num_tasks", None, config_path)
-    return Run(
-        path=directory,
-        run_id=derive_run_id(directory, known),
-        kind=RunKind(config_path.stem),  # eval.json, debug.json, replay.json
-        traces_path=traces,
-        env_name=env_name,
-        model=model,
-        num_rollouts=_int_key(config, "num_rollouts", 1, config_path) or 0,
-        num_tasks=num_tasks,
-        pushed_inline=bool(config.get("push", True)),
-        producer=producer,
-        name=name,
-    )
+    tasks = (select, "limit") if producer == Producer.EPISODES_0_4 else (config, "num_tasks")
+    return {
+        "kind": RunKind(config_path.stem),  # eval.json, debug.json, replay.json
+        "env_name": env_name,
+        "model": model,
+        "name": name,
+        "producer": producer,
+        "num_tasks": _int_key(*tasks, None, config_path),
+    }
 
 
 def _section(config: dict[str, Any], key: str, path: Path, at: str = "") -> dict[str, Any]:

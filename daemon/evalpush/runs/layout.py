@@ -13,6 +13,8 @@ import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from evalpush.runs.read import what_is_at
+
 CONFIG_FILE = "config.toml"
 TRACES_FILE = "traces.jsonl"
 LEGACY_TRACES_FILE = "results.jsonl"
@@ -110,25 +112,15 @@ def why_not_a_run(directory: Path) -> str | None:
 
 def _not_regular(path: Path) -> str | None:
     """What `path` is when it is there but not a regular file, for people (else None)."""
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
+    kind = what_is_at(path)
+    if kind in (None, "nothing"):
         return None
-    if stat.S_ISREG(mode):
-        return None
-    if stat.S_ISLNK(mode):
-        kind = f"a symlink (to {os.readlink(path)})"
-        why = "a run's files are read only where they are, never through a symlink"
-    else:
-        kind = {
-            stat.S_IFIFO: "a FIFO (named pipe)",
-            stat.S_IFDIR: "a directory",
-            stat.S_IFSOCK: "a socket",
-            stat.S_IFCHR: "a character device",
-            stat.S_IFBLK: "a block device",
-        }.get(stat.S_IFMT(mode), "not a file")
-        why = "a run's trace file is a regular file"
-    return f"{path} is {kind}, not a regular file: {why}"
+    if kind == "a symlink":
+        return (
+            f"{path} is a symlink (to {os.readlink(path)}), not a regular file: a run's files "
+            "are read only where they are, never through a symlink"
+        )
+    return f"{path} is {kind}, not a regular file: a run's trace file is a regular file"
 
 
 def why_no_run(roots: Sequence[Path], *, most: int = 5) -> str:

@@ -269,8 +269,7 @@ class MetricsServer:
 
     @property
     def url(self) -> str:
-        host, port = self.address
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        return f"http://{_listen_text(*self.address)}"
 
     def stop(self) -> None:
         """Stop serving, close the socket, cut every open connection and wait for its thread.
