@@ -21,19 +21,18 @@ from evalpush.client import PlatformClient
 from evalpush.config import MetricsConfig, PlatformConfig
 from evalpush.core import errors
 from evalpush.core.errors import ConfigError
-from evalpush.service import (
+from evalpush.service.health import Health, Probes
+from evalpush.service.metrics import (
     RUN_STATES,
     DaemonFeed,
     Endpoint,
-    Health,
     Metrics,
-    MetricsServer,
-    Probes,
     RequestOutcome,
     ledger_file_bytes,
     outcome_of,
     server_for,
 )
+from evalpush.service.server import MAX_CONNECTIONS, MetricsServer
 
 THRESHOLD_SECONDS = 600.0
 NOW = 1_700_000_000.0
@@ -409,8 +408,6 @@ class TestServer:
     def test_idle_connections_past_the_cap_close_the_oldest_idle_ones_and_livez_answers_meanwhile(
         self, world, metrics
     ):
-        from evalpush.service import MAX_CONNECTIONS
-
         server = MetricsServer(metrics, Health(world.probes(), THRESHOLD_SECONDS), "127.0.0.1", 0)
         with server:
             idle = [
@@ -429,8 +426,6 @@ class TestServer:
     def test_a_request_whose_headers_never_end_counts_as_idle_and_makes_room_too(
         self, world, metrics
     ):
-        from evalpush.service import MAX_CONNECTIONS
-
         server = MetricsServer(metrics, Health(world.probes(), THRESHOLD_SECONDS), "127.0.0.1", 0)
         with server, socket.create_connection(server.address, timeout=30) as begun:
             begun.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n")  # headers not ended yet

@@ -1,12 +1,14 @@
-"""Who a run is: its run id, from its directory's name, its trace file's lines, the ledger, or
-its host and path.
-
-The run id is the directory's leaf name when that is a UUID (the default layout); else the id
-its last complete line names; otherwise it is the id the ledger already holds for that path (so
-the host being renamed does not make it another run), and for a path the ledger does not know
-`uuid5(NAMESPACE_URL, "evalpush:<hostname>:<absolute path>")`, which is stable across restarts
-and does not collide across hosts (the path taken as the bytes the kernel knows it by, so a name
-that is not UTF-8 has an id too).
+"""Who a run is: its run id, the first of
+- the directory's leaf name, when that is a UUID (the default layout);
+- the id (`run.id`) its trace file's last complete line carries (0.2 on; a resumed 0.3/0.4
+  run's lines carry the id of the attempt that wrote them, and the last attempt's is the
+  run's; before a whole line is in, the daemon's tracker records the run under a stand-in
+  from below and renames it once a line names it, `named_by_lines_later`);
+- the id the ledger already holds for that path (`known`), so the host being renamed does not
+  make it another run;
+- `uuid5(NAMESPACE_URL, "evalpush:<hostname>:<absolute path>")`, stable across restarts and
+  distinct across hosts (the path taken as the bytes the kernel knows it by, so a name that is
+  not UTF-8 has an id too).
 """
 
 from __future__ import annotations
@@ -29,24 +31,11 @@ KnownRunId = Callable[[Path], str | None]
 
 
 def derive_run_id(directory: Path, known: KnownRunId | None = None) -> str:
-    """The run id of `directory`: its leaf name when that is a UUID; else the run id its last
-    complete line carries (`run.id`: 0.2 on; a resumed 0.3/0.4 run's lines carry the id of the
-    attempt that wrote them, and the last attempt's is the run's; before a whole line is in,
-    the daemon's tracker records the run under a stand-in from below and renames it once a line
-    names it, `named_by_lines_later`); else the id the ledger
-    already knows for this path (`known`), so a run keeps its id when the host is renamed; else
-    `uuid5(hostname + absolute path)`."""
-    try:
-        return str(uuid.UUID(directory.name))
-    except ValueError:
-        pass
-    from_lines = last_run_id(directory)
-    if from_lines:
-        return from_lines
+    """The run id of `directory`, by the rules above."""
     absolute = directory.absolute()
-    already = known(absolute) if known is not None else None
-    if already:
-        return already
+    found = _uuid_named(directory) or last_run_id(directory) or (known(absolute) if known else None)
+    if found:
+        return found
     key = b"evalpush:%s:%s" % (socket.gethostname().encode(), os.fsencode(absolute))
     return str(_uuid5(uuid.NAMESPACE_URL, key))
 
@@ -55,11 +44,14 @@ def named_by_lines_later(directory: Path) -> bool:
     """Whether `derive_run_id`'s answer for `directory` is a stand-in that a line written later
     replaces: its name is not a UUID and no complete line of its trace file names the run yet
     (a 0.3/0.4 run found before its first rollout finished)."""
+    return _uuid_named(directory) is None and last_run_id(directory) is None
+
+
+def _uuid_named(directory: Path) -> str | None:
     try:
-        uuid.UUID(directory.name)
-        return False
+        return str(uuid.UUID(directory.name))
     except ValueError:
-        return last_run_id(directory) is None
+        return None
 
 
 class _RunRef(msgspec.Struct, gc=False):

@@ -3,38 +3,7 @@
 
 from evalpush.service.daemon import Daemon, Request
 from evalpush.service.feeder import FEED_BYTES
-from evalpush.service.health import Health, Probes
-from evalpush.service.metrics import (
-    RUN_STATES,
-    DaemonFeed,
-    Endpoint,
-    Metrics,
-    RequestOutcome,
-    ledger_file_bytes,
-    outcome_of,
-    server_for,
-)
 from evalpush.service.sdnotify import MAX_STATUS_CHARS, Notifier
-from evalpush.service.server import MAX_CONNECTIONS, MetricsServer
 from evalpush.service.tracker import Tracker
 
-__all__ = [
-    "Daemon",
-    "DaemonFeed",
-    "Endpoint",
-    "FEED_BYTES",
-    "Health",
-    "MAX_CONNECTIONS",
-    "MAX_STATUS_CHARS",
-    "Metrics",
-    "MetricsServer",
-    "Notifier",
-    "Probes",
-    "RUN_STATES",
-    "Request",
-    "RequestOutcome",
-    "Tracker",
-    "ledger_file_bytes",
-    "outcome_of",
-    "server_for",
-]
+__all__ = ["Daemon", "FEED_BYTES", "MAX_STATUS_CHARS", "Notifier", "Request", "Tracker"]
