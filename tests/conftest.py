@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import tenacity
 
 from evalpush.client import Gate, PlatformClient, Retrier
@@ -97,6 +98,15 @@ def no_thread_outlives_its_test() -> Iterator[None]:
     if leaked := threads.outliving(before):
         _REPORTED.update(leaked)
         pytest.fail(f"threads outlived the test: {', '.join(map(threads.describe, leaked))}")
+
+
+@pytest.fixture(autouse=True)
+def log_setup_restored() -> Iterator[None]:
+    """A command run in this process (`cli.main`) sets the log up for the process, at its level:
+    put it back, so one test's command does not filter another's `capture_logs`."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(autouse=True, scope="module")

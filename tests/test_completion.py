@@ -1,4 +1,4 @@
-"""Run completion (runs/directory.py): the readiness rules as a pure function, and the line counter."""
+"""Run completion (runs/completion.py, runs/counter.py): the readiness rules as a pure function, and the line counter."""
 
 from __future__ import annotations
 
@@ -306,7 +306,7 @@ class TestLineCounter:
         assert (count.lines, count.offset) == (1, 8)
 
     def test_lines_across_many_read_chunks_are_counted(self, tmp_path, monkeypatch):
-        monkeypatch.setattr("evalpush.runs.directory.CHUNK_BYTES", 5)
+        monkeypatch.setattr("evalpush.runs.counter.CHUNK_BYTES", 5)
         path = write(tmp_path / "traces.jsonl", b"".join(b"line %d\n" % i for i in range(1, 101)))
 
         count = LineCounter(path).update()

@@ -21,20 +21,18 @@ from evalpush.client import PlatformClient
 from evalpush.config import MetricsConfig, PlatformConfig
 from evalpush.core import errors
 from evalpush.core.errors import ConfigError
-from evalpush.service import (
+from evalpush.service.health import Health, Probes
+from evalpush.service.metrics import (
     RUN_STATES,
     DaemonFeed,
     Endpoint,
-    Health,
     Metrics,
-    MetricsServer,
-    Outcome,
-    Probes,
+    RequestOutcome,
     ledger_file_bytes,
-    observed,
     outcome_of,
     server_for,
 )
+from evalpush.service.server import MAX_CONNECTIONS, MetricsServer
 
 THRESHOLD_SECONDS = 600.0
 NOW = 1_700_000_000.0
@@ -131,7 +129,7 @@ class TestScrape:
             dict.fromkeys(RUN_STATES, 0.0)
         )
         for endpoint in Endpoint:
-            for outcome in Outcome:
+            for outcome in RequestOutcome:
                 name = "evalpush_platform_requests_total"
                 assert value(samples, name, endpoint=endpoint, outcome=outcome) == 0.0
         for name in (
@@ -205,63 +203,66 @@ class TestScrape:
 
 class TestRequests:
     def test_each_attempt_of_the_real_client_is_counted_by_endpoint_and_outcome(
-        self, server, metrics, platform_client, make_platform_client, local_platform
+        self, server, metrics, local_platform, tmp_path
     ):
-        with observed(metrics, Endpoint.PROBE):
+        def client(base_url: str) -> PlatformClient:
+            config = PlatformConfig(api_base_url=base_url, connect_timeout_seconds=2.0)
+            environ = {"PRIME_API_KEY": local_platform.api_key or "any-key"}
+            return PlatformClient(config, environ=environ, home=tmp_path, observer=metrics)
+
+        with client(local_platform.base_url) as platform_client:
             platform_client.probe()
-        local_platform.inject("status", on="read", status=503)
-        local_platform.inject("status", on="read", status=429, retry_after="1")
-        for expected in (errors.Transient, errors.Transient):
-            with pytest.raises(expected), observed(metrics, Endpoint.PROBE):
-                platform_client.probe()
-        local_platform.inject("status", on="read", status=401)
-        with pytest.raises(errors.AuthError), observed(metrics, Endpoint.GET_EVALUATION):
-            platform_client.get_evaluation("any")
-        nobody = make_platform_client(api_base_url=f"http://127.0.0.1:{closed_port()}")
-        with pytest.raises(errors.Unreachable), observed(metrics, Endpoint.PROBE):
+            local_platform.inject("status", on="read", status=503)
+            local_platform.inject("status", on="read", status=429, retry_after="1")
+            for expected in (errors.Transient, errors.Transient):
+                with pytest.raises(expected):
+                    platform_client.probe()
+            local_platform.inject("status", on="read", status=401)
+            with pytest.raises(errors.AuthError):
+                platform_client.get_evaluation("any")
+        with (
+            client(f"http://127.0.0.1:{closed_port()}") as nobody,
+            pytest.raises(errors.Unreachable),
+        ):
             nobody.probe()
 
         samples = scrape(server)
 
-        def requests(endpoint: Endpoint, outcome: Outcome) -> float:
+        def requests(endpoint: Endpoint, outcome: RequestOutcome) -> float:
             name = "evalpush_platform_requests_total"
             return value(samples, name, endpoint=endpoint, outcome=outcome)
 
-        assert requests(Endpoint.PROBE, Outcome.OK) == 1
-        assert requests(Endpoint.PROBE, Outcome.TRANSIENT) == 1
-        assert requests(Endpoint.PROBE, Outcome.THROTTLED) == 1
-        assert requests(Endpoint.PROBE, Outcome.UNREACHABLE) == 1
-        assert requests(Endpoint.GET_EVALUATION, Outcome.AUTH) == 1
+        assert requests(Endpoint.PROBE, RequestOutcome.OK) == 1
+        assert requests(Endpoint.PROBE, RequestOutcome.TRANSIENT) == 1
+        assert requests(Endpoint.PROBE, RequestOutcome.THROTTLED) == 1
+        assert requests(Endpoint.PROBE, RequestOutcome.UNREACHABLE) == 1
+        assert requests(Endpoint.GET_EVALUATION, RequestOutcome.AUTH) == 1
         durations = "evalpush_platform_request_duration_seconds_count"
         assert value(samples, durations, endpoint=Endpoint.PROBE) == 4
-
-    def test_observed_without_an_observer_only_runs_the_block(self):
-        with pytest.raises(errors.Gone), observed(None, Endpoint.FINALIZE):
-            raise errors.Gone("gone", status=404)
 
     @pytest.mark.parametrize(
         "error, outcome",
         [
-            (None, Outcome.OK),
+            (None, RequestOutcome.OK),
             (
                 errors.from_transport_error(httpx.ConnectError("refused"), what="x"),
-                Outcome.UNREACHABLE,
+                RequestOutcome.UNREACHABLE,
             ),
             (
                 errors.from_transport_error(httpx.ReadTimeout("slow"), what="x"),
-                Outcome.AMBIGUOUS,
+                RequestOutcome.AMBIGUOUS,
             ),
-            (errors.Transient("full"), Outcome.TRANSIENT),
-            (errors.from_status(502, what="x"), Outcome.AMBIGUOUS),
-            (errors.from_status(429, what="x"), Outcome.THROTTLED),
-            (errors.from_status(503, what="x"), Outcome.TRANSIENT),
-            (errors.from_status(401, what="x"), Outcome.AUTH),
-            (errors.from_status(403, what="x"), Outcome.AUTH),
-            (errors.from_status(404, what="x"), Outcome.REFUSED),
-            (errors.from_status(409, what="x"), Outcome.REFUSED),
-            (errors.from_status(422, what="x"), Outcome.REFUSED),
-            (errors.from_status(418, what="x"), Outcome.REFUSED),
-            (KeyError("bug"), Outcome.ERROR),
+            (errors.Transient("full"), RequestOutcome.TRANSIENT),
+            (errors.from_status(502, what="x"), RequestOutcome.AMBIGUOUS),
+            (errors.from_status(429, what="x"), RequestOutcome.THROTTLED),
+            (errors.from_status(503, what="x"), RequestOutcome.TRANSIENT),
+            (errors.from_status(401, what="x"), RequestOutcome.AUTH),
+            (errors.from_status(403, what="x"), RequestOutcome.AUTH),
+            (errors.from_status(404, what="x"), RequestOutcome.REFUSED),
+            (errors.from_status(409, what="x"), RequestOutcome.REFUSED),
+            (errors.from_status(422, what="x"), RequestOutcome.REFUSED),
+            (errors.from_status(418, what="x"), RequestOutcome.REFUSED),
+            (KeyError("bug"), RequestOutcome.ERROR),
         ],
     )
     def test_the_outcome_is_read_from_the_class_errors_gave(self, error, outcome):
@@ -330,7 +331,7 @@ class TestHealth:
         world.ledger_problem = "locked"
 
         assert healthz(server).text.splitlines() == [
-            "platform unreachable for 3h00m07s (over metrics.unhealthy_after_seconds = 600)",
+            "platform unreachable for 3h00m (over metrics.unhealthy_after_seconds = 600)",
             "ledger: locked",
         ]
 
@@ -407,8 +408,6 @@ class TestServer:
     def test_idle_connections_past_the_cap_close_the_oldest_idle_ones_and_livez_answers_meanwhile(
         self, world, metrics
     ):
-        from evalpush.service import MAX_CONNECTIONS
-
         server = MetricsServer(metrics, Health(world.probes(), THRESHOLD_SECONDS), "127.0.0.1", 0)
         with server:
             idle = [
@@ -427,8 +426,6 @@ class TestServer:
     def test_a_request_whose_headers_never_end_counts_as_idle_and_makes_room_too(
         self, world, metrics
     ):
-        from evalpush.service import MAX_CONNECTIONS
-
         server = MetricsServer(metrics, Health(world.probes(), THRESHOLD_SECONDS), "127.0.0.1", 0)
         with server, socket.create_connection(server.address, timeout=30) as begun:
             begun.sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n")  # headers not ended yet
@@ -533,7 +530,7 @@ class Recorder:
     """A RequestObserver that keeps what it heard."""
 
     def __init__(self) -> None:
-        self.heard: list[tuple[str, Outcome]] = []
+        self.heard: list[tuple[str, RequestOutcome]] = []
 
     def request_done(self, endpoint: Endpoint, error: BaseException | None, seconds: float) -> None:
         assert seconds >= 0
@@ -568,10 +565,10 @@ class TestTheClientsRequestsAreObserved:
             client.get_evaluation("no-such-evaluation")
 
         assert recorder.heard == [
-            ("resolve_environment", Outcome.OK),
-            ("probe", Outcome.OK),
-            ("list_evaluations", Outcome.OK),
-            ("get_evaluation", Outcome.REFUSED),
+            ("resolve_environment", RequestOutcome.OK),
+            ("probe", RequestOutcome.OK),
+            ("list_evaluations", RequestOutcome.OK),
+            ("get_evaluation", RequestOutcome.REFUSED),
         ]
         assert env_id and {endpoint for endpoint, _ in recorder.heard} <= set(Endpoint)
 
@@ -582,7 +579,7 @@ class TestTheClientsRequestsAreObserved:
         with pytest.raises(errors.Unreachable):
             observed_client.probe()
 
-        assert recorder.heard == [("probe", Outcome.UNREACHABLE)]
+        assert recorder.heard == [("probe", RequestOutcome.UNREACHABLE)]
 
 
 class TestDaemonFeed:

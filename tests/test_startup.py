@@ -26,7 +26,6 @@ NEVER_FOR_PUSH = {
     "aiohttp": "the local platform's server",
     "prometheus_client": "the daemon's metrics",
     "watchdog": "the daemon's file watching",
-    "structlog": "logging, until an event is logged",
 }
 
 

@@ -14,22 +14,26 @@ Every event passes `redact` (a structlog processor) on its way out: each value g
 `evalpush.core.secrets.scrub`, the one scrubber of secrets (re-exported here with the rest of
 its face, `register_secret`, `scrubbed_output`, `REDACTED`).
 
-structlog (which imports asyncio) is imported when the first event is logged, not before: a
-`push` that has nothing to say never pays for it (start-up). `configure` keeps its settings until
-then; `get_logger` returns a `Logger` that binds the structlog logger, with the configuration of
-that moment, at each event. An event below the configured level is dropped before structlog is
-imported, so a debug line in a quiet process costs a dict lookup.
+`main` configures structlog once for the process (`configure`, `capture_warnings`); a command
+that draws a live view on the terminal (`push`, `demo`) points it at that view, and a reload
+of the daemon configures it again. `get_logger` is structlog's own: its events take the
+configuration of the moment they are logged.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import stat
 import sys
 import threading
+import traceback
+import warnings
 from collections.abc import MutableMapping
 from typing import Any
+
+import structlog
 
 from evalpush.core.secrets import (  # re-exported: the scrubber is part of log's face
     MIN_SECRET_CHARS,
@@ -65,26 +69,49 @@ def redact(_logger: Any, _method: str, event: MutableMapping[str, Any]) -> Mutab
     return event
 
 
-_pending: dict[str, Any] | None = None  # configure()'s settings, until structlog is imported
-_pending_lock = threading.Lock()
-_threshold: int | None = None  # the configured level's number; None: not configured (log all)
-
-LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "exception": 40}
-LEVELS |= {"critical": 50, "fatal": 50}
 SYSLOG_PRIORITY = {"debug": 7, "info": 6, "warning": 4, "error": 3, "critical": 2}
 """The `<N>` prefix journald reads from a line (sd-daemon(3)): by structlog's level name."""
 
 
-def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
-    """Set up structlog once for the process: JSON when not a TTY (or asked), else console.
+Logger = structlog.typing.FilteringBoundLogger
 
-    Applied now if structlog is already imported, else when the first event is logged."""
-    global _pending, _threshold
-    with _pending_lock:
-        _pending = {"level": level, "fmt": fmt, "stream": stream or sys.stderr}
-        _threshold = LEVELS[level.lower()]
-        if "structlog" in sys.modules:
-            _apply_pending()
+
+def get_logger(**context: Any) -> Logger:
+    """structlog's logger with `context` bound to each of its events."""
+    return structlog.get_logger(**context)  # type: ignore[no-any-return]
+
+
+def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
+    """Set up structlog for the process: JSON when not a TTY (or asked), else console."""
+    stream = stream or sys.stderr
+    journal = to_journal(stream)
+    if fmt == "auto":
+        fmt = "console" if _isatty(stream) and not journal else "json"
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer(
+            colors=colours(stream),
+            exception_formatter=structlog.dev.plain_traceback,  # never a frame's locals
+        )
+        if fmt == "console"
+        else structlog.processors.JSONRenderer()
+    )
+    if journal:
+        renderer = _Prioritized(renderer)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            redact,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]  # level names in any case
+        ),
+        logger_factory=structlog.WriteLoggerFactory(stream),  # a line in one write
+        cache_logger_on_first_use=False,  # a reload's new level reaches loggers made before
+    )
 
 
 def capture_warnings() -> None:
@@ -96,8 +123,6 @@ def capture_warnings() -> None:
     while its parent's watch was being added: the second registration replaces the first with
     the same callback) is dropped: nothing is lost, and it is not something an operator can act
     on."""
-    import warnings
-
     warnings.filterwarnings(
         "ignore", message=r"Callback with id .* already exists", category=RuntimeWarning
     )
@@ -127,8 +152,6 @@ def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
     scrubber and across many lines of the journal."""
     if args.exc_type is SystemExit:
         return
-    import traceback
-
     get_logger(stage="python").error(
         "a thread ended with an exception",
         thread=args.thread.name if args.thread is not None else None,
@@ -136,48 +159,6 @@ def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
         traceback="".join(
             traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback)
         ),
-    )
-
-
-def _apply_pending() -> None:
-    global _pending
-    if _pending is not None:
-        settings, _pending = _pending, None
-        _configure_structlog(**settings)
-
-
-def _configure_structlog(level: str, fmt: str, stream: Any) -> None:
-    import logging
-
-    import structlog
-
-    journal = to_journal(stream)
-    if fmt == "auto":
-        fmt = "console" if _isatty(stream) and not journal else "json"
-    renderer: Any = (
-        structlog.dev.ConsoleRenderer(
-            colors=colours(stream),
-            exception_formatter=structlog.dev.plain_traceback,  # never a frame's locals
-        )
-        if fmt == "console"
-        else structlog.processors.JSONRenderer()
-    )
-    if journal:
-        renderer = _Prioritized(renderer)
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            redact,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]  # level names in any case
-        ),
-        logger_factory=structlog.WriteLoggerFactory(stream),  # a line in one write
-        cache_logger_on_first_use=False,
     )
 
 
@@ -228,37 +209,6 @@ class _Prioritized:
     def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
         priority = SYSLOG_PRIORITY.get(str(event.get("level", method)), 6)
         return f"<{priority}>{self._renderer(logger, method, event)}"
-
-
-class Logger:
-    """A structlog bound logger, made at each event: `debug`/`info`/`warning`/`error`/
-    `exception`/... are structlog's, with this logger's context bound."""
-
-    __slots__ = ("_context",)
-
-    def __init__(self, context: dict[str, Any]):
-        self._context = context
-
-    def bind(self, **context: Any) -> Logger:
-        return Logger({**self._context, **context})
-
-    def __getattr__(self, method: str) -> Any:
-        threshold = _threshold
-        if threshold is not None and LEVELS.get(method, threshold) < threshold:
-            return _drop
-        with _pending_lock:
-            _apply_pending()
-        import structlog
-
-        return getattr(structlog.get_logger("evalpush").bind(**self._context), method)
-
-
-def _drop(*_args: Any, **_kwargs: Any) -> None:
-    """An event below the configured level."""
-
-
-def get_logger(**context: Any) -> Logger:
-    return Logger(context)
 
 
 __all__ = [

@@ -1,6 +1,5 @@
-"""The `evalpush` command: its subcommands (`main`), what they print (`report`), and the demo
-(`demo`). The face is `main`; the other modules are imported where they are needed, so a
-command loads only what it runs."""
+"""The `evalpush` command: its entry point (`main`), parser (`parser`), the commands on the
+ledger (`ledger`) and `check` (`check`), what they print (`report`), and the demo (`demo`)."""
 
 from evalpush.cli.main import main
 

@@ -1,4 +1,4 @@
-"""Counts and durations in words: `1 run`, `2 runs`, `4m12s`."""
+"""Counts and durations in words: `1 run`, `2 runs`; `42s`, `4m12s`, `1h02m`."""
 
 from __future__ import annotations
 

@@ -1,31 +1,34 @@
-"""Run directories: what a run is, who it is, when it is finished, and its trace file read by byte offset."""
+"""Run directories: which directories are runs (`layout`), who a run is (`identity`), what it is
+(`config`), when it is finished (`completion`), its lines counted as they come (`counter`) and
+its trace file read by byte offset (`read`)."""
 
 from evalpush.core.ids import OFFLINE_RUN_PREFIX
-from evalpush.runs.directory import (
+from evalpush.runs.completion import (
+    MARKER_SETTLE_SECONDS,
+    ReadinessRules,
+    ReadyRule,
+    RunFacts,
+    readiness,
+    settles_in,
+)
+from evalpush.runs.config import (
+    Producer,
+    Run,
+    RunKind,
+    load_run,
+    require_env_name,
+)
+from evalpush.runs.counter import LineCount, LineCounter
+from evalpush.runs.identity import derive_run_id, last_run_id, named_by_lines_later
+from evalpush.runs.layout import (
     CONFIG_FILE,
     CONFIGS_DIR,
     LEGACY_TRACES_FILE,
-    MARKER_SETTLE_SECONDS,
     TRACES_FILE,
-    LineCount,
-    LineCounter,
-    Producer,
-    ReadinessRules,
-    ReadyRule,
-    Run,
-    RunFacts,
-    RunKind,
     config_file,
-    derive_run_id,
     find_run_dirs,
     is_run_dir,
-    last_run_id,
-    load_run,
-    named_by_lines_later,
-    readiness,
-    require_env_name,
     resolved_config,
-    settles_in,
     traces_file,
     why_no_run,
     why_not_a_run,

@@ -79,7 +79,7 @@ def open_regular(path: Path) -> int:
 _KINDS = (
     (stat.S_ISLNK, "a symlink"),
     (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
     (stat.S_ISSOCK, "a socket"),
     (stat.S_ISCHR, "a device"),
     (stat.S_ISBLK, "a device"),
