@@ -50,7 +50,7 @@ import pytest
 
 from evalpush.local_platform import LocalPlatform
 from support import runs
-from support.commands import evalpush, status_json
+from support.commands import LOG_HELD, evalpush, status_json
 from support.environ import NOT_INHERITED, cli_environ
 from support.platform_view import evaluations_of
 from support.waiting import POLL_SECONDS, WAIT_SECONDS, wait_until
@@ -251,6 +251,7 @@ class InProcessDaemon(_Output):
         self._error: BaseException | None = None
         config = load_config(environ=environ)
         log.configure(config.log.level, config.log.format, stream=_LogLines(self))
+        LOG_HELD.append(self)
         config_file = environ.get("EVALPUSH_CONFIG")
         self._daemon = ServiceDaemon(
             lambda: load_config(environ=environ),
@@ -269,6 +270,7 @@ class InProcessDaemon(_Output):
         except BaseException as exc:  # the test sees it: `stop` raises it, `wait_for` shows it
             self._error = exc
         finally:
+            LOG_HELD.remove(self)
             with self._cond:
                 self._cond.notify_all()
 

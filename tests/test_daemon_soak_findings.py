@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from daemon_support import InProcessDaemon, RunDir, daemon_environ, status, wait_until
+from evalpush.cli.parser import EXIT_UPLOADED_PARTIAL
 from evalpush.ledger import Ledger, default_path, transitions
 from evalpush.local_platform import LocalPlatform
 from pushing import assert_run_exactly_once, start_push
@@ -21,7 +22,7 @@ LEDGER_POLL_SECONDS = 0.2  # how often the daemon takes up the ledger's queued r
 LEDGER_POLLS = 3
 
 
-FINALIZED_BY_ANOTHER = "run already finalized by another process: nothing sent"
+FINALIZED_BY_ANOTHER = "run already finalized: nothing sent"
 
 
 class TestPushBesideAWaitingRun:
@@ -43,7 +44,8 @@ class TestPushBesideAWaitingRun:
             daemon.wait_for("run found: waiting until it is finished", run=run.run_id)
             push = start_push(run.path, environ)  # the run is finished as far as push knows
             out, err = push.communicate(timeout=PUSH_TIMEOUT_SECONDS)
-            assert push.returncode == 0, (out, err)
+            # uploaded as it is (runs.on_incomplete = "upload"), 6 of its 20 expected traces
+            assert push.returncode == EXIT_UPLOADED_PARTIAL, (out, err)
 
             daemon.wait_for("run is ready", run=run.run_id)  # it settled: the daemon's turn
             wait_until(

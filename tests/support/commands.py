@@ -28,6 +28,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 COMMAND_SECONDS = 60
 """How long one command may run before the test calls it hung (a loaded 2-core box)."""
 
@@ -60,9 +62,20 @@ def as_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProce
     )
 
 
+LOG_HELD: list[object] = []
+"""In-process daemons running now (`daemon_support.InProcessDaemon` adds itself): while one runs,
+the process's log is its capture, and an in-process command leaves it alone."""
+
+
 def in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """`evalpush ARGS` by `cli.main`, here: what it printed (text, as a process's pipes would
-    carry it) and its exit code; the process environment is `environ` while it runs."""
+    carry it) and its exit code; the process environment is `environ` while it runs.
+
+    `main` configures the process's log for its command, as a process's would: here that log is
+    shared, so it is put back afterwards, and while an in-process daemon runs (`LOG_HELD`) the
+    command does not configure it at all: the daemon's lines logged meanwhile stay in its
+    capture (the command's own log lines join them there)."""
+    from evalpush import log
     from evalpush.cli import main
 
     out, err = io.BytesIO(), io.BytesIO()
@@ -71,6 +84,9 @@ def in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProce
         io.TextIOWrapper(err, encoding="utf-8", write_through=True),
     )
     saved_environ, saved_streams = dict(os.environ), (sys.stdout, sys.stderr)
+    saved_log, configure = dict(structlog.get_config()), log.configure
+    if LOG_HELD:
+        log.configure = lambda *args, **kwargs: None  # type: ignore[assignment]
     _become(environ)
     sys.stdout, sys.stderr = streams
     try:
@@ -78,6 +94,8 @@ def in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProce
     except SystemExit as exc:  # argparse's usage errors
         code = exc.code if isinstance(exc.code, int) else 2
     finally:
+        log.configure = configure  # type: ignore[assignment]
+        structlog.configure(**saved_log)
         sys.stdout, sys.stderr = saved_streams
         _become(saved_environ)
     return subprocess.CompletedProcess(
