@@ -42,23 +42,14 @@ LEDGER_HOOK = """
 import atexit, os
 import evalpush.ledger as _ledger
 
-_counts = {"writes": 0, "syncs": None}
-_transaction = _ledger.Ledger._transaction
-
-
-def _counted(self, *args, **kwargs):
-    _counts["writes"] += 1
-    return _transaction(self, *args, **kwargs)
-
-
-_ledger.Ledger._transaction = _counted
+_counts = {"writes": 0, "syncs": 0}
 _close = _ledger.Ledger.close
 
 
 def _closing(self):
+    _counts["writes"] += self.writes  # the ledger counts its write transactions and syncs
+    _counts["syncs"] += self.syncs
     _close(self)
-    if hasattr(self, "syncs"):  # the ledger syncs its log itself; before, SQLite did at each commit
-        _counts["syncs"] = (_counts["syncs"] or 0) + self.syncs
 
 
 _ledger.Ledger.close = _closing
@@ -66,7 +57,7 @@ _ledger.Ledger.close = _closing
 
 def _report(path=os.environ.get("BENCH_MANY_RUNS_LEDGER_FILE")):
     with open(path, "a") as out:  # one line a process
-        out.write(f"{_counts['writes']} {_counts['syncs'] if _counts['syncs'] is not None else -1}\\n")
+        out.write(f"{_counts['writes']} {_counts['syncs']}\\n")
 
 
 if os.environ.get("BENCH_MANY_RUNS_LEDGER_FILE"):
@@ -124,7 +115,7 @@ class ManyRuns:
     platform_cpu: float
     requests: dict[str, int]
     writes: int
-    syncs: int  # -1: SQLite synced at every commit (synchronous=FULL), so syncs = writes
+    syncs: int  # of the ledger's write-ahead log
 
 
 def push_all(root: Path, count: int, hook_dir: Path, *, pin: bool = False) -> ManyRuns:
@@ -255,13 +246,11 @@ def main() -> None:
         f"CPU {m.cpu_seconds:.2f} s ({m.cpu_seconds / n * 1000:.2f} ms/run), "
         f"peak RSS {m.peak_rss_bytes / push.MIB:.1f} MiB"
     )
-    syncs = best.writes if best.syncs < 0 else best.syncs
     kinds = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(best.requests.items()) if v)
     print(
         f"per run: {sum(best.requests.values()) / n:.2f} requests ({kinds}), "
-        f"{best.writes / n:.2f} ledger write transactions, {syncs / n:.2f} syncs of its log"
-        + (" (SQLite's, one per commit)" if best.syncs < 0 else "")
-        + f"; {m.waits / n:.1f} times one of its threads blocked (a socket, the disk, a lock, "
+        f"{best.writes / n:.2f} ledger write transactions, {best.syncs / n:.2f} syncs of its log"
+        f"; {m.waits / n:.1f} times one of its threads blocked (a socket, the disk, a lock, "
         f"Python's lock), {m.preempted / n:.1f} preempted"
     )
     print(

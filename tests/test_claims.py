@@ -24,7 +24,7 @@ from structlog.testing import capture_logs
 import ledger_v1
 from evalpush.core.errors import Busy, ClaimLost
 from evalpush.core.setaside import SetAside
-from evalpush.core.states import Outcome, State
+from evalpush.core.states import HistoryOutcome, State
 from evalpush.ledger import (
     LINGER_SECONDS,
     SCHEMA_VERSION,
@@ -559,7 +559,7 @@ class TestFencing:
         with pytest.raises(ClaimLost):
             ledger.add_set_aside(theirs, [SetAside(1, 0, 5, "bad_line", "x")])
         with pytest.raises(ClaimLost):
-            ledger.restart(theirs, outcome=Outcome.SUPERSEDED, state=State.READY)
+            ledger.restart(theirs, outcome=HistoryOutcome.SUPERSEDED, state=State.READY)
         with pytest.raises(ClaimLost):
             ledger.forget(theirs)
         with pytest.raises(ClaimLost):

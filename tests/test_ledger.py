@@ -24,7 +24,7 @@ from evalpush import cli
 from evalpush.cli import report
 from evalpush.core.errors import LedgerError
 from evalpush.core.setaside import SetAside
-from evalpush.core.states import Outcome, State, Step
+from evalpush.core.states import HistoryOutcome, State, Step
 from evalpush.ledger import SCHEMA_VERSION, Ledger
 from evalpush.log import register_secret
 
@@ -154,7 +154,7 @@ class TestRuns:
         )
         ledger.add_set_aside(record, [SetAside(2, 10, 5, "bad_line", "invalid JSON")])
 
-        restarted = ledger.restart(record, outcome=Outcome.SUPERSEDED, state=State.READY)
+        restarted = ledger.restart(record, outcome=HistoryOutcome.SUPERSEDED, state=State.READY)
 
         assert (restarted.state, restarted.step, restarted.evaluation_id) == ("ready", "scan", None)
         assert (restarted.acked_offset, restarted.samples_sent) == (0, 0)

@@ -17,7 +17,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from evalpush.core.errors import Busy, ClaimLost, LedgerError, LedgerUnavailable
-from evalpush.core.states import Outcome, State
+from evalpush.core.states import HistoryOutcome, State
 from evalpush.ledger import Claims, Ledger, Process, transitions
 from evalpush.ledger.server import LedgerServer
 from support.commands import evalpush
@@ -274,7 +274,9 @@ class TestMoveIntoShared:
             transitions.finalize(local, b, at=time.time(), evaluation_id="eval-b-here")
             c = local.get_run(ids["c"])  # only here, with history
             local.update(c, evaluation_id="eval-c-old")
-            local.restart(local.get_run(ids["c"]), outcome=Outcome.DELETED, state=State.READY)
+            local.restart(
+                local.get_run(ids["c"]), outcome=HistoryOutcome.DELETED, state=State.READY
+            )
             local.forget(local.get_run(ids["d"]))
         with shared(pg_url) as fleet:
             fleet.add(path="/mnt/runs/a", run_id=ids["a"], kind="eval", state=State.READY)

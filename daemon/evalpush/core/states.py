@@ -34,7 +34,7 @@ class Step(enum.StrEnum):
     DONE = "done"
 
 
-class Outcome(enum.StrEnum):
+class HistoryOutcome(enum.StrEnum):
     """What became of an evaluation a run had before its current one (the `history` table)."""
 
     SUPERSEDED = "superseded"  # the run changed after this evaluation was finalized
@@ -52,4 +52,4 @@ class SetAsideKind(enum.StrEnum):
     REJECTED = "rejected"  # the sample can never be sent (too large), or the platform refused it
 
 
-__all__ = ["Outcome", "SetAsideKind", "State", "Step"]
+__all__ = ["HistoryOutcome", "SetAsideKind", "State", "Step"]

@@ -39,7 +39,7 @@ import msgspec
 from evalpush.core import paths
 from evalpush.core.errors import Busy, ClaimLost, LedgerError
 from evalpush.core.setaside import SetAside
-from evalpush.core.states import Outcome, State, Step
+from evalpush.core.states import HistoryOutcome, State, Step
 from evalpush.ledger import schema
 from evalpush.ledger.claims import Holder, held_by
 from evalpush.ledger.file import LedgerFile, Upgrade, default_path
@@ -499,7 +499,7 @@ class Ledger(LedgerReads):
         return self.get(record.id) if cursor.rowcount else None
 
     def restart(
-        self, record: RunRecord, *, outcome: Outcome, state: State, same_file: bool = False
+        self, record: RunRecord, *, outcome: HistoryOutcome, state: State, same_file: bool = False
     ) -> RunRecord:
         """Start the run's upload over: its current evaluation (if any) goes to `history` with
         `outcome`, its progress and set-aside records are cleared, in one transaction. A hold
@@ -536,7 +536,7 @@ class Ledger(LedgerReads):
             db.execute(
                 f"INSERT INTO history (run, evaluation_id, viewer_url, outcome, at) "
                 f"VALUES (?, ?, ?, ?, ?) {_HISTORY_REPLACES}",
-                (record.id, evaluation_id, viewer_url, Outcome.NOT_THE_RUNS, self._clock()),
+                (record.id, evaluation_id, viewer_url, HistoryOutcome.NOT_THE_RUNS, self._clock()),
             )
 
     # ------------------------------------------------------------ set-aside records and history

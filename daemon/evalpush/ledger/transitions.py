@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from evalpush.core.ids import short_id
-from evalpush.core.states import Outcome, State, Step
+from evalpush.core.states import HistoryOutcome, State, Step
 from evalpush.ledger.store import Ledger, RunRecord
 
 WAITING_FOR_KEY = "waiting for a working API key"
@@ -147,7 +147,7 @@ def requeue(ledger: Ledger, record: RunRecord) -> RunRecord:
 def start_over(
     ledger: Ledger,
     record: RunRecord,
-    outcome: Outcome,
+    outcome: HistoryOutcome,
     *,
     state: State = State.READY,
     same_file: bool = False,

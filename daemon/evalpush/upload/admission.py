@@ -21,7 +21,7 @@ import msgspec
 from evalpush.core import paths
 from evalpush.core.errors import RunIdTaken
 from evalpush.core.ids import short_id
-from evalpush.core.states import Outcome, State, Step
+from evalpush.core.states import HistoryOutcome, State, Step
 from evalpush.ledger import Ledger, RunRecord, transitions
 from evalpush.log import get_logger
 from evalpush.runs import (
@@ -156,7 +156,7 @@ class Admission:
         if record.state == State.FINALIZED:
             if change in (Change.GROWN, Change.REPLACED):
                 get_logger(run=run.run_id).info("run changed after finalize: new evaluation")
-                return transitions.start_over(self._ctx.ledger, record, Outcome.SUPERSEDED)
+                return transitions.start_over(self._ctx.ledger, record, HistoryOutcome.SUPERSEDED)
         elif change in (Change.GONE, Change.REPLACED):
             return self.file_replaced(record, run, change, restart_as)
         if change == Change.GONE or now is None:
@@ -194,14 +194,14 @@ class Admission:
         if change == Change.GONE:
             message = f"{run.traces_path}: the run's trace file {_gone_how(run.traces_path)}"
             self._reconcile.cancel(record, message)
-            record = transitions.start_over(ledger, record, Outcome.CANCELLED)
+            record = transitions.start_over(ledger, record, HistoryOutcome.CANCELLED)
             return transitions.fail(ledger, record, message)
         get_logger(run=run.run_id).warning(
             "trace file replaced or rewritten mid-upload: the open evaluation is cancelled and "
             "the run uploads again from the start"
         )
         self._reconcile.cancel(record, "the run's trace file was replaced (resumed eval)")
-        return transitions.start_over(ledger, record, Outcome.CANCELLED, state=restart_as)
+        return transitions.start_over(ledger, record, HistoryOutcome.CANCELLED, state=restart_as)
 
 
 def _gone_how(path: Path) -> str:

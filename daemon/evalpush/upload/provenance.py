@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from evalpush import __version__
 from evalpush.core.errors import EvalpushError, Interrupted
-from evalpush.core.states import Outcome
+from evalpush.core.states import HistoryOutcome
 from evalpush.ledger import RunRecord
 from evalpush.log import get_logger
 
@@ -39,7 +39,7 @@ def supersedes(ctx: Context, record: RunRecord) -> str | None:
     """The evaluation this run's current one replaces: the last one its history superseded (a
     finalized evaluation; one cancelled mid-upload since replaced nothing)."""
     for earlier in reversed(ctx.ledger.history(record)):
-        if earlier.outcome == Outcome.SUPERSEDED:
+        if earlier.outcome == HistoryOutcome.SUPERSEDED:
             return earlier.evaluation_id
     return None
 

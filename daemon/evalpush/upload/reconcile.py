@@ -18,7 +18,7 @@ import msgspec
 
 from evalpush.client import Evaluation, is_platform_id, most_samples_stored
 from evalpush.core.errors import Ambiguous, Conflict, Gone
-from evalpush.core.states import Outcome, State, Step
+from evalpush.core.states import HistoryOutcome, State, Step
 from evalpush.ledger import RunRecord, transitions
 from evalpush.log import get_logger
 from evalpush.runs import OFFLINE_RUN_PREFIX, Producer, Run
@@ -175,7 +175,7 @@ class Reconciler:
         ledger = self._ctx.ledger
         record = ledger.update(record, evaluation_id=evaluation.id, viewer_url=url, looked_up=1)
         return transitions.start_over(
-            ledger, record, Outcome.SUPERSEDED, state=State.UPLOADING, same_file=True
+            ledger, record, HistoryOutcome.SUPERSEDED, state=State.UPLOADING, same_file=True
         )
 
     def cancel(self, record: RunRecord, message: str) -> None:

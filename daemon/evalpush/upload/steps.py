@@ -22,7 +22,7 @@ from evalpush.core.errors import (
 )
 from evalpush.core.ids import short_id
 from evalpush.core.setaside import SetAside
-from evalpush.core.states import Outcome, SetAsideKind, Step
+from evalpush.core.states import HistoryOutcome, SetAsideKind, Step
 from evalpush.core.words import counted
 from evalpush.ledger import RunRecord, transitions
 from evalpush.log import get_logger
@@ -269,7 +269,7 @@ class Steps:
             set_aside = ledger.set_aside(record)
             message = nothing_to_upload(run, set_aside)
             self._reconcile.cancel(record, message)
-            record = transitions.start_over(ledger, record, Outcome.CANCELLED)
+            record = transitions.start_over(ledger, record, HistoryOutcome.CANCELLED)
             ledger.add_set_aside(record, set_aside)  # what `status RUN` lists as the reasons
             raise RunError(message)
         scanned = RunTotals.from_json(record.totals).traces

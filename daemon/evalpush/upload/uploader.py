@@ -21,7 +21,7 @@ from evalpush.core.errors import (
     Refused,
     RunError,
 )
-from evalpush.core.states import Outcome, State, Step
+from evalpush.core.states import HistoryOutcome, State, Step
 from evalpush.ledger import Claims, RunRecord, transitions
 from evalpush.log import get_logger
 from evalpush.runs import Change, FileChangedError, Run, RunKind, derive_run_id
@@ -206,7 +206,7 @@ class Uploader:
         except (Gone, Conflict) as exc:
             if record.evaluation_id is None:
                 raise
-            outcome = Outcome.DELETED if isinstance(exc, Gone) else Outcome.CLOSED
+            outcome = HistoryOutcome.DELETED if isinstance(exc, Gone) else HistoryOutcome.CLOSED
             get_logger(run=run.run_id).warning(
                 "evaluation gone from the platform: starting a new one",
                 evaluation=record.evaluation_id,
