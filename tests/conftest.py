@@ -46,6 +46,7 @@ Fixtures for tests that run `python -m evalpush ...` (support/commands.py, suppo
 
 from __future__ import annotations
 
+import compileall
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -56,6 +57,7 @@ import pytest
 import structlog
 import tenacity
 
+import evalpush as evalpush_package  # the `evalpush` fixture has the plain name
 from evalpush.client import Gate, PlatformClient, Retrier
 from evalpush.config import PlatformConfig
 from evalpush.ledger import Ledger, default_path
@@ -70,6 +72,15 @@ from support.postgres import binaries as postgres_binaries
 pytest_plugins = ["pytester"]  # test_thread_guard.py runs a session of leaky tests
 
 FAST_WAIT = tenacity.wait_random_exponential(multiplier=0.002, max=0.02)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Byte-compile evalpush once, before any worker starts: the tests start `python -m
+    evalpush` hundreds of times, and an editable install has no `.pyc` files of its own; where
+    `PYTHONDONTWRITEBYTECODE` is set (CI images set it) every one of those processes would
+    compile every module again (~0.2 CPU s each)."""
+    if not hasattr(config, "workerinput"):  # the controller, or a run without workers
+        compileall.compile_dir(Path(evalpush_package.__file__).parent, quiet=1)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
