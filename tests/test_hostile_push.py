@@ -133,8 +133,9 @@ class TestListingsThatNeverEnd:
         crashed.communicate(timeout=START_SECONDS)
         assert crashed.returncode == -signal.SIGKILL
         platform.inject(fault, on="read", count=1_000_000)
+        before = requests(platform, "read")  # the crashed push's own read of its evaluation
         process = start_push(runs, environ)
-        wait_until(lambda: requests(platform, "read") > 0, "the reconciling read")
+        wait_until(lambda: requests(platform, "read") > before, "the reconciling read")
         first = requests(platform, "read")
         time.sleep(3.0)
         listed = requests(platform, "read") - first
