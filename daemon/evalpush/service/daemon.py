@@ -338,7 +338,7 @@ class Daemon:
                     hint = self._hints.get(0)
                 if now >= next_rescan:
                     parts.watcher.sync()  # a root that appeared or was replaced: the scan covers it
-                    parts.tracker.seen(parts.scanner.scan(), everything=True)
+                    parts.tracker.rescanned(parts.scanner.rescan(parts.tracker.settled))
                     next_rescan = now + _rescan_seconds(parts)
                 if now >= next_poll:
                     parts.tracker.poll_ledger()

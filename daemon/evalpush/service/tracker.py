@@ -4,7 +4,9 @@ Discover tells it where runs are (a scan's `RunDir`s, or one directory a hint po
 tracker decides what each one needs:
 
 - a run whose trace file is as the ledger last saw it in a final state (finalized, skipped,
-  failed, held) needs nothing: a dict lookup per rescan, no file opened, no row read;
+  failed, held) needs nothing: it is *settled* (`settled(path)` says so to the rescan, which
+  then does not look inside its directory; a file event, or the slow sweep, shows it again
+  with its facts now, compared with a dict lookup), no file opened, no row read;
 - a run that is not finished yet is *waiting* (so is one whose config.toml cannot be read yet:
   the producer may still be writing it; config.toml is read again whenever its stat changes,
   and if it is still unreadable once the run settles or shows its marker, the uploader fails
@@ -47,7 +49,7 @@ from evalpush.core import paths
 from evalpush.core.errors import LedgerRefused, RunError
 from evalpush.core.ids import short_id
 from evalpush.core.states import State
-from evalpush.discover import RunDir, look_at
+from evalpush.discover import Rescan, RunDir, look_at
 from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive
 from evalpush.log import get_logger
 from evalpush.runs import (
@@ -158,6 +160,18 @@ class Tracker:
                     del self._settled[path]
         for path, rundir in rundirs.items():
             self.look(path, rundir)
+
+    def rescanned(self, rescan: Rescan) -> None:
+        """What a rescan found: the run directories it looked at, and those gone since."""
+        for path in rescan.gone:
+            self.look(path, None)
+        self.seen(rescan.runs, everything=rescan.complete)
+
+    def settled(self, path: str) -> bool:
+        """Whether the run at `path` needs nothing until its trace file changes (a rescan need
+        not look inside it while its directory is unchanged)."""
+        # No lock: one dict lookup is atomic, and a rescan asks this once per run directory.
+        return path in self._settled
 
     def look(self, path: str, rundir: RunDir | None) -> None:
         """One run directory, as it is now (None: gone, or not a run directory any more)."""
@@ -380,12 +394,14 @@ class Tracker:
         state is settled at the file facts the ledger recorded for it (or, for a copy or a run
         that never got that far, at its file as it is now), and so is one to `leave_alone`
         (the ledger cannot record it, or its run id is another run's) until its file changes;
-        anything else is looked at again by the next rescan or ledger poll."""
+        anything else, and a run whose file changed while it uploaded, is looked at again by
+        the next rescan or ledger poll."""
         settled: Facts | None = None
         if leave_alone:
             rundir = look_at(path, self._rules.marker)
             settled = _facts(rundir) if rundir is not None else None
         elif record is not None and record.state in FINAL_STATES:
+            rundir = look_at(path, self._rules.marker)
             if record.path_raw == paths.raw(path) and record.file_inode is not None:
                 settled = (
                     record.file_device or 0,
@@ -393,8 +409,11 @@ class Tracker:
                     record.file_size or 0,
                     record.file_mtime_ns or 0,
                 )
+                if rundir is not None and _facts(rundir) != settled:
+                    # Changed while it uploaded (its file event came while it was in flight):
+                    # not settled, so the next rescan looks at it instead of skipping it.
+                    settled = None
             else:
-                rundir = look_at(path, self._rules.marker)
                 settled = _facts(rundir) if rundir is not None else None
         with self._lock:
             self._in_flight.discard(path)
