@@ -407,6 +407,32 @@ class TestRescan:
         assert sorted(swept) == sorted(str(r) for r in [*runs, hidden])  # each once
         assert Scanner([tmp_path]).scan()[str(runs[17])].size == late.stat().st_size
 
+    def test_a_rescan_with_a_budget_goes_on_where_it_stopped_and_is_complete_once_over(
+        self, tmp_path
+    ):
+        runs = [make_run(tmp_path / f"env{i % 3}--m--h" / f"run{i}") for i in range(9)]
+        scanner = Scanner([tmp_path])
+
+        parts = [scanner.rescan(quiet_all, budget=2)]
+        while not parts[-1].over:
+            parts.append(scanner.rescan(quiet_all, budget=2))
+        found = [path for part in parts for path in part.runs]
+
+        assert len(parts) == 7  # 13 directories (the root, 3 parents, 9 runs), 2 a call
+        assert sorted(found) == sorted(str(r) for r in runs)  # each once
+        assert [part.complete for part in parts] == [False] * 6 + [True]
+        assert all(scanner.knows(str(r)) for r in runs)
+
+    def test_runs_handed_back_are_looked_at_again_by_the_next_rescan(self, tmp_path):
+        run = make_run(tmp_path / "env--m--h" / "run")
+        scanner = Scanner([tmp_path])
+        first = scanner.rescan(quiet_all)
+
+        scanner.again(first.runs)
+
+        assert list(scanner.rescan(quiet_all).runs) == [str(run)]
+        assert scanner.rescan(quiet_all).runs == {}
+
     def test_a_root_that_vanishes_takes_its_runs_with_it(self, tmp_path):
         root = tmp_path / "outputs"
         runs = [make_run(root / "env--m--h" / f"run{i}") for i in range(2)]

@@ -18,7 +18,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,8 @@ class Rescan(msgspec.Struct, frozen=True, gc=False):
 
     runs: dict[str, RunDir]  # run directories looked at: new, changed, not quiet, or swept
     gone: list[str]  # run directories it knew that are gone or are not run directories any more
-    complete: bool  # `runs` holds every run directory under the roots (the first rescan)
+    complete: bool  # the first rescan is over: `Scanner.knows` every run under the roots
+    over: bool  # this rescan is over (else the next call goes on with it)
 
 
 RACY_NS = 2_000_000_000
@@ -219,7 +220,9 @@ class Scanner:
         self._runs: dict[str, None] = {}
         self._dirs: dict[str, tuple[int, tuple[str, ...]]] = {}
         self._due: set[str] = set()
-        self._rescanned = False
+        self._rescanned = False  # a rescan was over: the first walk is done
+        self._walking = False  # a rescan is under way: `_stack` holds what is left of it
+        self._stack: list[str] = []
         self._sweep: list[str] = []  # this sweep's directories, in order
         self._swept = 0  # how many of them were swept so far
         self._swept_at = 0.0  # when the last slice was swept (the clock's time)
@@ -247,27 +250,45 @@ class Scanner:
         self._forget_readable()
         return found
 
-    def rescan(self, quiet: Callable[[str], bool] = lambda _path: False) -> Rescan:
+    def rescan(
+        self, quiet: Callable[[str], bool] = lambda _path: False, *, budget: int | None = None
+    ) -> Rescan:
         """The run directories that changed since the last rescan (all of them the first time).
 
         `quiet(path)`: the run directory at `path` needs nothing unless it changed (a finalized
-        run), so it is not looked inside while its mtime stays put (the sweep aside)."""
-        complete = not self._rescanned
-        if not complete:
-            self._sweep_slice()
-        self._rescanned = True
+        run), so it is not looked at (the sweep aside). `budget`: at most this many directories
+        are looked at in this call; a rescan not `over` goes on where it stopped at the next."""
         runs: dict[str, RunDir] = {}
         gone: list[str] = []
-        for root in self.roots:
-            real = resolve(root)
-            if self._root_present(root, real):
-                self._walk_changed(real, quiet, runs, gone)
-            else:
-                self._forget(real, gone)
-        self._forget_readable()
-        if complete:  # the sweep begins at the next rescan, over all this one found
-            self._sweep, self._swept = [], 0
-        return Rescan(runs, [path for path in gone if path not in runs], complete)
+        if not self._walking:
+            if self._rescanned:
+                self._sweep_slice()
+            for root in reversed(self.roots):  # popped in the order given
+                real = resolve(root)
+                if self._root_present(root, real):
+                    self._stack.append(real)
+                else:
+                    self._forget(real, gone)
+            self._walking = True
+        self._walk_changed(quiet, runs, gone, budget)
+        over = not self._stack
+        complete = over and not self._rescanned
+        if over:
+            self._walking = False
+            self._rescanned = True
+            self._forget_readable()
+            if complete:  # the sweep begins at the next rescan, over all the first one found
+                self._sweep, self._swept = [], 0
+        return Rescan(runs, [path for path in gone if path not in runs], complete, over)
+
+    def again(self, paths: Iterable[str]) -> None:
+        """Look inside these run directories at the next rescan, quiet or not (what a rescan
+        found that the caller could not act on)."""
+        self._due.update(path for path in paths if path in self._runs)
+
+    def knows(self, path: str) -> bool:
+        """Whether `rescan()` has found a run directory at `path` (and not found it gone)."""
+        return path in self._runs
 
     @property
     def remembered(self) -> int:
@@ -275,19 +296,26 @@ class Scanner:
         return len(self._runs) + len(self._dirs)
 
     def _walk_changed(
-        self, top: str, quiet: Callable[[str], bool], runs: dict[str, RunDir], gone: list[str]
+        self,
+        quiet: Callable[[str], bool],
+        runs: dict[str, RunDir],
+        gone: list[str],
+        budget: int | None,
     ) -> None:
         """`walk`, but through what it remembers: a directory is listed only when its mtime
         moved; a quiet run directory is not looked at (not even its mtime: what changes in it
-        moves its trace file's facts, not its directory's mtime, or is a file event)."""
+        moves its trace file's facts, not its directory's mtime, or is a file event). Stops
+        once `budget` directories were looked at, the rest left on the stack."""
         fresh_before = time.time_ns() - RACY_NS
-        stack = [top]
-        while stack:
+        stack = self._stack
+        left = budget if budget is not None else -1
+        while stack and left != 0:
             directory = stack.pop()
             known_run = directory in self._runs
             if known_run and directory not in self._due and quiet(directory):
                 continue
             self._due.discard(directory)
+            left -= 1
             try:
                 st = os.lstat(directory)
             except OSError as exc:

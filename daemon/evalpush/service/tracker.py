@@ -148,24 +148,22 @@ class Tracker:
 
     # ------------------------------------------------------------ what discover found
 
-    def seen(self, rundirs: dict[str, RunDir], *, everything: bool) -> None:
-        """Run directories found by a scan (`everything`: of every root, so a run not among
-        them is gone) or by a hint's look at a subtree."""
-        if everything:
-            with self._lock:
-                gone = [path for path in self._waiting if path not in rundirs]
-                for path in gone:
-                    del self._waiting[path]
-                for path in [p for p in self._settled if p not in rundirs]:
-                    del self._settled[path]
+    def seen(self, rundirs: dict[str, RunDir]) -> None:
+        """Run directories found by a rescan or by a hint's look at a subtree."""
         for path, rundir in rundirs.items():
             self.look(path, rundir)
 
-    def rescanned(self, rescan: Rescan) -> None:
-        """What a rescan found: the run directories it looked at, and those gone since."""
+    def rescanned(self, rescan: Rescan, known: Callable[[str], bool]) -> None:
+        """What (a part of) a rescan found: the run directories it looked at, and those gone
+        since; once the first is `complete`, a run the scanner does not know (`known`) is gone."""
         for path in rescan.gone:
             self.look(path, None)
-        self.seen(rescan.runs, everything=rescan.complete)
+        if rescan.complete:
+            with self._lock:
+                for held in (self._waiting, self._settled):
+                    for path in [p for p in held if not known(p)]:
+                        del held[path]
+        self.seen(rescan.runs)
 
     def settled(self, path: str) -> bool:
         """Whether the run at `path` needs nothing until its trace file changes (a rescan need
