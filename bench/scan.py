@@ -6,7 +6,9 @@ Builds (once, in bench/.cache/scan/) the default layout `root/<taskset>--<model>
 with `config.toml`, a small `traces.jsonl` and `eval.log` in each run, 100 runs per parent, then
 measures, each in this process with the page cache warm (the daemon's steady state):
 
-1. `Scanner.scan()`: wall and CPU seconds of a full rescan, best and median of 5.
+1. `Scanner.scan()`: wall and CPU seconds of a full walk, best and median of 5; then
+   `Scanner.rescan()` with every run finalized and nothing changed (the daemon's rescan after
+   its first walk, which lists only directories whose mtime moved), best and median of 5.
 2. `Watcher` with inotify: wall and CPU of `start()` (watches the whole tree), the inotify
    watches it holds (from /proc/self/fdinfo), the process's CPU over `--idle-seconds` of
    idling, then over as long again with one full rescan in the middle (the daemon's idle:
@@ -88,6 +90,18 @@ def bench_scan(root: Path, runs: int) -> None:
     print(
         f"scan of {runs:,} run dirs: wall best {min(walls):.3f} s median {statistics.median(walls):.3f} s; "
         f"CPU best {min(cpus):.3f} s median {statistics.median(cpus):.3f} s"
+    )
+    settled = set(scanner.rescan().runs)  # the daemon's first walk; then every run is finalized
+    samples = []
+    for _ in range(5):
+        wall, cpu, found = measure(lambda: scanner.rescan(settled.__contains__))
+        assert not found.gone, f"a rescan found {len(found.gone)} runs gone"
+        samples.append((wall, cpu))
+    walls, cpus = [w for w, _ in samples], [c for _, c in samples]
+    print(
+        f"rescan of {runs:,} finalized run dirs, nothing changed: wall best {min(walls):.3f} s "
+        f"median {statistics.median(walls):.3f} s; CPU best {min(cpus):.3f} s "
+        f"median {statistics.median(cpus):.3f} s"
     )
 
 
