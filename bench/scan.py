@@ -1,12 +1,14 @@
 """Discover's cost on a tree of 10,000 run directories (the target: an idle daemon under 1% of a core).
 
-    .venv/bin/python bench/scan.py [--runs 10000] [--idle-seconds 60] [--skip-idle]
+    .venv/bin/python bench/scan.py [--runs 10000] [--idle-seconds 60] [--skip-idle] [--skip-watch]
 
 Builds (once, in bench/.cache/scan/) the default layout `root/<taskset>--<model>--<harness>/<uuid>/`
 with `config.toml`, a small `traces.jsonl` and `eval.log` in each run, 100 runs per parent, then
 measures, each in this process with the page cache warm (the daemon's steady state):
 
-1. `Scanner.scan()`: wall and CPU seconds of a full rescan, best and median of 5.
+1. `Scanner.scan()`: wall and CPU seconds of a full walk, best and median of 5; then
+   `Scanner.rescan()` with every run finalized and nothing changed (the daemon's rescan after
+   its first walk, which lists only directories whose mtime moved), best and median of 5.
 2. `Watcher` with inotify: wall and CPU of `start()` (watches the whole tree), the inotify
    watches it holds (from /proc/self/fdinfo), the process's CPU over `--idle-seconds` of
    idling, then over as long again with one full rescan in the middle (the daemon's idle:
@@ -89,6 +91,18 @@ def bench_scan(root: Path, runs: int) -> None:
         f"scan of {runs:,} run dirs: wall best {min(walls):.3f} s median {statistics.median(walls):.3f} s; "
         f"CPU best {min(cpus):.3f} s median {statistics.median(cpus):.3f} s"
     )
+    settled = set(scanner.rescan().runs)  # the daemon's first walk; then every run is finalized
+    samples = []
+    for _ in range(5):
+        wall, cpu, found = measure(lambda: scanner.rescan(settled.__contains__))
+        assert not found.gone, f"a rescan found {len(found.gone)} runs gone"
+        samples.append((wall, cpu))
+    walls, cpus = [w for w, _ in samples], [c for _, c in samples]
+    print(
+        f"rescan of {runs:,} finalized run dirs, nothing changed: wall best {min(walls):.3f} s "
+        f"median {statistics.median(walls):.3f} s; CPU best {min(cpus):.3f} s "
+        f"median {statistics.median(cpus):.3f} s"
+    )
 
 
 def idle(seconds: float, mid: Callable[[], Any] | None = None) -> float:
@@ -148,13 +162,17 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10_000)
     parser.add_argument("--idle-seconds", type=float, default=60.0)
     parser.add_argument("--skip-idle", action="store_true", help="no idle measurements")
+    parser.add_argument(
+        "--skip-watch", action="store_true", help="no watcher or polling (a tree over the limit)"
+    )
     args = parser.parse_args()
     idle_seconds = 0.0 if args.skip_idle else args.idle_seconds
     wall, _cpu, root = measure(lambda: build_tree(args.runs))
     print(f"tree: {root} ({wall:.1f} s to make or find)")
     bench_scan(root, args.runs)
-    bench_inotify(root, args.runs, idle_seconds)
-    bench_polling(root, args.runs)
+    if not args.skip_watch:
+        bench_inotify(root, args.runs, idle_seconds)
+        bench_polling(root, args.runs)
     return 0
 
 

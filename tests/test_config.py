@@ -40,6 +40,7 @@ class TestDefaults:
             "rescan_seconds": 60,
             "observer": "auto",
             "poll_seconds": 30,
+            "sweep_seconds": 86400,
             "ledger_poll_seconds": 2,
         }
         assert config.runs.model_dump() == {

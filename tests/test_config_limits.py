@@ -48,6 +48,7 @@ def test_a_variable_nested_too_deeply_is_a_config_error_naming_it():
 SECONDS = [  # every float setting
     "watch.rescan_seconds",
     "watch.poll_seconds",
+    "watch.sweep_seconds",
     "watch.ledger_poll_seconds",
     "runs.settle_seconds",
     "platform.connect_timeout_seconds",

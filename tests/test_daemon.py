@@ -545,6 +545,32 @@ class TestDiscovery:
             assert daemon.stop() == 0
         assert_run_exactly_once(local_platform, run.path)
 
+    def test_a_line_appended_to_a_finalized_run_no_event_tells_of_is_found_by_the_sweep(
+        self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
+    ) -> None:
+        # A polled root gives no file events, and an append moves no directory's mtime: the
+        # rescans skip the finalized run, and only the sweep looks inside it again.
+        environ = daemon_environ(
+            local_platform,
+            tmp_path,
+            [tree],
+            EVALPUSH_WATCH__OBSERVER="polling",
+            EVALPUSH_WATCH__POLL_SECONDS="0.5",
+            EVALPUSH_WATCH__SWEEP_SECONDS="3",
+        )
+        with InProcessDaemon(environ) as daemon:
+            daemon.started()
+            run = RunDir(tree / "env--model--harness").config(num_tasks=2)
+            run.write(run.lines(4))
+            first = finalized(daemon, run)["evaluation"]
+            run.write(run.lines(2, start=4))
+            second = daemon.wait_for(RUN_FINALIZED, run=run.run_id, count=2)["evaluation"]
+            assert daemon.stop() == 0
+        assert daemon.find("finalized run changed: it uploads again once ready", run=run.run_id)
+        evaluations = evaluations_of(local_platform, run.run_id)
+        assert set(evaluations) == {first, second}
+        assert evaluations[second]["sample_count"] == 6
+
     def test_a_root_that_does_not_exist_at_start_is_watched_once_it_is_created(
         self, local_platform: LocalPlatform, tmp_path: Path
     ) -> None:

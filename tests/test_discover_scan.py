@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -296,6 +297,154 @@ class TestLook:
         found = list(walk(str(tmp_path / "gone"), on_error=lambda d, e: errors.append(d)))
 
         assert (found, errors) == ([], [])
+
+
+class Clock:
+    """The scanner's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def backdate(root: Path) -> None:
+    """Every directory at and under `root` an hour old: older than a listing trusts."""
+    old = (os.stat(root).st_mtime_ns - 3600 * 10**9,) * 2
+    for directory, _subdirs, _files in os.walk(root):
+        os.utime(directory, ns=old)
+
+
+def quiet_all(_path: str) -> bool:
+    return True
+
+
+class TestRescan:
+    def test_the_first_rescan_finds_every_run_and_a_rescan_with_nothing_changed_finds_none(
+        self, tmp_path
+    ):
+        runs = [make_run(tmp_path / f"env{i % 2}--m--h" / f"run{i}") for i in range(4)]
+        scanner = Scanner([tmp_path])
+
+        first = scanner.rescan(quiet_all)
+        backdate(tmp_path)
+        second = scanner.rescan(quiet_all)
+
+        assert first.complete and paths(first.runs) == sorted(str(r) for r in runs)
+        assert first.runs == Scanner([tmp_path]).scan()
+        assert (second.complete, second.runs, second.gone) == (False, {}, [])
+
+    def test_a_run_that_is_not_quiet_is_looked_at_every_rescan_with_its_facts_now(self, tmp_path):
+        settled = make_run(tmp_path / "env--m--h" / "settled", data=b"1\n")
+        waiting = make_run(tmp_path / "env--m--h" / "waiting", data=b"1\n")
+        scanner = Scanner([tmp_path])
+        scanner.rescan()
+        backdate(tmp_path)
+
+        with (waiting / "traces.jsonl").open("ab") as f:
+            f.write(b"2\n")
+        again = scanner.rescan(lambda path: path == str(settled))
+
+        assert list(again.runs) == [str(waiting)]
+        assert again.runs[str(waiting)].size == 4
+
+    def test_new_and_vanished_runs_are_found_where_a_directorys_mtime_moved(self, tmp_path):
+        parent = tmp_path / "env--m--h"
+        old = make_run(parent / "old")
+        deep = make_run(tmp_path / "a" / "b" / "deep")
+        scanner = Scanner([tmp_path])
+        scanner.rescan(quiet_all)
+        backdate(tmp_path)
+
+        new = make_run(parent / "new")
+        shutil.rmtree(old)
+        shutil.rmtree(tmp_path / "a" / "b")
+        changed = scanner.rescan(quiet_all)
+
+        assert paths(changed.runs) == [str(new)]
+        assert sorted(changed.gone) == sorted([str(old), str(deep)])
+
+    def test_a_directory_whose_mtime_did_not_move_is_not_listed_again(self, tmp_path):
+        parent = tmp_path / "env--m--h"
+        make_run(parent / "old")
+        backdate(tmp_path)
+        scanner = Scanner([tmp_path])
+        scanner.rescan(quiet_all)
+        remembered = os.stat(parent).st_mtime_ns
+
+        hidden = make_run(parent / "hidden")  # made, then the parent's mtime put back
+        os.utime(parent, ns=(remembered, remembered))
+        unseen = scanner.rescan(quiet_all)
+
+        assert (unseen.runs, unseen.gone) == ({}, [])
+        assert str(hidden) in scanner.scan()  # a full walk sees it
+
+    def test_the_sweep_looks_at_every_directory_once_within_its_period_a_slice_per_rescan(
+        self, tmp_path
+    ):
+        runs = [make_run(tmp_path / f"env{i % 5}--m--h" / f"run{i:02}") for i in range(50)]
+        clock = Clock()
+        backdate(tmp_path)
+        scanner = Scanner([tmp_path], sweep_seconds=100, clock=clock)
+        scanner.rescan(quiet_all)
+        parent = tmp_path / "env3--m--h"
+        remembered = os.stat(parent).st_mtime_ns
+        hidden = make_run(parent / "hidden")  # a change no mtime shows
+        os.utime(parent, ns=(remembered, remembered))
+        late = runs[17] / "traces.jsonl"
+        with late.open("ab") as f:
+            f.write(b"late\n")
+
+        slices = []
+        for _ in range(11):  # the sweep begins at the first, then one every 10 s
+            slices.append(paths(scanner.rescan(quiet_all).runs))
+            clock.now += 10
+        swept = [path for found in slices for path in found]
+
+        assert slices[0] == []  # the rescan that begins the sweep sweeps nothing yet
+        assert all(0 < len(found) <= 7 for found in slices[1:])  # no burst
+        assert sorted(swept) == sorted(str(r) for r in [*runs, hidden])  # each once
+        assert Scanner([tmp_path]).scan()[str(runs[17])].size == late.stat().st_size
+
+    def test_a_rescan_with_a_budget_goes_on_where_it_stopped_and_is_complete_once_over(
+        self, tmp_path
+    ):
+        runs = [make_run(tmp_path / f"env{i % 3}--m--h" / f"run{i}") for i in range(9)]
+        scanner = Scanner([tmp_path])
+
+        parts = [scanner.rescan(quiet_all, budget=2)]
+        while not parts[-1].over:
+            parts.append(scanner.rescan(quiet_all, budget=2))
+        found = [path for part in parts for path in part.runs]
+
+        assert len(parts) == 7  # 13 directories (the root, 3 parents, 9 runs), 2 a call
+        assert sorted(found) == sorted(str(r) for r in runs)  # each once
+        assert [part.complete for part in parts] == [False] * 6 + [True]
+        assert all(scanner.knows(str(r)) for r in runs)
+
+    def test_runs_handed_back_are_looked_at_again_by_the_next_rescan(self, tmp_path):
+        run = make_run(tmp_path / "env--m--h" / "run")
+        scanner = Scanner([tmp_path])
+        first = scanner.rescan(quiet_all)
+
+        scanner.again(first.runs)
+
+        assert list(scanner.rescan(quiet_all).runs) == [str(run)]
+        assert scanner.rescan(quiet_all).runs == {}
+
+    def test_a_root_that_vanishes_takes_its_runs_with_it(self, tmp_path):
+        root = tmp_path / "outputs"
+        runs = [make_run(root / "env--m--h" / f"run{i}") for i in range(2)]
+        scanner = Scanner([root])
+        scanner.rescan(quiet_all)
+
+        shutil.rmtree(root)
+        with capture_logs():
+            after = scanner.rescan(quiet_all)
+
+        assert (after.runs, sorted(after.gone)) == ({}, sorted(str(r) for r in runs))
+        assert scanner.remembered == 0
 
 
 def event_names(hints: list[Hint]) -> list[tuple[str, str]]:

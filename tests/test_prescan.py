@@ -552,6 +552,37 @@ class TestTheTrackerAndTheUpload:
 # ---------------------------------------------------------------- the daemon, whole
 
 
+class TestSettledAfterTheUpload:
+    @pytest.mark.parametrize("appended", [False, True], ids=["unchanged", "appended meanwhile"])
+    def test_a_run_is_settled_after_its_upload_only_if_its_file_is_as_the_upload_recorded(
+        self,
+        tmp_path: Path,
+        ledger: Ledger,
+        make_context: Callable[..., Context],
+        appended: bool,
+    ):
+        # A rescan does not look at a settled run, and a file event that came while the run was
+        # in flight was dropped: a run changed during its upload must not be settled.
+        run_dir = new_run(tmp_path / "runs", num_tasks=3)
+        append(run_dir / "traces.jsonl", file_bytes([linear(n) for n in range(3)]))
+        watching = Watching(ledger, config_of(), run_dir)
+        watching.look()
+        context = make_context(ledger, config_of())
+        claims = Claims(ledger)
+        record = Uploader(context, claims).upload(load_run(run_dir))
+        claims.close()
+        context.client.close()
+        if appended:
+            append(run_dir / "traces.jsonl", file_bytes([linear(3)]))
+
+        watching.tracker.finished(str(run_dir), record)
+        watching.look()
+
+        assert record.state == State.FINALIZED
+        assert watching.tracker.settled(str(run_dir)) is not appended
+        assert watching.tracker.waiting == int(appended)  # waits to upload again
+
+
 class TestTheDaemon:
     def test_a_run_written_line_by_line_while_the_daemon_watches_is_scanned_as_it_arrives_and_uploaded_once(
         self, local_platform: LocalPlatform, tmp_path: Path

@@ -1,10 +1,24 @@
-"""The scan: every run directory under the roots with its cheap facts; the truth of discover."""
+"""The scan: every run directory under the roots with its cheap facts; the truth of discover.
+
+Two ways: `Scanner.scan()` walks everything (one `scandir` per directory, one `lstat` per run's
+trace file); `Scanner.rescan()` walks what changed since its last call. It remembers the run
+directories it found and, for every other directory, its mtime and subdirectories: a directory
+whose mtime has not moved is not listed again (one `lstat` of it), and a run directory that the
+caller says needs nothing (`quiet`: a finalized run) is not looked at at all. A run directory
+that is deleted, moved or made moves its parent's mtime; what changes inside one (a line
+appended to its trace file, the file replaced, a marker) does not: for those, file events, and
+the slow sweep, which lists every remembered directory and looks inside every remembered run
+once per `watch.sweep_seconds`, a time-proportional slice at each rescan (so it never costs a
+burst). Remembered per run: its path (shared with its parent's list) and a dict slot.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import stat
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +58,21 @@ class RunDir(msgspec.Struct, frozen=True, gc=False):
     @property
     def identity(self) -> FileIdentity:
         return FileIdentity(self.device, self.inode, self.size)
+
+
+class Rescan(msgspec.Struct, frozen=True, gc=False):
+    """What one `Scanner.rescan()` found."""
+
+    runs: dict[str, RunDir]  # run directories looked at: new, changed, not quiet, or swept
+    gone: list[str]  # run directories it knew that are gone or are not run directories any more
+    complete: bool  # the first rescan is over: `Scanner.knows` every run under the roots
+    over: bool  # this rescan is over (else the next call goes on with it)
+
+
+RACY_NS = 2_000_000_000
+"""A directory whose mtime is this recent when it is listed is listed again at the next rescan:
+an entry made in the same tick of the filesystem's clock, after the listing, would leave the
+mtime as it was."""
 
 
 def printable(path: str | Path) -> str:
@@ -99,6 +128,10 @@ class _Listing:
         return RunDir(
             directory, traces.name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, self.marker
         )
+
+
+RACY = -1
+"""The mtime remembered for a directory to be listed again at the next rescan."""
 
 
 def _root_problem(real: str) -> str | None:
@@ -165,16 +198,40 @@ class Scanner:
     `evalpush push` names runs, so both name a run the same way. No I/O until called.
     """
 
-    def __init__(self, roots: Sequence[Path], *, marker: str = "", log: Any = None) -> None:
+    def __init__(
+        self,
+        roots: Sequence[Path],
+        *,
+        marker: str = "",
+        sweep_seconds: float = WatchConfig().sweep_seconds,
+        log: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.roots = list(roots)
         self.marker = marker
+        self.sweep_seconds = sweep_seconds
         self._log = log if log is not None else get_logger(stage="discover")
+        self._clock = clock
         self._missing: set[Path] = set()  # roots known not to exist (reported once)
         self._unreadable: set[str] = set()  # directories that could not be read (reported once)
+        # What `rescan()` remembers: the run directories (a dict: insertion-ordered, the
+        # sweep's order), and each other directory's mtime (RACY: list it again) and
+        # subdirectories; the run directories the sweep wants looked at.
+        self._runs: dict[str, None] = {}
+        self._dirs: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._due: set[str] = set()
+        self._rescanned = False  # a rescan was over: the first walk is done
+        self._walking = False  # a rescan is under way: `_stack` holds what is left of it
+        self._stack: list[str] = []
+        self._sweep: list[str] = []  # this sweep's directories, in order
+        self._swept = 0  # how many of them were swept so far
+        self._swept_at = 0.0  # when the last slice was swept (the clock's time)
+        self._sweep_ends = 0.0  # when this sweep must be over
+        self._carried = 0.0  # the fraction of a directory the last slice left to the next
 
     @classmethod
     def from_config(cls, watch: WatchConfig, runs: RunsConfig) -> Scanner:
-        return cls(watch.roots, marker=runs.marker)
+        return cls(watch.roots, marker=runs.marker, sweep_seconds=watch.sweep_seconds)
 
     @property
     def missing_roots(self) -> list[Path]:
@@ -192,6 +249,155 @@ class Scanner:
                 found[run.path] = run
         self._forget_readable()
         return found
+
+    def rescan(
+        self, quiet: Callable[[str], bool] = lambda _path: False, *, budget: int | None = None
+    ) -> Rescan:
+        """The run directories that changed since the last rescan (all of them the first time).
+
+        `quiet(path)`: the run directory at `path` needs nothing unless it changed (a finalized
+        run), so it is not looked at (the sweep aside). `budget`: at most this many directories
+        are looked at in this call; a rescan not `over` goes on where it stopped at the next."""
+        runs: dict[str, RunDir] = {}
+        gone: list[str] = []
+        if not self._walking:
+            if self._rescanned:
+                self._sweep_slice()
+            for root in reversed(self.roots):  # popped in the order given
+                real = resolve(root)
+                if self._root_present(root, real):
+                    self._stack.append(real)
+                else:
+                    self._forget(real, gone)
+            self._walking = True
+        self._walk_changed(quiet, runs, gone, budget)
+        over = not self._stack
+        complete = over and not self._rescanned
+        if over:
+            self._walking = False
+            self._rescanned = True
+            self._forget_readable()
+            if complete:  # the sweep begins at the next rescan, over all the first one found
+                self._sweep, self._swept = [], 0
+        return Rescan(runs, [path for path in gone if path not in runs], complete, over)
+
+    def again(self, paths: Iterable[str]) -> None:
+        """Look inside these run directories at the next rescan, quiet or not (what a rescan
+        found that the caller could not act on)."""
+        self._due.update(path for path in paths if path in self._runs)
+
+    def knows(self, path: str) -> bool:
+        """Whether `rescan()` has found a run directory at `path` (and not found it gone)."""
+        return path in self._runs
+
+    @property
+    def remembered(self) -> int:
+        """How many directories `rescan()` remembers (run directories and the others)."""
+        return len(self._runs) + len(self._dirs)
+
+    def _walk_changed(
+        self,
+        quiet: Callable[[str], bool],
+        runs: dict[str, RunDir],
+        gone: list[str],
+        budget: int | None,
+    ) -> None:
+        """`walk`, but through what it remembers: a directory is listed only when its mtime
+        moved; a quiet run directory is not looked at (not even its mtime: what changes in it
+        moves its trace file's facts, not its directory's mtime, or is a file event). Stops
+        once `budget` directories were looked at, the rest left on the stack."""
+        fresh_before = time.time_ns() - RACY_NS
+        stack = self._stack
+        left = budget if budget is not None else -1
+        while stack and left != 0:
+            directory = stack.pop()
+            known_run = directory in self._runs
+            if known_run and directory not in self._due and quiet(directory):
+                continue
+            self._due.discard(directory)
+            left -= 1
+            try:
+                st = os.lstat(directory)
+            except OSError as exc:
+                self._unlistable(directory, exc, gone)
+                continue
+            if not stat.S_ISDIR(st.st_mode):  # replaced by a file or a symlink
+                self._forget(directory, gone)
+                continue
+            mtime = st.st_mtime_ns
+            remembered = self._dirs.get(directory)
+            if remembered is not None and remembered[0] == mtime:
+                stack.extend(remembered[1])
+                continue
+            try:
+                listing = _Listing(directory, self.marker)
+                run = listing.run(directory)
+            except OSError as exc:
+                self._unlistable(directory, exc, gone)
+                continue
+            if run is not None:
+                if remembered is not None:  # a plain directory became a run: not walked into
+                    self._forget(directory, gone)
+                if not known_run:
+                    self._runs[directory] = None
+                    self._sweep.append(directory)  # swept from this sweep on
+                runs[directory] = run
+                continue
+            if known_run:
+                del self._runs[directory]
+                gone.append(directory)
+            subdirs = tuple(listing.subdirs)
+            if remembered is not None:
+                for vanished in set(remembered[1]).difference(subdirs):
+                    self._forget(vanished, gone)
+            else:
+                self._sweep.append(directory)
+            self._dirs[directory] = (mtime if mtime < fresh_before else RACY, subdirs)
+            stack.extend(subdirs)
+
+    def _unlistable(self, directory: str, exc: OSError, gone: list[str]) -> None:
+        """`directory` could not be looked at: what it held is not seen (said once unless it
+        vanished)."""
+        if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            self._unreadable_dir(directory, exc)
+        self._forget(directory, gone)
+
+    def _forget(self, top: str, gone: list[str]) -> None:
+        """Drop what `rescan()` remembers at and under `top`; its run directories are gone."""
+        stack = [top]
+        while stack:
+            directory = stack.pop()
+            if directory in self._runs:
+                del self._runs[directory]
+                self._due.discard(directory)
+                gone.append(directory)
+            remembered = self._dirs.pop(directory, None)
+            if remembered is not None:
+                stack.extend(remembered[1])
+
+    def _sweep_slice(self) -> None:
+        """Make the sweep's next slice of directories look changed, so this rescan lists them
+        (and looks inside its runs): a share of what is left of this sweep in proportion to the
+        time since the last slice, so the whole sweep is over within `sweep_seconds` and never
+        costs a burst (a fraction of a directory is carried over to the next rescan)."""
+        now = self._clock()
+        if self._swept >= len(self._sweep):  # a new sweep over what is remembered now
+            self._sweep = [*self._runs, *self._dirs]
+            self._swept, self._swept_at, self._carried = 0, now, 0.0
+            self._sweep_ends = now + self.sweep_seconds
+            return
+        left = len(self._sweep) - self._swept
+        share = min(1.0, (now - self._swept_at) / max(self._sweep_ends - self._swept_at, 1e-9))
+        due = left * share + self._carried
+        count = min(left, math.floor(due))
+        self._carried = due - count
+        for directory in self._sweep[self._swept : self._swept + count]:
+            if directory in self._runs:
+                self._due.add(directory)
+            elif directory in self._dirs:
+                self._dirs[directory] = (RACY, self._dirs[directory][1])
+        self._swept += count
+        self._swept_at = now
 
     def scan_subtree(self, directory: str | Path) -> dict[str, RunDir]:
         """Every run directory at or under `directory`, if it lies inside a root."""

@@ -12,7 +12,8 @@ the uploader (`App`). One loop, on the main thread, owns all of it:
   next start; exit 0), SIGHUP reloads: the configuration is read again and, if valid, every
   part is rebuilt from it (nothing is patched; a bad new configuration is logged and the old
   one kept), and the credentials are read again;
-- sd_notify: READY=1 once the ledger is open and the first scan is queued, STATUS= kept
+- sd_notify: READY=1 once the ledger's runs are loaded and the roots are watched, before the
+  first walk of the tree (it runs on the loop, a part per turn at a bounded rate), STATUS= kept
   current, WATCHDOG=1 from this loop (a wedged loop is restarted by systemd), STOPPING=1;
 - the STATUS line and the gate's state go to this daemon's heartbeat row in the ledger (for
   `status`), and, with `[metrics] listen` set, runs by state to the metrics
@@ -75,6 +76,11 @@ if TYPE_CHECKING:
     from evalpush.service.metrics import DaemonFeed
 OUTAGE_TURN_SECONDS = 2.0
 """While a shared ledger's database is unreachable, the loop tries its rescan this often."""
+RESCAN_BUDGET = 2000
+RESCAN_PAUSE_SECONDS = 0.05
+"""A rescan looks at this many directories per turn of the loop, this long apart, so the first
+walk of a large tree (every directory listed) runs at a bounded rate (about 40,000 directories
+a second at most, half a core) while hints and uploads go on between its parts."""
 MAX_WAIT_SECONDS = 5.0
 """The loop's longest sleep without a hint (a bound on how late anything due can be)."""
 
@@ -338,8 +344,14 @@ class Daemon:
                     hint = self._hints.get(0)
                 if now >= next_rescan:
                     parts.watcher.sync()  # a root that appeared or was replaced: the scan covers it
-                    parts.tracker.seen(parts.scanner.scan(), everything=True)
-                    next_rescan = now + _rescan_seconds(parts)
+                    rescan = parts.scanner.rescan(parts.tracker.settled, budget=RESCAN_BUDGET)
+                    try:
+                        parts.tracker.rescanned(rescan, parts.scanner.knows)
+                    except (LedgerUnavailable, ClaimLost):
+                        parts.scanner.again(rescan.runs)  # the next rescan looks at them again
+                        raise
+                    rest = _rescan_seconds(parts) if rescan.over else RESCAN_PAUSE_SECONDS
+                    next_rescan = now + rest
                 if now >= next_poll:
                     parts.tracker.poll_ledger()
                     next_poll = now + parts.config.watch.ledger_poll_seconds
@@ -366,10 +378,10 @@ class Daemon:
         if hint.kind == HintKind.RUN:
             parts.tracker.look(hint.path, parts.scanner.look(hint.path))
         elif hint.kind == HintKind.SUBTREE:
-            parts.tracker.seen(parts.scanner.scan_subtree(hint.path), everything=False)
+            parts.tracker.seen(parts.scanner.scan_subtree(hint.path))
         elif hint.kind == HintKind.ROOT:
             for root in parts.watcher.sync():
-                parts.tracker.seen(parts.scanner.scan_subtree(root), everything=False)
+                parts.tracker.seen(parts.scanner.scan_subtree(root))
 
     def _take_requests(self) -> set[Request]:
         taken = set()

@@ -4,7 +4,9 @@ Discover tells it where runs are (a scan's `RunDir`s, or one directory a hint po
 tracker decides what each one needs:
 
 - a run whose trace file is as the ledger last saw it in a final state (finalized, skipped,
-  failed, held) needs nothing: a dict lookup per rescan, no file opened, no row read;
+  failed, held) needs nothing: it is *settled* (`settled(path)` says so to the rescan, which
+  then does not look inside its directory; a file event, or the slow sweep, shows it again
+  with its facts now, compared with a dict lookup), no file opened, no row read;
 - a run that is not finished yet is *waiting* (so is one whose config.toml cannot be read yet:
   the producer may still be writing it; config.toml is read again whenever its stat changes,
   and if it is still unreadable once the run settles or shows its marker, the uploader fails
@@ -47,7 +49,7 @@ from evalpush.core import paths
 from evalpush.core.errors import LedgerRefused, RunError
 from evalpush.core.ids import short_id
 from evalpush.core.states import State
-from evalpush.discover import RunDir, look_at
+from evalpush.discover import Rescan, RunDir, look_at
 from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive
 from evalpush.log import get_logger
 from evalpush.runs import (
@@ -71,12 +73,17 @@ from evalpush.service.progress import ConfigFacts, Progress, Waiting
 FINAL_STATES = frozenset({State.FINALIZED, State.SKIPPED, State.FAILED, State.HELD})
 QUEUED_STATES = frozenset({State.READY, State.UPLOADING})
 
-Facts = tuple[int, int, int, int]
-"""(device, inode, size, mtime_ns) of a trace file: what makes a rescan see a change."""
+Facts = int
+"""A fingerprint of (device, inode, size, mtime_ns) of a trace file: what makes a rescan see a
+change. One int (its 64-bit hash) in place of four, kept for every settled run."""
+
+
+def _fingerprint(device: int, inode: int, size: int, mtime_ns: int) -> Facts:
+    return hash((device, inode, size, mtime_ns))
 
 
 def _facts(rundir: RunDir) -> Facts:
-    return (rundir.device, rundir.inode, rundir.size, rundir.mtime_ns)
+    return _fingerprint(rundir.device, rundir.inode, rundir.size, rundir.mtime_ns)
 
 
 def _config_facts(directory: str) -> ConfigFacts | None:
@@ -127,7 +134,7 @@ class Tracker:
         settled: dict[str, Facts] = {}
         for raw, state, device, inode, size, mtime_ns in self._ledger.file_facts():
             if state in FINAL_STATES and None not in (device, inode, size, mtime_ns):
-                settled[os.fsdecode(raw)] = (device, inode, size, mtime_ns)  # type: ignore[assignment]
+                settled[os.fsdecode(raw)] = _fingerprint(device, inode, size, mtime_ns)  # type: ignore[arg-type]
         with self._lock:
             self._settled = settled
         self.poll_ledger()
@@ -146,18 +153,28 @@ class Tracker:
 
     # ------------------------------------------------------------ what discover found
 
-    def seen(self, rundirs: dict[str, RunDir], *, everything: bool) -> None:
-        """Run directories found by a scan (`everything`: of every root, so a run not among
-        them is gone) or by a hint's look at a subtree."""
-        if everything:
-            with self._lock:
-                gone = [path for path in self._waiting if path not in rundirs]
-                for path in gone:
-                    del self._waiting[path]
-                for path in [p for p in self._settled if p not in rundirs]:
-                    del self._settled[path]
+    def seen(self, rundirs: dict[str, RunDir]) -> None:
+        """Run directories found by a rescan or by a hint's look at a subtree."""
         for path, rundir in rundirs.items():
             self.look(path, rundir)
+
+    def rescanned(self, rescan: Rescan, known: Callable[[str], bool]) -> None:
+        """What (a part of) a rescan found: the run directories it looked at, and those gone
+        since; once the first is `complete`, a run the scanner does not know (`known`) is gone."""
+        for path in rescan.gone:
+            self.look(path, None)
+        if rescan.complete:
+            with self._lock:
+                for held in (self._waiting, self._settled):
+                    for path in [p for p in held if not known(p)]:
+                        del held[path]
+        self.seen(rescan.runs)
+
+    def settled(self, path: str) -> bool:
+        """Whether the run at `path` needs nothing until its trace file changes (a rescan need
+        not look inside it while its directory is unchanged)."""
+        # No lock: one dict lookup is atomic, and a rescan asks this once per run directory.
+        return path in self._settled
 
     def look(self, path: str, rundir: RunDir | None) -> None:
         """One run directory, as it is now (None: gone, or not a run directory any more)."""
@@ -169,6 +186,9 @@ class Tracker:
                 self._settled.pop(path, None)
                 return
             if self._settled.get(path) == _facts(rundir):
+                # Keyed by the scanner's str from now on: the copy of the path read from the
+                # ledger is let go, so a settled run's path is held once.
+                self._settled[path] = self._settled.pop(path)
                 return
             waiting = self._waiting.get(path)
         try:
@@ -380,21 +400,26 @@ class Tracker:
         state is settled at the file facts the ledger recorded for it (or, for a copy or a run
         that never got that far, at its file as it is now), and so is one to `leave_alone`
         (the ledger cannot record it, or its run id is another run's) until its file changes;
-        anything else is looked at again by the next rescan or ledger poll."""
+        anything else, and a run whose file changed while it uploaded, is looked at again by
+        the next rescan or ledger poll."""
         settled: Facts | None = None
         if leave_alone:
             rundir = look_at(path, self._rules.marker)
             settled = _facts(rundir) if rundir is not None else None
         elif record is not None and record.state in FINAL_STATES:
+            rundir = look_at(path, self._rules.marker)
             if record.path_raw == paths.raw(path) and record.file_inode is not None:
-                settled = (
+                settled = _fingerprint(
                     record.file_device or 0,
                     record.file_inode,
                     record.file_size or 0,
                     record.file_mtime_ns or 0,
                 )
+                if rundir is not None and _facts(rundir) != settled:
+                    # Changed while it uploaded (its file event came while it was in flight):
+                    # not settled, so the next rescan looks at it instead of skipping it.
+                    settled = None
             else:
-                rundir = look_at(path, self._rules.marker)
                 settled = _facts(rundir) if rundir is not None else None
         with self._lock:
             self._in_flight.discard(path)
@@ -432,7 +457,7 @@ def _load(path: str, ledger: Ledger) -> tuple[Run | None, str]:
 
 def _changed(record: RunRecord, rundir: RunDir) -> bool:
     recorded = (record.file_device, record.file_inode, record.file_size, record.file_mtime_ns)
-    return recorded != _facts(rundir)
+    return recorded != (rundir.device, rundir.inode, rundir.size, rundir.mtime_ns)
 
 
 __all__ = ["Tracker"]
