@@ -131,7 +131,7 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
             if states or (args.limit is not None and count >= args.limit):
                 print(f"({count} shown; `evalpush status RUN` shows one in full)")
         else:
-            _print_overview(ledger, overview(ledger), alive, view)
+            _print_overview(ledger, overview(ledger, counts), alive, view)
     return EXIT_OK
 
 

@@ -18,11 +18,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
 
-from evalpush.app import Attempt, Outcome
 from evalpush.core import paths
 from evalpush.core.ids import short_id
 from evalpush.core.outage import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
@@ -32,6 +31,9 @@ from evalpush.core.words import counted, format_duration
 from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive
 from evalpush.ledger.records import DaemonRecord, HistoryRecord
 from evalpush.runs import settles_in, traces_file
+
+if TYPE_CHECKING:  # `push`'s: `status` reads a ledger without loading the uploader
+    from evalpush.app import Attempt
 
 Alive = Callable[[Holder], bool]
 
@@ -221,10 +223,10 @@ class Overview(msgspec.Struct, frozen=True):
         return sum(self.counts.values())
 
 
-def overview(ledger: Ledger) -> Overview:
-    """The default `status`'s view: a few queries, each bounded by what it shows or by the
-    runs needing a person, however many runs the ledger holds."""
-    counts = ledger.state_counts()
+def overview(ledger: Ledger, counts: dict[str, int]) -> Overview:
+    """The default `status`'s view of a ledger holding `counts` runs in each state
+    (`state_counts`): a few queries, each bounded by what it shows or by the runs needing a
+    person, however many runs the ledger holds."""
     unsettled = [state for state in State if counts.get(state) and state not in SETTLED]
     short = dict(ledger.short(State.FINALIZED))
     aside = dict(ledger.set_aside_runs(*SETTLED))
@@ -673,6 +675,8 @@ def push_line(result: Attempt) -> str:
 
 
 def _push_line(result: Attempt) -> str:
+    from evalpush.app import Outcome
+
     record = result.record
     path = paths.display(result.path)
     if result.busy is not None:
@@ -712,6 +716,8 @@ def push_object(result: Attempt, set_aside: list[SetAside]) -> dict[str, Any]:
     state, evaluation and viewer URL, samples (and the traces expected, and missing), what was
     set aside, and the error if any; `status` is `success` for a finalized or skipped run with
     nothing set aside, `partial` for one finalized short of its expected traces."""
+    from evalpush.app import Outcome
+
     record = result.record
     error = result.error
     if result.busy is not None:
