@@ -17,7 +17,7 @@ import pytest
 from evalpush.cli.report import LATEST_SHOWN
 from evalpush.core.ids import short_id
 from evalpush.core.setaside import SetAside
-from evalpush.core.states import Outcome, SetAsideKind, State
+from evalpush.core.states import HistoryOutcome, SetAsideKind, State
 from evalpush.ledger import Ledger, reads, transitions
 from support.commands import evalpush
 from support.environ import clean_environ
@@ -67,7 +67,7 @@ class Built:
         }
         # One finalized run had an earlier evaluation, superseded.
         again = self.finalized(expected=4, seen=4)
-        again = ledger.restart(again, outcome=Outcome.SUPERSEDED, state=State.READY)
+        again = ledger.restart(again, outcome=HistoryOutcome.SUPERSEDED, state=State.READY)
         transitions.finalize(
             ledger, again, at=1.0, evaluation_id="eval-again", samples_sent=4, samples_seen=4
         )
