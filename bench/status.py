@@ -125,7 +125,7 @@ def build_sqlite(path: Path, runs: int) -> None:
         batch.append(tuple(row[c] for c in columns))
         if kind == "set_aside":
             for line in (3, 17):
-                set_aside.append((n, line, line * 3600, 3600, "malformed", "line is not JSON"))
+                set_aside.append((n, line, line * 3600, 3600, "bad_line", "line is not JSON"))
         if kind == "finalized" and len(history) < SUPERSEDED and n % 9973 == 0:
             at = float(row["updated_at"]) - DAY  # type: ignore[arg-type]
             history.append((n, f"earlier-{n}", None, "superseded", at))

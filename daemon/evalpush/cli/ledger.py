@@ -170,6 +170,8 @@ def _print_overview(
     table = TableLines()
     made = []
     for heading, records in sections:
+        if heading is None:
+            continue
         rows = [row for page in row_pages(ledger, [records], alive) for row in page]
         mark_paused(rows, daemon)
         made.append((heading, table.widen(rows)))

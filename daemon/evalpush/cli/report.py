@@ -281,8 +281,11 @@ def needs_person_text(view: Overview) -> str:
     return text
 
 
-def latest_text(view: Overview) -> str:
-    """The heading of the other runs (finalized or skipped, nothing to look at) listed."""
+def latest_text(view: Overview) -> str | None:
+    """The heading of the other runs (finalized or skipped, nothing to look at) listed; None
+    when there are none."""
+    if not view.others_total:
+        return None
     if view.others_total > len(view.latest):
         others = counted(view.others_total, "other run")
         return f"latest: {len(view.latest)} of {others}, the ones updated last:"
