@@ -37,6 +37,10 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(REPO / "daemon"))
 
+sys.path.insert(0, str(BENCH))
+
+from convert import PEAK_HOOK  # noqa: E402 - the sibling bench's hook: one way to read a peak
+
 from evalpush.ledger import Ledger, schema  # noqa: E402
 from evalpush.ledger.records import COLUMNS  # noqa: E402
 
@@ -224,18 +228,25 @@ class Figure:
 
 
 def measure(argv: list[str], env: dict[str, str], figure: Figure) -> None:
-    """Run one child, stdout to /dev/null; its wall, CPU and peak RSS into `figure`."""
-    with open(os.devnull, "wb") as devnull, tempfile.TemporaryFile() as err:
-        started = time.perf_counter()
-        child = subprocess.Popen(argv, stdout=devnull, stderr=err, env=env, cwd=REPO)
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - started
-        if os.waitstatus_to_exitcode(status) != 0:
-            err.seek(0)
-            raise SystemExit(f"{argv} failed:\n{err.read().decode(errors='replace')[-3000:]}")
+    """Run one child, stdout to /dev/null; its wall, CPU and peak RSS into `figure`. The peak is
+    the child's own VmHWM at its exit (convert.py's `sitecustomize` hook: `wait4`'s would
+    include this process's high-water mark)."""
+    with tempfile.TemporaryDirectory(prefix="bench-status-hook-") as hook:
+        (Path(hook) / "sitecustomize.py").write_text(PEAK_HOOK)
+        peak = Path(hook) / "peak_kib"
+        env = {**env, "EVALPUSH_BENCH_PEAK_FILE": str(peak)}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [hook, env.get("PYTHONPATH")]))
+        with open(os.devnull, "wb") as devnull, tempfile.TemporaryFile() as err:
+            started = time.perf_counter()
+            child = subprocess.Popen(argv, stdout=devnull, stderr=err, env=env, cwd=REPO)
+            _, status, usage = os.wait4(child.pid, 0)
+            wall = time.perf_counter() - started
+            if os.waitstatus_to_exitcode(status) != 0:
+                err.seek(0)
+                raise SystemExit(f"{argv} failed:\n{err.read().decode(errors='replace')[-3000:]}")
+        figure.rss.append(int(peak.read_text().split()[0]))
     figure.wall.append(wall)
     figure.cpu.append(usage.ru_utime + usage.ru_stime)
-    figure.rss.append(usage.ru_maxrss)
 
 
 COMMANDS = {

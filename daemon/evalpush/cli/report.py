@@ -463,8 +463,11 @@ class TableLines:
     def widen(self, rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
         """The rows' cells, the columns widened to hold them."""
         cells = [self._cells(row) for row in rows]
-        for row in cells:
-            self._widths = [max(w, len(cell)) for w, cell in zip(self._widths, row, strict=False)]
+        if cells:
+            columns = zip(*cells, strict=True)
+            self._widths = [
+                max(w, *map(len, c)) for w, c in zip(self._widths, columns, strict=False)
+            ]
         return cells
 
     def lines(self, rows: list[dict[str, Any]]) -> list[str]:
