@@ -207,8 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command(
         "status",
-        "how many runs are in each state, the runs that need a person and the runs updated "
-        "last; every run with --all; or one run in full",
+        "runs by state, those needing a person, the latest (--all: every run), or one in full",
     )
     p.add_argument(
         "run",
