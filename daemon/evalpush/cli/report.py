@@ -299,8 +299,8 @@ def not_shown_text(view: Overview) -> str | None:
     if hidden <= 0:
         return None
     return (
-        f"({hidden:,} more not shown: `evalpush status --all` lists every run, "
-        "`--state STATE` those in a state, `--limit N` the N updated last)"
+        f"({hidden:,} more not shown: `evalpush status --all` lists every run; "
+        "`--state S`, `--limit N` pick some)"
     )
 
 
