@@ -110,7 +110,8 @@ class TestStatusOfOneRun:
         done = evalpush("status")
 
         assert (
-            done.stdout.splitlines()[0] == f"ledger:     {tmp_path / 'state' / 'state.db'}: 1 run"
+            done.stdout.splitlines()[0]
+            == f"ledger:     {tmp_path / 'state' / 'state.db'}: 1 run: 1 finalized"
         )
 
     def test_an_unknown_run_is_a_usage_error(self, evalpush, tmp_path):

@@ -173,7 +173,7 @@ class TestRuns:
         ledger.forget(record)
 
         assert ledger.get("/runs/a") is None
-        assert ledger.set_aside_counts() == {}
+        assert ledger.set_aside_counts_of([record]) == {}
 
     def test_set_aside_records_are_idempotent_by_offset(self, ledger: Ledger):
         record = a_run(ledger)

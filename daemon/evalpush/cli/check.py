@@ -181,7 +181,7 @@ def _check_ledger(path: Path) -> _Row:
         return _Row(Check.LEDGER, True, f"{path}: not created yet; the first push or run will")
     try:
         with Ledger(path, read_only=True) as ledger:
-            runs = f"{counted(len(ledger.all()), 'run')} known"
+            runs = f"{counted(sum(ledger.state_counts().values()), 'run')} known"
             if ledger.file_version != SCHEMA_VERSION:
                 runs += f" ({upgrade_advice(ledger.file_version)})"
     except EvalpushError as exc:
@@ -201,7 +201,7 @@ def _check_shared_ledger(config: Config) -> _Row:
     shown = where(config)
     try:
         with open_ledger(config, read_only=True) as ledger:
-            runs, daemons = len(ledger.all()), ledger.daemons()
+            runs, daemons = sum(ledger.state_counts().values()), ledger.daemons()
     except EvalpushError as exc:
         if "no evalpush ledger in this database yet" in str(exc):
             return _Row(

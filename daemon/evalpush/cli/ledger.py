@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +20,28 @@ import msgspec
 
 from evalpush.cli.parser import EXIT_OK, EXIT_PARTIAL
 from evalpush.cli.report import (
+    Alive,
+    Overview,
+    TableLines,
+    counts_text,
     daemon_json,
     daemon_text,
+    detail_pages,
     detail_text,
     fleet_alive,
     fleet_rows,
     fleet_text,
+    latest_text,
     local_daemon,
     mark_paused,
+    needs_person_text,
     not_running_text,
+    not_shown_text,
+    overview,
+    pick,
+    row_pages,
     run_detail,
-    select_rows,
-    status_rows,
-    status_table,
+    selected,
 )
 from evalpush.config import Config
 from evalpush.config.settings import check_ledger_url
@@ -52,12 +62,15 @@ from evalpush.ledger import (
 )
 from evalpush.ledger.moving import move
 from evalpush.ledger.opening import ledger_password
+from evalpush.ledger.records import DaemonRecord
 from evalpush.ledger.server import display_url
 from evalpush.runs import why_not_a_run
 
 
 def cmd_status(args: argparse.Namespace, config: Config) -> int:
-    """Read-only: a missing ledger is said (with its path), never created."""
+    """Read-only: a missing ledger is said (with its path), never created. Every row (`--all`,
+    `--state`, `--json`) is read and printed a page at a time; the default view reads only what
+    it shows (`report.overview`)."""
     path = default_path(config.state_dir)
     shared = bool(config.ledger.url)
     shown = where(config)
@@ -91,32 +104,100 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
             }
             _print_json(document)
             return EXIT_OK
-        records = {record.run_id: record for record in ledger.all()}
-        rows = select_rows(status_rows(ledger, alive), states=args.state, limit=args.limit)
-        mark_paused(rows, view)
-        if args.json:
-            shown = {row["run_id"] for row in rows if row["state"] != State.SUPERSEDED}
-            document = [
-                run_detail(ledger, records[run_id], alive) for run_id in records if run_id in shown
-            ]
-            mark_paused(document, view)
-        count = len(records)
-        old = ledger.file_version != SCHEMA_VERSION
-    if args.json:
-        _print_json(document)
-        return EXIT_OK
-    print(f"ledger:     {shown}: {counted(count, 'run')}")
-    if old:
-        print(f"            {upgrade_advice(ledger.file_version)}")
-    print(daemon_text(view) if view is not None else not_running_text(last))
-    if shared:
-        print(fleet_text(fleet))
-    if args.daemon:
-        return EXIT_OK
-    print(status_table(rows, ledger=shown))
-    if args.state or (args.limit is not None and len(rows) >= args.limit):
-        print(f"({len(rows)} shown; `evalpush status RUN` shows one in full)")
+        states = args.state
+        if args.json:  # each run whose row shows one of the states, in full
+            pages = selected(ledger, states=states, limit=args.limit)
+            details = (pick(page, states) for page in detail_pages(ledger, pages, alive))
+            _stream_json(_paused(details, view))
+            return EXIT_OK
+        counts = ledger.state_counts()
+        total = sum(counts.values())
+        print(
+            f"ledger:     {shown}: {counted(total, 'run')}"
+            + (f": {counts_text(counts)}" if total else "")
+        )
+        if ledger.file_version != SCHEMA_VERSION:
+            print(f"            {upgrade_advice(ledger.file_version)}")
+        print(daemon_text(view) if view is not None else not_running_text(last))
+        if shared:
+            print(fleet_text(fleet))
+        if args.daemon:
+            return EXIT_OK
+        if not total:
+            print(f"no runs in the ledger yet ({shown})")
+        elif args.all or states or args.limit is not None:
+            pages = selected(ledger, states=states, limit=args.limit)
+            count = _print_rows(_paused(row_pages(ledger, pages, alive), view), states)
+            if states or (args.limit is not None and count >= args.limit):
+                print(f"({count} shown; `evalpush status RUN` shows one in full)")
+        else:
+            _print_overview(ledger, overview(ledger, counts), alive, view)
     return EXIT_OK
+
+
+def _paused(
+    pages: Iterable[list[dict[str, Any]]], view: DaemonRecord | None
+) -> Iterator[list[dict[str, Any]]]:
+    """Each page of rows, those paused by the running daemon's outage saying so (`mark_paused`)."""
+    for rows in pages:
+        mark_paused(rows, view)
+        yield rows
+
+
+def _print_rows(pages: Iterable[list[dict[str, Any]]], states: list[str] | None) -> int:
+    """The rows that show one of `states` (all without), a page at a time, under one header;
+    how many."""
+    table, count = TableLines(), 0
+    for rows in pages:
+        lines = table.lines(pick(rows, states))
+        if lines and not count:
+            print(table.header())
+        count += len(lines)
+        if lines:
+            print("\n".join(lines))
+    return count
+
+
+def _print_overview(
+    ledger: Ledger, view: Overview, alive: Alive | None, daemon: DaemonRecord | None
+) -> None:
+    """The default view: the runs needing a person, then the others updated last, each section
+    a table (the two in the same columns), and what was left out."""
+    sections = [
+        (needs_person_text(view), view.needs_person),
+        (latest_text(view), view.latest),
+    ]
+    table = TableLines()
+    made = []
+    for heading, records in sections:
+        if heading is None:
+            continue
+        rows = [row for page in row_pages(ledger, [records], alive) for row in page]
+        mark_paused(rows, daemon)
+        made.append((heading, table.widen(rows)))
+    for heading, cells in made:
+        print(heading)
+        if cells:
+            print(table.header())
+            print("\n".join(table.line(c) for c in cells))
+    left_out = not_shown_text(view)
+    if left_out is not None:
+        print(left_out)
+
+
+def _stream_json(pages: Iterable[list[dict[str, Any]]]) -> None:
+    """The JSON list of every object of `pages`, written a page at a time: the same bytes
+    `_print_json` writes of the whole list (indented by 2)."""
+    out, first = sys.stdout.buffer, True
+    for objects in pages:
+        if not objects:
+            continue
+        # A page's list formatted alone, less its brackets, is its part of the whole list.
+        body = msgspec.json.format(msgspec.json.encode(objects), indent=2)
+        out.write((b"[\n" if first else b",\n") + body[2:-2])
+        first = False
+    out.write(b"[]\n" if first else b"\n]\n")
+    sys.stdout.flush()
 
 
 def _print_json(value: Any) -> None:

@@ -205,7 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("run", "the daemon: watch watch.roots and upload each run once it is finished")
 
-    p = command("status", "every run the ledger knows and how far it got, or one run in full")
+    p = command(
+        "status",
+        "runs by state, those needing a person, the latest (--all: every run), or one in full",
+    )
     p.add_argument(
         "run",
         metavar="RUN",
@@ -215,7 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--json",
         action="store_true",
-        help="JSON instead of text: a list of one object per run; one object with RUN",
+        help="JSON instead of text: a list of one object per run, every run (or those --state "
+        "and --limit select); one object with RUN",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="every run, one a line (the default lists those needing a person and the other "
+        "runs updated last)",
     )
     p.add_argument(
         "--daemon",
@@ -227,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         choices=[str(s) for s in State],
         metavar="STATE",
-        help="only runs in STATE (again for more): " + ", ".join(str(s) for s in State),
+        help="only runs in STATE (again for more), each state's oldest update first: "
+        + ", ".join(str(s) for s in State),
     )
     p.add_argument(
         "--limit", type=int, metavar="N", help="only the N runs updated last (the newest)"

@@ -3,6 +3,11 @@
 A run's `holder` is the live process holding its claim (pid, host, since), or none. A run left
 `uploading` that no live process holds (its uploader was killed, or stopped on a ledger error)
 shows as `ready`, interrupted: the next push resumes it.
+
+A ledger may hold a million runs. `status` by default reads only what it shows (`overview`):
+how many runs are in each state, the runs that need a person, and the runs updated last. Every
+row (`status --all`, `--json`) is read, made and printed a page at a time (`row_pages`,
+`detail_pages`, `TableLines`), so its memory does not grow with the ledger.
 """
 
 from __future__ import annotations
@@ -11,22 +16,24 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import msgspec
 
-from evalpush.app import Attempt, Outcome
 from evalpush.core import paths
 from evalpush.core.ids import short_id
 from evalpush.core.outage import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import State
-from evalpush.core.words import format_duration
+from evalpush.core.words import counted, format_duration
 from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive
-from evalpush.ledger.records import DaemonRecord
+from evalpush.ledger.records import DaemonRecord, HistoryRecord
 from evalpush.runs import settles_in, traces_file
+
+if TYPE_CHECKING:  # `push`'s: `status` reads a ledger without loading the uploader
+    from evalpush.app import Attempt
 
 Alive = Callable[[Holder], bool]
 
@@ -81,37 +88,65 @@ _HISTORY_REASONS = {
 }
 
 
-def status_rows(ledger: Ledger, alive: Alive | None = None) -> list[dict[str, Any]]:
-    """One row per run, then one per earlier evaluation of a run (state `superseded`)."""
+def _superseded(record: RunRecord, earlier: HistoryRecord) -> dict[str, Any]:
+    """The row of an evaluation a run had before its current one (state `superseded`)."""
+    return {
+        **_row(record, 0, None),
+        "state": State.SUPERSEDED,
+        "reason": _HISTORY_REASONS.get(earlier.outcome, earlier.outcome),
+        "samples_sent": None,
+        "samples_seen": None,
+        "missing_traces": 0,
+        "evaluation_id": earlier.evaluation_id,
+        "url": earlier.viewer_url,
+        "last_error": None,
+        "updated_at": earlier.at,
+    }
+
+
+def row_pages(
+    ledger: Ledger, pages: Iterable[list[RunRecord]], alive: Alive | None = None
+) -> Iterator[list[dict[str, Any]]]:
+    """Each page of runs as `status` rows: a run's row, then one per earlier evaluation of it
+    (state `superseded`); two queries a page (what its runs set aside, and had before)."""
     alive = alive or _alive_now()
-    counts = ledger.set_aside_counts()
-    rows = []
-    for record in ledger.all():
-        holder = _holder(record, alive)
-        rows.append(_row(record, counts.get(record.id, 0), holder))
-        for earlier in ledger.history(record):
-            rows.append(
-                {
-                    **_row(record, 0, None),
-                    "state": State.SUPERSEDED,
-                    "reason": _HISTORY_REASONS.get(earlier.outcome, earlier.outcome),
-                    "samples_sent": None,
-                    "samples_seen": None,
-                    "missing_traces": 0,
-                    "evaluation_id": earlier.evaluation_id,
-                    "url": earlier.viewer_url,
-                    "last_error": None,
-                    "updated_at": earlier.at,
-                }
-            )
-    return rows
+    for records in pages:
+        counts, history = ledger.set_aside_counts_of(records), ledger.history_of(records)
+        rows = []
+        for record in records:
+            rows.append(_row(record, counts.get(record.id, 0), _holder(record, alive)))
+            rows += [_superseded(record, earlier) for earlier in history.get(record.id, ())]
+        yield rows
+
+
+def status_rows(ledger: Ledger, alive: Alive | None = None) -> list[dict[str, Any]]:
+    """One row per run, then one per earlier evaluation of a run (state `superseded`): every
+    row at once, for a ledger known to be small (the demo's)."""
+    return [row for rows in row_pages(ledger, ledger.pages(), alive) for row in rows]
 
 
 def run_detail(ledger: Ledger, record: RunRecord, alive: Alive | None = None) -> dict[str, Any]:
     """One run in full: what `status RUN` shows, and each object of `status --json`."""
+    return _detail(record, ledger.set_aside(record), ledger.history(record), alive or _alive_now())
+
+
+def detail_pages(
+    ledger: Ledger, pages: Iterable[list[RunRecord]], alive: Alive | None = None
+) -> Iterator[list[dict[str, Any]]]:
+    """`run_detail` of each run, a page at a time: two queries a page."""
     alive = alive or _alive_now()
+    for records in pages:
+        set_aside, history = ledger.set_aside_of(records), ledger.history_of(records)
+        yield [
+            _detail(record, set_aside.get(record.id, []), history.get(record.id, []), alive)
+            for record in records
+        ]
+
+
+def _detail(
+    record: RunRecord, set_aside: list[SetAside], history: list[HistoryRecord], alive: Alive
+) -> dict[str, Any]:
     holder = _holder(record, alive)
-    set_aside = ledger.set_aside(record)
     row = _row(record, len(set_aside), holder)
     claim = record.holder
     evaluations = [
@@ -122,7 +157,7 @@ def run_detail(ledger: Ledger, record: RunRecord, alive: Alive | None = None) ->
             "why": _HISTORY_REASONS.get(earlier.outcome, earlier.outcome),
             "at": earlier.at,
         }
-        for earlier in ledger.history(record)
+        for earlier in history
     ]
     if record.evaluation_id is not None:
         evaluations.append(
@@ -157,6 +192,116 @@ def run_detail(ledger: Ledger, record: RunRecord, alive: Alive | None = None) ->
         "evaluations": evaluations,
         "set_aside_records": [item.as_json() for item in set_aside],
     }
+
+
+SETTLED = (State.FINALIZED, State.SKIPPED)
+"""The states a run rests in: one in any other state waits, is under way, or needs a person."""
+NEEDS_PERSON_SHOWN = 100
+"""At most this many runs needing a person are listed by the default `status` (the ones updated
+last; the counts say how many there are)."""
+LATEST_SHOWN = 20
+"""The default `status` lists this many of the other runs: the ones updated last."""
+
+
+class Overview(msgspec.Struct, frozen=True):
+    """What the default `status` shows of a ledger, read through its indexes (schema 10): how
+    many runs are in each state; the runs needing a person (any not finalized or skipped, and
+    those finalized partial or with records set aside), how many in all and of which kind, and
+    the `NEEDS_PERSON_SHOWN` of them updated last; and the `LATEST_SHOWN` other runs updated
+    last, and how many of those there are."""
+
+    counts: dict[str, int]
+    needs_person: list[RunRecord]
+    needs_person_total: int
+    partial: int
+    with_set_aside: int
+    latest: list[RunRecord]
+    others_total: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def overview(ledger: Ledger, counts: dict[str, int]) -> Overview:
+    """The default `status`'s view of a ledger holding `counts` runs in each state
+    (`state_counts`): a few queries, each bounded by what it shows or by the runs needing a
+    person, however many runs the ledger holds."""
+    unsettled = [state for state in State if counts.get(state) and state not in SETTLED]
+    short = dict(ledger.short(State.FINALIZED))
+    aside = dict(ledger.set_aside_runs(*SETTLED))
+    # A short run whose set-aside records make up the difference is not partial (it is listed
+    # for its records).
+    both = ledger.by_ids(short.keys() & aside.keys())
+    covered = ledger.set_aside_counts_of(both)
+    partial = [r.id for r in both if r.missing_traces(covered.get(r.id, 0))]
+    settled_needing = short | aside
+    candidates = list(settled_needing.items())
+    for state in unsettled:
+        candidates += ledger.newest(state, NEEDS_PERSON_SHOWN)
+    shown = sorted(candidates, key=lambda c: c[1], reverse=True)[:NEEDS_PERSON_SHOWN]
+    latest: list[tuple[int, float]] = []
+    for state in SETTLED:
+        if counts.get(state):
+            latest += ledger.newest(state, LATEST_SHOWN, clean=True)
+    latest = sorted(latest, key=lambda c: c[1], reverse=True)[:LATEST_SHOWN]
+    return Overview(
+        counts=counts,
+        needs_person=ledger.by_ids(row_id for row_id, _ in shown),
+        needs_person_total=sum(counts[state] for state in unsettled) + len(settled_needing),
+        partial=len(short.keys() - aside.keys()) + len(partial),
+        with_set_aside=len(aside),
+        latest=ledger.by_ids(row_id for row_id, _ in latest),
+        others_total=sum(counts.get(state, 0) for state in SETTLED) - len(settled_needing),
+    )
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    """`1,000,000 finalized, 12 failed`: the runs in each state, in the states' order."""
+    return ", ".join(f"{counts[state]:,} {state}" for state in State if counts.get(state))
+
+
+def needs_person_text(view: Overview) -> str:
+    """The heading of the runs needing a person: how many, of which kind, and which are
+    listed."""
+    if not view.needs_person_total:
+        return "needs a person: none"
+    kinds = [
+        f"{view.counts[state]:,} {state}"
+        for state in State
+        if view.counts.get(state) and state not in SETTLED
+    ]
+    if view.partial:
+        kinds.append(f"{view.partial:,} partial")
+    if view.with_set_aside:
+        kinds.append(f"{view.with_set_aside:,} with records set aside")
+    text = f"needs a person: {counted(view.needs_person_total, 'run')} ({', '.join(kinds)})"
+    if view.needs_person_total > len(view.needs_person):
+        text += f"; the {len(view.needs_person)} updated last:"
+    return text
+
+
+def latest_text(view: Overview) -> str | None:
+    """The heading of the other runs (finalized or skipped, nothing to look at) listed; None
+    when there are none."""
+    if not view.others_total:
+        return None
+    if view.others_total > len(view.latest):
+        others = counted(view.others_total, "other run")
+        return f"latest: {len(view.latest)} of {others}, the ones updated last:"
+    return f"latest: {counted(view.others_total, 'other run')}"
+
+
+def not_shown_text(view: Overview) -> str | None:
+    """The line saying how many runs the default view left out, and how to see them."""
+    hidden = view.others_total - len(view.latest)
+    hidden += view.needs_person_total - len(view.needs_person)
+    if hidden <= 0:
+        return None
+    return (
+        f"({hidden:,} more not shown: `evalpush status --all` lists every run; "
+        "`--state S`, `--limit N` pick some)"
+    )
 
 
 def _when(seconds: float | None) -> str:
@@ -299,16 +444,45 @@ TABLE_COLUMNS = 120
 reason and path are in `status RUN`)."""
 
 
-def status_table(
-    rows: list[dict[str, Any]], *, ledger: str | Path | None = None, wide: bool = False
-) -> str:
-    """The runs one a line, fitting TABLE_COLUMNS; `wide` (the demo's): with each viewer URL
-    and path, however wide that makes it."""
-    if not rows:
-        return "no runs in the ledger yet" + (f" ({ledger})" if ledger is not None else "")
-    header = ("RUN", "STATE", "SENT/EXPECTED", "ASIDE", "HOLDER", "EVALUATION", "DETAIL")
-    table = [header]
-    for row in rows:
+_HEADER = ("RUN", "STATE", "SENT/EXPECTED", "ASIDE", "HOLDER", "EVALUATION", "DETAIL")
+
+
+class TableLines:
+    """The runs one a line, fitting TABLE_COLUMNS (`wide`, the demo's: with each viewer URL and
+    path, however wide that makes it), for rows that come a page at a time: each page's lines
+    are made as it comes, in columns as wide as the widest cell so far (a page with a wider
+    cell widens the columns from there on)."""
+
+    def __init__(self, *, wide: bool = False) -> None:
+        self._wide = wide
+        self._widths = [len(name) for name in _HEADER[:-1]]
+
+    def header(self) -> str:
+        return self.line(_HEADER)
+
+    def widen(self, rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+        """The rows' cells, the columns widened to hold them."""
+        cells = [self._cells(row) for row in rows]
+        if cells:
+            columns = zip(*cells, strict=True)
+            self._widths = [
+                max(w, *map(len, c)) for w, c in zip(self._widths, columns, strict=False)
+            ]
+        return cells
+
+    def lines(self, rows: list[dict[str, Any]]) -> list[str]:
+        return [self.line(cells) for cells in self.widen(rows)]
+
+    def line(self, cells: tuple[str, ...]) -> str:
+        widths = self._widths
+        room = 1 << 30 if self._wide else max(20, TABLE_COLUMNS - sum(widths) - 2 * len(widths))
+        return (
+            "  ".join(cell.ljust(w) for cell, w in zip(cells[:-1], widths, strict=True))
+            + "  "
+            + _cut(cells[-1], room)
+        ).rstrip()
+
+    def _cells(self, row: dict[str, Any]) -> tuple[str, ...]:
         # Of the traces its config expects; of those seen when it names no count.
         expected = (
             row["expected_traces"] if row["expected_traces"] is not None else row["samples_seen"]
@@ -318,48 +492,75 @@ def status_table(
         if row["missing_traces"]:
             sent += " partial"
             detail = f"PARTIAL: {_missing_text(row)}" + (f"; {detail}" if detail else "")
-        table.append(
-            (
-                short_id(row["run_id"]),
-                row["state"],
-                sent,
-                str(row["set_aside"] or ""),
-                holder_text(row["holder"]),
-                (row["url"] or row["evaluation_id"] or "")
-                if wide
-                else (row["evaluation_id"] or "")[:8],
-                " ".join(paths.printable(f"{detail}  {row['path']}" if wide else detail).split()),
-            )
+        wide = self._wide
+        return (
+            short_id(row["run_id"]),
+            row["state"],
+            sent,
+            str(row["set_aside"] or ""),
+            holder_text(row["holder"]),
+            (row["url"] or row["evaluation_id"] or "")
+            if wide
+            else (row["evaluation_id"] or "")[:8],
+            " ".join(paths.printable(f"{detail}  {row['path']}" if wide else detail).split()),
         )
-    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
-    room = 1 << 30 if wide else max(20, TABLE_COLUMNS - sum(widths) - 2 * len(widths))
-    return "\n".join(
-        (
-            "  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True))
-            + "  "
-            + _cut(r[-1], room)
-        ).rstrip()
-        for r in table
-    )
+
+
+def status_table(
+    rows: list[dict[str, Any]], *, ledger: str | Path | None = None, wide: bool = False
+) -> str:
+    """The runs one a line, fitting TABLE_COLUMNS (`TableLines`), all at once."""
+    if not rows:
+        return "no runs in the ledger yet" + (f" ({ledger})" if ledger is not None else "")
+    table = TableLines(wide=wide)
+    cells = table.widen(rows)
+    return "\n".join([table.header(), *(table.line(c) for c in cells)])
 
 
 def _cut(text: str, room: int) -> str:
     return text if len(text) <= room else text[: room - 1] + "…"
 
 
-def select_rows(
-    rows: list[dict[str, Any]], *, states: list[str] | None, limit: int | None
-) -> list[dict[str, Any]]:
-    """`status --state S --limit N`: the rows in those states, the N most recently updated (in
-    the ledger's order)."""
-    if states:
-        rows = [row for row in rows if row["state"] in states]
-    if limit is not None and len(rows) > limit:
-        keep = {
-            id(row) for row in sorted(rows, key=lambda r: r["updated_at"], reverse=True)[:limit]
-        }
-        rows = [row for row in rows if id(row) in keep]
-    return rows
+def shown_states(states: list[str] | None) -> list[str] | None:
+    """The states a run's row is read in for `--state STATES` (a run `uploading` that no live
+    process holds is shown `ready`): None for every state."""
+    if not states:
+        return None
+    stored = [s for s in states if s != State.SUPERSEDED]
+    if State.READY in stored and State.UPLOADING not in stored:
+        stored.append(State.UPLOADING)
+    return stored
+
+
+def selected(
+    ledger: Ledger, *, states: list[str] | None, limit: int | None
+) -> Iterator[list[RunRecord]]:
+    """`status --state S --limit N`'s runs, a page at a time: every run in ledger order; or the
+    runs in those states (each state's oldest update first; with `superseded`, the runs that had
+    an earlier evaluation, in ledger order); or the N updated last (in those states), in ledger
+    order. The rows made of them are then picked by the state they show (`pick`)."""
+    stored = shown_states(states)
+    if limit is not None:
+        newest: list[tuple[int, float]] = []
+        for state in stored if stored is not None else [s for s in State if s != State.SUPERSEDED]:
+            newest += ledger.newest(state, limit)
+        if states and State.SUPERSEDED in states:
+            newest += [(r.id, r.updated_at) for page in ledger.pages_with_history() for r in page]
+        newest = sorted(newest, key=lambda c: c[1], reverse=True)[:limit]
+        yield ledger.by_ids(row_id for row_id, _ in newest)
+        return
+    if stored is None:
+        yield from ledger.pages()
+        return
+    for state in stored:
+        yield from ledger.pages_in_state(state)
+    if State.SUPERSEDED in (states or ()):
+        yield from ledger.pages_with_history()
+
+
+def pick(rows: list[dict[str, Any]], states: list[str] | None) -> list[dict[str, Any]]:
+    """The rows that show one of `states` (all when None or empty)."""
+    return [row for row in rows if row["state"] in states] if states else rows
 
 
 def mark_paused(rows: list[dict[str, Any]], daemon: DaemonRecord | None) -> None:
@@ -418,7 +619,7 @@ def fleet_rows(ledger: Ledger, now: float | None = None) -> list[dict[str, Any]]
     now = time.time() if now is None else now
     daemons = [(d, d.running(now, alive)) for d in ledger.daemons()]
     holders = (  # the live claims, read only when some daemon may hold one
-        [h for r in ledger.all() if (h := r.holder) is not None and alive(h)]
+        [h for r in ledger.claimed() if (h := r.holder) is not None and alive(h)]
         if any(running for _, running in daemons)
         else []
     )
@@ -480,6 +681,8 @@ def push_line(result: Attempt) -> str:
 
 
 def _push_line(result: Attempt) -> str:
+    from evalpush.app import Outcome
+
     record = result.record
     path = paths.display(result.path)
     if result.busy is not None:
@@ -519,6 +722,8 @@ def push_object(result: Attempt, set_aside: list[SetAside]) -> dict[str, Any]:
     state, evaluation and viewer URL, samples (and the traces expected, and missing), what was
     set aside, and the error if any; `status` is `success` for a finalized or skipped run with
     nothing set aside, `partial` for one finalized short of its expected traces."""
+    from evalpush.app import Outcome
+
     record = result.record
     error = result.error
     if result.busy is not None:

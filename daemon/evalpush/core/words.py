@@ -1,12 +1,12 @@
-"""Counts and durations in words: `1 run`, `2 runs`; `42s`, `4m12s`, `1h02m`."""
+"""Counts and durations in words: `1 run`, `2 runs`, `1,000,000 runs`; `42s`, `4m12s`, `1h02m`."""
 
 from __future__ import annotations
 
 
 def counted(count: int, noun: str, plural: str | None = None) -> str:
-    """`count` and `noun`, the noun in the plural (`plural`, else `noun` + "s") unless the count
-    is one."""
-    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+    """`count` (`1,234` past a thousand) and `noun`, the noun in the plural (`plural`, else
+    `noun` + "s") unless the count is one."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
 
 
 def format_duration(seconds: float) -> str:

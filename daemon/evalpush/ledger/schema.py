@@ -32,6 +32,11 @@ after it, never half-built (creating a new file is migrating from version 0).
   `status` shows a partial run's sent of expected, and what is missing.
 - Version 9: a daemon's STATUS line and its gate (`records.GateState`, as JSON) in its
   `daemons` row, where `status` reads them on either store.
+- Version 10: the indexes `status` reads a ledger of a million runs through without reading
+  every row: runs by state in the order they were updated (`runs_state_updated`, which takes
+  the place of `runs_state`), and the runs short of their expected traces (`runs_short`, a
+  partial index: the finalized ones are partial); and, in the file, the runs someone holds (`runs_claim_owner`,
+  which PostgreSQL had from the start), which the lease's renewal and `status` look up.
 """
 
 from __future__ import annotations
@@ -331,7 +336,37 @@ DAEMON_STATE = [
 ]
 """Version 9, in the SQL both the file and a shared ledger's PostgreSQL take."""
 
-_MIGRATIONS: list[list[str]] = [_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, DAEMON_STATE]
+SHORT = "expected_traces > samples_seen"
+"""The runs that saw fewer lines than their config expects: a finalized one is partial unless
+records set aside make up the difference (`RunRecord.missing_traces`). `runs_short` indexes
+exactly these rows (by state, then when they were updated); a query finds them through it by
+this same condition (and a state: SQLite then prefers it to `runs_state_updated`)."""
+
+STATUS_INDEXES = [
+    "CREATE INDEX runs_state_updated ON runs (state, updated_at)",
+    f"CREATE INDEX runs_short ON runs (state, updated_at) WHERE {SHORT}",
+]
+"""Version 10, in the SQL both the file and a shared ledger's PostgreSQL take (each drops
+`runs_state` first: the first index serves every query it served)."""
+
+_V10 = [
+    "DROP INDEX runs_state",
+    *STATUS_INDEXES,
+    "CREATE INDEX runs_claim_owner ON runs (claim_owner) WHERE claim_owner IS NOT NULL",
+]
+
+_MIGRATIONS: list[list[str]] = [
+    _V1,
+    _V2,
+    _V3,
+    _V4,
+    _V5,
+    _V6,
+    _V7,
+    _V8,
+    DAEMON_STATE,
+    _V10,
+]
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 

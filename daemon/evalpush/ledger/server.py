@@ -100,7 +100,7 @@ DDL = [
     )""",
     "CREATE UNIQUE INDEX runs_run_key ON runs (run_key)",
     "CREATE INDEX runs_path_key ON runs (path_key)",
-    "CREATE INDEX runs_state ON runs (state)",
+    *schema.STATUS_INDEXES,
     "CREATE INDEX runs_claim_owner ON runs (claim_owner) WHERE claim_owner IS NOT NULL",
     """
     CREATE TABLE set_aside (
@@ -163,6 +163,8 @@ UPGRADES: dict[int, list[str]] = {
     # 7 -> 8: the traces a run's config expects (`status` shows a partial run as such).
     7: ["ALTER TABLE runs ADD COLUMN expected_traces bigint"],
     8: schema.DAEMON_STATE,  # a daemon's STATUS line and gate in its row
+    # 9 -> 10: the indexes `status` reads a million runs through (runs_state's place taken).
+    9: ["DROP INDEX runs_state", *schema.STATUS_INDEXES],
 }
 """The steps that bring a shared ledger from each older version to the next (PostgreSQL's
 DDL is transactional: all of them run in one transaction, under the advisory lock). The first

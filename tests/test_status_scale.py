@@ -1,0 +1,222 @@
+"""`status` on a ledger of many runs, through the real CLI on both stores (the `ledger`
+fixture): the default view (how many runs are in each state, every run that needs a person,
+only the runs updated last of the rest and how many more there are), `--all` (every row),
+`--json` (every run, one document written a page at a time), and `--state` (a state's runs read
+a page at a time through its index). The ledgers are built with the ledger's own writes, not by
+uploading; the reads are made to page every few runs so that many pages are crossed."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from evalpush.cli.report import LATEST_SHOWN
+from evalpush.core.ids import short_id
+from evalpush.core.setaside import SetAside
+from evalpush.core.states import HistoryOutcome, SetAsideKind, State
+from evalpush.ledger import Ledger, reads, transitions
+from support.commands import evalpush
+from support.environ import clean_environ
+from support.postgres import PASSWORD
+
+FINALIZED = LATEST_SHOWN + 25
+"""Finalized runs with nothing to look at: more than the default view lists."""
+PAGE = 7
+"""Runs a page of the ledger's reads holds in these tests: many pages, each crossed."""
+
+
+@pytest.fixture(autouse=True)
+def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reads, "PAGE_RUNS", PAGE)
+
+
+def run_id(n: int) -> str:
+    return f"{n:08d}-0000-4000-8000-000000000000"
+
+
+class Built:
+    """A ledger of many finalized runs and a few that need a person (each kind's run ids)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.count = 0
+        self.needing: dict[str, list[str]] = {}
+        # Those needing a person are written first: the default view lists every one of them,
+        # however long ago they were updated.
+        failed = [self.add(State.READY) for _ in range(2)]
+        for record in failed:
+            transitions.fail(ledger, record, "config.toml: no environment name")
+        held = self.add(State.READY)
+        transitions.hold(ledger, held, "2 bad lines set aside", expected_traces=4)
+        partial = self.finalized(expected=40, seen=30)
+        aside = self.finalized(expected=4, seen=4)
+        ledger.add_set_aside(aside, [SetAside(2, 10, 5, SetAsideKind.BAD_LINE, "invalid JSON")])
+        waiting = self.add(State.WAITING, reason="waiting for 4 traces (1 so far)")
+        ready = self.add(State.READY)
+        self.needing = {
+            "failed": [r.run_id for r in failed],
+            "held": [held.run_id],
+            "partial": [partial.run_id],
+            "set aside": [aside.run_id],
+            "waiting": [waiting.run_id],
+            "ready": [ready.run_id],
+        }
+        # One finalized run had an earlier evaluation, superseded.
+        again = self.finalized(expected=4, seen=4)
+        again = ledger.restart(again, outcome=HistoryOutcome.SUPERSEDED, state=State.READY)
+        transitions.finalize(
+            ledger, again, at=1.0, evaluation_id="eval-again", samples_sent=4, samples_seen=4
+        )
+        self.superseded = again.run_id
+        self.done = [again.run_id] + [
+            self.finalized(expected=4, seen=4).run_id for _ in range(FINALIZED - 1)
+        ]
+        """The runs with nothing to look at, the one updated last at the end."""
+
+    def add(self, state: State, reason: str = ""):
+        self.count += 1
+        path = f"/srv/evals/outputs/{run_id(self.count)}"
+        return self.ledger.add(
+            path=path, run_id=run_id(self.count), kind="eval", state=state, reason=reason
+        )
+
+    def finalized(self, *, expected: int, seen: int):
+        record = self.add(State.READY)
+        return transitions.finalize(
+            self.ledger,
+            record,
+            at=1.0,
+            evaluation_id=f"eval-{record.run_id}",
+            samples_sent=seen,
+            samples_seen=seen,
+            expected_traces=expected,
+        )
+
+    @property
+    def needing_ids(self) -> set[str]:
+        return {run for runs in self.needing.values() for run in runs}
+
+
+def environ_for(ledger: Ledger, tmp_path: Path) -> dict[str, str]:
+    """`evalpush`'s environment pointed at `ledger` (its state dir, or its database)."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    if ledger.server is None:
+        assert ledger.path is not None
+        return clean_environ(HOME=str(home), EVALPUSH_STATE_DIR=str(ledger.path.parent))
+    password_file = tmp_path / "pw"
+    password_file.write_text(PASSWORD)
+    return clean_environ(
+        HOME=str(home),
+        EVALPUSH_STATE_DIR=str(tmp_path / "state"),
+        EVALPUSH_LEDGER__URL=ledger.server.url,
+        EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+    )
+
+
+def rows(stdout: str) -> list[list[str]]:
+    """The table's rows: (run, state) of each."""
+    return [line.split()[:2] for line in stdout.splitlines() if re.match(r"^[0-9]{8}  ", line)]
+
+
+def sections(stdout: str) -> dict[str, list[str]]:
+    """The default view's run ids (as shown, short) by section: `needs`, `latest`."""
+    found: dict[str, list[str]] = {"needs": [], "latest": []}
+    section = None
+    for line in stdout.splitlines():
+        if line.startswith("needs a person:"):
+            section = "needs"
+        elif line.startswith("latest:"):
+            section = "latest"
+        elif section and re.match(r"^[0-9]{8}  ", line):
+            found[section].append(line.split()[0])
+    return found
+
+
+def test_the_default_view_counts_every_state_lists_every_run_needing_a_person_and_only_the_latest_others(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    built = Built(ledger)
+    environ = environ_for(ledger, tmp_path)
+
+    done = evalpush(environ, "status")
+
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    total = built.count
+    assert (
+        f"{total} runs: 1 waiting, 1 ready, {FINALIZED + 2} finalized, 2 failed, 1 held" in out
+    ), out
+    assert (
+        "needs a person: 7 runs (1 waiting, 1 ready, 2 failed, 1 held, 1 partial, "
+        "1 with records set aside)"
+    ) in out
+    shown = sections(out)
+    assert sorted(shown["needs"]) == sorted(short_id(r) for r in built.needing_ids)
+    latest = [short_id(r) for r in built.done[-LATEST_SHOWN:]]
+    assert sorted(shown["latest"]) == sorted(latest)
+    assert f"latest: {LATEST_SHOWN} of {FINALIZED} other runs, the ones updated last:" in out
+    assert f"({FINALIZED - LATEST_SHOWN} more not shown: `evalpush status --all`" in out
+    assert "PARTIAL: 10 of 40 expected traces missing" in out
+    assert "superseded" not in out, "the run's earlier evaluation is not among the latest"
+
+
+def test_status_all_shows_every_row_and_json_every_run_as_one_document(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    built = Built(ledger)
+    environ = environ_for(ledger, tmp_path)
+
+    table = evalpush(environ, "status", "--all")
+    listed = evalpush(environ, "status", "--json")
+
+    assert (table.returncode, listed.returncode) == (0, 0), table.stderr + listed.stderr
+    shown = rows(table.stdout)
+    assert len(shown) == built.count + 1, "every run, and the superseded evaluation"
+    assert [r[0] for r in shown if r[1] != State.SUPERSEDED] == [
+        short_id(run_id(n)) for n in range(1, built.count + 1)
+    ], "in ledger order"
+    assert [r[0] for r in shown if r[1] == State.SUPERSEDED] == [short_id(built.superseded)]
+    assert table.stdout.count("RUN       STATE") == 1, "one header, however many pages"
+    document = json.loads(listed.stdout)
+    assert [run["run_id"] for run in document] == [run_id(n) for n in range(1, built.count + 1)]
+    by_id = {run["run_id"]: run for run in document}
+    (aside,) = built.needing["set aside"]
+    assert [r["reason"] for r in by_id[aside]["set_aside_records"]] == ["invalid JSON"]
+    assert [e["outcome"] for e in by_id[built.superseded]["evaluations"]] == [
+        "superseded",
+        "current",
+    ]
+    whole = msgspec.json.format(msgspec.json.encode(document), indent=2) + b"\n"
+    assert listed.stdout.encode() == whole, "the pages written make the document whole"
+
+
+def test_state_and_limit_select_through_the_pages_as_before(ledger: Ledger, tmp_path: Path) -> None:
+    built = Built(ledger)
+    environ = environ_for(ledger, tmp_path)
+
+    finalized = evalpush(environ, "status", "--state", "finalized", "--json")
+    failed = evalpush(environ, "status", "--state", "failed")
+    superseded = evalpush(environ, "status", "--state", "superseded")
+    newest = evalpush(environ, "status", "--limit", "3", "--json")
+
+    ids = {run["run_id"] for run in json.loads(finalized.stdout)}
+    assert ids == set(built.done) | set(built.needing["partial"] + built.needing["set aside"])
+    assert rows(failed.stdout) == [[short_id(r), "failed"] for r in built.needing["failed"]]
+    assert failed.stdout.splitlines()[-1].startswith("(2 shown;")
+    assert rows(superseded.stdout) == [[short_id(built.superseded), "superseded"]]
+    assert [run["run_id"] for run in json.loads(newest.stdout)] == built.done[-3:]
+
+
+def test_an_empty_ledger_says_so_and_lists_nothing(ledger: Ledger, tmp_path: Path) -> None:
+    environ = environ_for(ledger, tmp_path)
+
+    text = evalpush(environ, "status")
+    listed = evalpush(environ, "status", "--json")
+
+    assert "0 runs" in text.stdout and "no runs in the ledger yet" in text.stdout
+    assert listed.stdout == "[]\n"
