@@ -39,7 +39,7 @@ import pytest
 import ledger_v1
 from as_nobody import NOBODY, as_nobody
 from evalpush import cli, push
-from evalpush.cli import report
+from evalpush.cli import push_report
 from evalpush.local_platform import LocalPlatform
 from support import platform_view, runs
 from support.commands import evalpush
@@ -48,7 +48,7 @@ from support.platform_view import requests
 from support.runs import config_toml, rewrite_in_place, trace_line, traces
 from support.waiting import wait_until
 
-PRELOADED_FOR_PUSH = (encodings.idna, concurrent.futures.thread, report, push)
+PRELOADED_FOR_PUSH = (encodings.idna, concurrent.futures.thread, push_report, push)
 """What `push` imports as it runs, imported before `as_nobody` forks: a child that became
 `nobody` may not read this interpreter's library (under /root) to import it then."""
 CRASH_ENV = "EVALPUSH_CRASH_AT"  # upload.py's crash points: `<point>` or `<point>:<n>`

@@ -1,5 +1,6 @@
 """The `evalpush` command: its entry point (`main`), parser (`parser`), the commands on the
-ledger (`ledger`) and `check` (`check`), what they print (`report`), and the demo (`demo`)."""
+ledger (`ledger`) and `check` (`check`), what `status` prints (`report`) and what `push` prints
+(`push_report`), and the demo (`demo`)."""
 
 from evalpush.cli.main import main
 

@@ -118,7 +118,7 @@ def _readable_lines(path: Path, max_line_bytes: int) -> Iterator[Line]:
 def cmd_push(args: argparse.Namespace, config: Config) -> int:
     from evalpush import log
     from evalpush.app import App, Outcome
-    from evalpush.cli.report import push_object, push_progress
+    from evalpush.cli.push_report import push_object, push_progress
     from evalpush.client import Gate
     from evalpush.push import find_runs, push_runs
 
