@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -445,6 +446,33 @@ class TestRescan:
 
         assert (after.runs, sorted(after.gone)) == ({}, sorted(str(r) for r in runs))
         assert scanner.remembered == 0
+
+    @pytest.mark.parametrize("missing", ["its first line", "its resolved config"])
+    def test_a_0_4_directory_listed_before_it_was_a_run_is_found_once_it_becomes_one(
+        self, missing, tmp_path
+    ):
+        # Its first line, or configs/resolved/eval.json written a level down, moves no mtime of
+        # the run directory: remembered as a plain directory, it would never be listed again.
+        run = tmp_path / "root" / "env" / "run"
+        (run / "configs" / "resolved").mkdir(parents=True)
+        if missing == "its first line":
+            (run / "configs" / "resolved" / "eval.json").write_text("{}")
+            (run / "traces.jsonl").write_bytes(b"")
+        else:
+            (run / "traces.jsonl").write_bytes(b"{}\n")
+        long_ago = time.time() - 100  # listed long after it was made: out of the racy window
+        for directory in (run / "configs" / "resolved", run / "configs", run, *run.parents[:2]):
+            os.utime(directory, (long_ago, long_ago))
+        scanner = Scanner([tmp_path / "root"])
+        assert scanner.rescan().runs == {}
+
+        if missing == "its first line":
+            with (run / "traces.jsonl").open("ab") as out:
+                out.write(b"{}\n")
+        else:
+            (run / "configs" / "resolved" / "eval.json").write_text("{}")
+
+        assert str(run) in scanner.rescan().runs
 
 
 def event_names(hints: list[Hint]) -> list[tuple[str, str]]:

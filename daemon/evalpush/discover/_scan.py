@@ -3,13 +3,15 @@
 Two ways: `Scanner.scan()` walks everything (one `scandir` per directory, one `lstat` per run's
 trace file); `Scanner.rescan()` walks what changed since its last call. It remembers the run
 directories it found and, for every other directory, its mtime and subdirectories: a directory
-whose mtime has not moved is not listed again (one `lstat` of it), and a run directory that the
-caller says needs nothing (`quiet`: a finalized run) is not looked at at all. A run directory
-that is deleted, moved or made moves its parent's mtime; what changes inside one (a line
-appended to its trace file, the file replaced, a marker) does not: for those, file events, and
-the slow sweep, which lists every remembered directory and looks inside every remembered run
-once per `watch.sweep_seconds`, a time-proportional slice at each rescan (so it never costs a
-burst). Remembered per run: its path (shared with its parent's list) and a dict slot.
+whose mtime has not moved is not listed again (one `lstat` of it; one holding a trace file that
+is not a run yet is listed every time: a 0.3/0.4 run becomes one by its first line), and a run
+directory that the caller says needs nothing (`quiet`: a finalized run) is not looked at at all.
+A run directory that is deleted, moved or made moves its parent's mtime; what changes inside one
+(a line appended to its trace file, the file replaced, a marker) does not: for those, file
+events, and the slow sweep, which lists every remembered directory and looks inside every
+remembered run once per `watch.sweep_seconds`, a time-proportional slice at each rescan (so it
+never costs a burst). Remembered per run: its path (shared with its parent's list) and a dict
+slot.
 """
 
 from __future__ import annotations
@@ -106,6 +108,11 @@ class _Listing:
                 elif entry.is_dir(follow_symlinks=False):
                     self.configs = self.configs or entry.name == CONFIGS_DIR
                     self.subdirs.append(entry.path)
+
+    @property
+    def has_traces(self) -> bool:
+        """Whether the directory holds a trace file (a run, or one that may become a run)."""
+        return self.traces is not None or self.legacy is not None
 
     def run(self, directory: str) -> RunDir | None:
         """The run directory this listing shows; None when it is not one: config.toml and a
@@ -352,7 +359,10 @@ class Scanner:
                     self._forget(vanished, gone)
             else:
                 self._sweep.append(directory)
-            self._dirs[directory] = (mtime if mtime < fresh_before else RACY, subdirs)
+            # One holding a trace file may become a run with no move of its own mtime (0.3/0.4:
+            # its first line, or configs/resolved/*.json written a level down): listed each time.
+            settled = mtime < fresh_before and not listing.has_traces
+            self._dirs[directory] = (mtime if settled else RACY, subdirs)
             stack.extend(subdirs)
 
     def _unlistable(self, directory: str, exc: OSError, gone: list[str]) -> None:
