@@ -220,3 +220,27 @@ def test_an_empty_ledger_says_so_and_lists_nothing(ledger: Ledger, tmp_path: Pat
 
     assert "0 runs" in text.stdout and "no runs in the ledger yet" in text.stdout
     assert listed.stdout == "[]\n"
+
+
+def test_a_row_the_file_cannot_decode_ends_status_json_with_an_error_naming_the_ledger(
+    tmp_path: Path,
+) -> None:
+    """A TEXT value that is not UTF-8 (a foreign tool's write, a damaged page) on a later page:
+    the rows before it are out already; `status --json` ends with one error naming the file and a
+    non-zero exit, not a traceback (SQLite's module raises that error with no SQLite code)."""
+    import sqlite3
+
+    from evalpush.ledger import default_path
+
+    path = default_path(tmp_path / "state")
+    with Ledger(path) as ledger:
+        for n in range(1, PAGE * 3):
+            ledger.add(path=f"/srv/runs/{n}", run_id=run_id(n), kind="eval", state=State.READY)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE runs SET reason = CAST(x'ff41' AS TEXT) WHERE id = ?", (PAGE + 2,))
+    environ = clean_environ(HOME=str(tmp_path), EVALPUSH_STATE_DIR=str(path.parent))
+
+    done = evalpush(environ, "status", "--json")
+
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert str(path) in done.stderr and "cannot read the ledger" in done.stderr, done.stderr

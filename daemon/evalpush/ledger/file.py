@@ -252,7 +252,7 @@ class LedgerFile:
                 if db.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
                     return
             except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                if not _busy(exc) or time.monotonic() > deadline:
                     raise
             if time.monotonic() > deadline:
                 raise sqlite3.OperationalError("cannot switch to WAL: database is locked")
@@ -503,7 +503,7 @@ class LedgerFile:
             try:
                 return statement()
             except sqlite3.OperationalError as exc:
-                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY:
+                if not _busy(exc):
                     raise
                 now = time.monotonic()
                 if now >= min(deadline, self._stop_deadline(now)):
@@ -517,7 +517,7 @@ class LedgerFile:
         return self._stopped_at + STOP_BUSY_SECONDS
 
     def _why_busy(self, exc: sqlite3.Error) -> str:
-        if getattr(exc, "sqlite_errorcode", None) != sqlite3.SQLITE_BUSY:
+        if not _busy(exc):
             return ""
         waited = (
             f"for over {self._busy_timeout_seconds:g} s"
@@ -564,3 +564,9 @@ class LedgerFile:
                 self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             except sqlite3.Error as exc:
                 raise LedgerError(f"{self.path}: cannot rewrite the ledger: {exc}") from None
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    """Whether SQLite said another connection holds the lock. (An error Python's module raises
+    itself, such as a TEXT value that is not UTF-8, carries no SQLite error code.)"""
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
