@@ -244,3 +244,12 @@ def test_a_row_the_file_cannot_decode_ends_status_json_with_an_error_naming_the_
 
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert str(path) in done.stderr and "cannot read the ledger" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("limit", ["0", "-3", "many"])
+def test_a_limit_that_is_not_a_count_is_a_usage_error(limit: str, tmp_path: Path) -> None:
+    environ = clean_environ(HOME=str(tmp_path), EVALPUSH_STATE_DIR=str(tmp_path / "state"))
+
+    done = evalpush(environ, "status", f"--limit={limit}")
+
+    assert done.returncode == 2 and "--limit" in done.stderr and limit in done.stderr, done

@@ -130,6 +130,17 @@ def parse_duration(text: str) -> float:
     return total
 
 
+def parse_count(text: str) -> int:
+    """A count of 1 or more (`status --limit N`); argparse's type for it."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 1 or more")
+    return count
+
+
 def _global_flags(parser: argparse.ArgumentParser, *, default: Any, state_dir: bool = True) -> None:
     """`--config` and `--state-dir`, accepted before the subcommand and after it. On the
     subcommands they default to SUPPRESS, so one given before the subcommand is not reset; a
@@ -241,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(str(s) for s in State),
     )
     p.add_argument(
-        "--limit", type=int, metavar="N", help="only the N runs updated last (the newest)"
+        "--limit", type=parse_count, metavar="N", help="only the N runs updated last (the newest)"
     )
 
     p = command("retry", "put a failed or held run back in the queue")

@@ -27,7 +27,7 @@ from evalpush.core.outage import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import State
 from evalpush.core.words import counted, format_duration
-from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive
+from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive, reads
 from evalpush.ledger.records import DaemonRecord, HistoryRecord
 from evalpush.runs import settles_in
 
@@ -542,8 +542,9 @@ def selected(
             newest += ledger.newest(state, limit)
         if states and State.SUPERSEDED in states:
             newest += [(r.id, r.updated_at) for page in ledger.pages_with_history() for r in page]
-        newest = sorted(newest, key=lambda c: c[1], reverse=True)[:limit]
-        yield ledger.by_ids(row_id for row_id, _ in newest)
+        ids = sorted(row_id for row_id, _ in sorted(newest, key=lambda c: c[1])[-limit:])
+        for start in range(0, len(ids), reads.PAGE_RUNS):  # in ledger order, a page at a time
+            yield ledger.by_ids(ids[start : start + reads.PAGE_RUNS])
         return
     if stored is None:
         yield from ledger.pages()
