@@ -253,3 +253,28 @@ def test_a_limit_that_is_not_a_count_is_a_usage_error(limit: str, tmp_path: Path
     done = evalpush(environ, "status", f"--limit={limit}")
 
     assert done.returncode == 2 and "--limit" in done.stderr and limit in done.stderr, done
+
+
+def test_the_table_shows_control_characters_of_a_run_id_or_reason_escaped(tmp_path: Path) -> None:
+    """An escape sequence in a run id or a reason (written by whatever wrote the ledger or the
+    run's lines) would drive the terminal the table is printed to."""
+    from evalpush.ledger import default_path
+
+    path = default_path(tmp_path / "state")
+    with Ledger(path) as ledger:
+        ledger.add(path="/srv/runs/a", run_id="run-\x1b]0;owned\x07", kind="eval", state="ready")
+        ledger.add(
+            path="/srv/runs/b",
+            run_id=run_id(2),
+            kind="eval",
+            state=State.WAITING,
+            reason="waiting \x1b[2J\x1b[31m",
+        )
+    environ = clean_environ(HOME=str(tmp_path), EVALPUSH_STATE_DIR=str(path.parent))
+
+    for args in (["status"], ["status", "--all"]):
+        done = evalpush(environ, *args)
+
+        assert done.returncode == 0, done.stderr
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", done.stdout), repr(done.stdout)
+        assert "\\x1b[2J" in done.stdout, done.stdout

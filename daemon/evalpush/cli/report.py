@@ -13,6 +13,7 @@ row (`status --all`, `--json`) is read, made and printed a page at a time (`row_
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -489,7 +490,7 @@ class TableLines:
             sent += " partial"
             detail = f"PARTIAL: {_missing_text(row)}" + (f"; {detail}" if detail else "")
         wide = self._wide
-        return (
+        cells = (
             short_id(row["run_id"]),
             row["state"],
             sent,
@@ -500,6 +501,7 @@ class TableLines:
             else (row["evaluation_id"] or "")[:8],
             " ".join(paths.printable(f"{detail}  {row['path']}" if wide else detail).split()),
         )
+        return tuple(_CONTROL.sub(_escaped, cell) for cell in cells)
 
 
 def status_table(
@@ -511,6 +513,15 @@ def status_table(
     table = TableLines(wide=wide)
     cells = table.widen(rows)
     return "\n".join([table.header(), *(table.line(c) for c in cells)])
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""Control characters: a run id or a reason holding one (an escape sequence) would drive the
+terminal `status` prints to, so the table shows them escaped."""
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\x{ord(match[0]):02x}"
 
 
 def _cut(text: str, room: int) -> str:
