@@ -447,6 +447,23 @@ class TestRescan:
         assert (after.runs, sorted(after.gone)) == ({}, sorted(str(r) for r in runs))
         assert scanner.remembered == 0
 
+    def test_a_root_symlink_pointed_elsewhere_forgets_the_runs_of_its_old_target(self, tmp_path):
+        old, new = tmp_path / "old", tmp_path / "new"
+        for target in (old, new):
+            make_run(target / "env" / "run")
+        root = tmp_path / "root"
+        root.symlink_to(old)
+        scanner = Scanner([root])
+        assert scanner.rescan().complete
+
+        root.unlink()
+        root.symlink_to(new)
+        rescan = scanner.rescan()
+
+        assert str(new / "env" / "run") in rescan.runs
+        assert rescan.gone == [str(old / "env" / "run")]
+        assert not scanner.knows(str(old / "env" / "run"))
+
     @pytest.mark.parametrize("missing", ["its first line", "its resolved config"])
     def test_a_0_4_directory_listed_before_it_was_a_run_is_found_once_it_becomes_one(
         self, missing, tmp_path

@@ -224,6 +224,7 @@ class Scanner:
         # What `rescan()` remembers: the run directories (a dict: insertion-ordered, the
         # sweep's order), and each other directory's mtime (RACY: list it again) and
         # subdirectories; the run directories the sweep wants looked at.
+        self._reals: dict[Path, str] = {}  # each root's real path at the last rescan
         self._runs: dict[str, None] = {}
         self._dirs: dict[str, tuple[int, tuple[str, ...]]] = {}
         self._due: set[str] = set()
@@ -272,6 +273,10 @@ class Scanner:
                 self._sweep_slice()
             for root in reversed(self.roots):  # popped in the order given
                 real = resolve(root)
+                before = self._reals.get(root)
+                if before is not None and before != real:  # a symlink in its path re-pointed
+                    self._forget(before, gone)
+                self._reals[root] = real
                 if self._root_present(root, real):
                     self._stack.append(real)
                 else:
