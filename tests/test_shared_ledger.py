@@ -318,6 +318,48 @@ class TestMoveIntoShared:
 
 
 class TestDaemonThroughAnOutage:
+    def test_a_line_appended_to_a_finalized_run_while_the_database_is_down_is_uploaded_after(
+        self, postgres: Cluster, pg_url: str, local_platform, tmp_path: Path
+    ):
+        """The file event comes while the database is down: the daemon's look at the run fails
+        and the event is spent; the rescan after the database is back must look inside the
+        finalized run (it passes finalized runs by otherwise) and upload it again."""
+        from daemon_support import (
+            RUN_FINALIZED,
+            InProcessDaemon,
+            RunDir,
+            daemon_environ,
+            evaluations_of,
+        )
+
+        root = tmp_path / "outputs"
+        password_file = tmp_path / "pw"
+        password_file.write_text(PASSWORD)
+        environ = daemon_environ(
+            local_platform,
+            tmp_path,
+            [root],
+            EVALPUSH_WATCH__OBSERVER="inotify",
+            EVALPUSH_LEDGER__URL=pg_url,
+            EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+        )
+        with InProcessDaemon(environ) as daemon:
+            daemon.started()
+            run = RunDir(root / "env--model--harness").config(num_tasks=2)
+            run.write(run.lines(4))
+            daemon.wait_for(RUN_FINALIZED, run=run.run_id)
+            time.sleep(2.0)  # its claim released, the run settled: nothing left to write
+            postgres.stop()
+            try:
+                run.write(run.lines(2, start=4))
+                daemon.wait_for(OUTAGE_EVENT)
+                time.sleep(1.0)  # the event's look fails meanwhile
+            finally:
+                postgres.pg_ctl("start", "-w", "-l", str(postgres.root / "log"))
+            second = daemon.wait_for(RUN_FINALIZED, run=run.run_id, count=2)
+            assert daemon.stop() == 0
+        assert evaluations_of(local_platform, run.run_id)[second["evaluation"]]["sample_count"] == 6
+
     def test_the_daemon_pauses_while_the_database_is_down_readyz_503_and_resumes_after(
         self, postgres: Cluster, pg_url: str, local_platform, tmp_path: Path
     ):

@@ -298,6 +298,12 @@ class Scanner:
         found that the caller could not act on)."""
         self._due.update(path for path in paths if path in self._runs)
 
+    def again_under(self, top: str) -> None:
+        """Look inside every run directory at or under `top` at the next rescan (a look a file
+        event asked for that could not be made); one pass over the runs it remembers."""
+        below = top.rstrip(os.sep) + os.sep
+        self._due.update(path for path in self._runs if path == top or path.startswith(below))
+
     def knows(self, path: str) -> bool:
         """Whether `rescan()` has found a run directory at `path` (and not found it gone)."""
         return path in self._runs

@@ -340,7 +340,13 @@ class Daemon:
             now = self._clock()
             try:
                 while hint is not None:
-                    self._follow(parts, hint)
+                    try:
+                        self._follow(parts, hint)
+                    except (LedgerUnavailable, ClaimLost):
+                        # Its look did not happen: the next rescan looks inside the runs it
+                        # named, finalized ones too (the rescan would pass them by).
+                        parts.scanner.again_under(hint.path)
+                        raise
                     hint = self._hints.get(0)
                 if now >= next_rescan:
                     parts.watcher.sync()  # a root that appeared or was replaced: the scan covers it
