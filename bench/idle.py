@@ -54,6 +54,19 @@ def prepared(count: int, cache: Path) -> Path:
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
     root = many_runs.the_runs(count, cache)
+    seconds = pushed(home, root, count)
+    rate = (
+        f"`evalpush push` of {count} one-trace runs in {seconds:.1f} s: {count / seconds:.0f} "
+        "runs/s (once; bench/many_runs.py measures this rate with repeats)"
+    )
+    print(f"setup: {rate}")
+    (home / ".complete").write_text(rate + "\n")
+    return home
+
+
+def pushed(home: Path, root: Path, count: int) -> float:
+    """`evalpush push` of the `count` runs under `root` to a platform keeping its db in `home`,
+    the ledger in `home/state`, checked on the platform; the seconds it took."""
     platform = push.Platform(home)
     try:
         env = environ(platform.base, home / "state", root)
@@ -67,13 +80,7 @@ def prepared(count: int, cache: Path) -> Path:
         many_runs.check(platform, count)
     finally:
         platform.stop()
-    rate = (
-        f"`evalpush push` of {count} one-trace runs in {seconds:.1f} s: {count / seconds:.0f} "
-        "runs/s (once; bench/many_runs.py measures this rate with repeats)"
-    )
-    print(f"setup: {rate}")
-    (home / ".complete").write_text(rate + "\n")
-    return home
+    return seconds
 
 
 def environ(base: str, state: Path, root: Path, **extra: str) -> dict[str, str]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -82,19 +81,7 @@ def prepared(count: int, cache: Path) -> Path:
     made = time.perf_counter() - started
     shutil.rmtree(home / "state", ignore_errors=True)
     (home / "platform.db").unlink(missing_ok=True)
-    platform = push.Platform(home)
-    try:
-        env = idle.environ(platform.base, home / "state", root)
-        started = time.perf_counter()
-        done = subprocess.run(
-            [sys.executable, "-m", "evalpush", "push", str(root)], env=env, capture_output=True
-        )
-        seconds = time.perf_counter() - started
-        if done.returncode != 0:
-            raise SystemExit(f"the setup push failed: {done.stderr.decode()[-2000:]}")
-        many_runs.check(platform, count)
-    finally:
-        platform.stop()
+    seconds = idle.pushed(home, root, count)
     note = f"tree made in {made:.0f} s; `evalpush push` of {count} runs in {seconds:.0f} s"
     print(f"setup: {note}")
     (home / ".complete").write_text(note + "\n")

@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO / "daemon"))
 sys.path.insert(0, str(BENCH))
 
 from convert import PEAK_HOOK  # noqa: E402 - the sibling bench's hook: one way to read a peak
+from push import checkout  # noqa: E402 - the sibling bench's: one way to extract a revision
 
 from evalpush.ledger import Ledger, schema  # noqa: E402
 from evalpush.ledger.records import COLUMNS  # noqa: E402
@@ -254,21 +255,6 @@ COMMANDS = {
     "status --json": ["status", "--json"],
     "status --all": ["status", "--all"],
 }
-
-
-def checkout(rev: str, into: Path) -> str:
-    """`daemon/` as committed at `rev`, extracted under `into` and byte-compiled; its path."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", rev], cwd=REPO, check=True, capture_output=True, text=True
-    ).stdout.strip()
-    archive = subprocess.Popen(
-        ["git", "archive", commit, "daemon"], cwd=REPO, stdout=subprocess.PIPE
-    )
-    subprocess.run(["tar", "-x", "-C", str(into)], stdin=archive.stdout, check=True)
-    if archive.wait() != 0:
-        raise SystemExit(f"git archive {commit} failed")
-    print(f"evalpush as committed at {commit} ({rev})")
-    return str(into / "daemon")
 
 
 def compiled(daemon: str) -> str:
