@@ -59,6 +59,8 @@ def _import_everything() -> None:
 
 
 LAZY_LIBRARIES = (
+    "alembic.command",
+    "alembic.config",
     "msgspec",
     "orjson",
     "rich.console",

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from structlog.testing import capture_logs
 
 import ledger_v1
@@ -594,7 +595,7 @@ class TestLease:
         try:
             deadline = time.monotonic() + 1.0
             while time.monotonic() < deadline:
-                ((expires,),) = ledger._query("SELECT claim_expires FROM runs")
+                ((expires,),) = ledger._query(sa.text("SELECT claim_expires FROM runs"))
                 assert expires > time.time(), "the lease lapsed while held"
                 time.sleep(0.05)
         finally:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import sqlalchemy as sa
 
 import ledger_v1
 from as_nobody import as_nobody
@@ -344,7 +345,9 @@ def test_a_secret_quoted_in_an_error_never_reaches_the_ledger(ledger: Ledger):
 
     ledger.update(a_run(ledger), last_error=f"HTTP 400: bad key {secret}", reason=secret)
 
-    (stored,) = ledger._query("SELECT last_error, reason FROM runs")  # as the store holds it
+    (stored,) = ledger._query(
+        sa.text("SELECT last_error, reason FROM runs")
+    )  # as the store holds it
     assert secret not in repr(stored)
     assert stored[0] == "HTTP 400: bad key [redacted]"
 

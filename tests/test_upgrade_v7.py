@@ -10,14 +10,12 @@ import sqlite3
 import time
 from pathlib import Path
 
-import psycopg
-
 from evalpush.core.states import State
-from evalpush.ledger import SCHEMA_VERSION, Ledger, default_path, schema
+from evalpush.ledger import SCHEMA_VERSION, Ledger, default_path
 from evalpush.ledger.records import GateState
-from evalpush.ledger.server import DDL
 from support.commands import evalpush
 from support.environ import cli_environ
+from support.old_ledgers import old_file, old_shared
 from support.postgres import PASSWORD
 
 NUL_RUN_ID = "disabled-nul\x00byte"
@@ -28,12 +26,7 @@ LONG_RUN_ID = "disabled-" + "0123456789abcdef" * 300
 def v6_file(path: Path, rows: list[tuple[str, bytes]]) -> None:
     """A ledger file at schema 6 holding a run for each (run id, path) and a forgotten
     evaluation of the first."""
-    path.parent.mkdir(parents=True)
-    db = sqlite3.connect(path, isolation_level=None)
-    for statements in schema._MIGRATIONS[:6]:
-        for statement in statements:
-            db.execute(statement)
-    db.execute("PRAGMA user_version = 6")
+    db = old_file(path, 6)
     for n, (run_id, raw) in enumerate(rows):
         db.execute(
             "INSERT INTO runs (run_id, path, path_raw, kind, state, evaluation_id, "
@@ -77,35 +70,10 @@ def test_a_schema_6_file_is_upgraded_after_a_backup_keeping_every_run_id_and_pat
     assert db.execute("SELECT count(*) FROM runs WHERE run_key IS NULL").fetchone() == (0,)
 
 
-def v6_ddl() -> list[str]:
-    """The shared ledger's tables as schema 6 made them (the run id unique, the raw path
-    indexed, forgotten keyed by run id)."""
-    changed = []
-    for statement in DDL:
-        if "runs_run_key" in statement or statement in schema.DAEMON_STATE + schema.STATUS_INDEXES:
-            continue
-        statement = statement.replace("run_id text NOT NULL,\n", "run_id text NOT NULL UNIQUE,\n")
-        statement = statement.replace(",\n        expected_traces bigint", "")  # schema 8's
-        statement = statement.replace(
-            ",\n        run_key bytea NOT NULL,\n        path_key bytea NOT NULL", ""
-        )
-        statement = statement.replace("        run_key bytea NOT NULL,\n", "")
-        statement = statement.replace("PRIMARY KEY (run_key,", "PRIMARY KEY (run_id,")
-        statement = statement.replace(
-            "runs_path_key ON runs (path_key)", "runs_path_raw ON runs (path_raw)"
-        )
-        changed.append(statement)
-    assert not any("run_key" in s or "path_key" in s for s in changed)
-    return [*changed, "CREATE INDEX runs_state ON runs (state)"]
-
-
 def test_a_schema_6_shared_ledger_is_upgraded_by_migrate_keeping_its_runs(
     pg_url: str, local_platform, tmp_path: Path
 ):
-    with psycopg.connect(pg_url, password=PASSWORD, autocommit=True) as connection:
-        for statement in v6_ddl():
-            connection.execute(statement)
-        connection.execute("INSERT INTO evalpush_schema (version) VALUES (6)")
+    with old_shared(pg_url, 6) as connection:
         connection.execute(
             "INSERT INTO runs (run_id, path, path_raw, kind, state, evaluation_id, created_at, "
             "updated_at) VALUES (%s, '/runs/a', '/runs/a', 'eval', 'finalized', 'eval-0', 1, 1)",

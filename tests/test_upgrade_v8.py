@@ -5,17 +5,15 @@ by `migrate`."""
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 
-import psycopg
-
 from evalpush.core.states import State
-from evalpush.ledger import SCHEMA_VERSION, Ledger, default_path, schema
-from evalpush.ledger.server import DDL
+from evalpush.ledger import SCHEMA_VERSION, Ledger, default_path
+from evalpush.ledger.tables import path_key, run_key
 from support.commands import evalpush
 from support.environ import cli_environ
+from support.old_ledgers import old_file, old_shared
 from support.postgres import PASSWORD
 
 RUN_ID = "run-from-schema-7"
@@ -25,21 +23,15 @@ def test_a_schema_7_file_is_upgraded_after_a_backup_its_runs_with_no_expected_co
     tmp_path: Path,
 ):
     path = default_path(tmp_path / "state")
-    path.parent.mkdir(parents=True)
-    db = sqlite3.connect(path, isolation_level=None)
-    schema._functions(db)
-    for statements in schema._MIGRATIONS[:7]:
-        for statement in statements:
-            db.execute(statement)
-    db.execute("PRAGMA user_version = 7")
+    db = old_file(path, 7)
     db.execute(
         "INSERT INTO runs (run_id, run_key, path, path_raw, path_key, kind, state, evaluation_id, "
         "created_at, updated_at) VALUES (?, ?, '/runs/a', ?, ?, 'eval', 'finalized', 'e', ?, ?)",
         (
             RUN_ID,
-            schema.run_key(RUN_ID),
+            run_key(RUN_ID),
             b"/runs/a",
-            schema.path_key(b"/runs/a"),
+            path_key(b"/runs/a"),
             time.time(),
             time.time(),
         ),
@@ -59,21 +51,12 @@ def test_a_schema_7_file_is_upgraded_after_a_backup_its_runs_with_no_expected_co
 def test_a_schema_7_shared_ledger_is_upgraded_by_migrate_keeping_its_runs(
     pg_url: str, local_platform, tmp_path: Path
 ):
-    v7 = [
-        s.replace(",\n        expected_traces bigint", "")
-        for s in DDL
-        if s not in schema.DAEMON_STATE + schema.STATUS_INDEXES  # schema 9's, 10's
-    ] + ["CREATE INDEX runs_state ON runs (state)"]
-    assert not any("expected_traces" in s for s in v7)
-    with psycopg.connect(pg_url, password=PASSWORD, autocommit=True) as connection:
-        for statement in v7:
-            connection.execute(statement)
-        connection.execute("INSERT INTO evalpush_schema (version) VALUES (7)")
+    with old_shared(pg_url, 7) as connection:
         connection.execute(
             "INSERT INTO runs (run_id, run_key, path, path_raw, path_key, kind, state, "
             "created_at, updated_at) VALUES (%s, %s, '/runs/a', '/runs/a', %s, 'eval', "
             "'finalized', 1, 1)",
-            (RUN_ID, schema.run_key(RUN_ID), schema.path_key(b"/runs/a")),
+            (RUN_ID, run_key(RUN_ID), path_key(b"/runs/a")),
         )
     password_file = tmp_path / "pw"
     password_file.write_text(PASSWORD)

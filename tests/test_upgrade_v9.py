@@ -13,10 +13,11 @@ from pathlib import Path
 import psycopg
 
 from evalpush.core.states import State
-from evalpush.ledger import SCHEMA_VERSION, Ledger, default_path, schema
-from evalpush.ledger.server import DDL
+from evalpush.ledger import SCHEMA_VERSION, Ledger, default_path
+from evalpush.ledger.tables import path_key, run_key
 from support.commands import evalpush
 from support.environ import cli_environ
+from support.old_ledgers import old_file, old_shared
 from support.postgres import PASSWORD
 
 RUNS = [("run-finalized", "finalized", 4), ("run-partial", "finalized", 3), ("run-held", "held", 0)]
@@ -32,10 +33,10 @@ def _insert(execute, mark: str) -> None:  # noqa: ANN001 - a cursor's or a conne
             f"VALUES ({', '.join([mark] * 5)}, 'eval', {mark}, {mark}, 4, {mark}, {mark})",
             (
                 run_id,
-                schema.run_key(run_id),
+                run_key(run_id),
                 path.decode(),
                 path,
-                schema.path_key(path),
+                path_key(path),
                 state,
                 seen,
                 time.time(),
@@ -48,13 +49,7 @@ def test_a_schema_9_file_is_upgraded_after_a_backup_with_the_indexes_status_read
     platform, tmp_path: Path
 ):
     path = default_path(tmp_path / "state")
-    path.parent.mkdir(parents=True)
-    db = sqlite3.connect(path, isolation_level=None)
-    schema._functions(db)
-    for statements in schema._MIGRATIONS[:9]:
-        for statement in statements:
-            db.execute(statement)
-    db.execute("PRAGMA user_version = 9")
+    db = old_file(path, 9)
     _insert(db.execute, "?")
     db.close()
 
@@ -70,7 +65,7 @@ def test_a_schema_9_file_is_upgraded_after_a_backup_with_the_indexes_status_read
     assert {"runs_state_updated", "runs_short", "runs_claim_owner"} <= indexed
     assert "runs_state" not in indexed
     plan = db.execute(
-        f"EXPLAIN QUERY PLAN SELECT id FROM runs WHERE state = 'finalized' AND {schema.SHORT}"
+        "EXPLAIN QUERY PLAN SELECT id FROM runs WHERE state = 'finalized' AND expected_traces > samples_seen"
     ).fetchall()
     assert "runs_short" in str(plan), "the partial runs are found through their index"
     db.close()
@@ -82,13 +77,7 @@ def test_a_schema_9_file_is_upgraded_after_a_backup_with_the_indexes_status_read
 def test_a_schema_9_shared_ledger_is_upgraded_by_migrate_keeping_its_runs(
     pg_url: str, platform, tmp_path: Path
 ):
-    v9 = [s for s in DDL if s not in schema.STATUS_INDEXES] + [
-        "CREATE INDEX runs_state ON runs (state)"
-    ]
-    with psycopg.connect(pg_url, password=PASSWORD, autocommit=True) as connection:
-        for statement in v9:
-            connection.execute(statement)
-        connection.execute("INSERT INTO evalpush_schema (version) VALUES (9)")
+    with old_shared(pg_url, 9) as connection:
         _insert(connection.execute, "%s")
     password_file = tmp_path / "pw"
     password_file.write_text(PASSWORD)

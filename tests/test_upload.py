@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+import sqlalchemy as sa
 
 import disks
 from evalpush.app import App, Scheduler
@@ -1525,9 +1526,11 @@ def take_over(ledger: Ledger, run_dir: Path) -> None:
     """What another process taking the run over writes (its owner in the claim)."""
     with ledger._transaction() as db:  # in whichever store the ledger is
         db.execute(
-            "UPDATE runs SET claim_owner = 'another-host/b/1/1/x', claim_host = 'another-host', "
-            "claim_pid = 1 WHERE run_id = ?",
-            (derive_run_id(run_dir),),
+            sa.text(
+                "UPDATE runs SET claim_owner = 'another-host/b/1/1/x', "
+                "claim_host = 'another-host', claim_pid = 1 WHERE run_id = :run_id"
+            ),
+            {"run_id": derive_run_id(run_dir)},
         )
 
 
@@ -1612,7 +1615,7 @@ class TestClaimsInOneProcess:
 
         def watch() -> None:
             while watching.is_set():
-                ((expires,),) = ledger._query("SELECT claim_expires FROM runs")
+                ((expires,),) = ledger._query(sa.text("SELECT claim_expires FROM runs"))
                 looks.append(time.time())
                 if expires is not None and expires <= time.time():
                     lapses.append(expires)

@@ -1,8 +1,10 @@
 """The ledger's file: one SQLite database opened safely, brought to this version, and written
 one short transaction at a time, each made durable when asked (a group commit).
 
-Schema creation and every migration run inside one write transaction that reads the schema
-version first, so any number of processes may open a new or an old ledger at once.
+Statements run through SQLAlchemy (`sql`, over this module's own sqlite3 connection `db`, in
+autocommit: each transaction is begun and committed here, `BEGIN IMMEDIATE`). Schema creation
+and every migration (`evalpush.ledger.migrating`) run inside one such transaction that reads
+the schema version first, so any number of processes may open a new or an old ledger at once.
 
 Durability: a WAL journal. A write is durable (it survives power loss, not just a crashed
 process) once the write-ahead log is synced after it: `transaction(durable=True)` syncs it
@@ -38,9 +40,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
+import sqlalchemy as sa
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.pool import StaticPool
 
 from evalpush.core.errors import LedgerError, LedgerRefused
-from evalpush.ledger import schema
+from evalpush.ledger import migrating
+from evalpush.ledger.migrating import SCHEMA_VERSION
 from evalpush.ledger.records import scrub_stored_texts
 from evalpush.log import get_logger, scrub
 
@@ -144,8 +150,8 @@ class LedgerFile:
     """The ledger's SQLite file. Thread-safe: one connection, one lock, one short transaction a
     call; `transaction(durable=...)` is the one way to write, `query` the one way to read."""
 
-    row_lock = ""
-    """What a claim's read of its row adds (the transaction holds the file's write lock)."""
+    insert = staticmethod(sqlite.insert)
+    """An INSERT with SQLite's `ON CONFLICT` (the same words as PostgreSQL's, another class)."""
 
     @staticmethod
     def lease_now(db: Any) -> float | None:
@@ -163,7 +169,7 @@ class LedgerFile:
         self.path = path
         self.where = str(path)
         self.read_only = read_only
-        self.file_version = schema.SCHEMA_VERSION
+        self.file_version = SCHEMA_VERSION
         self.upgrade: Upgrade | None = None
         self._busy_timeout_seconds = busy_timeout_seconds
         self._stop = stop
@@ -179,7 +185,17 @@ class LedgerFile:
         self._immutable = False  # a reader's connection ignores locks: checked at each read
         self.writes = 0  # write transactions committed (what bench/many_runs.py counts)
         self.syncs = 0  # syncs of the write-ahead log
-        self.db = self._open(path)
+        # One connection, `db`; SQLAlchemy runs statements on it (`sql`), never begins or ends
+        # a transaction of its own (autocommit: `transaction` does), and hands it back as it is.
+        self._engine = sa.create_engine(
+            "sqlite://",
+            creator=lambda: self.db,
+            poolclass=StaticPool,
+            isolation_level="AUTOCOMMIT",
+            pool_reset_on_return=None,
+        )
+        self.sql: sa.Connection | None = None
+        self._open(path)
         if stop is not None:
             self.db.execute(f"PRAGMA busy_timeout = {int(BUSY_SLICE_SECONDS * 1000)}")
         if self._upgraded_from:
@@ -201,45 +217,90 @@ class LedgerFile:
             timeout=self._busy_timeout_seconds,
         )
 
-    def _open(self, path: Path) -> sqlite3.Connection:
+    def _bind(self, db: sqlite3.Connection) -> None:
+        """Run statements on `db` from now on (the connection before it, if any, closed)."""
+        if self.sql is not None:
+            self.sql.close()
+            self._engine.dispose()  # closes the connection before
+        self.db = db
+        self.sql = self._engine.connect()
+
+    def _open(self, path: Path) -> None:
         try:
             self._check_file(path)
-            db = self._read_connection() if self.read_only else self._connect(path)
+            self._bind(self._read_connection() if self.read_only else self._connect(path))
         except (OSError, sqlite3.Error) as exc:
             self._unshare()
             raise LedgerError(f"{path}: cannot open the ledger: {exc}") from None
         try:
             if self.read_only:
                 while True:
-                    self.file_version = schema.version(db, self.path)
-                    if self.file_version != schema.SCHEMA_VERSION:
-                        db = self._upgraded_copy(db)
+                    self.file_version = self._version()
+                    if self.file_version != SCHEMA_VERSION:
+                        self._read_upgraded_copy()
                     if not self._writer_came():
                         break
-                    db.close()  # read again, through the log of the writer that came
-                    db = self._read_connection()
-                if self.file_version != schema.SCHEMA_VERSION:
+                    self._bind(self._read_connection())  # read again, through the writer's log
+                if self.file_version != SCHEMA_VERSION:
                     self._immutable = False  # a copy in memory: nobody else writes it
             else:
-                self._write_ahead_log(db)
+                self._write_ahead_log(self.db)
                 # No sync by SQLite at each commit: `_sync` does it after the commit, outside
                 # the lock, for every write that must be durable (see the module's docstring).
                 # A checkpoint still syncs the log before and the database after.
-                db.execute("PRAGMA synchronous=NORMAL")
-                self._upgraded_from = schema.migrate(db, self.path, before=self._back_up)
-                self._committed = int(db.total_changes > 0)  # synced with the next write
-            db.execute(
-                "PRAGMA foreign_keys=ON"
-            )  # after migrating: a table rebuild must not cascade
-        except sqlite3.Error as exc:
-            db.close()
+                self.db.execute("PRAGMA synchronous=NORMAL")
+                self._upgraded_from = self._migrate(before=self._back_up)
+                self._committed = int(self.db.total_changes > 0)  # synced with the next write
+            # After migrating: a table rebuilt must not cascade to its references.
+            self.db.execute("PRAGMA foreign_keys=ON")
+        except (sqlite3.Error, sa.exc.DBAPIError) as exc:
+            self._close_connection()
             self._unshare()
-            raise LedgerError(self._unusable(exc)) from None
+            raise LedgerError(self._unusable(_sqlite_error(exc))) from None
         except LedgerError:
-            db.close()
+            self._close_connection()
             self._unshare()
             raise
-        return db
+
+    def _version(self) -> int:
+        """The file's schema version (`LedgerError`, naming the file, if a newer evalpush
+        wrote it)."""
+        try:
+            return migrating.version(self.sql)
+        except LedgerError as exc:
+            raise LedgerError(f"{self.path}: {exc}") from None
+
+    def _migrate(self, before: Callable[[int], None] | None = None) -> int | None:
+        """Bring the file to `SCHEMA_VERSION` in one write transaction that reads the version
+        first; the version it was at (0: a new file), None if it was current. Foreign keys are
+        off (a table rebuilt must not cascade to its references). `before(version)` is called
+        inside that transaction before any change to a file that has a version (the backup: no
+        other process can write the file between it and the upgrade)."""
+        if self._version() == SCHEMA_VERSION:  # versions only rise: no lock needed to see this
+            return None
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            found = self._version()
+            if found == SCHEMA_VERSION:  # another process migrated it meanwhile
+                self.db.execute("COMMIT")
+                return None
+            if found and before is not None:
+                before(found)
+            migrating.upgrade(self.sql, found)
+            if self.db.execute("PRAGMA foreign_key_check").fetchall():
+                raise sqlite3.IntegrityError("the migration left rows without their run")
+            self.db.execute("COMMIT")
+            return found
+        except BaseException:
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+            raise
+
+    def _close_connection(self) -> None:
+        if self.sql is not None:
+            self.sql.close()
+            self.sql = None
+        self._engine.dispose()
 
     def _write_ahead_log(self, db: sqlite3.Connection) -> None:
         """Switch the file to WAL. Processes opening a new file together race to write its first
@@ -380,22 +441,16 @@ class LedgerFile:
             path=self.path
         )
 
-    def _upgraded_copy(self, db: sqlite3.Connection) -> sqlite3.Connection:
+    def _read_upgraded_copy(self) -> None:
         """The read-only file copied into memory and the copy upgraded: what a reader of an
-        older ledger reads, without a byte of the file changing."""
+        older ledger reads from then on, without a byte of the file changing."""
         copy = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-        try:
-            db.backup(copy)
-            schema.migrate(copy, self.path)
-        except BaseException:
-            copy.close()
-            raise
-        finally:
-            db.close()
-        return copy
+        self.db.backup(copy)
+        self._bind(copy)
+        self._migrate()
 
-    def _back_up(self, db: sqlite3.Connection, version: int) -> None:
-        """Inside the upgrade's write transaction (held by `db`, which has written nothing yet):
+    def _back_up(self, version: int) -> None:
+        """Inside the upgrade's write transaction (which has written nothing yet):
         the file as it is, read by a second connection (in WAL mode a reader is not blocked by
         the writer, and sees the last commit) and copied with SQLite's online backup to
         `state.db.bak-vN` (mode 0600, written aside and renamed into place), its texts scrubbed
@@ -417,7 +472,7 @@ class LedgerFile:
         with open(partial, "rb") as f:
             os.fsync(f.fileno())
         os.replace(partial, backup)
-        self.upgrade = Upgrade(self.path, version, schema.SCHEMA_VERSION, backup)
+        self.upgrade = Upgrade(self.path, version, SCHEMA_VERSION, backup)
 
     def close(self) -> None:
         """Close the file; whatever this process committed is durable first."""
@@ -425,14 +480,14 @@ class LedgerFile:
             if not self.read_only and self._committed > self._synced:
                 with contextlib.suppress(OSError):  # the next writer recovers what is lost
                     self._sync(self._committed)
-            self.db.close()
+            self._close_connection()
             self._unshare()
             if self._log_fd is not None:
                 os.close(self._log_fd)
                 self._log_fd = None
 
     @contextlib.contextmanager
-    def transaction(self, *, durable: bool = True) -> Iterator[sqlite3.Connection]:
+    def transaction(self, *, durable: bool = True) -> Iterator[sa.Connection]:
         """One write transaction (`BEGIN IMMEDIATE`). `durable`: before this returns, the log is
         synced (`_sync`) after the commit, outside the lock."""
         if self.read_only:
@@ -442,7 +497,7 @@ class LedgerFile:
                 self._while_busy(lambda: self.db.execute("BEGIN IMMEDIATE"))
                 try:
                     self._check_still_the_file()
-                    yield self.db
+                    yield self.sql
                 except BaseException:
                     # SQLite may have rolled back already (SQLITE_FULL does): a second ROLLBACK
                     # would fail and hide the real error.
@@ -450,13 +505,14 @@ class LedgerFile:
                         self.db.execute("ROLLBACK")
                     raise
                 self.db.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, sa.exc.DBAPIError) as exc:
                 with contextlib.suppress(sqlite3.Error):
                     self.db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.DataError):  # a value past SQLite's limits: one run's
-                    raise LedgerRefused(f"{self.path}: the ledger cannot hold: {exc}") from None
+                error = _sqlite_error(exc)
+                if isinstance(error, sqlite3.DataError):  # a value past SQLite's limits: one run's
+                    raise LedgerRefused(f"{self.path}: the ledger cannot hold: {error}") from None
                 raise LedgerError(
-                    f"{self.path}: cannot write the ledger: {exc}" + self._why_busy(exc)
+                    f"{self.path}: cannot write the ledger: {error}" + self._why_busy(error)
                 ) from None
             self.writes += 1
             self._committed = committed = self._committed + 1
@@ -502,8 +558,8 @@ class LedgerFile:
         while True:
             try:
                 return statement()
-            except sqlite3.OperationalError as exc:
-                if not _busy(exc):
+            except (sqlite3.OperationalError, sa.exc.OperationalError) as exc:
+                if not _busy(_sqlite_error(exc)):
                     raise
                 now = time.monotonic()
                 if now >= min(deadline, self._stop_deadline(now)):
@@ -529,19 +585,20 @@ class LedgerFile:
             "by Ctrl-Z or SIGSTOP, holds it until it continues)"
         )
 
-    def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    def query(self, statement: sa.Executable, params: dict[str, Any] | None = None) -> list[Any]:
+        """The rows `statement` reads (outside any write transaction)."""
         with self.lock:
             try:
-                rows = self._while_busy(lambda: self.db.execute(sql, args).fetchall())
+                rows = self._while_busy(lambda: self.sql.execute(statement, params).all())
                 if self._writer_came():  # read again through the writer's log
-                    self.db.close()
-                    self.db = self._read_connection()
-                    rows = self._while_busy(lambda: self.db.execute(sql, args).fetchall())
+                    self._bind(self._read_connection())
+                    rows = self._while_busy(lambda: self.sql.execute(statement, params).all())
                 return rows
-            except sqlite3.DataError as exc:
-                raise LedgerRefused(f"{self.path}: the ledger cannot hold: {exc}") from None
-            except sqlite3.Error as exc:
-                raise LedgerError(f"{self.path}: cannot read the ledger: {exc}") from None
+            except (sqlite3.Error, sa.exc.DBAPIError) as exc:
+                error = _sqlite_error(exc)
+                if isinstance(error, sqlite3.DataError):
+                    raise LedgerRefused(f"{self.path}: the ledger cannot hold: {error}") from None
+                raise LedgerError(f"{self.path}: cannot read the ledger: {error}") from None
 
     def scrub_secrets(self, *, rewrite: bool = False) -> int:
         """Scrub every text the ledger holds of the secrets registered now (`log.scrub`): an
@@ -566,7 +623,12 @@ class LedgerFile:
                 raise LedgerError(f"{self.path}: cannot rewrite the ledger: {exc}") from None
 
 
-def _busy(exc: sqlite3.Error) -> bool:
+def _sqlite_error(exc: BaseException) -> BaseException:
+    """What SQLite (or Python's module) said: SQLAlchemy wraps it, its own words aside."""
+    return exc.orig if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None else exc
+
+
+def _busy(exc: BaseException) -> bool:
     """Whether SQLite said another connection holds the lock. (An error Python's module raises
     itself, such as a TEXT value that is not UTF-8, carries no SQLite error code.)"""
     return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY

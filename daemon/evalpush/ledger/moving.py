@@ -14,13 +14,22 @@ import time
 from typing import Any
 
 import msgspec
+import sqlalchemy as sa
 
 from evalpush.core.states import State
 from evalpush.core.words import counted
-from evalpush.ledger import schema
 from evalpush.ledger.claims import Process, held_by, holder_alive
 from evalpush.ledger.records import CLAIM_COLUMNS, COLUMNS, RunRecord
 from evalpush.ledger.store import Ledger
+from evalpush.ledger.tables import (
+    forgotten,
+    history,
+    path_key,
+    run_key,
+    runs,
+    set_aside,
+    stored_run_id,
+)
 
 _MOVED = [c for c in COLUMNS if c != "id" and c not in CLAIM_COLUMNS]
 
@@ -57,72 +66,73 @@ def move(source: Ledger, target: Ledger) -> Moved:
                 f"run {record.run_id} is being uploaded by pid {holder.pid}: stop the daemon "
                 "(and any push) on this host before moving its ledger",
             )
-    forgotten = source._query("SELECT run_key, run_id, evaluation_id, at FROM forgotten")
+    carried = source._query(sa.select(forgotten))
     added = replaced = kept = 0
+    shared_row = sa.select(runs.c.id, runs.c.state, runs.c.evaluation_id, runs.c.claim_owner)
     with target._transaction() as db:
         for record in records:
             row = db.execute(
-                "SELECT id, state, evaluation_id, claim_owner FROM runs WHERE run_key = ? "
-                "FOR UPDATE",
-                (schema.run_key(record.run_id),),
-            ).fetchone()
+                shared_row.where(runs.c.run_key == run_key(record.run_id)).with_for_update()
+            ).first()
             if row is None:
                 added += 1
-            elif row[1] == State.FINALIZED or record.state != State.FINALIZED or row[3]:
+            elif row.state == State.FINALIZED or record.state != State.FINALIZED or row.claim_owner:
                 kept += 1  # a shared row someone holds is theirs to finish
                 continue
             else:
                 replaced += 1
-                _drop_shared(db, record, row[0], row[2], now)
+                _drop_shared(db, target, record, row.id, row.evaluation_id, now)
             _insert(db, source, record)
-        for run_key, run_id, evaluation_id, at in forgotten:
-            db.execute(
-                "INSERT INTO forgotten (run_key, run_id, evaluation_id, at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT DO NOTHING",
-                (run_key, run_id, evaluation_id, at),
-            )
-    return Moved(added, replaced, kept, len(forgotten))
+        for row in carried:
+            target._remember_forgotten(db, row.run_key, row.run_id, row.evaluation_id, row.at)
+    return Moved(added, replaced, kept, len(carried))
 
 
 def _drop_shared(
-    db: Any, record: RunRecord, row_id: int, evaluation_id: str | None, now: float
+    db: Any, target: Ledger, record: RunRecord, row_id: int, evaluation_id: str | None, now: float
 ) -> None:
     """The shared row gives way to this host's finalized record; its evaluation (if another)
     and its history are kept under the run id as forgotten, never to be adopted."""
-    key, stored = schema.run_key(record.run_id), schema.stored_run_id(record.run_id)
-    db.execute(
-        "INSERT INTO forgotten (run_key, run_id, evaluation_id, at) "
-        "SELECT ?, ?, evaluation_id, ? FROM history WHERE run = ? ON CONFLICT DO NOTHING",
-        (key, stored, now, row_id),
-    )
+    key, stored = run_key(record.run_id), stored_run_id(record.run_id)
+    earlier = db.execute(sa.select(history.c.evaluation_id).where(history.c.run == row_id))
+    for (earlier_id,) in earlier.all():
+        target._remember_forgotten(db, key, stored, earlier_id, now)
     if evaluation_id is not None and evaluation_id != record.evaluation_id:
-        db.execute(
-            "INSERT INTO forgotten (run_key, run_id, evaluation_id, at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT DO NOTHING",
-            (key, stored, evaluation_id, now),
-        )
-    db.execute("DELETE FROM runs WHERE id = ?", (row_id,))
+        target._remember_forgotten(db, key, stored, evaluation_id, now)
+    db.execute(sa.delete(runs).where(runs.c.id == row_id))
 
 
 def _insert(db: Any, source: Ledger, record: RunRecord) -> None:
-    values = msgspec.structs.asdict(record)
-    values["run_id"] = schema.stored_run_id(record.run_id)
-    values["run_key"] = schema.run_key(record.run_id)
-    values["path_key"] = schema.path_key(record.path_raw)
-    columns = [*_MOVED, "run_key", "path_key"]
-    marks = ", ".join("?" * len(columns))
-    (row_id,) = db.execute(
-        f"INSERT INTO runs ({', '.join(columns)}) VALUES ({marks}) RETURNING id",
-        tuple(values[c] for c in columns),
-    ).fetchone()
-    db.executemany(
-        'INSERT INTO set_aside (run, line, "offset", size, kind, reason) VALUES (?, ?, ?, ?, ?, ?)',
-        [(row_id, s.line, s.offset, s.size, s.kind, s.reason) for s in source.set_aside(record)],
-    )
-    db.executemany(
-        "INSERT INTO history (run, evaluation_id, viewer_url, outcome, at) VALUES (?, ?, ?, ?, ?)",
-        [(row_id, h.evaluation_id, h.viewer_url, h.outcome, h.at) for h in source.history(record)],
-    )
+    values = {c: getattr(record, c) for c in _MOVED}
+    values["run_id"] = stored_run_id(record.run_id)
+    values["run_key"] = run_key(record.run_id)
+    values["path_key"] = path_key(record.path_raw)
+    row_id = db.execute(sa.insert(runs).values(values).returning(runs.c.id)).scalar_one()
+    set_asides = [
+        {
+            "run": row_id,
+            "line": s.line,
+            "offset": s.offset,
+            "size": s.size,
+            "kind": s.kind,
+            "reason": s.reason,
+        }
+        for s in source.set_aside(record)
+    ]
+    if set_asides:
+        db.execute(sa.insert(set_aside), set_asides)
+    earlier = [
+        {
+            "run": row_id,
+            "evaluation_id": h.evaluation_id,
+            "viewer_url": h.viewer_url,
+            "outcome": h.outcome,
+            "at": h.at,
+        }
+        for h in source.history(record)
+    ]
+    if earlier:
+        db.execute(sa.insert(history), earlier)
 
 
 __all__ = ["Moved", "move"]

@@ -16,28 +16,60 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import sqlalchemy as sa
 
 from evalpush.core import paths
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import SetAsideKind, State
-from evalpush.ledger import schema
 from evalpush.ledger.records import SELECT, HistoryRecord, RunRecord, run_record
+from evalpush.ledger.tables import (
+    ESCAPED_RUN_ID,
+    SHORT,
+    forgotten,
+    history,
+    loaded_run_id,
+    path_key,
+    run_key,
+    runs,
+    set_aside,
+)
 
 PAGE_RUNS = 1000
 """Runs a page of `LedgerReads.pages` holds (unless told otherwise): big enough that a query a
 page costs little, small enough that a page's rows cost little memory."""
 
+_SET_ASIDE = (
+    set_aside.c.line,
+    set_aside.c["offset"],
+    set_aside.c.size,
+    set_aside.c.kind,
+    set_aside.c.reason,
+)
+_HISTORY = (history.c.evaluation_id, history.c.viewer_url, history.c.outcome, history.c.at)
+_AT_PATH = (runs.c.path_key == sa.bindparam("path_key")) & (
+    runs.c.path_raw == sa.bindparam("path_raw")
+)
+_BY_ID = SELECT.where(runs.c.id == sa.bindparam("id"))
+_BY_RUN_KEY = SELECT.where(runs.c.run_key == sa.bindparam("run_key"))
+
+
+def _at_path(path: Path | str) -> dict[str, bytes]:
+    raw = paths.raw(path)
+    return {"path_key": path_key(raw), "path_raw": raw}
+
 
 class LedgerReads:
-    """What `Ledger` reads (it owns the file and the deferred writes these reads overlay)."""
+    """What `Ledger` reads (it owns the store and the deferred writes these reads overlay)."""
 
-    _query: Callable[..., list[tuple[Any, ...]]]
+    _query: Callable[..., list[Any]]
     _lock: threading.RLock
     _deferred: dict[int, dict[str, Any]]
 
-    def _records(self, where: str, args: tuple[Any, ...] = ()) -> list[RunRecord]:
+    def _records(
+        self, statement: sa.Select[Any], params: dict[str, Any] | None = None
+    ) -> list[RunRecord]:
         """Rows as this process knows them: with their deferred writes."""
-        records = [run_record(row) for row in self._query(f"{SELECT} {where}", args)]
+        records = [run_record(row) for row in self._query(statement, params)]
         if not self._deferred:
             return records
         with self._lock:
@@ -47,57 +79,52 @@ class LedgerReads:
                 for r in records
             ]
 
-    def get(self, run_key: int | str) -> RunRecord | None:
+    def get(self, key: int | str) -> RunRecord | None:
         """A run by row id, path, or run id (full or a unique prefix); None if none or several."""
-        found = (
-            self.match(run_key)
-            if isinstance(run_key, str)
-            else self._records("WHERE id = ?", (run_key,))
-        )
+        found = self.match(key) if isinstance(key, str) else self._records(_BY_ID, {"id": key})
         return found[0] if len(found) == 1 else None
 
     def get_run(self, run_id: str) -> RunRecord | None:
         """The run with this exact run id."""
-        found = self._records("WHERE run_key = ?", (schema.run_key(run_id),))
+        found = self._records(_BY_RUN_KEY, {"run_key": run_key(run_id)})
         return found[0] if found else None
 
     def run_id_at(self, path: Path) -> str | None:
         """The run id of the run last seen at `path`, if the ledger knows one (the run id of a
         directory whose name is not a UUID: `runs.derive_run_id`)."""
-        raw = paths.raw(path)
         found = self._query(
-            "SELECT run_id FROM runs WHERE path_key = ? AND path_raw = ? "
-            "ORDER BY updated_at DESC LIMIT 1",
-            (schema.path_key(raw), raw),
+            sa.select(runs.c.run_id).where(_AT_PATH).order_by(runs.c.updated_at.desc()).limit(1),
+            _at_path(path),
         )
-        return schema.loaded_run_id(found[0][0]) if found else None
+        return loaded_run_id(found[0][0]) if found else None
 
     def match(self, key: str) -> list[RunRecord]:
         """The runs `key` names: the one at that path, the one with that run id, else every run
         whose id starts with `key` (literally: no wildcards). An empty key names none."""
         if not key:
             return []
-        raw = paths.raw(key)
-        found = self._records("WHERE path_key = ? AND path_raw = ?", (schema.path_key(raw), raw))
+        found = self._records(SELECT.where(_AT_PATH), _at_path(key))
         if found or paths.printable(key) != key:
             return found  # a key with bytes that are not UTF-8 can only be a path
-        found = self._records("WHERE run_key = ?", (schema.run_key(key),))
-        # A prefix of the run id as stored: as it is, or in hex (`schema.stored_run_id`).
-        hexed = schema.ESCAPED_RUN_ID + key.encode("utf-8", "surrogatepass").hex()
+        found = self._records(_BY_RUN_KEY, {"run_key": run_key(key)})
+        # A prefix of the run id as stored: as it is, or in hex (`tables.stored_run_id`).
+        hexed = ESCAPED_RUN_ID + key.encode("utf-8", "surrogatepass").hex()
         return found or self._records(
-            "WHERE substr(run_id, 1, CAST(? AS INTEGER)) = ? "
-            "OR substr(run_id, 1, CAST(? AS INTEGER)) = ? ORDER BY run_id",
-            (len(key), key, len(hexed), hexed),
+            SELECT.where(
+                sa.or_(*(_starts(runs.c.run_id, prefix) for prefix in (key, hexed)))
+            ).order_by(runs.c.run_id)
         )
 
     def all(self) -> list[RunRecord]:
-        return self._records("ORDER BY id")
+        return self._records(SELECT.order_by(runs.c.id))
 
     def pages(self, size: int | None = None) -> Iterator[list[RunRecord]]:
         """Every run in ledger order (by row id), `size` at a time: one query a page, after
         the last row id of the page before (a run added meanwhile comes at the end)."""
         after, size = 0, size or PAGE_RUNS
-        while page := self._records("WHERE id > ? ORDER BY id LIMIT ?", (after, size)):
+        while page := self._records(
+            SELECT.where(runs.c.id > after).order_by(runs.c.id).limit(size)
+        ):
             yield page
             after = page[-1].id
 
@@ -105,25 +132,25 @@ class LedgerReads:
         """The runs in `state`, oldest update first, `size` at a time: one query a page, found
         through `runs_state_updated` after the (updated_at, id) the page before ended at."""
         size = size or PAGE_RUNS
-        page = self._records(
-            "WHERE state = ? ORDER BY updated_at, id LIMIT ?",
-            (state, size),
-        )
+        in_state = SELECT.where(runs.c.state == state).order_by(runs.c.updated_at, runs.c.id)
+        page = self._records(in_state.limit(size))
         while page:
             yield page
             last = page[-1]
             page = self._records(
-                "WHERE state = ? AND updated_at >= ? AND (updated_at > ? OR id > ?) "
-                "ORDER BY updated_at, id LIMIT ?",
-                (state, last.updated_at, last.updated_at, last.id, size),
+                in_state.where(
+                    runs.c.updated_at >= last.updated_at,
+                    (runs.c.updated_at > last.updated_at) | (runs.c.id > last.id),
+                ).limit(size)
             )
 
     def pages_with_history(self, size: int | None = None) -> Iterator[list[RunRecord]]:
         """The runs that had an earlier evaluation, in ledger order, `size` at a time."""
         after, size = 0, size or PAGE_RUNS
         while page := self._records(
-            "WHERE id IN (SELECT run FROM history WHERE run > ?) ORDER BY id LIMIT ?",
-            (after, size),
+            SELECT.where(runs.c.id.in_(sa.select(history.c.run).where(history.c.run > after)))
+            .order_by(runs.c.id)
+            .limit(size)
         ):
             yield page
             after = page[-1].id
@@ -133,30 +160,27 @@ class LedgerReads:
         ids = sorted(set(ids))
         found: list[RunRecord] = []
         for start in range(0, len(ids), PAGE_RUNS):
-            chunk = ids[start : start + PAGE_RUNS]
-            found += self._records(f"WHERE id IN ({', '.join('?' * len(chunk))})", tuple(chunk))
+            found += self._records(SELECT.where(runs.c.id.in_(ids[start : start + PAGE_RUNS])))
         return sorted(found, key=lambda r: r.id)
 
     def newest(self, state: str, limit: int, *, clean: bool = False) -> list[tuple[int, float]]:
         """(row id, updated_at) of the `limit` runs in `state` updated last, newest first
         (through `runs_state_updated`, reading no more of it than it returns). `clean`: only
         the runs with nothing set aside and, finalized, not short of their expected traces."""
-        also = ""
+        statement = sa.select(runs.c.id, runs.c.updated_at).where(runs.c.state == state)
         if clean:
-            also = " AND NOT EXISTS (SELECT 1 FROM set_aside WHERE run = runs.id)"
+            statement = statement.where(~sa.exists().where(set_aside.c.run == runs.c.id))
             if state == State.FINALIZED:
-                also += " AND COALESCE(expected_traces, 0) <= samples_seen"
-        return self._query(  # type: ignore[return-value]
-            f"SELECT id, updated_at FROM runs WHERE state = ?{also} "
-            "ORDER BY updated_at DESC LIMIT ?",
-            (state, limit),
-        )
+                statement = statement.where(
+                    sa.func.coalesce(runs.c.expected_traces, 0) <= runs.c.samples_seen
+                )
+        return self._query(statement.order_by(runs.c.updated_at.desc()).limit(limit))
 
     def short(self, state: str) -> list[tuple[int, float]]:
         """(row id, updated_at) of the runs in `state` that saw fewer lines than their config
-        expects (`schema.SHORT`, through its partial index `runs_short`)."""
-        return self._query(  # type: ignore[return-value]
-            f"SELECT id, updated_at FROM runs WHERE state = ? AND {schema.SHORT}", (state,)
+        expects (`tables.SHORT`, through its partial index `runs_short`)."""
+        return self._query(
+            sa.select(runs.c.id, runs.c.updated_at).where(runs.c.state == state, SHORT)
         )
 
     def set_aside_runs(self, *states: str) -> list[tuple[int, float]]:
@@ -164,34 +188,38 @@ class LedgerReads:
         `set_aside`'s side (the runs are looked up by row id, their state picked here, so that
         no index of every run in a state is read)."""
         rows = self._query(
-            "SELECT id, updated_at, state FROM runs "
-            "WHERE id IN (SELECT DISTINCT run FROM set_aside)"
+            sa.select(runs.c.id, runs.c.updated_at, runs.c.state).where(
+                runs.c.id.in_(sa.select(set_aside.c.run).distinct())
+            )
         )
         return [(row_id, at) for row_id, at, state in rows if state in states]
 
     def in_state(self, *states: State) -> list[RunRecord]:
-        marks = ", ".join("?" * len(states))
-        return self._records(f"WHERE state IN ({marks}) ORDER BY id", tuple(states))
+        return self._records(SELECT.where(runs.c.state.in_(states)).order_by(runs.c.id))
 
     def claimed(self) -> list[RunRecord]:
         """The runs someone holds the claim of (alive or not), through `runs_claim_owner`."""
-        return self._records("WHERE claim_owner IS NOT NULL ORDER BY id")
+        return self._records(SELECT.where(runs.c.claim_owner.is_not(None)).order_by(runs.c.id))
 
     def state_counts(self) -> dict[str, int]:
         """How many runs are in each state."""
-        return dict(self._query("SELECT state, COUNT(*) FROM runs GROUP BY state"))
+        return dict(self._query(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state)))
 
     def file_facts(self) -> list[tuple[bytes, str, int | None, int | None, int | None, int | None]]:
         """(path_raw, state, device, inode, size, mtime_ns) of every run's trace file as last
         scanned: what the daemon compares a rescan with, without a row object per run."""
-        return self._query(  # type: ignore[return-value]
-            "SELECT path_raw, state, file_device, file_inode, file_size, file_mtime_ns FROM runs"
+        c = runs.c
+        return self._query(
+            sa.select(
+                c.path_raw, c.state, c.file_device, c.file_inode, c.file_size, c.file_mtime_ns
+            )
         )
 
     def set_aside(self, record: RunRecord) -> list[SetAside]:
         rows = self._query(
-            'SELECT line, "offset", size, kind, reason FROM set_aside WHERE run = ? ORDER BY "offset"',
-            (record.id,),
+            sa.select(*_SET_ASIDE)
+            .where(set_aside.c.run == record.id)
+            .order_by(set_aside.c["offset"])
         )
         return [
             SetAside(line, offset, size, SetAsideKind(kind), reason)
@@ -199,16 +227,16 @@ class LedgerReads:
         ]
 
     def set_aside_count(self, record: RunRecord) -> int:
-        return self._query("SELECT COUNT(*) FROM set_aside WHERE run = ?", (record.id,))[0][0]
+        statement = sa.select(sa.func.count()).where(set_aside.c.run == record.id)
+        return self._query(statement)[0][0]
 
     def set_aside_of(self, records: list[RunRecord]) -> dict[int, list[SetAside]]:
         """What each of `records` (a page) set aside, in one query: by run."""
         found: dict[int, list[SetAside]] = {}
-        marks, ids = _ids(records)
         for run, line, offset, size, kind, reason in self._query(
-            'SELECT run, line, "offset", size, kind, reason FROM set_aside '
-            f'WHERE run IN ({marks}) ORDER BY run, "offset"',
-            ids,
+            sa.select(set_aside.c.run, *_SET_ASIDE)
+            .where(set_aside.c.run.in_(_ids(records)))
+            .order_by(set_aside.c.run, set_aside.c["offset"])
         ):
             found.setdefault(run, []).append(
                 SetAside(line, offset, size, SetAsideKind(kind), reason)
@@ -217,29 +245,28 @@ class LedgerReads:
 
     def set_aside_counts_of(self, records: list[RunRecord]) -> dict[int, int]:
         """How many records each of `records` (a page) set aside: by run."""
-        marks, ids = _ids(records)
         return dict(
             self._query(
-                f"SELECT run, COUNT(*) FROM set_aside WHERE run IN ({marks}) GROUP BY run", ids
+                sa.select(set_aside.c.run, sa.func.count())
+                .where(set_aside.c.run.in_(_ids(records)))
+                .group_by(set_aside.c.run)
             )
         )
 
     def history_of(self, records: list[RunRecord]) -> dict[int, list[HistoryRecord]]:
         """Each of `records`' (a page) earlier evaluations, in one query."""
         found: dict[int, list[HistoryRecord]] = {}
-        marks, ids = _ids(records)
         for run, *row in self._query(
-            "SELECT run, evaluation_id, viewer_url, outcome, at FROM history "
-            f"WHERE run IN ({marks}) ORDER BY run, at",
-            ids,
+            sa.select(history.c.run, *_HISTORY)
+            .where(history.c.run.in_(_ids(records)))
+            .order_by(history.c.run, history.c.at)
         ):
             found.setdefault(run, []).append(HistoryRecord(*row))
         return found
 
     def history(self, record: RunRecord) -> list[HistoryRecord]:
         rows = self._query(
-            "SELECT evaluation_id, viewer_url, outcome, at FROM history WHERE run = ? ORDER BY at",
-            (record.id,),
+            sa.select(*_HISTORY).where(history.c.run == record.id).order_by(history.c.at)
         )
         return [HistoryRecord(*row) for row in rows]
 
@@ -247,13 +274,21 @@ class LedgerReads:
         """Evaluations of this run id that must not be adopted: its history, and those of an
         earlier ledger row of the same run that a person forgot."""
         rows = self._query(
-            "SELECT evaluation_id FROM history WHERE run = ? "
-            "UNION SELECT evaluation_id FROM forgotten WHERE run_key = ?",
-            (record.id, schema.run_key(record.run_id)),
+            sa.union(
+                sa.select(history.c.evaluation_id).where(history.c.run == record.id),
+                sa.select(forgotten.c.evaluation_id).where(
+                    forgotten.c.run_key == run_key(record.run_id)
+                ),
+            )
         )
         return {evaluation_id for (evaluation_id,) in rows}
 
 
-def _ids(records: list[RunRecord]) -> tuple[str, tuple[int, ...]]:
-    """`IN (?, ...)` and the row ids of `records` (a page): what its other reads look up."""
-    return ", ".join("?" * len(records)) or "NULL", tuple(r.id for r in records)
+def _starts(column: sa.ColumnElement[str], prefix: str) -> sa.ColumnElement[bool]:
+    """`column` starts with `prefix`, literally (LIKE would read `%` and `_` as wildcards)."""
+    return sa.func.substr(column, 1, sa.cast(len(prefix), sa.Integer)) == prefix
+
+
+def _ids(records: list[RunRecord]) -> list[int]:
+    """The row ids of `records` (a page): what its other reads look up."""
+    return [r.id for r in records]

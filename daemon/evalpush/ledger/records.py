@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import sqlalchemy as sa
 
 from evalpush.core import paths
 from evalpush.core.states import State
 from evalpush.ledger.claims import Holder
-from evalpush.ledger.schema import ESCAPED_RUN_ID, loaded_run_id
+from evalpush.ledger.tables import ESCAPED_RUN_ID, daemons, loaded_run_id, runs, set_aside
 from evalpush.log import scrub
 
 
@@ -95,16 +96,17 @@ class RunRecord(msgspec.Struct, frozen=True, gc=False):
         return max(0, self.expected_traces - self.samples_seen - set_aside)
 
 
-def run_record(row: tuple[Any, ...]) -> RunRecord:
-    """A `runs` row read with `SELECT` (or `RETURNING` its `COLUMNS`): its run id as it is,
-    not as stored (`schema.stored_run_id`)."""
+def run_record(row: Any) -> RunRecord:
+    """A `runs` row read with `SELECT` (or `RETURNING` its `RUN_COLUMNS`): its run id as it
+    is, not as stored (`tables.stored_run_id`)."""
     if row[1].startswith(ESCAPED_RUN_ID):
         row = (row[0], loaded_run_id(row[1]), *row[2:])
     return RunRecord(*row)
 
 
 COLUMNS = list(RunRecord.__struct_fields__)
-SELECT = f"SELECT {', '.join(COLUMNS)} FROM runs"
+RUN_COLUMNS = [runs.c[name] for name in COLUMNS]
+SELECT = sa.select(*RUN_COLUMNS)
 MESSAGE_COLUMNS = {"reason", "last_error"}
 CLAIM_COLUMNS = {c for c in COLUMNS if c.startswith("claim_")}
 WRITABLE_COLUMNS = set(COLUMNS) - CLAIM_COLUMNS - {"id", "run_id", "path_raw", "created_at"}
@@ -199,31 +201,32 @@ class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
         )
 
 
-DAEMON_COLUMNS = ", ".join(DaemonRecord.__struct_fields__)
+DAEMON_COLUMNS = [daemons.c[name] for name in DaemonRecord.__struct_fields__]
 
 
-def daemon_record(row: tuple[Any, ...]) -> DaemonRecord:
+def daemon_record(row: Any) -> DaemonRecord:
     """A `daemons` row read as `DAEMON_COLUMNS` lists them (its gate stored as JSON)."""
     return DaemonRecord(*row[:-1], msgspec.json.decode(row[-1], type=GateState))
 
 
-def scrub_stored_texts(
-    query: Callable[[str], list[tuple[Any, ...]]], transaction: Callable[[], Any]
-) -> int:
+_MESSAGES = (set_aside.c.reason, runs.c.reason, runs.c.last_error)
+"""The columns that hold what a server said: where an older evalpush may have stored a key."""
+
+
+def scrub_stored_texts(query: Callable[[Any], list[Any]], transaction: Callable[[], Any]) -> int:
     """Scrub every text a ledger holds (what servers said: set-aside reasons, a run's reason
     and last error) of the secrets registered now, through its store's `query` and
     `transaction`; how many distinct texts changed. One read when there is nothing to do."""
-    rows = query(
-        "SELECT reason FROM set_aside UNION SELECT reason FROM runs "
-        "UNION SELECT last_error FROM runs WHERE last_error IS NOT NULL"
-    )
+    texts = sa.union(*(sa.select(c).where(c.is_not(None)) for c in _MESSAGES))
+    rows = query(texts)
     changed = {text: stored_text(text) for (text,) in rows if stored_text(text) != text}
     if changed:
         with transaction() as db:
             for text, scrubbed in changed.items():
-                db.execute("UPDATE set_aside SET reason = ? WHERE reason = ?", (scrubbed, text))
-                db.execute("UPDATE runs SET reason = ? WHERE reason = ?", (scrubbed, text))
-                db.execute("UPDATE runs SET last_error = ? WHERE last_error = ?", (scrubbed, text))
+                for column in _MESSAGES:
+                    db.execute(
+                        sa.update(column.table).where(column == text).values({column: scrubbed})
+                    )
     return len(changed)
 
 

@@ -35,20 +35,21 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import sqlalchemy as sa
 
 from evalpush.core import paths
 from evalpush.core.errors import Busy, ClaimLost, LedgerError
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import HistoryOutcome, State, Step
-from evalpush.ledger import schema
 from evalpush.ledger.claims import Holder, held_by
 from evalpush.ledger.file import LedgerFile, Upgrade, default_path
+from evalpush.ledger.migrating import SCHEMA_VERSION
 from evalpush.ledger.reads import LedgerReads
 from evalpush.ledger.records import (
     CLAIM_COLUMNS,
-    COLUMNS,
     DAEMON_COLUMNS,
     MESSAGE_COLUMNS,
+    RUN_COLUMNS,
     SELECT,
     WRITABLE_COLUMNS,
     DaemonRecord,
@@ -60,12 +61,19 @@ from evalpush.ledger.records import (
     stored_text,
 )
 from evalpush.ledger.server import LedgerServer
-
-SCHEMA_VERSION = schema.SCHEMA_VERSION
-_HISTORY_REPLACES = (
-    "ON CONFLICT (run, evaluation_id) DO UPDATE SET viewer_url = excluded.viewer_url, "
-    "outcome = excluded.outcome, at = excluded.at"
+from evalpush.ledger.tables import (
+    daemons,
+    forgotten,
+    history,
+    path_key,
+    run_key,
+    runs,
+    set_aside,
+    stored_run_id,
 )
+
+_HELD_AS_READ = runs.c.claim_owner.is_not_distinct_from(sa.bindparam("held_by"))
+"""A write's fence: the run is still held as the writer read it (by nobody, or by its claim)."""
 
 
 class Ledger(LedgerReads):
@@ -107,6 +115,7 @@ class Ledger(LedgerReads):
         self._lock = self._file.lock
         self._transaction = self._file.transaction
         self._query = self._file.query
+        self._insert_into = self._file.insert
         self._deferred: dict[int, dict[str, Any]] = {}  # row id -> changes for its next write
 
     @classmethod
@@ -182,13 +191,15 @@ class Ledger(LedgerReads):
         with self._transaction() as db:
             row_id = self._insert(db, path=path, run_id=run_id, kind=kind, state=state, now=now)
             if reason:
-                db.execute("UPDATE runs SET reason = ? WHERE id = ?", (stored_text(reason), row_id))
+                db.execute(
+                    sa.update(runs).where(runs.c.id == row_id).values(reason=stored_text(reason))
+                )
         record = self.get(row_id)
         assert record is not None
         return record
 
-    @staticmethod
     def _insert(
+        self,
         db: Any,
         *,
         path: Path | str,
@@ -201,24 +212,20 @@ class Ledger(LedgerReads):
         """Inside a write: a new run's row; its id. `unless_known`: None, not an error, when the
         ledger knows the run id (another process added it meanwhile)."""
         raw = paths.raw(path)
-        row = db.execute(
-            "INSERT INTO runs (run_id, run_key, path, path_raw, path_key, kind, state, "
-            "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            + (" ON CONFLICT (run_key) DO NOTHING" if unless_known else "")
-            + " RETURNING id",
-            (
-                schema.stored_run_id(run_id),
-                schema.run_key(run_id),
-                paths.display(path),
-                raw,
-                schema.path_key(raw),
-                kind,
-                state,
-                now,
-                now,
-            ),
-        ).fetchone()
-        return None if row is None else row[0]
+        statement = self._insert_into(runs).values(
+            run_id=stored_run_id(run_id),
+            run_key=run_key(run_id),
+            path=paths.display(path),
+            path_raw=raw,
+            path_key=path_key(raw),
+            kind=kind,
+            state=state,
+            created_at=now,
+            updated_at=now,
+        )
+        if unless_known:
+            statement = statement.on_conflict_do_nothing(index_elements=[runs.c.run_key])
+        return db.execute(statement.returning(runs.c.id)).scalar()
 
     # ------------------------------------------------------------ claims
 
@@ -250,9 +257,7 @@ class Ledger(LedgerReads):
         # run's first intent, whose sync makes the claim durable too).
         with self._transaction(durable=False) as db:
             lease_now = self._lease_now(db)
-            row = db.execute(
-                f"{SELECT} WHERE run_key = ?{self._file.row_lock}", (schema.run_key(run_id),)
-            ).fetchone()
+            row = db.execute(_CLAIMED, {"run_key": run_key(run_id)}).first()
             if row is None:
                 row_id = self._insert(
                     db,
@@ -279,21 +284,19 @@ class Ledger(LedgerReads):
                         previous, f"run {run_id} is being uploaded by {previous.describe(process)}"
                     )
             row = db.execute(
-                "UPDATE runs SET claim_owner = ?, claim_host = ?, claim_boot = ?, claim_pid = ?, "
-                "claim_start = ?, claim_pidns = ?, claim_since = ?, claim_expires = ? WHERE id = ? "
-                f"RETURNING {', '.join(COLUMNS)}",
-                (
-                    owner,
-                    process.host,
-                    process.boot,
-                    process.pid,
-                    process.start,
-                    process.pidns,
-                    now,
-                    lease_now + lease_seconds,
-                    row_id,
-                ),
-            ).fetchone()
+                _CLAIM,
+                {
+                    "row_id": row_id,
+                    "claim_owner": owner,
+                    "claim_host": process.host,
+                    "claim_boot": process.boot,
+                    "claim_pid": process.pid,
+                    "claim_start": process.start,
+                    "claim_pidns": process.pidns,
+                    "claim_since": now,
+                    "claim_expires": lease_now + lease_seconds,
+                },
+            ).one()
             claimed = run_record(row)
             self._deferred.pop(row_id, None)  # a write left over from a claim given up
         return claimed, previous
@@ -309,25 +312,16 @@ class Ledger(LedgerReads):
             deferred = self._take_deferred(record)
             if deferred:
                 self._update_row(db, record, deferred)
-            db.execute(
-                f"UPDATE runs SET {', '.join(f'{c} = NULL' for c in cleared)} "
-                "WHERE id = ? AND claim_owner = ?",
-                (record.id, record.claim_owner),
-            )
+            db.execute(_RELEASE, {"row_id": record.id, "owner": record.claim_owner})
         return msgspec.structs.replace(record, **cleared)
 
     def renew(self, owners: list[str], lease_seconds: float) -> set[str]:
         """Push the leases of `owners`' claims to `lease_seconds` past the ledger's clock;
         returns those still held."""
-        marks = ", ".join("?" * len(owners))
         with self._transaction(durable=False) as db:  # a lease lost to power loss: a reboot
             expires = self._lease_now(db) + lease_seconds
-            rows = db.execute(
-                f"UPDATE runs SET claim_expires = ? WHERE claim_owner IN ({marks}) "
-                "RETURNING claim_owner",
-                (expires, *owners),
-            ).fetchall()
-        return {owner for (owner,) in rows}
+            rows = db.execute(_RENEW, {"owners": owners, "expires": expires})
+            return {owner for (owner,) in rows}
 
     def _lease_now(self, db: Any) -> float:
         """Inside a transaction: the time by the clock leases are judged by (the database's on
@@ -342,7 +336,7 @@ class Ledger(LedgerReads):
         if deferred:
             self._update_row(db, record, deferred)
             return
-        row = db.execute("SELECT claim_owner FROM runs WHERE id = ?", (record.id,)).fetchone()
+        row = db.execute(sa.select(runs.c.claim_owner).where(runs.c.id == record.id)).first()
         if row is None:
             raise LedgerError(f"{self.path}: run {record.run_id} vanished from the ledger")
         if row[0] != record.claim_owner:
@@ -421,13 +415,12 @@ class Ledger(LedgerReads):
         """Inside a write: `changes` to the run's row, fenced by `record`'s claim (a new path
         with its digest, `path_key`)."""
         if "path_raw" in changes:
-            changes = {**changes, "path_key": schema.path_key(changes["path_raw"])}
-        assignments = ", ".join(f"{name} = ?" for name in changes)
-        cursor = db.execute(
-            f"UPDATE runs SET {assignments} WHERE id = ? AND claim_owner IS NOT DISTINCT FROM ?",
-            (*changes.values(), record.id, record.claim_owner),
+            changes = {**changes, "path_key": path_key(changes["path_raw"])}
+        result = db.execute(
+            sa.update(runs).where(runs.c.id == record.id, _HELD_AS_READ).values(changes),
+            {"held_by": record.claim_owner},
         )
-        if cursor.rowcount == 0:
+        if result.rowcount == 0:
             self._fence(db, record)
 
     def _write(
@@ -459,22 +452,26 @@ class Ledger(LedgerReads):
         now = self._clock()
         with self._transaction() as db:
             self._fence(db, record)
-            db.execute(
-                "INSERT INTO forgotten (run_key, run_id, evaluation_id, at) "
-                "SELECT run_key, run_id, evaluation_id, ? FROM runs "
-                "WHERE id = ? AND evaluation_id IS NOT NULL "
-                "UNION SELECT ?, ?, evaluation_id, ? FROM history WHERE run = ? "
-                "ON CONFLICT DO NOTHING",
-                (
-                    now,
-                    record.id,
-                    schema.run_key(record.run_id),
-                    schema.stored_run_id(record.run_id),
-                    now,
-                    record.id,
+            key, stored = run_key(record.run_id), stored_run_id(record.run_id)
+            evaluations = sa.union(
+                sa.select(runs.c.evaluation_id).where(
+                    runs.c.id == record.id, runs.c.evaluation_id.is_not(None)
                 ),
+                sa.select(history.c.evaluation_id).where(history.c.run == record.id),
             )
-            db.execute("DELETE FROM runs WHERE id = ?", (record.id,))
+            for (evaluation_id,) in db.execute(evaluations).all():
+                self._remember_forgotten(db, key, stored, evaluation_id, now)
+            db.execute(sa.delete(runs).where(runs.c.id == record.id))
+
+    def _remember_forgotten(
+        self, db: Any, key: bytes, stored: str, evaluation_id: str, now: float
+    ) -> None:
+        """Inside a write: an evaluation of the run id `key` never to be adopted again."""
+        db.execute(
+            self._insert_into(forgotten)
+            .values(run_key=key, run_id=stored, evaluation_id=evaluation_id, at=now)
+            .on_conflict_do_nothing()
+        )
 
     def rename(self, record: RunRecord, run_id: str) -> RunRecord | None:
         """The run id its trace lines carry, for a run first recorded under a stand-in (a
@@ -482,21 +479,22 @@ class Ledger(LedgerReads):
         `runs.derive_run_id`). Only a waiting run nobody holds is renamed; if the ledger knows a
         run by that id already, the stand-in row is dropped and None returned (the other row is
         the run)."""
+        stand_in = (
+            runs.c.id == record.id,
+            runs.c.claim_owner.is_(None),
+            runs.c.state == State.WAITING,
+        )
         with self._transaction() as db:
-            key = schema.run_key(run_id)
-            taken = db.execute("SELECT 1 FROM runs WHERE run_key = ?", (key,)).fetchone()
-            if taken:
-                db.execute(
-                    "DELETE FROM runs WHERE id = ? AND claim_owner IS NULL AND state = ?",
-                    (record.id, State.WAITING),
-                )
+            key = run_key(run_id)
+            if db.execute(sa.select(runs.c.id).where(runs.c.run_key == key)).first():
+                db.execute(sa.delete(runs).where(*stand_in))
                 return None
-            cursor = db.execute(
-                "UPDATE runs SET run_id = ?, run_key = ?, updated_at = ? "
-                "WHERE id = ? AND claim_owner IS NULL AND state = ? AND evaluation_id IS NULL",
-                (schema.stored_run_id(run_id), key, self._clock(), record.id, State.WAITING),
+            result = db.execute(
+                sa.update(runs)
+                .where(*stand_in, runs.c.evaluation_id.is_(None))
+                .values(run_id=stored_run_id(run_id), run_key=key, updated_at=self._clock())
             )
-        return self.get(record.id) if cursor.rowcount else None
+        return self.get(record.id) if result.rowcount else None
 
     def restart(
         self, record: RunRecord, *, outcome: HistoryOutcome, state: State, same_file: bool = False
@@ -509,50 +507,81 @@ class Ledger(LedgerReads):
         with self._transaction() as db:
             self._fence(db, record)
             if record.evaluation_id is not None:
-                db.execute(
-                    f"INSERT INTO history (run, evaluation_id, viewer_url, outcome, at) "
-                    f"VALUES (?, ?, ?, ?, ?) {_HISTORY_REPLACES}",
-                    (record.id, record.evaluation_id, record.viewer_url, outcome, now),
+                self._add_history(db, record, record.evaluation_id, record.viewer_url, outcome)
+            db.execute(sa.delete(set_aside).where(set_aside.c.run == record.id))
+            row = db.execute(
+                sa.update(runs)
+                .where(runs.c.id == record.id)
+                .values(
+                    **_STARTED_OVER,
+                    state=state,
+                    step=Step.SCAN,
+                    release_hold=record.release_hold if same_file else 0,
+                    updated_at=now,
                 )
-            db.execute("DELETE FROM set_aside WHERE run = ?", (record.id,))
-            db.execute(
-                "UPDATE runs SET state = ?, reason = '', step = ?, file_device = NULL, "
-                "file_inode = NULL, file_size = NULL, file_mtime_ns = NULL, "
-                "file_ctime_ns = NULL, file_digest = NULL, upload_end = NULL, "
-                "evaluation_id = NULL, viewer_url = NULL, pending = NULL, acked_offset = 0, "
-                "acked_line = 0, samples_sent = 0, samples_seen = 0, bytes_sent = 0, "
-                "totals = NULL, finalized_at = NULL, release_hold = ?, updated_at = ? "
-                "WHERE id = ?",
-                (state, Step.SCAN, record.release_hold if same_file else 0, now, record.id),
-            )
-            row = db.execute(f"{SELECT} WHERE id = ?", (record.id,)).fetchone()
+                .returning(*RUN_COLUMNS)
+            ).one()
         return run_record(row)
+
+    def _add_history(
+        self,
+        db: Any,
+        record: RunRecord,
+        evaluation_id: str,
+        viewer_url: str | None,
+        outcome: HistoryOutcome,
+    ) -> None:
+        """Inside a write: an evaluation the run had (or that is not its own), with `outcome`."""
+        statement = self._insert_into(history).values(
+            run=record.id,
+            evaluation_id=evaluation_id,
+            viewer_url=viewer_url,
+            outcome=outcome,
+            at=self._clock(),
+        )
+        excluded = statement.excluded
+        db.execute(
+            statement.on_conflict_do_update(
+                index_elements=[history.c.run, history.c.evaluation_id],
+                set_={
+                    "viewer_url": excluded.viewer_url,
+                    "outcome": excluded.outcome,
+                    "at": excluded.at,
+                },
+            )
+        )
 
     def note_foreign(self, record: RunRecord, evaluation_id: str, viewer_url: str | None) -> None:
         """An evaluation the run's lines name that is not the run's own: kept in its history
         (`not the run's`), so that `status RUN` shows it and no upload of the run adopts it."""
         with self._transaction() as db:
             self._fence(db, record)
-            db.execute(
-                f"INSERT INTO history (run, evaluation_id, viewer_url, outcome, at) "
-                f"VALUES (?, ?, ?, ?, ?) {_HISTORY_REPLACES}",
-                (record.id, evaluation_id, viewer_url, HistoryOutcome.NOT_THE_RUNS, self._clock()),
-            )
+            self._add_history(db, record, evaluation_id, viewer_url, HistoryOutcome.NOT_THE_RUNS)
 
     # ------------------------------------------------------------ set-aside records and history
 
     def add_set_aside(self, record: RunRecord, items: list[SetAside]) -> None:
         if not items:
             return
+        statement = self._insert_into(set_aside)
+        excluded = statement.excluded
+        statement = statement.on_conflict_do_update(
+            index_elements=[set_aside.c.run, set_aside.c["offset"]],
+            set_={c: excluded[c] for c in ("line", "size", "kind", "reason")},
+        )
         with self._transaction() as db:
             self._fence(db, record)
-            db.executemany(
-                'INSERT INTO set_aside (run, line, "offset", size, kind, reason) '
-                'VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (run, "offset") DO UPDATE SET '
-                "line = excluded.line, size = excluded.size, kind = excluded.kind, "
-                "reason = excluded.reason",
+            db.execute(
+                statement,
                 [
-                    (record.id, i.line, i.offset, i.size, i.kind, stored_text(i.reason))
+                    {
+                        "run": record.id,
+                        "line": i.line,
+                        "offset": i.offset,
+                        "size": i.size,
+                        "kind": i.kind,
+                        "reason": stored_text(i.reason),
+                    }
                     for i in items
                 ],
             )
@@ -580,32 +609,96 @@ class Ledger(LedgerReads):
         gate_json = msgspec.json.encode(
             msgspec.structs.replace(gate, reason=stored_text(gate.reason))
         )
+        statement = self._insert_into(daemons).values(
+            id=daemon_id,
+            host=host,
+            pid=pid,
+            version=version,
+            observer=observer,
+            started_at=started_at,
+            seen_at=now,
+            lease_seconds=lease_seconds,
+            stopped_at=None,
+            status=stored_text(status),
+            gate=gate_json.decode(),
+        )
+        excluded = statement.excluded
+        statement = statement.on_conflict_do_update(
+            index_elements=[daemons.c.id],
+            set_={
+                **{
+                    c: excluded[c]
+                    for c in ("seen_at", "observer", "lease_seconds", "status", "gate")
+                },
+                "stopped_at": None,
+            },
+        )
         with self._transaction(durable=False) as db:
-            db.execute(
-                f"INSERT INTO daemons ({DAEMON_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?) "
-                "ON CONFLICT (id) DO UPDATE SET seen_at = excluded.seen_at, "
-                "observer = excluded.observer, lease_seconds = excluded.lease_seconds, "
-                "stopped_at = NULL, status = excluded.status, gate = excluded.gate",
-                (daemon_id, host, pid, version, observer, started_at, now, lease_seconds)
-                + (stored_text(status), gate_json.decode()),
-            )
-            db.execute("DELETE FROM daemons WHERE seen_at < ?", (now - DAEMONS_KEPT_SECONDS,))
+            db.execute(statement)
+            db.execute(sa.delete(daemons).where(daemons.c.seen_at < now - DAEMONS_KEPT_SECONDS))
 
     def daemon_stopped(self, daemon_id: str) -> None:
         """The daemon stopped as asked (one killed leaves its row to age past its lease)."""
         now = self._clock()
         with self._transaction() as db:
             db.execute(
-                "UPDATE daemons SET stopped_at = ?, seen_at = ? WHERE id = ?",
-                (now, now, daemon_id),
+                sa.update(daemons)
+                .where(daemons.c.id == daemon_id)
+                .values(stopped_at=now, seen_at=now)
             )
 
     def daemons(self) -> list[DaemonRecord]:
         """Every daemon the ledger heard from lately, the last heard from first."""
-        rows = self._query(f"SELECT {DAEMON_COLUMNS} FROM daemons ORDER BY seen_at DESC, id")
+        rows = self._query(
+            sa.select(*DAEMON_COLUMNS).order_by(daemons.c.seen_at.desc(), daemons.c.id)
+        )
         return [daemon_record(row) for row in rows]
 
+
+# The claims' statements, built once: a claim, its renewal and its release are what every run
+# costs, on every store.
+_CLAIMED = (
+    # FOR UPDATE SKIP LOCKED: on PostgreSQL a row another daemon is claiming at this instant is
+    # skipped (the run is theirs); SQLite's compiler leaves it out (the transaction holds the
+    # file's write lock).
+    SELECT.where(runs.c.run_key == sa.bindparam("run_key")).with_for_update(skip_locked=True)
+)
+_CLAIM = sa.update(runs).where(runs.c.id == sa.bindparam("row_id")).returning(*RUN_COLUMNS)
+"""Its parameters name the claim's columns: SQLAlchemy sets what they name."""
+_RELEASE = (
+    sa.update(runs)
+    .where(runs.c.id == sa.bindparam("row_id"), runs.c.claim_owner == sa.bindparam("owner"))
+    .values(dict.fromkeys(sorted(CLAIM_COLUMNS)))
+)
+_RENEW = (
+    sa.update(runs)
+    .where(runs.c.claim_owner.in_(sa.bindparam("owners", expanding=True)))
+    .values(claim_expires=sa.bindparam("expires"))
+    .returning(runs.c.claim_owner)
+)
+_STARTED_OVER = {
+    **dict.fromkeys(
+        (
+            "file_device",
+            "file_inode",
+            "file_size",
+            "file_mtime_ns",
+            "file_ctime_ns",
+            "file_digest",
+            "upload_end",
+            "evaluation_id",
+            "viewer_url",
+            "pending",
+            "totals",
+            "finalized_at",
+        )
+    ),
+    **dict.fromkeys(
+        ("acked_offset", "acked_line", "samples_sent", "samples_seen", "bytes_sent"), 0
+    ),
+    "reason": "",
+}
+"""A run's progress as a restart leaves it."""
 
 DAEMONS_KEPT_SECONDS = 7 * 24 * 3600.0
 """A daemon not heard from for this long (a host gone from the fleet) leaves `status`."""
