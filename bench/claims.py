@@ -31,7 +31,7 @@ from support.postgres import PASSWORD, Cluster, binaries  # noqa: E402
 HERE = Process("bench-host", "bench-boot", 4242, 7, "pid:[bench]")
 
 
-def never_alive(_holder: object) -> bool:
+def never_alive(_holder: object, _now: float | None = None) -> bool:
     return False
 
 
@@ -75,11 +75,11 @@ def measure(ledger: Ledger, count: int, trips: Trips | None) -> dict[str, dict[s
                     kind="eval",
                     owner=owner,
                     process=HERE,
-                    expires=time.time() + LEASE_SECONDS,
+                    lease_seconds=LEASE_SECONDS,
                     alive=never_alive,
                 ),
             )
-            timed("renew", lambda owner=owner: ledger.renew([owner], time.time() + LEASE_SECONDS))
+            timed("renew", lambda owner=owner: ledger.renew([owner], LEASE_SECONDS))
             timed("release", lambda record=record: ledger.release(record))
         del n
     return {

@@ -39,11 +39,25 @@ import push  # noqa: E402 - the sibling bench module: one platform runner and on
 from convert import PEAK_HOOK, Measure, measure  # noqa: E402
 
 LEDGER_HOOK = """
-import atexit, os
+import atexit, os, sqlite3
 import evalpush.ledger as _ledger
 
-_counts = {"writes": 0, "syncs": 0}
+_counts = {"writes": 0, "syncs": 0, "statements": 0}
 _close = _ledger.Ledger.close
+_connect = sqlite3.connect
+
+
+def _traced(*args, **kwargs):  # every SQL statement the process runs, BEGIN and COMMIT too
+    connection = _connect(*args, **kwargs)
+    connection.set_trace_callback(_statement)
+    return connection
+
+
+def _statement(_sql):
+    _counts["statements"] += 1
+
+
+sqlite3.connect = _traced
 
 
 def _closing(self):
@@ -57,13 +71,14 @@ _ledger.Ledger.close = _closing
 
 def _report(path=os.environ.get("BENCH_MANY_RUNS_LEDGER_FILE")):
     with open(path, "a") as out:  # one line a process
-        out.write(f"{_counts['writes']} {_counts['syncs']}\\n")
+        out.write(f"{_counts['writes']} {_counts['syncs']} {_counts['statements']}\\n")
 
 
 if os.environ.get("BENCH_MANY_RUNS_LEDGER_FILE"):
     atexit.register(_report)
 """
-"""Counts the push's ledger write transactions and syncs of its log (written at exit)."""
+"""Counts the push's ledger write transactions, syncs of its log and SQL statements (the
+ledger's round trips: each is a call into SQLite; written at exit)."""
 
 ENVIRONMENT = "bench-many-runs"
 TARGET_RATE = 150  # runs/s
@@ -116,6 +131,7 @@ class ManyRuns:
     requests: dict[str, int]
     writes: int
     syncs: int  # of the ledger's write-ahead log
+    statements: int  # SQL statements run on the ledger, BEGIN and COMMIT included
 
 
 def push_all(root: Path, count: int, hook_dir: Path, *, pin: bool = False) -> ManyRuns:
@@ -142,10 +158,10 @@ def push_all(root: Path, count: int, hook_dir: Path, *, pin: bool = False) -> Ma
             requests = platform.get("/_control/summary")["requests"]
             platform_cpu = platform.cpu_seconds()
             counts = [map(int, line.split()) for line in (work / "ledger-counts").open()]
-            writes, syncs = (sum(column) for column in zip(*counts, strict=True))
+            writes, syncs, statements = (sum(column) for column in zip(*counts, strict=True))
         finally:
             platform.stop()
-    return ManyRuns(m, platform_cpu, requests, writes, syncs)
+    return ManyRuns(m, platform_cpu, requests, writes, syncs, statements)
 
 
 def requests_only(count: int, workers: int, *, pin: bool = False) -> str:
@@ -249,7 +265,8 @@ def main() -> None:
     kinds = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(best.requests.items()) if v)
     print(
         f"per run: {sum(best.requests.values()) / n:.2f} requests ({kinds}), "
-        f"{best.writes / n:.2f} ledger write transactions, {best.syncs / n:.2f} syncs of its log"
+        f"{best.writes / n:.2f} ledger write transactions, {best.syncs / n:.2f} syncs of its log, "
+        f"{best.statements / n:.1f} SQL statements"
         f"; {m.waits / n:.1f} times one of its threads blocked (a socket, the disk, a lock, "
         f"Python's lock), {m.preempted / n:.1f} preempted"
     )

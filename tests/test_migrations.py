@@ -33,8 +33,7 @@ def shape(ledger: Ledger) -> dict[str, tuple[set[str], set[tuple[tuple[str, ...]
         found = {}
         for table in inspector.get_table_names():
             indexed = {
-                (tuple(i["column_names"]), bool(i["unique"]))
-                for i in inspector.get_indexes(table)
+                (tuple(i["column_names"]), bool(i["unique"])) for i in inspector.get_indexes(table)
             }
             indexed |= {
                 (tuple(u["column_names"]), True) for u in inspector.get_unique_constraints(table)
@@ -134,3 +133,39 @@ def test_a_file_stamped_by_a_newer_evalpush_is_refused_naming_its_revision(tmp_p
 
     with pytest.raises(LedgerError, match=f"{path}: schema version 0999 is newer"):
         Ledger(path)
+
+
+VERSION = "alembic_version"
+
+
+def version_table(connection: sa.Connection) -> tuple:
+    """Alembic's version table as a store holds it: columns, primary key, rows."""
+    inspector = sa.inspect(connection)
+    columns = [(c["name"], str(c["type"]), c["nullable"]) for c in inspector.get_columns(VERSION)]
+    key = inspector.get_pk_constraint(VERSION)
+    rows = connection.execute(sa.text(f"SELECT version_num FROM {VERSION}")).all()
+    return columns, (key["name"], key["constrained_columns"]), [tuple(r) for r in rows]
+
+
+def test_a_new_ledger_is_stamped_as_alembic_stamps_one_on_each_store(
+    ledger: Ledger, tmp_path: Path
+):
+    if ledger.server is None:
+        engine = sa.create_engine(f"sqlite:///{tmp_path / 'stamped.db'}")
+    else:
+        url = ledger.server.url.replace("postgresql://", "postgresql+psycopg://", 1)
+        engine = sa.create_engine(url, connect_args={"password": PASSWORD})
+        with engine.begin() as db:  # an empty schema of its own in the same database
+            db.execute(sa.text("CREATE SCHEMA stamped"))
+    with engine.begin() as db:
+        if ledger.server is not None:
+            db.execute(sa.text("SET search_path TO stamped"))
+        command.stamp(alembic_config(db), "head")
+        by_alembic = version_table(db)
+    engine.dispose()
+
+    with ledger._lock:
+        ours = version_table(ledger._file.sql)
+
+    assert ours == by_alembic
+    assert ours[2] == [(revision(SCHEMA_VERSION),)]

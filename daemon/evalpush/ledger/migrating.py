@@ -2,7 +2,10 @@
 revisions in `evalpush/ledger/migrations/versions` (one per schema version, `0001` ... ).
 
 - **A new ledger** is created from the tables as they are now (`evalpush.ledger.tables`) and
-  stamped with the latest revision.
+  stamped with the latest revision: Alembic's version table written with them, as Alembic's
+  `stamp` writes it (`tests/test_migrations.py` holds the two the same), without loading
+  Alembic and its revisions (a third of a second, which every first start on a box, and
+  every test of a new state directory, would pay).
 - **A ledger of an evalpush from before Alembic** has its schema version where that evalpush
   kept it (SQLite's `user_version`; a shared ledger's `evalpush_schema` table): it is stamped
   with the revision of that version, then upgraded like any other.
@@ -13,23 +16,34 @@ revisions in `evalpush/ledger/migrations/versions` (one per schema version, `000
 - The version is also written where an evalpush from before Alembic looks, so that one refuses
   a ledger newer than it knows instead of misreading it.
 
-Alembic is loaded only to create or upgrade a ledger: seeing that one is current is one read of
-its version table (`current`).
+Alembic is loaded only to upgrade a ledger: seeing that one is current is one read of its
+version table (`version`).
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import sqlalchemy as sa
 
 from evalpush.core.errors import LedgerError
+from evalpush.ledger.tables import metadata
 
 VERSIONS = Path(__file__).with_name("migrations") / "versions"
 SCHEMA_VERSION = max(int(p.name[:4]) for p in VERSIONS.glob("[0-9][0-9][0-9][0-9]_*.py"))
 """The latest revision's number: this evalpush's schema version."""
 
-_ALEMBIC_VERSION = sa.table("alembic_version", sa.column("version_num", sa.String))
+_ALEMBIC = threading.Lock()
+"""Alembic's `context` and `op` are module-wide proxies: one migration at a time in a process
+(a daemon and a command in one process, or two ledgers, may open at once)."""
+_ALEMBIC_VERSION = sa.Table(
+    "alembic_version",
+    sa.MetaData(),
+    sa.Column("version_num", sa.String(32), nullable=False),
+    sa.PrimaryKeyConstraint("version_num", name="alembic_version_pkc"),
+)
+"""Alembic's version table, as Alembic creates it: the ledger's revision."""
 _LEGACY_PG = sa.Table(
     "evalpush_schema", sa.MetaData(), sa.Column("version", sa.Integer, nullable=False)
 )
@@ -77,20 +91,20 @@ def upgrade(connection: sa.Connection, found: int) -> None:
     """Inside the caller's transaction, which read `found` (`version`) and holds the ledger
     against every other writer (see the module's docstring): the ledger brought from `found`
     to `SCHEMA_VERSION`."""
-    from alembic import command
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", str(VERSIONS.parent))
-    config.attributes["connection"] = connection
     if found == 0:
-        from evalpush.ledger.tables import metadata
-
         metadata.create_all(connection)
-        command.stamp(config, "head")
+        _ALEMBIC_VERSION.create(connection)
+        connection.execute(sa.insert(_ALEMBIC_VERSION).values(version_num=revision(SCHEMA_VERSION)))
     else:  # from Alembic's revision, or the one of the version an older evalpush wrote
-        command.stamp(config, revision(found))
-        command.upgrade(config, "head")
+        from alembic import command
+        from alembic.config import Config
+
+        config = Config()
+        config.set_main_option("script_location", str(VERSIONS.parent))
+        config.attributes["connection"] = connection
+        with _ALEMBIC:
+            command.stamp(config, revision(found))
+            command.upgrade(config, "head")
     _mark_for_older(connection)
 
 

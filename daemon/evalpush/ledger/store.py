@@ -336,7 +336,7 @@ class Ledger(LedgerReads):
         if deferred:
             self._update_row(db, record, deferred)
             return
-        row = db.execute(sa.select(runs.c.claim_owner).where(runs.c.id == record.id)).first()
+        row = db.execute(_HOLDER, {"row_id": record.id}).first()
         if row is None:
             raise LedgerError(f"{self.path}: run {record.run_id} vanished from the ledger")
         if row[0] != record.claim_owner:
@@ -417,8 +417,7 @@ class Ledger(LedgerReads):
         if "path_raw" in changes:
             changes = {**changes, "path_key": path_key(changes["path_raw"])}
         result = db.execute(
-            sa.update(runs).where(runs.c.id == record.id, _HELD_AS_READ).values(changes),
-            {"held_by": record.claim_owner},
+            _UPDATE_RUN, {**changes, "row_id": record.id, "held_by": record.claim_owner}
         )
         if result.rowcount == 0:
             self._fence(db, record)
@@ -663,6 +662,9 @@ _CLAIMED = (
     # file's write lock).
     SELECT.where(runs.c.run_key == sa.bindparam("run_key")).with_for_update(skip_locked=True)
 )
+_HOLDER = sa.select(runs.c.claim_owner).where(runs.c.id == sa.bindparam("row_id"))
+_UPDATE_RUN = sa.update(runs).where(runs.c.id == sa.bindparam("row_id"), _HELD_AS_READ)
+"""A run's write, fenced; its parameters name the columns it sets (and `row_id`, `held_by`)."""
 _CLAIM = sa.update(runs).where(runs.c.id == sa.bindparam("row_id")).returning(*RUN_COLUMNS)
 """Its parameters name the claim's columns: SQLAlchemy sets what they name."""
 _RELEASE = (
