@@ -49,8 +49,20 @@ _HISTORY = (history.c.evaluation_id, history.c.viewer_url, history.c.outcome, hi
 _AT_PATH = (runs.c.path_key == sa.bindparam("path_key")) & (
     runs.c.path_raw == sa.bindparam("path_raw")
 )
+# What every run's upload reads, built once (SQLAlchemy then finds each compiled at once).
 _BY_ID = SELECT.where(runs.c.id == sa.bindparam("id"))
 _BY_RUN_KEY = SELECT.where(runs.c.run_key == sa.bindparam("run_key"))
+_RUN_ID_AT = sa.select(runs.c.run_id).where(_AT_PATH).order_by(runs.c.updated_at.desc()).limit(1)
+_OF_RUN = sa.bindparam("run")
+_SET_ASIDE_OF_RUN = (
+    sa.select(*_SET_ASIDE).where(set_aside.c.run == _OF_RUN).order_by(set_aside.c["offset"])
+)
+_SET_ASIDE_COUNT = sa.select(sa.func.count()).where(set_aside.c.run == _OF_RUN)
+_HISTORY_OF_RUN = sa.select(*_HISTORY).where(history.c.run == _OF_RUN).order_by(history.c.at)
+_EARLIER_EVALUATIONS = sa.union(
+    sa.select(history.c.evaluation_id).where(history.c.run == _OF_RUN),
+    sa.select(forgotten.c.evaluation_id).where(forgotten.c.run_key == sa.bindparam("run_key")),
+)
 
 
 def _at_path(path: Path | str) -> dict[str, bytes]:
@@ -92,10 +104,7 @@ class LedgerReads:
     def run_id_at(self, path: Path) -> str | None:
         """The run id of the run last seen at `path`, if the ledger knows one (the run id of a
         directory whose name is not a UUID: `runs.derive_run_id`)."""
-        found = self._query(
-            sa.select(runs.c.run_id).where(_AT_PATH).order_by(runs.c.updated_at.desc()).limit(1),
-            _at_path(path),
-        )
+        found = self._query(_RUN_ID_AT, _at_path(path))
         return loaded_run_id(found[0][0]) if found else None
 
     def match(self, key: str) -> list[RunRecord]:
@@ -216,19 +225,14 @@ class LedgerReads:
         )
 
     def set_aside(self, record: RunRecord) -> list[SetAside]:
-        rows = self._query(
-            sa.select(*_SET_ASIDE)
-            .where(set_aside.c.run == record.id)
-            .order_by(set_aside.c["offset"])
-        )
+        rows = self._query(_SET_ASIDE_OF_RUN, {"run": record.id})
         return [
             SetAside(line, offset, size, SetAsideKind(kind), reason)
             for line, offset, size, kind, reason in rows
         ]
 
     def set_aside_count(self, record: RunRecord) -> int:
-        statement = sa.select(sa.func.count()).where(set_aside.c.run == record.id)
-        return self._query(statement)[0][0]
+        return self._query(_SET_ASIDE_COUNT, {"run": record.id})[0][0]
 
     def set_aside_of(self, records: list[RunRecord]) -> dict[int, list[SetAside]]:
         """What each of `records` (a page) set aside, in one query: by run."""
@@ -265,21 +269,14 @@ class LedgerReads:
         return found
 
     def history(self, record: RunRecord) -> list[HistoryRecord]:
-        rows = self._query(
-            sa.select(*_HISTORY).where(history.c.run == record.id).order_by(history.c.at)
-        )
+        rows = self._query(_HISTORY_OF_RUN, {"run": record.id})
         return [HistoryRecord(*row) for row in rows]
 
     def earlier_evaluations(self, record: RunRecord) -> set[str]:
         """Evaluations of this run id that must not be adopted: its history, and those of an
         earlier ledger row of the same run that a person forgot."""
         rows = self._query(
-            sa.union(
-                sa.select(history.c.evaluation_id).where(history.c.run == record.id),
-                sa.select(forgotten.c.evaluation_id).where(
-                    forgotten.c.run_key == run_key(record.run_id)
-                ),
-            )
+            _EARLIER_EVALUATIONS, {"run": record.id, "run_key": run_key(record.run_id)}
         )
         return {evaluation_id for (evaluation_id,) in rows}
 

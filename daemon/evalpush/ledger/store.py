@@ -116,6 +116,11 @@ class Ledger(LedgerReads):
         self._transaction = self._file.transaction
         self._query = self._file.query
         self._insert_into = self._file.insert
+        # A new run's row, built once for this store's dialect (its parameters name its columns).
+        self._new_run = self._insert_into(runs).returning(runs.c.id)
+        self._new_run_unless_known = self._new_run.on_conflict_do_nothing(
+            index_elements=[runs.c.run_key]
+        )
         self._deferred: dict[int, dict[str, Any]] = {}  # row id -> changes for its next write
 
     @classmethod
@@ -212,20 +217,20 @@ class Ledger(LedgerReads):
         """Inside a write: a new run's row; its id. `unless_known`: None, not an error, when the
         ledger knows the run id (another process added it meanwhile)."""
         raw = paths.raw(path)
-        statement = self._insert_into(runs).values(
-            run_id=stored_run_id(run_id),
-            run_key=run_key(run_id),
-            path=paths.display(path),
-            path_raw=raw,
-            path_key=path_key(raw),
-            kind=kind,
-            state=state,
-            created_at=now,
-            updated_at=now,
-        )
-        if unless_known:
-            statement = statement.on_conflict_do_nothing(index_elements=[runs.c.run_key])
-        return db.execute(statement.returning(runs.c.id)).scalar()
+        return db.execute(
+            self._new_run_unless_known if unless_known else self._new_run,
+            {
+                "run_id": stored_run_id(run_id),
+                "run_key": run_key(run_id),
+                "path": paths.display(path),
+                "path_raw": raw,
+                "path_key": path_key(raw),
+                "kind": kind,
+                "state": state,
+                "created_at": now,
+                "updated_at": now,
+            },
+        ).scalar()
 
     # ------------------------------------------------------------ claims
 
