@@ -30,6 +30,7 @@ from evalpush.discover import (
     HintKind,
     HintQueue,
     Scanner,
+    SweepShare,
     filesystem_type,
     hints_for,
     printable,
@@ -407,6 +408,33 @@ class TestRescan:
         assert all(0 < len(found) <= 7 for found in slices[1:])  # no burst
         assert sorted(swept) == sorted(str(r) for r in [*runs, hidden])  # each once
         assert Scanner([tmp_path]).scan()[str(runs[17])].size == late.stat().st_size
+
+    def test_scanners_sharing_the_sweep_each_sweep_their_own_part_and_together_all_of_it(
+        self, tmp_path
+    ):
+        runs = [make_run(tmp_path / f"env{i % 5}--m--h" / f"run{i:02}") for i in range(60)]
+        clock = Clock()
+        backdate(tmp_path)
+        scanners = [  # two daemons over one tree
+            Scanner([tmp_path], sweep_seconds=100, clock=clock, share=lambda i=i: SweepShare(i, 2))
+            for i in range(2)
+        ]
+        for scanner in scanners:
+            scanner.rescan(quiet_all)
+
+        swept: list[list[str]] = [[], []]
+        for _ in range(11):  # one sweep period, a rescan every 10 s
+            for i, scanner in enumerate(scanners):
+                found = scanner.rescan(quiet_all).runs
+                swept[i] += [
+                    os.path.relpath(path, scanner._reals[scanner.roots[0]]) for path in found
+                ]
+            clock.now += 10
+
+        expected = sorted(str(r.relative_to(tmp_path)) for r in runs)
+        assert swept[0] and swept[1], "each host sweeps a part"
+        assert set(swept[0]).isdisjoint(swept[1]), "no run is swept by both"
+        assert sorted(swept[0] + swept[1]) == expected, "together: every run, once"
 
     def test_a_rescan_with_a_budget_goes_on_where_it_stopped_and_is_complete_once_over(
         self, tmp_path

@@ -204,3 +204,59 @@ def _wait_all_finalized(url: str, count: int) -> list:
             ),
             "every run finalized in the shared ledger",
         )
+
+
+def test_daemons_sharing_a_ledger_share_the_slow_sweep_of_their_tree(
+    pg_url: str, local_platform: LocalPlatform, tmp_path: Path
+):
+    """Each daemon sweeps the part of the tree its place among the running daemons gives it,
+    so the fleet looks inside each directory once a period, not once a host."""
+    root = tmp_path / "outputs"
+    group = root / "gsm8k--model--harness"
+    group.mkdir(parents=True)
+    runs = []
+    for _ in range(8):
+        run = RunDir(group).config(num_tasks=2)
+        run.write(run.lines(4))
+        runs.append(run)
+    password_file = tmp_path / "ledger-password"
+    password_file.write_text(PASSWORD)
+    daemons = [
+        Daemon(
+            daemon_environ(
+                local_platform,
+                tmp_path,
+                [root],
+                EVALPUSH_STATE_DIR=str(tmp_path / f"state-{name}"),
+                EVALPUSH_LEDGER__URL=pg_url,
+                EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+                EVALPUSH_WATCH__SWEEP_SECONDS="2",
+            )
+        )
+        for name in ("a", "b")
+    ]
+    try:
+        for daemon in daemons:
+            daemon.started()
+        wait_until(
+            lambda: all(completed(local_platform, r.run_id) for r in runs), "every run COMPLETED"
+        )
+
+        def shared_sweeps() -> list[dict] | None:
+            found = []
+            for daemon in daemons:
+                sweeps = [e for e in daemon.find("slow sweep begins") if e["parts"] == 2]
+                if not sweeps:
+                    return None
+                found.append(sweeps[-1])
+            return found
+
+        sweeps = wait_until(shared_sweeps, "a sweep of both daemons in two parts", timeout=60)
+    finally:
+        for daemon in daemons:
+            daemon.__exit__()
+
+    assert sorted(s["part"] for s in sweeps) == [1, 2]
+    assert sweeps[0]["remembered"] == sweeps[1]["remembered"] == len(runs) + 2  # + root, group
+    assert sum(s["directories"] for s in sweeps) == len(runs) + 2, "every directory, once"
+    assert_exactly_once(local_platform, root)

@@ -51,7 +51,15 @@ from evalpush.discover._inotify import (
     on_network_filesystem,
     probe_inotify,
 )
-from evalpush.discover._scan import Rescan, RunDir, Scanner, look_at, printable, walk
+from evalpush.discover._scan import (
+    Rescan,
+    RunDir,
+    Scanner,
+    SweepShare,
+    look_at,
+    printable,
+    walk,
+)
 from evalpush.discover._watch import ObserverKind, Watcher
 from evalpush.discover.check import refuse_relative_roots, watch_verdicts
 
@@ -64,6 +72,7 @@ __all__ = [
     "Rescan",
     "RunDir",
     "Scanner",
+    "SweepShare",
     "Watcher",
     "filesystem_type",
     "hints_for",

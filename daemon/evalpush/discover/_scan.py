@@ -10,8 +10,9 @@ A run directory that is deleted, moved or made moves its parent's mtime; what ch
 (a line appended to its trace file, the file replaced, a marker) does not: for those, file
 events, and the slow sweep, which lists every remembered directory and looks inside every
 remembered run once per `watch.sweep_seconds`, a time-proportional slice at each rescan (so it
-never costs a burst). Remembered per run: its path (shared with its parent's list) and a dict
-slot.
+never costs a burst). Daemons sharing a tree share the sweep (`share`): each sweeps the
+directories whose path under its root hashes to its place among them. Remembered per run: its
+path (shared with its parent's list) and a dict slot.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import math
 import os
 import stat
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,14 @@ from evalpush.runs import (
     FileIdentity,
     resolved_config,
 )
+
+
+class SweepShare(msgspec.Struct, frozen=True):
+    """A scanner's part of the slow sweep: the `index`th of `parts` (one a daemon sharing the
+    tree, in the order of their ids)."""
+
+    index: int
+    parts: int
 
 
 class RunDir(msgspec.Struct, frozen=True, gc=False):
@@ -211,12 +221,17 @@ class Scanner:
         *,
         marker: str = "",
         sweep_seconds: float = WatchConfig().sweep_seconds,
+        share: Callable[[], SweepShare] | None = None,
         log: Any = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`share()`: this scanner's part of the sweep, asked as each sweep begins (None: the
+        whole sweep is its own)."""
         self.roots = list(roots)
         self.marker = marker
         self.sweep_seconds = sweep_seconds
+        self._share = share
+        self._part = SweepShare(0, 1)  # this sweep's
         self._log = log if log is not None else get_logger(stage="discover")
         self._clock = clock
         self._missing: set[Path] = set()  # roots known not to exist (reported once)
@@ -238,8 +253,10 @@ class Scanner:
         self._carried = 0.0  # the fraction of a directory the last slice left to the next
 
     @classmethod
-    def from_config(cls, watch: WatchConfig, runs: RunsConfig) -> Scanner:
-        return cls(watch.roots, marker=runs.marker, sweep_seconds=watch.sweep_seconds)
+    def from_config(
+        cls, watch: WatchConfig, runs: RunsConfig, share: Callable[[], SweepShare] | None = None
+    ) -> Scanner:
+        return cls(watch.roots, marker=runs.marker, sweep_seconds=watch.sweep_seconds, share=share)
 
     @property
     def missing_roots(self) -> list[Path]:
@@ -358,7 +375,7 @@ class Scanner:
                     self._forget(directory, gone)
                 if not known_run:
                     self._runs[directory] = None
-                    self._sweep.append(directory)  # swept from this sweep on
+                    self._sweep_from_now(directory)
                 runs[directory] = run
                 continue
             if known_run:
@@ -369,7 +386,7 @@ class Scanner:
                 for vanished in set(remembered[1]).difference(subdirs):
                     self._forget(vanished, gone)
             else:
-                self._sweep.append(directory)
+                self._sweep_from_now(directory)
             # One holding a trace file may become a run with no move of its own mtime (0.3/0.4:
             # its first line, or configs/resolved/*.json written a level down): listed each time.
             settled = mtime < fresh_before and not listing.has_traces
@@ -403,9 +420,18 @@ class Scanner:
         costs a burst (a fraction of a directory is carried over to the next rescan)."""
         now = self._clock()
         if self._swept >= len(self._sweep):  # a new sweep over what is remembered now
-            self._sweep = [*self._runs, *self._dirs]
+            self._part = self._share() if self._share is not None else SweepShare(0, 1)
+            self._sweep = [d for d in (*self._runs, *self._dirs) if self._in_part(d)]
             self._swept, self._swept_at, self._carried = 0, now, 0.0
             self._sweep_ends = now + self.sweep_seconds
+            self._log.info(
+                "slow sweep begins",
+                part=self._part.index + 1,
+                parts=self._part.parts,
+                directories=len(self._sweep),
+                remembered=self.remembered,
+                seconds=self.sweep_seconds,
+            )
             return
         left = len(self._sweep) - self._swept
         share = min(1.0, (now - self._swept_at) / max(self._sweep_ends - self._swept_at, 1e-9))
@@ -419,6 +445,24 @@ class Scanner:
                 self._dirs[directory] = (RACY, self._dirs[directory][1])
         self._swept += count
         self._swept_at = now
+
+    def _sweep_from_now(self, directory: str) -> None:
+        """A directory found by a walk is swept from this sweep on (if it is in this part)."""
+        if self._in_part(directory):
+            self._sweep.append(directory)
+
+    def _in_part(self, directory: str) -> bool:
+        """Whether `directory` is in this scanner's part of the sweep: its path under its root
+        (the same on every host, whatever each mounts the tree at) hashed to this part."""
+        index, parts = self._part.index, self._part.parts
+        if parts <= 1:
+            return True
+        under = directory
+        for real in self._reals.values():
+            if directory == real or directory.startswith(real.rstrip(os.sep) + os.sep):
+                under = directory[len(real) :]
+                break
+        return zlib.crc32(os.fsencode(under)) % parts == index
 
     def scan_subtree(self, directory: str | Path) -> dict[str, RunDir]:
         """Every run directory at or under `directory`, if it lies inside a root."""

@@ -60,6 +60,7 @@ from evalpush.discover import (
     HintKind,
     HintQueue,
     Scanner,
+    SweepShare,
     Watcher,
     refuse_relative_roots,
 )
@@ -116,7 +117,7 @@ class _Parts:
             self.tracker = Tracker(
                 self.app.ledger, config, self._submit, alive=self.app.claims.alive
             )
-            self.scanner = Scanner.from_config(config.watch, config.runs)
+            self.scanner = Scanner.from_config(config.watch, config.runs, self._sweep_share)
             self.watcher = Watcher.from_config(config.watch, config.runs, hints)
             self.scheduler: Scheduler[str] = Scheduler(
                 self._upload, workers=config.upload.max_concurrent_runs, on_error=self._failed
@@ -131,6 +132,22 @@ class _Parts:
             (process.host, process.boot, process.pidns, str(process.pid), str(process.start))
         )
         self._started_at = time.time()
+
+    def _sweep_share(self) -> SweepShare:
+        """This daemon's part of the slow sweep, as a sweep begins: on a shared ledger, its place
+        among the daemons running on it (by id, from their heartbeat rows), so the fleet sweeps
+        the tree once, not once a host; alone, all of it. While the fleet changes (a daemon
+        joins or leaves between two sweeps) a directory may be swept twice or wait one more
+        period; when the ledger cannot say, this daemon sweeps all (twice, never missed)."""
+        if self.app.ledger.server is None:
+            return SweepShare(0, 1)
+        now = time.time()
+        try:
+            running = {d.id for d in self.app.ledger.daemons() if d.running(now)}
+        except EvalpushError:
+            return SweepShare(0, 1)
+        ids = sorted(running | {self.daemon_id})
+        return SweepShare(ids.index(self.daemon_id), len(ids))
 
     def beat(self, status: str) -> None:
         """This daemon's heartbeat row in the ledger, with its STATUS line and its gate."""
