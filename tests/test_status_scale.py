@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from evalpush.cli.report import LATEST_SHOWN
 from evalpush.core.ids import short_id
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import HistoryOutcome, SetAsideKind, State
-from evalpush.ledger import Ledger, RunRecord, reads, transitions
+from evalpush.ledger import Ledger, RunRecord, default_path, reads, transitions
 from support.commands import COMMAND_SECONDS, evalpush
 from support.environ import clean_environ
 from support.postgres import PASSWORD, Cluster
@@ -388,3 +389,55 @@ def test_a_shared_ledger_stopping_mid_listing_ends_status_json_whole_with_the_er
     assert [run["run_id"] for run in runs] == [r.run_id for r in listed[: len(runs)]]
     assert "the shared ledger cannot be reached" in last["error"], last
     assert last["error"] in err.decode() and "Traceback" not in err.decode()
+
+
+def test_a_listing_of_a_file_no_process_had_open_keeps_reading_it_as_it_was_when_a_writer_comes(
+    tmp_path: Path,
+) -> None:
+    """No process had the file open: `status` reads it as immutable, without locks. A writer
+    opening it meanwhile commits to its log, not the file: the listing goes on reading the file
+    as it was (before, a read after a writer came was read again through its log)."""
+    path = default_path(tmp_path / "state")
+    with Ledger(path) as ledger:
+        listed = finalized_runs(ledger, range(1, LISTED + 1))
+    environ = clean_environ(HOME=str(tmp_path), EVALPUSH_STATE_DIR=str(path.parent))
+
+    with paged_status(environ, "--state", "finalized", "--json") as status:
+        assert status.stdout is not None
+        first = os.read(status.stdout.fileno(), 1)  # the file read as immutable: no writer yet
+        with Ledger(path) as ledger:
+            for record in listed:
+                ledger.update(ledger.get(record.id), samples_seen=5)
+        out, err = status.communicate(timeout=COMMAND_SECONDS)
+
+    assert status.returncode == 0, err.decode()
+    document = json.loads(first + out)
+    assert sorted(run["run_id"] for run in document) == [r.run_id for r in listed]
+    assert {run["samples_seen"] for run in document} == {4}
+
+
+def test_a_checkpoint_into_the_file_under_an_immutable_listing_ends_it_with_an_error(
+    tmp_path: Path,
+) -> None:
+    """A writer's checkpoint moves its commits into the file that a reader without locks is
+    reading: what it reads after may be half of each. The listing ends there, whole, with the
+    error, and exit 1."""
+    path = default_path(tmp_path / "state")
+    with Ledger(path) as ledger:
+        listed = finalized_runs(ledger, range(1, LISTED + 1))
+    environ = clean_environ(HOME=str(tmp_path), EVALPUSH_STATE_DIR=str(path.parent))
+
+    with paged_status(environ, "--json") as status:
+        assert status.stdout is not None
+        first = os.read(status.stdout.fileno(), 1)  # the file read as immutable: no writer yet
+        with Ledger(path) as ledger:
+            for record in listed:
+                ledger.update(ledger.get(record.id), samples_seen=5)
+            with sqlite3.connect(path) as checkpointer:
+                checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        out, err = status.communicate(timeout=COMMAND_SECONDS)
+
+    assert status.returncode == EXIT_PARTIAL, err.decode()
+    *runs, last = json.loads(first + out)
+    assert 0 < len(runs) < LISTED and {run["samples_seen"] for run in runs} == {4}
+    assert "rewrote the file under this read" in last["error"], last
