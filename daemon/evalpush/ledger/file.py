@@ -14,7 +14,8 @@ protocol's business, said once by `evalpush.ledger.store.Ledger`'s named writes.
 
 The file is created with mode 0600 in a 0700 directory, and a `state.db` that is a symlink or
 not a regular file is refused. A reader (`read_only`: `status`, `check`) creates no file and
-changes none: see `LedgerFile._read_connection`. Every SQLite failure (full disk, locked or
+changes none: see `LedgerFile._read_connection`; what it shows it may read as of one moment
+(`LedgerFile.snapshot`: one read transaction). Every SQLite failure (full disk, locked or
 corrupt file) surfaces as `LedgerError` naming the file: the upload stops rather than carry on
 with progress it cannot record. What a server echoed is stored scrubbed of secrets, and an older ledger's texts are
 scrubbed and the file rebuilt when it is upgraded.
