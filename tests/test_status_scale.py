@@ -359,6 +359,9 @@ def test_a_listing_while_another_process_updates_and_adds_runs_shows_each_run_on
         for record in listed:  # each moved to the end of its state's order
             ledger.update(ledger.get(record.id), samples_seen=5)
         finalized_runs(ledger, range(LISTED + 1, LISTED + PAGE + 1))
+        if ledger.path is not None:  # the file: its log moved into it meanwhile, as far as it may
+            with sqlite3.connect(ledger.path) as checkpointer:
+                checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
         out, err = status.communicate(timeout=COMMAND_SECONDS)
 
     assert status.returncode == 0, err.decode()
