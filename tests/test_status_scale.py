@@ -7,21 +7,29 @@ uploading; the reads are made to page every few runs so that many pages are cros
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import re
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
 
+from evalpush.cli.parser import EXIT_PARTIAL
 from evalpush.cli.report import LATEST_SHOWN
 from evalpush.core.ids import short_id
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import HistoryOutcome, SetAsideKind, State
-from evalpush.ledger import Ledger, reads, transitions
-from support.commands import evalpush
+from evalpush.ledger import Ledger, RunRecord, default_path, reads, transitions
+from support.commands import COMMAND_SECONDS, evalpush
 from support.environ import clean_environ
-from support.postgres import PASSWORD
+from support.postgres import PASSWORD, Cluster
 
 FINALIZED = LATEST_SHOWN + 25
 """Finalized runs with nothing to look at: more than the default view lists."""
@@ -226,8 +234,9 @@ def test_a_row_the_file_cannot_decode_ends_status_json_with_an_error_naming_the_
     tmp_path: Path,
 ) -> None:
     """A TEXT value that is not UTF-8 (a foreign tool's write, a damaged page) on a later page:
-    the rows before it are out already; `status --json` ends with one error naming the file and a
-    non-zero exit, not a traceback (SQLite's module raises that error with no SQLite code)."""
+    the rows before it are out already; `status --json` ends the document whole, its last object
+    the error naming the file, said on stderr too, with exit 1, not a traceback (SQLite's module
+    raises that error with no SQLite code)."""
     import sqlite3
 
     from evalpush.ledger import default_path
@@ -242,8 +251,11 @@ def test_a_row_the_file_cannot_decode_ends_status_json_with_an_error_naming_the_
 
     done = evalpush(environ, "status", "--json")
 
-    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == EXIT_PARTIAL and "Traceback" not in done.stderr, done.stderr
     assert str(path) in done.stderr and "cannot read the ledger" in done.stderr, done.stderr
+    *listed, last = json.loads(done.stdout)
+    assert [run["run_id"] for run in listed] == [run_id(n) for n in range(1, PAGE + 1)]
+    assert str(path) in last["error"] and "cannot read the ledger" in last["error"], last
 
 
 @pytest.mark.parametrize("limit", ["0", "-3", "many"])
@@ -278,3 +290,157 @@ def test_the_table_shows_control_characters_of_a_run_id_or_reason_escaped(tmp_pa
         assert done.returncode == 0, done.stderr
         assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", done.stdout), repr(done.stdout)
         assert "\\x1b[2J" in done.stdout, done.stdout
+
+
+PAGED_STATUS = """
+import sys
+from evalpush.ledger import reads
+reads.PAGE_RUNS = int(sys.argv[1])
+from evalpush.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+"""`evalpush ARGS` as a process whose reads page every few runs (the `small_pages` of a process)."""
+
+
+@contextlib.contextmanager
+def paged_status(environ: dict[str, str], *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """`evalpush status ARGS` started as a process reading `PAGE` runs a page, its output a pipe
+    of one memory page: once the test has read its first byte (the first page of runs was
+    read), it writes a few runs' JSON at most and waits for the test to read on, its listing
+    half done and its later pages not read yet."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", PAGED_STATUS, str(PAGE), "status", *args],
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        fcntl.fcntl(process.stdout.fileno(), fcntl.F_SETPIPE_SZ, os.sysconf("SC_PAGE_SIZE"))
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+LISTED = PAGE * 10
+"""Runs in the ledger when a listing starts: more than the listing's output a pipe holds."""
+
+
+def finalized_runs(ledger: Ledger, numbers: range) -> list[RunRecord]:
+    """Finalized runs, each 4 samples seen."""
+    made = []
+    for n in numbers:
+        record = ledger.add(path=f"/srv/runs/{n}", run_id=run_id(n), kind="eval", state=State.READY)
+        made.append(
+            transitions.finalize(
+                ledger, record, at=1.0, evaluation_id=f"eval-{n}", samples_sent=4, samples_seen=4
+            )
+        )
+    return made
+
+
+@pytest.mark.parametrize(
+    "args", [["--state", "finalized", "--json"], ["--json"]], ids=["state", "all"]
+)
+def test_a_listing_while_another_process_updates_and_adds_runs_shows_each_run_once_as_it_was(
+    ledger: Ledger, tmp_path: Path, args: list[str]
+) -> None:
+    """`--state` pages by (updated_at, id): a run updated after its page was printed moves past
+    the pages read, and would be listed again; `--json` pages by id: a run added would be
+    listed, and the runs of the later pages read as updated. Read in one snapshot, the listing
+    is the ledger as it was when it began."""
+    listed = finalized_runs(ledger, range(1, LISTED + 1))
+
+    with paged_status(environ_for(ledger, tmp_path), *args) as status:
+        assert status.stdout is not None
+        first = os.read(status.stdout.fileno(), 1)
+        for record in listed:  # each moved to the end of its state's order
+            ledger.update(ledger.get(record.id), samples_seen=5)
+        finalized_runs(ledger, range(LISTED + 1, LISTED + PAGE + 1))
+        if ledger.path is not None:  # the file: its log moved into it meanwhile, as far as it may
+            with sqlite3.connect(ledger.path) as checkpointer:
+                checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        out, err = status.communicate(timeout=COMMAND_SECONDS)
+
+    assert status.returncode == 0, err.decode()
+    document = json.loads(first + out)
+    assert sorted(run["run_id"] for run in document) == [r.run_id for r in listed]
+    assert {run["samples_seen"] for run in document} == {4}, "each as it was when it began"
+
+
+def test_a_shared_ledger_stopping_mid_listing_ends_status_json_whole_with_the_error(
+    postgres: Cluster, pg_url: str, tmp_path: Path
+) -> None:
+    with Ledger.shared(pg_url, password=PASSWORD) as ledger:
+        listed = finalized_runs(ledger, range(1, LISTED + 1))
+        environ = environ_for(ledger, tmp_path)
+
+    with paged_status(environ, "--json") as status:
+        assert status.stdout is not None
+        first = os.read(status.stdout.fileno(), 1)
+        postgres.stop()
+        try:
+            out, err = status.communicate(timeout=COMMAND_SECONDS)
+        finally:
+            postgres.pg_ctl("start", "-w", "-l", str(postgres.root / "log"))
+
+    assert status.returncode == EXIT_PARTIAL, err.decode()
+    *runs, last = json.loads(first + out)
+    assert 0 < len(runs) < LISTED
+    assert [run["run_id"] for run in runs] == [r.run_id for r in listed[: len(runs)]]
+    assert "the shared ledger cannot be reached" in last["error"], last
+    assert last["error"] in err.decode() and "Traceback" not in err.decode()
+
+
+def test_a_listing_of_a_file_no_process_had_open_keeps_reading_it_as_it_was_when_a_writer_comes(
+    tmp_path: Path,
+) -> None:
+    """No process had the file open: `status` reads it as immutable, without locks. A writer
+    opening it meanwhile commits to its log, not the file: the listing goes on reading the file
+    as it was (before, a read after a writer came was read again through its log)."""
+    path = default_path(tmp_path / "state")
+    with Ledger(path) as ledger:
+        listed = finalized_runs(ledger, range(1, LISTED + 1))
+    environ = clean_environ(HOME=str(tmp_path), EVALPUSH_STATE_DIR=str(path.parent))
+
+    with paged_status(environ, "--state", "finalized", "--json") as status:
+        assert status.stdout is not None
+        first = os.read(status.stdout.fileno(), 1)  # the file read as immutable: no writer yet
+        with Ledger(path) as ledger:
+            for record in listed:
+                ledger.update(ledger.get(record.id), samples_seen=5)
+        out, err = status.communicate(timeout=COMMAND_SECONDS)
+
+    assert status.returncode == 0, err.decode()
+    document = json.loads(first + out)
+    assert sorted(run["run_id"] for run in document) == [r.run_id for r in listed]
+    assert {run["samples_seen"] for run in document} == {4}
+
+
+def test_a_checkpoint_into_the_file_under_an_immutable_listing_ends_it_with_an_error(
+    tmp_path: Path,
+) -> None:
+    """A writer's checkpoint moves its commits into the file that a reader without locks is
+    reading: what it reads after may be half of each. The listing ends there, whole, with the
+    error, and exit 1."""
+    path = default_path(tmp_path / "state")
+    with Ledger(path) as ledger:
+        listed = finalized_runs(ledger, range(1, LISTED + 1))
+    environ = clean_environ(HOME=str(tmp_path), EVALPUSH_STATE_DIR=str(path.parent))
+
+    with paged_status(environ, "--json") as status:
+        assert status.stdout is not None
+        first = os.read(status.stdout.fileno(), 1)  # the file read as immutable: no writer yet
+        with Ledger(path) as ledger:
+            for record in listed:
+                ledger.update(ledger.get(record.id), samples_seen=5)
+            with sqlite3.connect(path) as checkpointer:
+                checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        out, err = status.communicate(timeout=COMMAND_SECONDS)
+
+    assert status.returncode == EXIT_PARTIAL, err.decode()
+    *runs, last = json.loads(first + out)
+    assert 0 < len(runs) < LISTED and {run["samples_seen"] for run in runs} == {4}
+    assert "rewrote the file under this read" in last["error"], last

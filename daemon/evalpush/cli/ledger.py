@@ -70,7 +70,9 @@ from evalpush.runs import why_not_a_run
 def cmd_status(args: argparse.Namespace, config: Config) -> int:
     """Read-only: a missing ledger is said (with its path), never created. Every row (`--all`,
     `--state`, `--json`) is read and printed a page at a time; the default view reads only what
-    it shows (`report.overview`)."""
+    it shows (`report.overview`). Everything shown is read in one snapshot (`Ledger.snapshot`):
+    a run another process writes meanwhile is listed once, as it was, and the counts agree with
+    the rows."""
     path = default_path(config.state_dir)
     shared = bool(config.ledger.url)
     shown = where(config)
@@ -86,7 +88,7 @@ def cmd_status(args: argparse.Namespace, config: Config) -> int:
             if args.daemon:
                 print(not_running_text(None))
         return EXIT_OK
-    with open_ledger(config, read_only=True) as ledger:
+    with open_ledger(config, read_only=True) as ledger, ledger.snapshot():
         view, last = local_daemon(ledger.daemons(), shared=shared)
         fleet = fleet_rows(ledger)
         alive = fleet_alive(ledger) if shared else None
@@ -187,17 +189,31 @@ def _print_overview(
 
 def _stream_json(pages: Iterable[list[dict[str, Any]]]) -> None:
     """The JSON list of every object of `pages`, written a page at a time: the same bytes
-    `_print_json` writes of the whole list (indented by 2)."""
+    `_print_json` writes of the whole list (indented by 2). A ledger error while reading them
+    still ends the document whole: its last object is `{"error": what the ledger said}`, and
+    the error goes on to the caller (said on stderr, exit 1)."""
     out, first = sys.stdout.buffer, True
-    for objects in pages:
-        if not objects:
-            continue
+
+    def write(objects: list[Any]) -> None:
+        nonlocal first
         # A page's list formatted alone, less its brackets, is its part of the whole list.
         body = msgspec.json.format(msgspec.json.encode(objects), indent=2)
         out.write((b"[\n" if first else b",\n") + body[2:-2])
         first = False
-    out.write(b"[]\n" if first else b"\n]\n")
-    sys.stdout.flush()
+
+    def end() -> None:
+        out.write(b"[]\n" if first else b"\n]\n")
+        sys.stdout.flush()
+
+    try:
+        for objects in pages:
+            if objects:
+                write(objects)
+    except EvalpushError as exc:
+        write([{"error": str(exc)}])
+        end()
+        raise
+    end()
 
 
 def _print_json(value: Any) -> None:

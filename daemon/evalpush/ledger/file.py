@@ -14,7 +14,8 @@ protocol's business, said once by `evalpush.ledger.store.Ledger`'s named writes.
 
 The file is created with mode 0600 in a 0700 directory, and a `state.db` that is a symlink or
 not a regular file is refused. A reader (`read_only`: `status`, `check`) creates no file and
-changes none: see `LedgerFile._read_connection`. Every SQLite failure (full disk, locked or
+changes none: see `LedgerFile._read_connection`; what it shows it may read as of one moment
+(`LedgerFile.snapshot`: one read transaction). Every SQLite failure (full disk, locked or
 corrupt file) surfaces as `LedgerError` naming the file: the upload stops rather than carry on
 with progress it cannot record. What a server echoed is stored scrubbed of secrets, and an older ledger's texts are
 scrubbed and the file rebuilt when it is upgraded.
@@ -183,6 +184,8 @@ class LedgerFile:
         self._log_fd: int | None = None  # the write-ahead log, opened at the first sync
         self._shared_fd: int | None = None  # a reader's, holding SQLite's shared lock
         self._immutable = False  # a reader's connection ignores locks: checked at each read
+        self._in_snapshot = False  # inside `snapshot`: one read transaction
+        self._snapshot_of: tuple[int, int] | None = None  # the immutable file as it began
         self.writes = 0  # write transactions committed (what bench/many_runs.py counts)
         self.syncs = 0  # syncs of the write-ahead log
         # One connection, `db`; SQLAlchemy runs statements on it (`sql`), never begins or ends
@@ -585,12 +588,57 @@ class LedgerFile:
             "by Ctrl-Z or SIGSTOP, holds it until it continues)"
         )
 
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Every `query` made inside reads the ledger as of one moment: one read transaction
+        (`BEGIN`, deferred: its first read takes the snapshot; in WAL mode a writer is not
+        blocked by it, nor it by a writer). The lock is held throughout: another thread's reads
+        and writes wait for its end. A reader of the file as immutable (no process had it open)
+        keeps reading the file as it was, a writer coming meanwhile or not (its commits go to
+        its log); only a checkpoint changing the file under it ends the read with a
+        `LedgerError` (`_check_unchanged`)."""
+        with self.lock:
+            try:
+                self.db.execute("BEGIN")
+            except sqlite3.Error as exc:
+                raise LedgerError(f"{self.path}: cannot read the ledger: {exc}") from None
+            self._snapshot_of = self._stat() if self._immutable else None
+            self._in_snapshot = True
+            try:
+                yield
+            finally:
+                self._in_snapshot = False
+                if self.db.in_transaction:  # an error may have ended it already
+                    with contextlib.suppress(sqlite3.Error):
+                        self.db.execute("ROLLBACK")  # it wrote nothing: nothing to commit
+
+    def _stat(self) -> tuple[int, int] | None:
+        """(size, mtime_ns) of the file now: what a checkpoint into it changes."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_size, st.st_mtime_ns)
+
+    def _check_unchanged(self) -> None:
+        """Inside a snapshot read as immutable: the file must be as it was when it began (a
+        writer's checkpoint moves its commits into the file, which this reader, taking no
+        locks, may have read halfway)."""
+        if self._snapshot_of is not None and self._stat() != self._snapshot_of:
+            raise LedgerError(
+                f"{self.path}: cannot read the ledger: a process that opened it meanwhile "
+                "rewrote the file under this read (a checkpoint); read it again"
+            )
+
     def query(self, statement: sa.Executable, params: dict[str, Any] | None = None) -> list[Any]:
-        """The rows `statement` reads (outside any write transaction)."""
+        """The rows `statement` reads (outside any write transaction; inside `snapshot`, as of
+        its moment)."""
         with self.lock:
             try:
                 rows = self._while_busy(lambda: self.sql.execute(statement, params).all())
-                if self._writer_came():  # read again through the writer's log
+                if self._in_snapshot:
+                    self._check_unchanged()
+                elif self._writer_came():  # read again through the writer's log
                     self._bind(self._read_connection())
                     rows = self._while_busy(lambda: self.sql.execute(statement, params).all())
                 return rows

@@ -4,9 +4,10 @@ before, each as this process knows it (with the writes it has deferred).
 A ledger may hold a million runs: what reads them all does so a page at a time (`pages`,
 `pages_in_state`, `pages_with_history`: one query a page, each found through an index, so each
 page costs the same however far in it is), and what a page's runs set aside and had before is
-read in one query a page (`set_aside_of`, `history_of`), never one a run. `status`'s default view
-reads only what its sections show, through the indexes of schema 10 (`newest`, `short`,
-`set_aside_runs`, `by_ids`)."""
+read in one query a page (`set_aside_of`, `history_of`), never one a run. Each query reads the
+ledger as it is then: a listing that must be of one moment is read inside `Ledger.snapshot`
+(`status`'s is). `status`'s default view reads only what its sections show, through the indexes
+of schema 10 (`newest`, `short`, `set_aside_runs`, `by_ids`)."""
 
 from __future__ import annotations
 

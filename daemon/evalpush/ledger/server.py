@@ -106,6 +106,7 @@ class LedgerServer:
         self._busy_timeout_seconds = busy_timeout_seconds
         self._connection: psycopg.Connection[Any] | None = None
         self.sql: sa.Connection | None = None
+        self._snapshot: psycopg.Connection[Any] | None = None  # the connection `snapshot` reads
         self._outage = OutageReporter(LEDGER, logged(get_logger(stage="ledger", ledger=self.where)))
         try:
             import psycopg  # noqa: F401 - an extra: said here, before anything else is tried
@@ -321,9 +322,38 @@ class LedgerServer:
             raise
         sql.exec_driver_sql("COMMIT")
 
-    def query(self, statement: sa.Executable, params: dict[str, Any] | None = None) -> list[Any]:
-        """The rows `statement` reads (outside any write transaction)."""
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Every `query` made inside reads the ledger as of one moment: one `REPEATABLE READ
+        READ ONLY` transaction (its first read takes the snapshot; writers are not blocked by
+        it). The lock is held throughout. A connection that breaks meanwhile is not replaced
+        inside it (a new one would read another moment): each read after is a `LedgerError`."""
         with self.lock:
+            sql = self._connect()
+            try:
+                sql.exec_driver_sql(_BEGIN_SNAPSHOT)
+            except Exception as exc:
+                if _is_database_error(exc):
+                    raise self._failure("read", exc) from None
+                raise
+            self._snapshot = self._connection
+            try:
+                yield
+            finally:
+                self._snapshot = None
+                if self._connection is not None and not self._connection.broken:
+                    with contextlib.suppress(Exception):  # it wrote nothing: nothing to lose
+                        sql.exec_driver_sql("ROLLBACK")
+
+    def query(self, statement: sa.Executable, params: dict[str, Any] | None = None) -> list[Any]:
+        """The rows `statement` reads (outside any write transaction; inside `snapshot`, as of
+        its moment)."""
+        with self.lock:
+            if self._snapshot is not None and self._snapshot is not self._connection:
+                raise LedgerUnavailable(
+                    f"{self.where}: the shared ledger's connection was lost in the middle of "
+                    "this read"
+                )
             sql = self._connect()
             try:
                 return sql.execute(statement, params).all()
@@ -343,6 +373,7 @@ class LedgerServer:
 
 _BEGIN = "BEGIN"
 _BEGIN_UNSYNCED = "BEGIN; SET LOCAL synchronous_commit TO off"
+_BEGIN_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 
 def _is_database_error(exc: BaseException) -> bool:

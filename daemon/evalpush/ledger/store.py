@@ -28,6 +28,7 @@ behind it (the file's group commit).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -181,6 +182,14 @@ class Ledger(LedgerReads):
     def close(self) -> None:
         """Close the file; whatever this process committed is durable first."""
         self._file.close()
+
+    def snapshot(self) -> contextlib.AbstractContextManager[None]:
+        """Read the ledger as of one moment: every read made inside (a listing's pages, its
+        counts) sees the same ledger, whatever another process writes meanwhile. One read
+        transaction of the store's (`LedgerFile.snapshot`, `LedgerServer.snapshot`), this
+        ledger's other threads waiting for its end: for a command that only reads (`status`),
+        never for the daemon's own reads."""
+        return self._file.snapshot()
 
     def __enter__(self) -> Ledger:
         return self
