@@ -178,7 +178,15 @@ def load_postgres(url: str, password: str, source: Path) -> None:
 
     started = time.perf_counter()
     with psycopg.connect(url, password=password, autocommit=True) as connection:
-        for table in ("alembic_version", "evalpush_schema", "set_aside", "history", "forgotten", "daemons", "runs"):
+        for table in (
+            "alembic_version",
+            "evalpush_schema",
+            "set_aside",
+            "history",
+            "forgotten",
+            "daemons",
+            "runs",
+        ):
             connection.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
     Ledger.shared(url, password=password).close()
     db = sqlite3.connect(f"file:{source}?immutable=1", uri=True)
@@ -306,7 +314,9 @@ def main() -> None:
     parser.add_argument(
         "--skip", action="append", default=[], choices=list(COMMANDS), help="a command not to time"
     )
-    parser.add_argument("--migrate", action="store_true", help="time migrate 9 -> the current schema on the file")
+    parser.add_argument(
+        "--migrate", action="store_true", help="time migrate 9 -> the current schema on the file"
+    )
     parser.add_argument("--cache", type=Path, default=BENCH / ".cache" / "status")
     args = parser.parse_args()
     skip = set(args.skip)
