@@ -633,6 +633,15 @@ class TestMatching:
 
         assert ledger.match("abc") == [one, two]
 
+    def test_a_prefix_holding_a_nul_finds_the_run_id_it_begins_on_either_store(
+        self, ledger: Ledger
+    ):
+        record = a_run(ledger, path="/runs/a", run_id="abc\0def")
+        a_run(ledger, path="/runs/b", run_id="abc-2")
+
+        assert ledger.match("abc\0") == [record]
+        assert ledger.match("\0") == []
+
     def test_a_key_that_is_not_utf8_matches_the_run_at_that_path_and_nothing_else(
         self, ledger: Ledger
     ):
