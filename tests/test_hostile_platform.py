@@ -396,8 +396,8 @@ SECRET_LIKE_KEY = "sk-Qm4Zt8Wx2Lk9PjIds"
 class TestIdsAreData:
     @pytest.mark.parametrize(
         "value",
-        ["", ".", "..", "a" * 1025, "e-" + SECRET_LIKE_KEY],
-        ids=["empty", "dot", "dot dot", "over 1024", "holding the key"],
+        ["", ".", "..", "a" * 1025, "e-" + SECRET_LIKE_KEY, "e\0f"],
+        ids=["empty", "dot", "dot dot", "over 1024", "holding the key", "holding a NUL"],
     )
     def test_what_cannot_be_one_path_segment_is_not_an_evaluation_id(self, value: str) -> None:
         log.register_secret(SECRET_LIKE_KEY)
@@ -422,7 +422,9 @@ class TestIdsAreData:
     def test_what_the_platform_hands_out_is_an_id(self, value: str) -> None:
         assert is_platform_id(value)
 
-    @pytest.mark.parametrize("value", ["..", "a" * 1025], ids=["dot dot", "over 1024"])
+    @pytest.mark.parametrize(
+        "value", ["..", "a" * 1025, "e\0f"], ids=["dot dot", "over 1024", "holding a NUL"]
+    )
     def test_a_create_answer_with_an_id_that_cannot_be_a_segment_is_ambiguous(
         self, value: str, platform_client: PlatformClient, local_platform: LocalPlatform
     ) -> None:
@@ -438,6 +440,13 @@ class TestIdsAreData:
     ) -> None:
         local_platform.inject("bad_id", on="resolve", value=value)
         assert platform_client.resolve_environment("gsm8k") == value
+
+    def test_an_environment_id_holding_a_nul_is_not_used_as_no_ledger_keeps_it(
+        self, platform_client: PlatformClient, local_platform: LocalPlatform
+    ) -> None:
+        local_platform.inject("bad_id", on="resolve", value="env\0x")
+        with pytest.raises(errors.Transient, match="NUL"):
+            platform_client.resolve_environment("gsm8k")
 
     def test_an_environment_id_given_as_an_integer_is_used(self, tmp_path: Path) -> None:
         answer = httpx.Response(200, json={"data": {"id": 42}})

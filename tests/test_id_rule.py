@@ -26,9 +26,10 @@ def test_the_platform_api_page_states_the_evaluation_id_rule_the_client_applies(
     assert f"over {MAX_ID_CHARS:,} characters" in said
     assert "the empty string, `.` and `..`" in said
     assert "percent-encoded segment" in said and "holding part of the API key" in said
+    assert "holding a NUL" in said
     assert not re.search(r"\[A-Za-z0-9_-\]|at most 128", PAGE.read_text())
 
 
 def test_the_ids_the_page_says_are_refused_are_refused_and_its_odd_ones_taken():
-    assert not any(is_platform_id(v) for v in ("", ".", "..", "a" * (MAX_ID_CHARS + 1)))
+    assert not any(is_platform_id(v) for v in ("", ".", "..", "a" * (MAX_ID_CHARS + 1), "e\0"))
     assert all(is_platform_id(v) for v in ("a/b", "a?b#c", "50%", "e 1", "é", "a" * MAX_ID_CHARS))

@@ -26,8 +26,10 @@ from evalpush.cli import report
 from evalpush.core.errors import LedgerError
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import HistoryOutcome, State, Step
-from evalpush.ledger import SCHEMA_VERSION, Ledger
+from evalpush.ledger import SCHEMA_VERSION, Ledger, default_path
+from evalpush.ledger.tables import path_key, run_key
 from evalpush.log import register_secret
+from support.old_ledgers import old_file
 
 
 def a_run(ledger: Ledger, path: str = "/runs/a", run_id: str = "0f1e2d3c-aaaa"):
@@ -392,6 +394,36 @@ class TestSchemaUpgrade:
         leaking = [p.name for p in path.parent.iterdir() if any(x in p.read_bytes() for x in parts)]
         assert leaking == []
 
+    def test_the_upgrade_scrubs_a_key_from_a_text_an_older_evalpush_stored_with_a_nul(
+        self, tmp_path: Path
+    ):
+        """The file held a NUL as it was: the scrub finds that text by its stored value, not by
+        the value the store would write now (NUL shown as `\\x00`)."""
+        key = "sk-nul-4Rt7Yu1Io9Pa3Sd6Fg2Hj8"
+        path = default_path(tmp_path / "state")
+        db = old_file(path, 10)
+        db.execute(
+            "INSERT INTO runs (id, run_id, path, path_raw, kind, state, reason, created_at, "
+            "updated_at, run_key, path_key) VALUES (1, 'r', '/r', X'2f72', 'eval', 'held', ?, 0, "
+            "0, ?, ?)",
+            (f"refused \0{key}", run_key("r"), path_key(b"/r")),
+        )
+        db.execute(
+            "INSERT INTO set_aside VALUES (1, 1, 10, 1, 'rejected', ?)", (f"HTTP 422 \0{key}",)
+        )
+        db.close()
+        register_secret(key)
+
+        with Ledger(path) as ledger:
+            (record,) = ledger.all()
+            reasons = (record.reason, ledger.set_aside(record)[0].reason)
+            scrubbed_again = ledger.scrub_secrets()
+
+        assert reasons == ("refused \\x00[redacted]", "HTTP 422 \\x00[redacted]")
+        assert scrubbed_again == 0
+        stored = b"".join(p.read_bytes() for p in path.parent.glob("state.db*"))
+        assert key.encode() not in stored
+
     def test_a_schema_1_ledger_is_upgraded_in_place_keeping_every_run(self, tmp_path: Path):
         root = tmp_path / "runs"
         path = ledger_v1.build(tmp_path / "state", root)
@@ -600,6 +632,15 @@ class TestMatching:
         two = a_run(ledger, path="/runs/b", run_id="abc-2")
 
         assert ledger.match("abc") == [one, two]
+
+    def test_a_prefix_holding_a_nul_finds_the_run_id_it_begins_on_either_store(
+        self, ledger: Ledger
+    ):
+        record = a_run(ledger, path="/runs/a", run_id="abc\0def")
+        a_run(ledger, path="/runs/b", run_id="abc-2")
+
+        assert ledger.match("abc\0") == [record]
+        assert ledger.match("\0") == []
 
     def test_a_key_that_is_not_utf8_matches_the_run_at_that_path_and_nothing_else(
         self, ledger: Ledger

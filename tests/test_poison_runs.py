@@ -202,3 +202,25 @@ def test_the_daemon_leaves_a_run_the_ledger_cannot_record_saying_why_and_uploads
         assert daemon.process.poll() is None, daemon.text()
         assert daemon.stop() == 0, daemon.text()
     assert "Traceback" not in daemon.text()
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_push_fails_a_run_expecting_more_traces_than_the_ledger_counts_alone_on_either_store(
+    store: str, local_platform, tmp_path: Path, request: pytest.FixtureRequest
+):
+    root = tmp_path / "outputs"
+    huge = RunDir(root / "huge").config(num_tasks=2**62)  # 2 rollouts each: 2**63 traces
+    huge.write(huge.lines(10))
+    good = good_run(root)
+    environ = push_environ(local_platform, tmp_path, **on_store(store, request, tmp_path))
+
+    push = start_push(root, environ)
+    out, err = push.communicate(timeout=PUSH_TIMEOUT_SECONDS)
+
+    said = (out + err).decode("utf-8", "replace")
+    assert completed(local_platform, good.run_id), said
+    assert completed(local_platform, huge.run_id) is None, said
+    assert push.returncode == 1, said
+    (line,) = [line for line in out.decode().splitlines() if str(huge.path) in line]
+    assert "the ledger cannot record this run" in line, said
+    assert "Traceback" not in said

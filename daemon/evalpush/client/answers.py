@@ -47,9 +47,21 @@ Page = TypeVar("Page", "SamplesPage", "EvaluationsPage")
 def is_platform_id(value: str) -> bool:
     """Whether `value` can be put into a URL path as one segment (percent-encoded: a `/`, `?`,
     a space, anything not ASCII stays inside it): anything but empty, `.` and `..` (which no
-    encoding keeps one segment), at most `MAX_ID_CHARS` characters, and nothing of the API key
-    in it."""
-    return 0 < len(value) <= MAX_ID_CHARS and value not in _DOT_SEGMENTS and not holds_secret(value)
+    encoding keeps one segment), at most `MAX_ID_CHARS` characters, nothing of the API key
+    in it, and no NUL (`holds_nul`)."""
+    return (
+        0 < len(value) <= MAX_ID_CHARS
+        and value not in _DOT_SEGMENTS
+        and not holds_secret(value)
+        and not holds_nul(value)
+    )
+
+
+def holds_nul(value: str) -> bool:
+    """Whether an id holds a NUL, which no ledger keeps as it is (PostgreSQL text cannot hold
+    one; both stores write it as `\\x00`): read back, it would name another evaluation or
+    environment."""
+    return "\0" in value
 
 
 def _text(value: Id | None) -> str | None:

@@ -51,6 +51,7 @@ from evalpush.client.answers import (
     Page,
     SamplesAck,
     SamplesPage,
+    holds_nul,
     is_platform_id,
     read,
     read_page,
@@ -94,7 +95,7 @@ def _segment(value: str, what: str, *, any_length: bool = False) -> str:
     if not value_ok:
         raise errors.Unsendable(
             f"{what}: {value[:40]!r} is not a platform id (empty, a dot segment, over "
-            f"{MAX_ID_CHARS} characters, or holding the key); not sent"
+            f"{MAX_ID_CHARS} characters, holding the key or a NUL); not sent"
         )
     return urllib.parse.quote(value, safe="")
 
@@ -217,6 +218,8 @@ class PlatformClient:
         env_id = read(answer, Environment, what=what, replayable=True).id
         if env_id is None:
             raise unexpected(answer, what=what, replayable=True, why="no environment id")
+        if holds_nul(env_id):
+            raise unexpected(answer, what=what, replayable=True, why="an id holding a NUL")
         return env_id
 
     def create_evaluation(self, body: dict[str, Any]) -> tuple[str, str | None]:

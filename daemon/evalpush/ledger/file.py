@@ -508,11 +508,11 @@ class LedgerFile:
                         self.db.execute("ROLLBACK")
                     raise
                 self.db.execute("COMMIT")
-            except (sqlite3.Error, sa.exc.DBAPIError) as exc:
+            except (sqlite3.Error, sa.exc.DBAPIError, OverflowError) as exc:
                 with contextlib.suppress(sqlite3.Error):
                     self.db.execute("ROLLBACK")
                 error = _sqlite_error(exc)
-                if isinstance(error, sqlite3.DataError):  # a value past SQLite's limits: one run's
+                if _past_limits(error):  # a value past SQLite's limits: one run's
                     raise LedgerRefused(f"{self.path}: the ledger cannot hold: {error}") from None
                 raise LedgerError(
                     f"{self.path}: cannot write the ledger: {error}" + self._why_busy(error)
@@ -642,9 +642,9 @@ class LedgerFile:
                     self._bind(self._read_connection())
                     rows = self._while_busy(lambda: self.sql.execute(statement, params).all())
                 return rows
-            except (sqlite3.Error, sa.exc.DBAPIError) as exc:
+            except (sqlite3.Error, sa.exc.DBAPIError, OverflowError) as exc:
                 error = _sqlite_error(exc)
-                if isinstance(error, sqlite3.DataError):
+                if _past_limits(error):
                     raise LedgerRefused(f"{self.path}: the ledger cannot hold: {error}") from None
                 raise LedgerError(f"{self.path}: cannot read the ledger: {error}") from None
 
@@ -674,6 +674,13 @@ class LedgerFile:
 def _sqlite_error(exc: BaseException) -> BaseException:
     """What SQLite (or Python's module) said: SQLAlchemy wraps it, its own words aside."""
     return exc.orig if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None else exc
+
+
+def _past_limits(exc: BaseException) -> bool:
+    """Whether SQLite refused a value past its limits (a text or blob too big: `DataError`),
+    or Python's module did (an integer past 64 bits, which SQLite's integer cannot hold, as
+    PostgreSQL's bigint cannot: a config expecting that many traces)."""
+    return isinstance(exc, sqlite3.DataError | OverflowError)
 
 
 def _busy(exc: BaseException) -> bool:

@@ -117,12 +117,15 @@ class LedgerReads:
         if found or paths.printable(key) != key:
             return found  # a key with bytes that are not UTF-8 can only be a path
         found = self._records(_BY_RUN_KEY, {"run_key": run_key(key)})
-        # A prefix of the run id as stored: as it is, or in hex (`tables.stored_run_id`).
+        # A prefix of the run id as stored: as it is, or in hex (`tables.stored_run_id`); a
+        # key holding a NUL, in hex only (no run id is stored with one, nor can PostgreSQL
+        # compare text with one).
         hexed = ESCAPED_RUN_ID + key.encode("utf-8", "surrogatepass").hex()
+        prefixes = (hexed,) if "\0" in key else (key, hexed)
         return found or self._records(
-            SELECT.where(
-                sa.or_(*(_starts(runs.c.run_id, prefix) for prefix in (key, hexed)))
-            ).order_by(runs.c.run_id)
+            SELECT.where(sa.or_(*(_starts(runs.c.run_id, prefix) for prefix in prefixes))).order_by(
+                runs.c.run_id
+            )
         )
 
     def all(self) -> list[RunRecord]:

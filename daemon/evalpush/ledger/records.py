@@ -223,9 +223,12 @@ def scrub_stored_texts(query: Callable[[Any], list[Any]], transaction: Callable[
     if changed:
         with transaction() as db:
             for text, scrubbed in changed.items():
+                # Found by the text as stored: an older file holds a NUL as it was, which the
+                # column's own type would write (and so compare) as `\\x00`.
+                stored = sa.literal(text, sa.Text())
                 for column in _MESSAGES:
                     db.execute(
-                        sa.update(column.table).where(column == text).values({column: scrubbed})
+                        sa.update(column.table).where(column == stored).values({column: scrubbed})
                     )
     return len(changed)
 
