@@ -108,31 +108,12 @@ def _insert(db: Any, source: Ledger, record: RunRecord) -> None:
     values["run_key"] = run_key(record.run_id)
     values["path_key"] = path_key(record.path_raw)
     row_id = db.execute(sa.insert(runs).values(values).returning(runs.c.id)).scalar_one()
-    set_asides = [
-        {
-            "run": row_id,
-            "line": s.line,
-            "offset": s.offset,
-            "size": s.size,
-            "kind": s.kind,
-            "reason": s.reason,
-        }
-        for s in source.set_aside(record)
-    ]
-    if set_asides:
-        db.execute(sa.insert(set_aside), set_asides)
-    earlier = [
-        {
-            "run": row_id,
-            "evaluation_id": h.evaluation_id,
-            "viewer_url": h.viewer_url,
-            "outcome": h.outcome,
-            "at": h.at,
-        }
-        for h in source.history(record)
-    ]
-    if earlier:
-        db.execute(sa.insert(history), earlier)
+    # A run's set-aside records and history, their fields the tables' columns.
+    for table, rows in ((set_aside, source.set_aside(record)), (history, source.history(record))):
+        if rows:
+            db.execute(
+                sa.insert(table), [{**msgspec.structs.asdict(row), "run": row_id} for row in rows]
+            )
 
 
 __all__ = ["Moved", "move"]

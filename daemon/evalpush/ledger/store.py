@@ -587,14 +587,7 @@ class Ledger(LedgerReads):
             db.execute(
                 statement,
                 [
-                    {
-                        "run": record.id,
-                        "line": i.line,
-                        "offset": i.offset,
-                        "size": i.size,
-                        "kind": i.kind,
-                        "reason": stored_text(i.reason),
-                    }
+                    {**msgspec.structs.asdict(i), "run": record.id, "reason": stored_text(i.reason)}
                     for i in items
                 ],
             )
