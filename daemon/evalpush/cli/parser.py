@@ -80,7 +80,8 @@ COMMAND_EXIT_CODES = {
     "  1    an error it cannot go on from (an unusable ledger): the last line says which\n"
     "  2    configuration: a bad key or value, a relative watch root (one line says which)\n",
     "status": "  0    shown (no ledger yet included: it says so)\n"
-    "  1    the ledger cannot be read (the message says why, and the fix)\n"
+    "  1    the ledger cannot be read (the message says why, and the fix); a --json\n"
+    "       listing cut by it still ends whole, its last object {\"error\": ...}\n"
     "  2    usage or configuration: a bad flag, key or value, a RUN the ledger does not know\n"
     + _STOPPED
     + _PIPE,
