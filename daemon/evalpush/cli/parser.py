@@ -81,7 +81,7 @@ COMMAND_EXIT_CODES = {
     "  2    configuration: a bad key or value, a relative watch root (one line says which)\n",
     "status": "  0    shown (no ledger yet included: it says so)\n"
     "  1    the ledger cannot be read (the message says why, and the fix); a --json\n"
-    "       listing cut by it still ends whole, its last object {\"error\": ...}\n"
+    '       listing cut by it still ends whole, its last object {"error": ...}\n'
     "  2    usage or configuration: a bad flag, key or value, a RUN the ledger does not know\n"
     + _STOPPED
     + _PIPE,
