@@ -134,8 +134,11 @@ class LedgerServer:
         """The open connection, or a new one; `LedgerUnavailable` if none can be had."""
         import psycopg
 
-        if self.sql is not None and self._connection is not None and not self._connection.broken:
-            return self.sql
+        connection = self._connection
+        if self.sql is not None and connection is not None:
+            # Closed too: SQLAlchemy closes a connection it found lost (its invalidation).
+            if not (connection.broken or connection.closed):
+                return self.sql
         self._drop()
         lock_ms = int(self._busy_timeout_seconds * 1000)
         try:
