@@ -92,6 +92,20 @@ class Upgrade(msgspec.Struct, frozen=True):
         )
 
 
+def engine_over(dialect: str, connection: Callable[[], Any]) -> sa.Engine:
+    """SQLAlchemy over a store's one connection (`connection()` returns it as it is now): it
+    runs statements on it, never begins or ends a transaction of its own (autocommit: the
+    store's `transaction` does), and hands it back as it is. `dialect`: `sqlite://`, or
+    `postgresql+psycopg://`."""
+    return sa.create_engine(
+        dialect,
+        creator=connection,
+        poolclass=StaticPool,
+        isolation_level="AUTOCOMMIT",
+        pool_reset_on_return=None,
+    )
+
+
 def default_path(state_dir: Path) -> Path:
     return state_dir / LEDGER_FILE
 
@@ -188,15 +202,7 @@ class LedgerFile:
         self._snapshot_of: tuple[int, int] | None = None  # the immutable file as it began
         self.writes = 0  # write transactions committed (what bench/many_runs.py counts)
         self.syncs = 0  # syncs of the write-ahead log
-        # One connection, `db`; SQLAlchemy runs statements on it (`sql`), never begins or ends
-        # a transaction of its own (autocommit: `transaction` does), and hands it back as it is.
-        self._engine = sa.create_engine(
-            "sqlite://",
-            creator=lambda: self.db,
-            poolclass=StaticPool,
-            isolation_level="AUTOCOMMIT",
-            pool_reset_on_return=None,
-        )
+        self._engine = engine_over("sqlite://", lambda: self.db)
         self.sql: sa.Connection | None = None
         self._open(path)
         if stop is not None:

@@ -33,12 +33,11 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.pool import StaticPool
 
 from evalpush.core.errors import ConfigError, LedgerError, LedgerRefused, LedgerUnavailable
 from evalpush.core.outage import AUTH, LEDGER, UNREACHABLE, OutageReporter, logged
 from evalpush.ledger import migrating
-from evalpush.ledger.file import Upgrade
+from evalpush.ledger.file import Upgrade, engine_over
 from evalpush.ledger.migrating import SCHEMA_VERSION
 from evalpush.ledger.records import scrub_stored_texts
 from evalpush.log import get_logger
@@ -115,15 +114,7 @@ class LedgerServer:
                 "ledger.url: a shared ledger needs PostgreSQL's driver, which this install "
                 "lacks: pip install 'evalpush[postgres]'"
             ) from None
-        # SQLAlchemy runs statements on `_connection` (`sql`), never begins or ends a
-        # transaction of its own (autocommit: `transaction` does), and hands it back as it is.
-        self._engine = sa.create_engine(
-            "postgresql+psycopg://",
-            creator=lambda: self._connection,
-            poolclass=StaticPool,
-            isolation_level="AUTOCOMMIT",
-            pool_reset_on_return=None,
-        )
+        self._engine = engine_over("postgresql+psycopg://", lambda: self._connection)
         with self.lock:
             self._connect()
             self._prepare()
