@@ -23,6 +23,7 @@ LEDGER_POLLS = 3
 
 
 FINALIZED_BY_ANOTHER = "run already finalized: nothing sent"
+MOVED_ON = "run moved on by another process while it waited: looked at afresh"
 
 
 class TestPushBesideAWaitingRun:
@@ -47,14 +48,16 @@ class TestPushBesideAWaitingRun:
             # uploaded as it is (runs.on_incomplete = "upload"), 6 of its 20 expected traces
             assert push.returncode == EXIT_UPLOADED_PARTIAL, (out, err)
 
-            daemon.wait_for("run is ready", run=run.run_id)  # it settled: the daemon's turn
+            # The daemon's turn: it reads the push's finalized row while the run waits (its
+            # next progress write), or the run settles first and its upload finds it finalized.
             wait_until(
                 lambda: (
-                    daemon.find("upload ended", run=run.run_id)
+                    daemon.find(MOVED_ON, run=run.run_id)
+                    or daemon.find("upload ended", run=run.run_id)
                     or daemon.find("run finalized", run=run.run_id)
                     or daemon.find(FINALIZED_BY_ANOTHER, run=run.run_id)
                 ),
-                "the daemon's upload of the run to end",
+                "the daemon to take the push's finalized run as it is",
             )
             time.sleep(LEDGER_POLL_SECONDS * LEDGER_POLLS)  # would it take the run up again?
             row = status(environ)[run.run_id]

@@ -28,6 +28,9 @@ from support.runs import trace_line, write_run
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
 
 STOP_AFTER_SECONDS = 0.5
+"""How long after the server begins the wait under test the stop is set."""
+REACH_SECONDS = 30.0
+"""How long the wait under test may take to begin (a TLS handshake on a loaded 2-core box)."""
 SERVER_JOIN_SECONDS = 5.0
 
 
@@ -89,7 +92,12 @@ def read_request(tls: ssl.SSLSocket) -> None:
         data += chunk
 
 
-def answer(body: bytes, *, trickle: bool = False) -> Behaviour:
+def answer(
+    body: bytes, *, trickle: bool = False, trickling: threading.Event | None = None
+) -> Behaviour:
+    """A 200 with `body`, whole or (`trickle`) a byte a second; `trickling` is set once the
+    head is sent and the body begins to trickle."""
+
     def behave(conn: socket.socket, context: ssl.SSLContext, done: threading.Event) -> None:
         conn.settimeout(5)
         with context.wrap_socket(conn, server_side=True) as tls:
@@ -99,6 +107,8 @@ def answer(body: bytes, *, trickle: bool = False) -> Behaviour:
             if not trickle:
                 tls.sendall(body)
                 return
+            if trickling is not None:
+                trickling.set()
             for i in range(len(body)):
                 if done.wait(1.0):
                     return
@@ -107,8 +117,14 @@ def answer(body: bytes, *, trickle: bool = False) -> Behaviour:
     return behave
 
 
-def never_handshake(conn: socket.socket, context: ssl.SSLContext, done: threading.Event) -> None:
-    done.wait(30)  # accepts the TCP connection, says nothing
+def never_handshake(accepted: threading.Event) -> Behaviour:
+    """Accepts the TCP connection (setting `accepted`) and says nothing."""
+
+    def behave(conn: socket.socket, context: ssl.SSLContext, done: threading.Event) -> None:
+        accepted.set()
+        done.wait(30)
+
+    return behave
 
 
 @pytest.fixture
@@ -156,30 +172,37 @@ def test_an_exchange_over_tls_reads_a_large_answer_whole(
     assert client.get_evaluation("e1").metadata == evaluation["metadata"]
 
 
-@pytest.mark.parametrize(
-    ("behaviour", "cut_in"),
-    [
-        (answer(b'{"id": "e1", "status": "RUNNING"}', trickle=True), httpx.ReadError),
-        (never_handshake, httpx.ConnectError),
-    ],
-    ids=["trickling body", "no handshake"],
-)
+@pytest.mark.parametrize("waiting_in", ["trickling body", "no handshake"])
 def test_a_stop_ends_a_tls_wait_and_raises_interrupted(
-    behaviour: Behaviour,
-    cut_in: type[Exception],
+    waiting_in: str,
     serve: Callable[[Behaviour], TlsServer],
     make_client: Callable[..., PlatformClient],
 ) -> None:
+    began = threading.Event()  # the server is in the wait under test: the stop lands in it
+    if waiting_in == "trickling body":
+        behaviour = answer(b'{"id": "e1", "status": "RUNNING"}', trickle=True, trickling=began)
+        cut_in: type[Exception] = httpx.ReadError
+    else:
+        behaviour, cut_in = never_handshake(began), httpx.ConnectError
     stop = threading.Event()
     client = make_client(serve(behaviour), stop)
-    timer = threading.Timer(STOP_AFTER_SECONDS, stop.set)
-    timer.start()
-    started = time.monotonic()
+    stopped_at: list[float] = []
+
+    def stop_once_waiting() -> None:
+        if began.wait(REACH_SECONDS):
+            time.sleep(STOP_AFTER_SECONDS)
+        stopped_at.append(time.monotonic())
+        stop.set()
+
+    stopper = threading.Thread(target=stop_once_waiting, name="stopper")
+    stopper.start()
     with pytest.raises(errors.Interrupted) as caught:
         client.get_evaluation("e1")
+    ended = time.monotonic()
+    stopper.join()
+    assert began.is_set(), f"the server never began its {waiting_in} wait"
     assert isinstance(caught.value.__cause__, cut_in), caught.value.__cause__
-    assert time.monotonic() - started < STOP_AFTER_SECONDS + 2.0
-    timer.join()
+    assert ended - stopped_at[0] < 2.0
 
 
 class TunnelProxy:

@@ -6,8 +6,9 @@ progress and settle time go to its row (`transitions.wait`) for `status`, at mos
 `WAIT_WRITE_SECONDS`; a run that cannot be read says so there; a ready run is queued
 (`transitions.queue`; one short of its expected traces too: its upload attempt holds it or
 uploads it as partial, as `push`'s does), with its running scan's results when its `Feeder` has them. None of
-these writes holds a claim: a row another process holds, or moved on, keeps its state, and the
-tracker looks at it afresh.
+these writes holds a claim: a row another process holds (a push uploading it) is written once it
+lets go, and one another process moved on (finalized, queued) keeps its state, and the tracker
+looks at it afresh.
 
 `Waiting` is the tracker's state of one waiting run, shared by the tracker (which counts and
 decides), its `Feeder` and `Progress`.
@@ -173,8 +174,19 @@ class Progress:
 
     def _write(self, path: str, waiting: Waiting, progress: str, now: float) -> bool:
         record = self._ledger.get_run(waiting.run_id)
-        if record is None or self.held(record) or record.state != State.WAITING:
-            return False  # forgotten, or another process took it over: look again afresh
+        if record is None:
+            return False  # forgotten (`evalpush forget`): look again afresh
+        if self.held(record):  # a push uploads it now: written once the push lets it go
+            waiting.written_at, waiting.unwritten = now, True
+            return True
+        if record.state != State.WAITING:  # a push finished it, or `retry` queued it
+            self._log.info(
+                "run moved on by another process while it waited: looked at afresh",
+                run=record.run_id,
+                path=paths.display(path),
+                state=record.state,
+            )
+            return False
         try:
             transitions.wait(self._ledger, record, progress, settles_at=_settle_time(waiting))
         except ClaimLost:
