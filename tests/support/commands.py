@@ -2,11 +2,16 @@
 subprocess where only a process shows it.
 
 - `evalpush(environ, *args, **extra)`: run to its end (text output captured, bounded);
-  `extra` variables are added to `environ` for this run only. A command that only reads and
-  writes the ledger (`status`, `check`, `retry`, `forget`, `migrate`, ...) runs in this process
-  (`in_process`); `push`, `run`, `demo` and `local-platform` run as processes: they configure
-  the process's logging, install signal handlers or serve, which a test's own process must not
-  share (an in-process daemon's log would go to a push's stderr).
+  `extra` variables are added to `environ` for this run only. Most commands run in this process
+  (`in_process`): every process start pays the imports (about half a second of CPU, most of
+  the suite's time when each command was a process). `run`, `demo` and `local-platform` run as
+  processes (they serve, or start a daemon), and so does `push` while an in-process daemon runs
+  (`LOG_HELD`): the process's log is the daemon's capture then, and a push's claims must not
+  share the daemon's process identity. So does a command given a crash point
+  (`EVALPUSH_CRASH_AT`: it SIGKILLs its process) or told it runs under systemd
+  (`JOURNAL_STREAM`, `INVOCATION_ID`: whether its log goes to the journal is read from its
+  stderr's file descriptor). A test that signals a push, or kills it, starts
+  it as a process (`Started`, `pushing.start_push`).
 - `as_process(environ, *args)`: `python -m evalpush ARGS` as a process, whatever the command.
 - `in_process(environ, *args)`: `cli.main(args)` with the process environment replaced by
   `environ` for the call and stdout/stderr captured, as a `CompletedProcess`.
@@ -30,20 +35,31 @@ from typing import Any
 
 import structlog
 
+from evalpush.upload.crash import CRASH_ENV
+
 COMMAND_SECONDS = 60
 """How long one command may run before the test calls it hung (a loaded 2-core box)."""
 
 
-AS_PROCESS = frozenset({"push", "run", "demo", "local-platform"})
+AS_PROCESS = frozenset({"run", "demo", "local-platform"})
 """The commands `evalpush` runs as processes (see the module's docstring)."""
 
 
+PROCESS_VARIABLES = frozenset({CRASH_ENV, "JOURNAL_STREAM", "INVOCATION_ID"})
+"""Variables that make `evalpush` run any command as a process (see the module's docstring)."""
+
+
 def evalpush(environ: dict[str, str], *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    if AS_PROCESS.isdisjoint(args):
-        return in_process({**environ, **extra}, *args)
+    environ = {**environ, **extra}
+    if (
+        AS_PROCESS.isdisjoint(args)
+        and not ("push" in args and LOG_HELD)
+        and PROCESS_VARIABLES.isdisjoint(environ)
+    ):
+        return in_process(environ, *args)
     return subprocess.run(
         [sys.executable, "-m", "evalpush", *args],
-        env={**environ, **extra},
+        env=environ,
         capture_output=True,
         text=True,
         timeout=COMMAND_SECONDS,
