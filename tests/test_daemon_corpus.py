@@ -40,10 +40,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,13 +66,12 @@ from daemon_support import (
 from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
 from pushing import assert_run_exactly_once, expected
+from support import commands
 
 MAX_LINE_BYTES = 4096
 """`read.max_line_bytes` in these worlds: small, so a line over it is cheap to write."""
 BAD_LINE_NUMBER = 2
 GROUP = "gsm8k--org--model--default"
-PARALLEL_COMMANDS = 4
-"""`evalpush` commands run at once by a fixture (each is mostly interpreter start-up)."""
 BATCH_WAIT_SECONDS = 90.0
 """How long a whole corpus may take to reach its states: generous, CI is a loaded 2-core box."""
 NO_DAC_OVERRIDE = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
@@ -205,14 +202,7 @@ class World:
         assert done.returncode == 0, done.stdout + done.stderr
 
     def evalpush(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "evalpush", *args],
-            env=self.environ,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return commands.evalpush(self.environ, *args)
 
     def needs_permissions(self) -> None:
         if not self.permissions_bind:
@@ -347,17 +337,16 @@ def held_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                 run = world.add(case)
                 run.write(_with_bad_line(run, bad))
             world.reach_all({case: "held" for case in LINE_CASES})
-            with ThreadPoolExecutor(PARALLEL_COMMANDS) as pool:
-                shown = dict(
-                    zip(LINE_CASES, pool.map(world.shown, map(world.run, LINE_CASES)), strict=True)
+            world.held = {
+                case: (
+                    *world.shown(world.run(case)),
+                    evaluations_of(platform, world.run(case).run_id),
                 )
-                world.held = {
-                    case: (detail, text, evaluations_of(platform, world.run(case).run_id))
-                    for case, (detail, text) in shown.items()
-                }
-                for case in LINE_CASES:
-                    world.run(case).traces.write_bytes(_fixed(world.run(case)))
-                list(pool.map(world.retry, map(world.run, LINE_CASES)))
+                for case in LINE_CASES
+            }
+            for case in LINE_CASES:
+                world.run(case).traces.write_bytes(_fixed(world.run(case)))
+                world.retry(world.run(case))
             world.reach_all({case: "finalized" for case in LINE_CASES})
             _good_after(world)
             yield world

@@ -9,7 +9,8 @@
 - `migrate --to` refuses while this host's daemon runs; a refused login is said as such;
 - a fleet daemon whose heartbeat stopped is shown as not heard from, at once.
 
-Real parts: `evalpush` as a subprocess, real files, FIFOs and devices, real signals, the local
+Real parts: `evalpush` as an operator runs it (`support.commands.evalpush`: in this process, or
+as a process where only a process shows it, always when it runs under a prefix), real files, FIFOs and devices, real signals, the local
 platform over loopback, real PostgreSQL where a shared ledger is needed.
 """
 
@@ -40,6 +41,7 @@ from evalpush.ledger import Ledger, default_path
 from evalpush.ledger.records import HEARTBEAT_SECONDS
 from evalpush.local_platform import LocalPlatform
 from inotify_limited import limited_namespaces_available
+from support import commands
 from support.commands import COMMAND_SECONDS, check_rows
 from support.environ import cli_environ
 from support.postgres import PASSWORD as PG_PASSWORD
@@ -51,7 +53,10 @@ SHORT_PASSWORD = "abc"  # under the scrubber's length: only the refusal's maskin
 def run_evalpush(
     environ: dict[str, str], *args: str, prefix: Sequence[str] = ()
 ) -> subprocess.CompletedProcess[str]:
-    """`[PREFIX...] python -m evalpush ARGS` as a process, to its end (a hang fails the test)."""
+    """`evalpush ARGS` to its end (a hang fails the test): `[PREFIX...] python -m evalpush ARGS`
+    as a process under a prefix, else as `support.commands.evalpush` runs it."""
+    if not prefix:
+        return commands.evalpush(environ, *args)
     return subprocess.run(
         [*prefix, sys.executable, "-m", "evalpush", *args],
         env=environ,

@@ -30,6 +30,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -91,6 +92,15 @@ def in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProce
     shared, so it is put back afterwards, and while an in-process daemon runs (`LOG_HELD`) the
     command does not configure it at all: the daemon's lines logged meanwhile stay in its
     capture (the command's own log lines join them there)."""
+    with _IN_PROCESS:
+        return _in_process(environ, *args)
+
+
+_IN_PROCESS = threading.Lock()
+"""One in-process command at a time: each replaces the process's environment and streams."""
+
+
+def _in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     from evalpush import log
     from evalpush.cli import main
 
