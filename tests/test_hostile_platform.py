@@ -28,6 +28,7 @@ from evalpush.config import PlatformConfig
 from evalpush.core import errors
 from evalpush.local_platform import LocalPlatform
 from support.canned import CannedTransport
+from support.waiting import POLL_SECONDS, WAIT_SECONDS
 
 MakeClient = Callable[..., PlatformClient]
 SAFETY_SECONDS = 10.0
@@ -280,9 +281,20 @@ class TestEveryRequestEnds:
         client = make_platform_client(read_timeout_seconds=60, stop=stop)
         local_platform.inject("stall", on="read", seconds=60, count=100)
         before = local_platform.summary()["requests"]["read"]
-        stop_later(stop)
+
+        def stop_once_it_stalls() -> None:  # the request is in: the stop interrupts it
+            deadline = time.monotonic() + WAIT_SECONDS
+            while local_platform.summary()["requests"]["read"] == before:
+                if time.monotonic() > deadline:
+                    break  # stopped anyway: the count below says the probe never arrived
+                time.sleep(POLL_SECONDS)
+            stop.set()
+
+        stopper = threading.Thread(target=stop_once_it_stalls, name="stopper")
+        stopper.start()
         with pytest.raises(errors.Interrupted):
             make_retrier(client).call(client.probe, replayable=True, what="probe")
+        stopper.join()
         assert local_platform.summary()["requests"]["read"] == before + 1
 
 
