@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import functools
 import os
@@ -34,7 +33,9 @@ IN_CLOEXEC = os.O_CLOEXEC
 
 @functools.cache
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    """The C library already loaded into the interpreter (as watchdog loads it): no search for
+    it (`ctypes.util.find_library` runs `ldconfig` in a child process)."""
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def probe_inotify(path: str) -> OSError | None:
