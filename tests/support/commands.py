@@ -24,6 +24,7 @@ subprocess where only a process shows it.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -36,6 +37,7 @@ from typing import Any
 
 import structlog
 
+from evalpush.core import secrets
 from evalpush.upload.crash import CRASH_ENV
 
 COMMAND_SECONDS = 60
@@ -111,6 +113,7 @@ def _in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProc
     )
     saved_environ, saved_streams = dict(os.environ), (sys.stdout, sys.stderr)
     saved_log, configure = dict(structlog.get_config()), log.configure
+    saved_secrets = _registered_secrets()
     if LOG_HELD:
         log.configure = lambda *args, **kwargs: None  # type: ignore[assignment]
     _become(environ)
@@ -124,12 +127,32 @@ def _in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProc
         structlog.configure(**saved_log)
         sys.stdout, sys.stderr = saved_streams
         _become(saved_environ)
+        _register_only(saved_secrets)
     return subprocess.CompletedProcess(
         ["evalpush", *args],
         code,
         out.getvalue().decode("utf-8", "replace"),
         err.getvalue().decode("utf-8", "replace"),
     )
+
+
+_SECRET_STATE = ("_secrets", "_parts", "_runs", "_answers")
+"""`evalpush.core.secrets`' module state: the secrets a process registered (a command registers
+its API key and ledger password), which its scrubber redacts from all output from then on."""
+
+
+def _registered_secrets() -> tuple[Any, ...]:
+    with secrets._lock:
+        return tuple(copy.copy(getattr(secrets, name)) for name in _SECRET_STATE)
+
+
+def _register_only(saved: tuple[Any, ...]) -> None:
+    """The secrets registered before a command, only: what a command registered stays its own
+    (in a process of its own it would have ended with it), so a later test's output is not
+    redacted for a key an earlier test's command used."""
+    with secrets._lock:
+        for name, value in zip(_SECRET_STATE, saved, strict=True):
+            setattr(secrets, name, value)
 
 
 def _become(environ: dict[str, str]) -> None:
