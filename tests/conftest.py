@@ -120,6 +120,16 @@ def log_setup_restored() -> Iterator[None]:
     structlog.configure(**saved)
 
 
+@pytest.fixture(autouse=True)
+def secrets_restored() -> Iterator[None]:
+    """A secret registered while a test runs (by the test, or a client or command it runs in
+    this process) is redacted from all of this process's output from then on: put the registry
+    back, so a later test's run ids and reasons are not redacted for an earlier test's key."""
+    saved = commands.registered_secrets()
+    yield
+    commands.register_only(saved)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def no_thread_outlives_its_module() -> Iterator[None]:
     """Fail the module's last test when a module-scoped fixture leaves a thread alive (e.g. a

@@ -113,7 +113,9 @@ def _in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProc
     )
     saved_environ, saved_streams = dict(os.environ), (sys.stdout, sys.stderr)
     saved_log, configure = dict(structlog.get_config()), log.configure
-    saved_secrets = _registered_secrets()
+    saved_secrets = registered_secrets()
+    if not LOG_HELD:  # as a new process: no secret registered but the command's own
+        register_only((set(), None, frozenset(), (frozenset(), {})))
     if LOG_HELD:
         log.configure = lambda *args, **kwargs: None  # type: ignore[assignment]
     _become(environ)
@@ -127,7 +129,7 @@ def _in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProc
         structlog.configure(**saved_log)
         sys.stdout, sys.stderr = saved_streams
         _become(saved_environ)
-        _register_only(saved_secrets)
+        register_only(saved_secrets)
     return subprocess.CompletedProcess(
         ["evalpush", *args],
         code,
@@ -141,15 +143,15 @@ _SECRET_STATE = ("_secrets", "_parts", "_runs", "_answers")
 its API key and ledger password), which its scrubber redacts from all output from then on."""
 
 
-def _registered_secrets() -> tuple[Any, ...]:
+def registered_secrets() -> tuple[Any, ...]:
     with secrets._lock:
         return tuple(copy.copy(getattr(secrets, name)) for name in _SECRET_STATE)
 
 
-def _register_only(saved: tuple[Any, ...]) -> None:
-    """The secrets registered before a command, only: what a command registered stays its own
-    (in a process of its own it would have ended with it), so a later test's output is not
-    redacted for a key an earlier test's command used."""
+def register_only(saved: tuple[Any, ...]) -> None:
+    """Exactly the secrets `saved` holds registered: a command starts with none, as a process
+    would (a key a test registered is not redacted from its output), and what it registered
+    ends with it (a later test's output is not redacted for an earlier command's key)."""
     with secrets._lock:
         for name, value in zip(_SECRET_STATE, saved, strict=True):
             setattr(secrets, name, value)
