@@ -30,6 +30,7 @@ from evalpush.ledger import SCHEMA_VERSION, Ledger, default_path
 from evalpush.ledger.tables import path_key, run_key
 from evalpush.log import register_secret
 from support.old_ledgers import old_file
+from support.postgres import PASSWORD as PG_PASSWORD
 
 
 def a_run(ledger: Ledger, path: str = "/runs/a", run_id: str = "0f1e2d3c-aaaa"):
@@ -257,6 +258,24 @@ class TestNamedWrites:
         ledger.record_intent(record, '{"step": "push", "start": 9, "end": 20}')
         assert ledger.syncs == syncs + 1, "the next intent is synced"
         ledger.close()
+
+    def test_on_the_shared_ledger_the_intent_carrying_the_create_acknowledgement_is_synced(
+        self, pg_url: str
+    ):
+        """A database that crashes and comes back loses a commit it was not made to wait for,
+        while the process that made it goes on: there the create intent covers nothing, and the
+        evaluation's id (written once) would be lost from a run that goes on to be finalized."""
+        with Ledger.shared(pg_url, password=PG_PASSWORD) as ledger:
+            record = ledger.record_intent(a_run(ledger), '{"step": "create", "env": "e"}')
+            record = ledger.record_progress(
+                record, evaluation_id="ev-1", pending=None, step=Step.PUSH
+            )
+            syncs = ledger.syncs
+
+            record = ledger.record_intent(record, '{"step": "push", "start": 0, "end": 9}')
+            assert ledger.syncs == syncs + 1, "waited for: the evaluation's id is in it"
+            record = ledger.acknowledge(record, acked_offset=9)
+            assert ledger.syncs == syncs + 1, "an acknowledgement still does not wait"
 
     def test_no_named_write_changes_a_state(self, ledger: Ledger):
         record = a_run(ledger)

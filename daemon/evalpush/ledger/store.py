@@ -383,7 +383,9 @@ class Ledger(LedgerReads):
         write leaves that create intent, which is reconciled by a fresh lookup that adopts the
         evaluation the create made and lists its samples before any is sent: it covers this
         intent's request too. (A crash, not a power cut, keeps the write: every commit is in the
-        file at once.) A run of one batch so waits for the disk twice, not three times."""
+        file at once.) A run of one batch so waits for the disk twice, not three times. On the
+        shared ledger it waits (`_write`): a database that crashes loses the write while this
+        process goes on."""
         with self._lock:
             covered = "evaluation_id" in self._deferred.get(record.id, {})
         changes = {**self._no_state(changes), "pending": pending}
@@ -455,6 +457,15 @@ class Ledger(LedgerReads):
             with self._lock:
                 self._deferred.setdefault(record.id, {}).update(changes)
             return msgspec.structs.replace(record, **changes)
+        with self._lock:
+            carries = bool(self._deferred.get(record.id))
+        # On the shared ledger the database can crash and come back while this process lives
+        # on: a commit it did not wait for is lost then, yet this process goes on as if it were
+        # written (no crash of its own sends the run back to its row). A deferred change is
+        # written once (the evaluation's id, the scan's results), so there the write carrying it
+        # waits for it to be on disk. (On the file, only a power cut loses such a commit, and it
+        # ends this process too.)
+        durable = durable or (carries and self.server is not None)
         with self._transaction(durable=durable) as db:
             self._update_row(db, record, {**self._take_deferred(record), **changes})
         return msgspec.structs.replace(record, **changes)
