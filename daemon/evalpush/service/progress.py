@@ -118,7 +118,9 @@ class Progress:
         """A finalized run whose file keeps changing: its row stays finalized (the platform holds
         that evaluation) and says so in its reason, for `status`."""
         record = self._ledger.get_run(waiting.run_id)
-        if record is None or self.held(record) or record.state != State.FINALIZED:
+        if record is not None and self.held(record):
+            return self._after_holder(waiting, now)
+        if record is None or record.state != State.FINALIZED:
             return False
         try:
             transitions.note_change(self._ledger, record, progress)
@@ -172,13 +174,19 @@ class Progress:
         waiting.in_ledger, waiting.progress, waiting.written_at = True, progress, self._clock()
         return True
 
+    @staticmethod
+    def _after_holder(waiting: Waiting, now: float) -> bool:
+        """The row is held by another process (a push, a fleet's daemon uploading the run): the
+        run stays waiting, its progress written at a later look, once the holder lets go."""
+        waiting.written_at, waiting.unwritten = now, True
+        return True
+
     def _write(self, path: str, waiting: Waiting, progress: str, now: float) -> bool:
         record = self._ledger.get_run(waiting.run_id)
         if record is None:
             return False  # forgotten (`evalpush forget`): look again afresh
-        if self.held(record):  # a push uploads it now: written once the push lets it go
-            waiting.written_at, waiting.unwritten = now, True
-            return True
+        if self.held(record):
+            return self._after_holder(waiting, now)
         if record.state != State.WAITING:  # a push finished it, or `retry` queued it
             self._log.info(
                 "run moved on by another process while it waited: looked at afresh",
