@@ -60,6 +60,7 @@ import tenacity
 import evalpush as evalpush_package  # the `evalpush` fixture has the plain name
 from evalpush.client import Gate, PlatformClient, Retrier
 from evalpush.config import PlatformConfig
+from evalpush.core import secrets
 from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
 from support import commands, threads
@@ -125,9 +126,9 @@ def secrets_restored() -> Iterator[None]:
     """A secret registered while a test runs (by the test, or a client or command it runs in
     this process) is redacted from all of this process's output from then on: put the registry
     back, so a later test's run ids and reasons are not redacted for an earlier test's key."""
-    saved = commands.registered_secrets()
+    saved = secrets.registered()
     yield
-    commands.register_only(saved)
+    secrets.register_only(saved)
 
 
 @pytest.fixture(autouse=True, scope="module")

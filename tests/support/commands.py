@@ -24,7 +24,6 @@ subprocess where only a process shows it.
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 import os
@@ -113,9 +112,9 @@ def _in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProc
     )
     saved_environ, saved_streams = dict(os.environ), (sys.stdout, sys.stderr)
     saved_log, configure = dict(structlog.get_config()), log.configure
-    saved_secrets = registered_secrets()
+    saved_secrets = secrets.registered()
     if not LOG_HELD:  # as a new process: no secret registered but the command's own
-        register_only((set(), None, frozenset(), (frozenset(), {})))
+        secrets.register_only(frozenset())
     if LOG_HELD:
         log.configure = lambda *args, **kwargs: None  # type: ignore[assignment]
     _become(environ)
@@ -129,32 +128,13 @@ def _in_process(environ: dict[str, str], *args: str) -> subprocess.CompletedProc
         structlog.configure(**saved_log)
         sys.stdout, sys.stderr = saved_streams
         _become(saved_environ)
-        register_only(saved_secrets)
+        secrets.register_only(saved_secrets)  # what the command registered ends with it
     return subprocess.CompletedProcess(
         ["evalpush", *args],
         code,
         out.getvalue().decode("utf-8", "replace"),
         err.getvalue().decode("utf-8", "replace"),
     )
-
-
-_SECRET_STATE = ("_secrets", "_parts", "_runs", "_answers")
-"""`evalpush.core.secrets`' module state: the secrets a process registered (a command registers
-its API key and ledger password), which its scrubber redacts from all output from then on."""
-
-
-def registered_secrets() -> tuple[Any, ...]:
-    with secrets._lock:
-        return tuple(copy.copy(getattr(secrets, name)) for name in _SECRET_STATE)
-
-
-def register_only(saved: tuple[Any, ...]) -> None:
-    """Exactly the secrets `saved` holds registered: a command starts with none, as a process
-    would (a key a test registered is not redacted from its output), and what it registered
-    ends with it (a later test's output is not redacted for an earlier command's key)."""
-    with secrets._lock:
-        for name, value in zip(_SECRET_STATE, saved, strict=True):
-            setattr(secrets, name, value)
 
 
 def _become(environ: dict[str, str]) -> None:

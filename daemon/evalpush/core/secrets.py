@@ -60,23 +60,40 @@ def _forms(secret: str) -> set[str]:
 
 def register_secret(value: str | None) -> None:
     """Never let `value`, or a part of it, leave the process again."""
-    global _parts, _runs, _answers
     if not value or len(value) < MIN_SECRET_CHARS:
         return
     with _lock:
-        if value in _secrets:
-            return
-        _secrets.add(value)
-        runs = {
-            form[i : i + MIN_SECRET_CHARS]
-            for secret in _secrets
-            for form in _forms(secret)
-            for i in range(len(form) - MIN_SECRET_CHARS + 1)
-        }
-        alternatives = "|".join(re.escape(run) for run in sorted(runs))
-        _parts = re.compile(f"(?=(?:{alternatives}))")
-        _runs = frozenset(runs)
-        _answers = (_runs, {})
+        if value not in _secrets:
+            _register({*_secrets, value})
+
+
+def registered() -> frozenset[str]:
+    """The secrets registered in this process."""
+    with _lock:
+        return frozenset(_secrets)
+
+
+def register_only(values: frozenset[str]) -> None:
+    """Exactly `values` registered, no other (`registered()` taken before, given back): for a
+    process that runs several commands in turn, each with its own secrets, as the tests do."""
+    with _lock:
+        _register(set(values))
+
+
+def _register(values: set[str]) -> None:
+    """Under `_lock`: `values` become the registered secrets, and the scrubber's runs theirs."""
+    global _secrets, _parts, _runs, _answers
+    runs = {
+        form[i : i + MIN_SECRET_CHARS]
+        for secret in values
+        for form in _forms(secret)
+        for i in range(len(form) - MIN_SECRET_CHARS + 1)
+    }
+    alternatives = "|".join(re.escape(run) for run in sorted(runs))
+    _secrets = values
+    _parts = re.compile(f"(?=(?:{alternatives}))") if runs else None
+    _runs = frozenset(runs)
+    _answers = (_runs, {})
 
 
 def scrub(text: str) -> str:
