@@ -103,6 +103,24 @@ def fleet_ok() -> None:
         pytest.skip(why)
 
 
+def host_environ(
+    platform: LocalPlatform, tmp_path: Path, root: Path, url: str, name: str, **extra: str
+) -> dict[str, str]:
+    """The environment of the fleet's host `name`: a state dir of its own, the shared ledger at
+    `url` (its password in a file, as a host keeps it), `root` watched."""
+    password_file = tmp_path / "ledger-password"
+    password_file.write_text(PASSWORD)
+    return daemon_environ(
+        platform,
+        tmp_path,
+        [root],
+        EVALPUSH_STATE_DIR=str(tmp_path / f"state-{name}"),
+        EVALPUSH_LEDGER__URL=url,
+        EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+        **extra,
+    )
+
+
 def test_a_fleet_over_one_tree_uploads_each_run_once_through_kills_and_a_database_restart(
     fleet_ok: None, postgres: Cluster, pg_url: str, local_platform: LocalPlatform, tmp_path: Path
 ):
@@ -110,18 +128,15 @@ def test_a_fleet_over_one_tree_uploads_each_run_once_through_kills_and_a_databas
     root = tmp_path / "outputs"
     group = root / "gsm8k--model--harness"
     group.mkdir(parents=True)
-    password_file = tmp_path / "ledger-password"
-    password_file.write_text(PASSWORD)
     hosts = [
         Host(
             name,
-            daemon_environ(
+            host_environ(
                 local_platform,
                 tmp_path,
-                [root],
-                EVALPUSH_STATE_DIR=str(tmp_path / f"state-{name}"),
-                EVALPUSH_LEDGER__URL=pg_url,
-                EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+                root,
+                pg_url,
+                name,
                 EVALPUSH_LEDGER__LEASE_SECONDS=str(LEASE_SECONDS),
                 EVALPUSH_UPLOAD__MAX_CONCURRENT_RUNS="2",
                 EVALPUSH_WATCH__LEDGER_POLL_SECONDS="0.5",
@@ -219,18 +234,10 @@ def test_daemons_sharing_a_ledger_share_the_slow_sweep_of_their_tree(
         run = RunDir(group).config(num_tasks=2)
         run.write(run.lines(4))
         runs.append(run)
-    password_file = tmp_path / "ledger-password"
-    password_file.write_text(PASSWORD)
     daemons = [
         Daemon(
-            daemon_environ(
-                local_platform,
-                tmp_path,
-                [root],
-                EVALPUSH_STATE_DIR=str(tmp_path / f"state-{name}"),
-                EVALPUSH_LEDGER__URL=pg_url,
-                EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
-                EVALPUSH_WATCH__SWEEP_SECONDS="2",
+            host_environ(
+                local_platform, tmp_path, root, pg_url, name, EVALPUSH_WATCH__SWEEP_SECONDS="2"
             )
         )
         for name in ("a", "b")
