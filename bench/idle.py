@@ -64,15 +64,18 @@ def prepared(count: int, cache: Path) -> Path:
     return home
 
 
-def pushed(home: Path, root: Path, count: int) -> float:
-    """`evalpush push` of the `count` runs under `root` to a platform keeping its db in `home`,
-    the ledger in `home/state`, checked on the platform; the seconds it took."""
+def pushed(home: Path, root: Path, count: int, *, only: Path | None = None) -> float:
+    """`evalpush push` of the `count` runs under `root` (or under `only`, a directory in it) to
+    a platform keeping its db in `home`, the ledger in `home/state`, checked on the platform;
+    the seconds it took."""
     platform = push.Platform(home)
     try:
         env = environ(platform.base, home / "state", root)
         started = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-m", "evalpush", "push", str(root)], env=env, capture_output=True
+            [sys.executable, "-m", "evalpush", "push", str(only or root)],
+            env=env,
+            capture_output=True,
         )
         seconds = time.perf_counter() - started
         if done.returncode != 0:

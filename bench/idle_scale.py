@@ -5,7 +5,9 @@ included; start-up to READY under 5 s; per-run memory small).
 Setup, cached in bench/.cache/idle-scale/<N>/: N one-trace runs in the default layout
 (`root/<taskset>--<model>--<harness>/<uuid>/`, 100 runs per parent, `config.toml`, a one-line
 `traces.jsonl` and an `eval.log` in each), pushed once by `evalpush push` to `evalpush
-local-platform` with a SQLite db, so the ledger holds N finalized runs. Each measurement copies
+local-platform` with a SQLite db, so the ledger holds N finalized runs. Past 100,000 runs only
+the first 100 are pushed, and the other rows are copies of theirs with each run's own id, path,
+file facts and evaluation id (a million pushes take hours; the daemon at rest reads no more). Each measurement copies
 that state dir and db to a temp dir and starts `evalpush run` on the tree as its own process
 (default settings but for the roots), with a datagram socket of this script as NOTIFY_SOCKET:
 
@@ -16,6 +18,8 @@ that state dir and db to a temp dir and starts `evalpush run` on the tree as its
    the default `watch.rescan_seconds` (the sweep's share included), as % of one core;
 4. its peak RSS (VmHWM), RSS at the end and inotify watches held; RSS per run: the RSS at the
    end less that of the same daemon on --baseline-runs runs (set up the same way), per run;
+   then --latency-runs new one-trace runs written into the tree (`bench/idle.py`'s), each
+   timed from its line written to its evaluation COMPLETED on the platform;
 5. a late append to a finalized run on a polled root (no file event tells of it), the daemon
    started with `watch.sweep_seconds` = --sweep-seconds: seconds until the ledger records it
    uploaded again (not run with --skip-late).
@@ -29,8 +33,11 @@ PYTHONPATH), side by side; its daemon has no `watch.sweep_seconds` (not set for 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import shutil
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +53,8 @@ import push  # noqa: E402
 from evalpush.discover import inotify_watches_in_use  # noqa: E402
 
 RUNS_PER_PARENT = 100
+PUSHED_AT_MOST = 100_000
+"""Larger trees get their ledger by `copied_rows`."""
 BASELINE_IDLE_SECONDS = 20.0
 NAMESPACE = uuid.UUID("0b7f6c1e-2a3d-4e5f-8a9b-0c1d2e3f4a5b")
 CONFIG = 'model = "org/model"\nnum_rollouts = 1\npush = false\n[taskset]\nid = "{env}"\n'
@@ -70,7 +79,8 @@ def the_tree(count: int, home: Path) -> Path:
 
 def prepared(count: int, cache: Path) -> Path:
     """cache/idle-scale/<count>/ holding `tree/`, `state/` (a ledger with `count` finalized
-    runs) and `platform.db`, made once by a real `evalpush push`."""
+    runs) and `platform.db`, made once by a real `evalpush push`; past PUSHED_AT_MOST runs, by
+    a push of the first ones and their rows copied for the rest (`copied_rows`)."""
     home = cache / "idle-scale" / str(count)
     if (home / ".complete").exists():
         print(f"setup (cached): {(home / '.complete').read_text().strip()}")
@@ -81,11 +91,65 @@ def prepared(count: int, cache: Path) -> Path:
     made = time.perf_counter() - started
     shutil.rmtree(home / "state", ignore_errors=True)
     (home / "platform.db").unlink(missing_ok=True)
-    seconds = idle.pushed(home, root, count)
-    note = f"tree made in {made:.0f} s; `evalpush push` of {count} runs in {seconds:.0f} s"
+    if count <= PUSHED_AT_MOST:
+        seconds = idle.pushed(home, root, count)
+        note = f"tree made in {made:.0f} s; `evalpush push` of {count} runs in {seconds:.0f} s"
+    else:
+        first = root / "task0--org--model--harness"
+        seconds = idle.pushed(home, root, RUNS_PER_PARENT, only=first)
+        copied = copied_rows(home / "state" / "state.db", root, count)
+        note = (
+            f"tree made in {made:.0f} s; `evalpush push` of the first {RUNS_PER_PARENT} runs in "
+            f"{seconds:.0f} s, the other {count - RUNS_PER_PARENT:,} rows copied from theirs "
+            f"in {copied:.0f} s"
+        )
     print(f"setup: {note}")
     (home / ".complete").write_text(note + "\n")
     return home
+
+
+def copied_rows(ledger: Path, root: Path, count: int) -> float:
+    """Every run of the tree in the ledger as finalized, as a push leaves one: the row of a run
+    pushed for real, copied with each run's own id, path, file facts and evaluation id (a
+    million pushes take hours; the daemon at rest reads only these columns). Seconds taken."""
+    started = time.perf_counter()
+    db = sqlite3.connect(ledger, isolation_level=None)
+    db.row_factory = sqlite3.Row
+    template = dict(db.execute("SELECT * FROM runs WHERE state = 'finalized' LIMIT 1").fetchone())
+    known = {row[0] for row in db.execute("SELECT path_raw FROM runs")}
+    columns = [c for c in template if c != "id"]
+    insert = f"INSERT INTO runs ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+    db.execute("BEGIN")
+    batch = []
+    for n in range(count):
+        parent = root / f"task{n // RUNS_PER_PARENT}--org--model--harness"
+        run_id = str(uuid.uuid5(NAMESPACE, str(n)))
+        raw = os.fsencode(parent / run_id)
+        if raw in known:
+            continue
+        st = os.lstat(parent / run_id / "traces.jsonl")
+        row = dict(
+            template,
+            run_id=run_id,
+            run_key=hashlib.sha256(run_id.encode()).digest(),
+            path=os.fsdecode(raw),
+            path_raw=raw,
+            path_key=hashlib.sha256(raw).digest(),
+            evaluation_id=str(uuid.uuid5(NAMESPACE, f"evaluation-{n}")),
+            file_device=st.st_dev,
+            file_inode=st.st_ino,
+            file_size=st.st_size,
+            file_mtime_ns=st.st_mtime_ns,
+        )
+        batch.append(tuple(row[c] for c in columns))
+        if len(batch) == 50_000:
+            db.executemany(insert, batch)
+            batch.clear()
+    db.executemany(insert, batch)
+    db.execute("COMMIT")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    return time.perf_counter() - started
 
 
 def settle(daemon: idle.Daemon, quiet_cpu: float = 0.1, window: int = 10) -> float:
@@ -130,7 +194,12 @@ def measure(
                 peak = push.proc_status_bytes(daemon.proc.pid, "VmHWM")
                 rss = daemon.rss_bytes()
                 watches = inotify_watches_in_use(daemon.proc.pid)
+                latencies = []
+                for n in range(args.latency_runs):  # new runs, each ready once its line is
+                    run_id, written = idle.latency_run(root, n)
+                    latencies.append(idle.finalized_at(platform, run_id) - written)
             finally:
+                shutil.rmtree(root / "latency", ignore_errors=True)
                 daemon.stop()
         finally:
             platform.stop()
@@ -142,6 +211,11 @@ def measure(
         "peak RSS": f"{peak / push.MIB:.0f} MiB",
         "RSS at the end": f"{rss / push.MIB:.0f} MiB",
         "inotify watches": f"{watches:,}",
+        "new run: line to finalized": (
+            f"median {statistics.median(latencies):.2f} s, worst {max(latencies):.2f} s"
+            if latencies
+            else "not measured"
+        ),
         "rss": rss,  # type: ignore[dict-item]
     }
 
@@ -194,6 +268,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=180.0)
     parser.add_argument("--baseline-runs", type=int, default=1000, help="for RSS per run")
     parser.add_argument("--sweep-seconds", type=float, default=120.0)
+    parser.add_argument("--latency-runs", type=int, default=5, help="new runs timed to finalized")
     parser.add_argument("--skip-late", action="store_true", help="no late-append measurement")
     parser.add_argument("--setup-only", action="store_true")
     parser.add_argument("--at", metavar="REV", help="also measure the daemon as committed at REV")

@@ -7,8 +7,9 @@ itself without touching the host's. As a test helper:
 
 runs this file as `python inotify_limited.py ROOT KIND` under
 `unshare --user --map-root-user`, after writing the limit, and returns what the child printed:
-{"watching": {root: kind}, "events": [log events], "error": "..." | None,
- "found": [run dirs found from hints after start], "threads": [names left after stop()]}.
+{"watching": {root: kind}, "watched": directories watched besides the root, "events": [log
+ events], "error": "..." | None, "found": [run dirs found after start, by the rescans],
+ "threads": [names left after stop()]}.
 `limited_namespaces_available()` says whether this machine allows it (tests skip otherwise).
 """
 
@@ -69,7 +70,7 @@ def _child(root: Path, kind: str) -> dict[str, Any]:
     from structlog.testing import capture_logs
 
     from evalpush.core.errors import ConfigError
-    from evalpush.discover import HintKind, HintQueue, Scanner, Watcher
+    from evalpush.discover import HintQueue, Scanner, Watcher
 
     hints = HintQueue()
     watcher = Watcher([root], hints, kind=kind, poll_seconds=0.1)
@@ -78,20 +79,20 @@ def _child(root: Path, kind: str) -> dict[str, Any]:
     with capture_logs() as logs:
         try:
             watcher.start()
+            directories: list[str] = []  # the daemon's first scan watches these
+            scanner.scan_subtree(root, directories)
+            watcher.watch(directories)
             result["watching"] = watcher.watching
+            result["watched"] = len(watcher.directories)
             run = root / "late" / "run"  # created after start, deep under the root
             run.mkdir(parents=True)
             (run / "config.toml").write_text("")
             (run / "traces.jsonl").write_text("")
             deadline = time.monotonic() + HINT_WAIT_SECONDS
             while not result["found"] and time.monotonic() < deadline:
-                if watcher.polling:  # no hints from a polled root: the daemon rescans it
-                    result["found"].extend(scanner.scan())
-                hint = hints.get(timeout=0.1)
-                if hint is not None and hint.kind is HintKind.RUN and scanner.look(hint.path):
-                    result["found"].append(hint.path)
-                elif hint is not None and hint.kind is HintKind.SUBTREE:
-                    result["found"].extend(scanner.scan_subtree(hint.path))
+                # a polled root, or directories past the limit: the daemon's rescans find it
+                result["found"].extend(scanner.scan())
+                hints.get(timeout=0.1)
         except ConfigError as exc:
             result["error"] = str(exc)
         finally:

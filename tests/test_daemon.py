@@ -10,6 +10,8 @@ asserts a timing beyond "within a bound meant to catch a hang".
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,10 +33,16 @@ from daemon_support import (
     upload_under_way,
     wait_until,
 )
+from evalpush.discover import inotify_watches_in_use
 from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
 from pushing import assert_run_exactly_once, start_push
 
+OFFLINE_0_4 = (
+    Path(__file__).parent
+    / "fixtures/producers/0.4.0/runs/episodes_v4_offline"
+    / "reverse-text--openai--gpt-4.1-mini--default--278fa187"
+)
 LONG_SETTLE = "600"  # seconds: a test about another rule must not see runs settle
 MARKER = ".done"
 STOP_BOUND_SECONDS = 10.0
@@ -570,6 +578,73 @@ class TestDiscovery:
         evaluations = evaluations_of(local_platform, run.run_id)
         assert set(evaluations) == {first, second}
         assert evaluations[second]["sample_count"] == 6
+
+    def test_it_watches_where_runs_appear_and_the_runs_being_written_not_the_finalized_ones(
+        self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
+    ) -> None:
+        # A tree of a million finished runs must fit inotify's limits: a finalized run's
+        # directory holds no watch (the sweep looks inside it), a run still being written does.
+        environ = daemon_environ(
+            local_platform, tmp_path, [tree], EVALPUSH_WATCH__RESCAN_SECONDS="0.5"
+        )
+        group = tree / "env--model--harness"
+        done = [RunDir(group).config(num_tasks=2) for _ in range(3)]
+        with Daemon(environ) as daemon:
+            daemon.started()
+            for run in done:
+                run.write(run.lines(4))
+                finalized(daemon, run)
+
+            def watches(count: int, what: str) -> None:
+                wait_until(
+                    lambda: inotify_watches_in_use(daemon.pid) == count,
+                    what,
+                    explain=lambda: f"{inotify_watches_in_use(daemon.pid)} watches",
+                )
+
+            watches(2, "the root and the group watched, not the finalized runs")
+            writing = RunDir(group).config(num_tasks=2)
+            writing.write(writing.lines(2))  # two of its four lines: it waits
+            watches(3, "the run being written watched too")
+            writing.write(writing.lines(2, start=2))
+            finalized(daemon, writing)
+            watches(2, "its watch dropped once finalized")
+            assert daemon.stop() == 0
+        for run in [*done, writing]:
+            assert_run_exactly_once(local_platform, run.path)
+
+    def test_a_04_runs_own_directories_watched_while_it_was_written_are_let_go_once_finalized(
+        self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
+    ) -> None:
+        # verifiers 0.4 makes configs/resolved/ and logs/attempt_1/ before its first line: the
+        # directory is not a run yet, so what is made in it is watched (its first line is what
+        # must be seen); once the run is finalized, none of its directories holds a watch.
+        environ = daemon_environ(
+            local_platform, tmp_path, [tree], EVALPUSH_WATCH__RESCAN_SECONDS="0.5"
+        )
+        run = tree / "reverse-text--openai--gpt-4.1-mini--default" / OFFLINE_0_4.name
+        with Daemon(environ) as daemon:
+            daemon.started()
+            for made in ("configs/resolved/eval.json", "logs/attempt_1/eval.log"):
+                (run / made).parent.mkdir(parents=True)
+                shutil.copy(OFFLINE_0_4 / made, run / made)
+            wait_until(
+                lambda: inotify_watches_in_use(daemon.pid) == 7,  # and its group and the root
+                "the run's directory and the four below it watched while it is no run yet",
+                explain=lambda: f"{inotify_watches_in_use(daemon.pid)} watches",
+            )
+            lines = (OFFLINE_0_4 / "traces.jsonl").read_bytes()
+            (run / "traces.jsonl").write_bytes(lines)
+            run_id = json.loads(lines.splitlines()[0])["run"]["id"]
+            daemon.wait_for(RUN_FINALIZED, run=run_id)
+            wait_until(
+                lambda: inotify_watches_in_use(daemon.pid) == 2,
+                "only the root and the group watched once it is finalized",
+                explain=lambda: f"{inotify_watches_in_use(daemon.pid)} watches",
+            )
+            assert daemon.stop() == 0
+        [evaluation] = evaluations_of(local_platform, run_id).values()
+        assert (evaluation["status"], evaluation["finalize_count"]) == ("COMPLETED", 1)
 
     def test_a_root_that_does_not_exist_at_start_is_watched_once_it_is_created(
         self, local_platform: LocalPlatform, tmp_path: Path

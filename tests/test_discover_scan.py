@@ -10,19 +10,8 @@ from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
-from watchdog.events import (
-    DirCreatedEvent,
-    DirDeletedEvent,
-    DirModifiedEvent,
-    DirMovedEvent,
-    FileClosedEvent,
-    FileClosedNoWriteEvent,
-    FileCreatedEvent,
-    FileDeletedEvent,
-    FileModifiedEvent,
-    FileMovedEvent,
-    FileOpenedEvent,
-)
+from watchdog.observers.inotify_c import InotifyConstants as IN
+from watchdog.observers.inotify_c import InotifyEvent
 
 from as_nobody import without_read_access
 from evalpush.discover import (
@@ -527,46 +516,44 @@ def event_names(hints: list[Hint]) -> list[tuple[str, str]]:
 NAMES = frozenset({"config.toml", "traces.jsonl", "results.jsonl", ".done"})
 
 
+def event(mask: int, name: bytes) -> InotifyEvent:
+    """What inotify reports on a watched directory: its wd, what happened, and to which entry."""
+    return InotifyEvent(1, mask, 0, name)
+
+
 class TestHintsFor:
     @pytest.mark.parametrize(
-        "event, expected",
+        "inotify_event, expected",
         [
-            (FileModifiedEvent("/r/run/traces.jsonl"), [("run", "/r/run")]),
-            (FileCreatedEvent("/r/run/config.toml"), [("run", "/r/run")]),
-            (FileClosedEvent("/r/run/results.jsonl"), [("run", "/r/run")]),
-            (FileDeletedEvent("/r/run/traces.jsonl"), [("run", "/r/run")]),
-            (FileCreatedEvent("/r/run/.done"), [("run", "/r/run")]),
-            (
-                FileMovedEvent("/r/run/traces.jsonl.tmp", "/r/run/traces.jsonl"),
-                [("run", "/r/run")],
-            ),
-            (
-                FileMovedEvent("/r/a/traces.jsonl", "/r/b/traces.jsonl"),
-                [("run", "/r/a"), ("run", "/r/b")],
-            ),
-            (DirCreatedEvent("/r/new"), [("subtree", "/r/new")]),
-            (DirDeletedEvent("/r/run"), [("run", "/r/run")]),
-            (DirMovedEvent("/r/old", "/r/new"), [("run", "/r/old"), ("subtree", "/r/new")]),
-            (FileModifiedEvent("/r/run/eval.log"), []),
-            (FileCreatedEvent("/r/run/notes.txt"), []),
-            (DirModifiedEvent("/r/run"), []),
-            (FileOpenedEvent("/r/run/traces.jsonl"), []),
-            (FileClosedNoWriteEvent("/r/run/traces.jsonl"), []),
+            (event(IN.IN_MODIFY, b"traces.jsonl"), [("run", "/r/run")]),
+            (event(IN.IN_CREATE, b"config.toml"), [("run", "/r/run")]),
+            (event(IN.IN_CLOSE_WRITE, b"results.jsonl"), [("run", "/r/run")]),
+            (event(IN.IN_DELETE, b"traces.jsonl"), [("run", "/r/run")]),
+            (event(IN.IN_CREATE, b".done"), [("run", "/r/run")]),
+            (event(IN.IN_MOVED_TO, b"traces.jsonl"), [("run", "/r/run")]),
+            (event(IN.IN_MOVED_FROM, b"traces.jsonl"), [("run", "/r/run")]),
+            (event(IN.IN_MOVED_FROM, b"traces.jsonl.tmp"), []),
+            (event(IN.IN_CREATE | IN.IN_ISDIR, b"new"), [("subtree", "/r/run/new")]),
+            (event(IN.IN_MOVED_TO | IN.IN_ISDIR, b"new"), [("subtree", "/r/run/new")]),
+            (event(IN.IN_DELETE | IN.IN_ISDIR, b"old"), [("run", "/r/run/old")]),
+            (event(IN.IN_MOVED_FROM | IN.IN_ISDIR, b"old"), [("run", "/r/run/old")]),
+            (event(IN.IN_MODIFY, b"eval.log"), []),
+            (event(IN.IN_CREATE, b"notes.txt"), []),
+            (event(IN.IN_ATTRIB | IN.IN_ISDIR, b"sub"), []),
+            (event(IN.IN_IGNORED, b""), []),
         ],
-        ids=lambda value: type(value).__name__ if not isinstance(value, list) else "",
+        ids=lambda value: repr(value.name) if isinstance(value, InotifyEvent) else "",
     )
-    def test_an_event_becomes_the_hints_that_say_where_to_look(self, event, expected):
-        assert event_names(hints_for(event, NAMES)) == expected
+    def test_an_event_becomes_the_hints_that_say_where_to_look(self, inotify_event, expected):
+        assert event_names(hints_for("/r/run", inotify_event, NAMES)) == expected
 
     def test_the_marker_is_watched_only_when_configured(self):
         names = frozenset({"config.toml", "traces.jsonl", "results.jsonl"})
 
-        assert hints_for(FileCreatedEvent("/r/run/.done"), names) == []
+        assert hints_for("/r/run", event(IN.IN_CREATE, b".done"), names) == []
 
-    def test_a_path_that_is_not_utf8_arrives_as_the_same_surrogate_escaped_str(self):
-        raw = b"/r/\xff/traces.jsonl"
-
-        [hint] = hints_for(FileModifiedEvent(raw), NAMES)
+    def test_a_name_that_is_not_utf8_arrives_as_the_same_surrogate_escaped_str(self):
+        [hint] = hints_for("/r", event(IN.IN_CREATE | IN.IN_ISDIR, b"\xff"), NAMES)
 
         assert os.fsencode(hint.path) == b"/r/\xff"
 

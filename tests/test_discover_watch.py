@@ -28,6 +28,7 @@ from evalpush.discover import (
     RunDir,
     Scanner,
     Watcher,
+    Watches,
     inotify_watches_in_use,
 )
 from inotify_limited import limited_namespaces_available, run_limited
@@ -60,7 +61,16 @@ class Daemonish:
 
     def start(self) -> None:
         self.watcher.start()
-        self.known = dict(self.scanner.scan())  # the daemon's first scan
+        for root in self.watcher.watching:  # the daemon's first scan
+            self.known.update(self.scan_and_watch(root))
+
+    def scan_and_watch(self, top: str) -> dict[str, RunDir]:
+        """The runs at or under `top`; the directories runs appear in, and the runs (none
+        settled here), watched, as the daemon watches them."""
+        directories: list[str] = []
+        runs = self.scanner.scan_subtree(top, directories)
+        self.watcher.watch([*directories, *runs], look_again=True)
+        return runs
 
     def rescan(self) -> None:
         self.watcher.sync()
@@ -70,12 +80,15 @@ class Daemonish:
     def answer(self, hint: Hint) -> dict[str, RunDir | None]:
         """What the daemon learns from one hint: run dirs seen now (None: no longer a run)."""
         if hint.kind is HintKind.RUN:
-            return {hint.path: self.scanner.look(hint.path)}
+            run = self.scanner.look(hint.path)
+            if run is not None:
+                self.watcher.watch([hint.path], look_again=True)
+            return {hint.path: run}
         if hint.kind is HintKind.SUBTREE:
-            return dict(self.scanner.scan_subtree(hint.path))
+            return dict(self.scan_and_watch(hint.path))
         learned: dict[str, RunDir | None] = {}
         for root in self.watcher.sync():
-            learned.update(self.scanner.scan_subtree(root))
+            learned.update(self.scan_and_watch(root))
         return learned
 
     def until(self, done: Callable[[dict[str, RunDir]], bool]) -> dict[str, RunDir]:
@@ -270,6 +283,66 @@ class TestHints:
         assert d.watcher.watching == {str(root): kind}
 
 
+class TestWatches:
+    """What is watched besides the roots (`Watches`, the daemon's choice), on real directories."""
+
+    def test_a_finalized_run_holds_no_watch_and_a_04_runs_own_directories_are_let_go(
+        self, tmp_path
+    ):
+        root, group = tmp_path / "root", tmp_path / "root" / "env--m--h"
+        group.mkdir(parents=True)
+        watcher = Watcher([root], HintQueue(), kind=ObserverKind.INOTIFY)
+        scanner = Scanner([root])
+        settled: set[str] = set()
+        watches = Watches(watcher, scanner, settled.__contains__)
+        watcher.start()
+        try:
+            watches.rescanned(scanner.rescan())  # the first walk
+            assert watcher.directories == [str(group)]
+
+            # verifiers 0.4 makes these before its first line: the hint its directory gave is
+            # answered before any rescan sees it, so all of it is watched (not a run yet)
+            run = group / "run"
+            for below in ("configs/resolved", "logs/attempt_1"):
+                (run / below).mkdir(parents=True)
+            (run / "configs" / "resolved" / "eval.json").write_text("{}")
+            watches.subtree(str(run), lambda _runs: None)
+            below = [
+                run / "configs",
+                run / "configs/resolved",
+                run / "logs",
+                run / "logs/attempt_1",
+            ]
+            assert sorted(watcher.directories) == sorted(map(str, [group, run, *below]))
+
+            (run / "traces.jsonl").write_bytes(b'{"id": "1"}\n')  # its first line: a run now
+            watches.rescanned(scanner.rescan())
+            assert sorted(watcher.directories) == [str(group), str(run)]  # being written
+
+            settled.add(str(run))  # finalized
+            watches.rescanned(scanner.rescan())
+            assert watcher.directories == [str(group)]
+        finally:
+            watcher.stop()
+
+    def test_a_watched_directory_deleted_and_made_again_is_watched_again(self, tmp_path, watched):
+        group = tmp_path / "root" / "env--m--h"
+        group.mkdir(parents=True)
+        d = watched(ObserverKind.INOTIFY)
+        d.settle()
+        assert d.watcher.directories == [str(group)]
+
+        group.rmdir()
+        group.mkdir()
+        again = Hint(HintKind.SUBTREE, str(group))
+        d.until(lambda _known: again in d.seen)  # the hint its making gave, answered
+        run = make_run(group / "run")  # only a watch on the new directory tells of it
+        known = d.until(lambda known: str(run) in known)
+
+        assert list(known) == [str(run)]
+        assert str(group) in d.watcher.directories
+
+
 class TestLifecycle:
     @pytest.mark.parametrize("kind", KINDS)
     def test_stop_joins_every_thread_and_releases_every_inotify_watch(self, tmp_path, kind):
@@ -280,6 +353,8 @@ class TestLifecycle:
         watcher = Watcher([tmp_path / "root", tmp_path / "missing"], HintQueue(), kind=kind)
 
         watcher.start()
+        groups = [str(tmp_path / "root" / f"d{i}") for i in range(20)]
+        newly = watcher.watch(groups)
         running = set(threading.enumerate()) - before
         watching = inotify_watches_in_use() - watches_before
         watcher.stop()
@@ -289,8 +364,10 @@ class TestLifecycle:
         assert all(thread.daemon for thread in running)
         assert all(not thread.is_alive() for thread in running)
         assert inotify_watches_in_use() == watches_before
-        # inotify: the root, its 20 + 20 directories, and the missing root's parent
-        assert watching == (42 if kind is ObserverKind.INOTIFY else 0)
+        # inotify: the root, the 20 directories asked for (not the runs below them), and the
+        # missing root's parent; a polled root watches nothing
+        assert watching == (22 if kind is ObserverKind.INOTIFY else 0)
+        assert newly == (groups if kind is ObserverKind.INOTIFY else [])
 
     def test_a_root_made_while_its_parents_watch_is_being_set_up_is_still_found(self, tmp_path):
         # `mkdir -p` racing a sync: the root appears after the sync saw it missing and before
@@ -299,10 +376,10 @@ class TestLifecycle:
         made: list[Path] = []
 
         class Racing(Watcher):
-            def _schedule(self, handler, path, *, recursive):
-                if not recursive and not made:
+            def _add(self, path, role):
+                if not made:  # the first watch is the one on the missing root's parent
                     made.append(make_run(root / "t--m--h" / "run"))
-                return super()._schedule(handler, path, recursive=recursive)
+                return super()._add(path, role)
 
         d = Daemonish(root, ObserverKind.INOTIFY)
         d.watcher = Racing([root], d.hints, kind=ObserverKind.INOTIFY)
@@ -449,20 +526,23 @@ class TestInotifyLimits:
         assert "fs.inotify.max_user_instances = 0" in result["error"]
         assert result["threads"] == []
 
-    def test_forced_inotify_that_cannot_watch_the_whole_tree_refuses_to_start_naming_the_limit(
+    def test_forced_inotify_past_its_watch_limit_says_so_once_and_the_rescans_find_the_runs(
         self, tmp_path
     ):
-        """watchdog (7.1.1 on) refuses a recursive watch it cannot complete at start: a forced
-        `inotify` is then a configuration error saying which limit and how to raise it, with
-        no thread left behind (`auto` polls instead: the test above)."""
+        """The directories to watch outnumber the watches the kernel allows: a forced `inotify`
+        keeps what it could watch, says once which limit and how to raise it, and leaves the
+        rest to the rescans (`auto` polls instead: the test above)."""
         make_tree(tmp_path / "root", 100)
 
         result = run_limited(tmp_path / "root", kind="inotify", max_watches=50)
 
-        assert "watching" not in result, result
-        assert result["error"].startswith("watch.observer = 'inotify', but inotify cannot be used")
-        assert "fs.inotify.max_user_watches = 50" in result["error"]
-        assert "sysctl -w fs.inotify.max_user_watches=" in result["error"]
+        assert result["error"] is None
+        assert result["watching"] == {str(tmp_path / "root"): "inotify"}
+        assert result["watched"] == 49  # the root holds the 50th
+        [error] = [e for e in result["events"] if e["log_level"] == "error"]
+        assert error["event"].startswith("inotify limit reached: some directories are not watched")
+        assert "fs.inotify.max_user_watches = 50" in error["reason"]
+        assert result["found"] == [str(tmp_path / "root" / "late" / "run")]
         assert result["threads"] == []
 
 
@@ -480,7 +560,7 @@ def test_a_config_error_from_start_is_raised_before_any_thread_is_left(tmp_path,
     def refuse() -> None:
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr("evalpush.discover._watch._new_inotify_observer", refuse)
+    monkeypatch.setattr("evalpush.discover._watch._new_inotify", refuse)
     before = set(threading.enumerate())
 
     with pytest.raises(ConfigError, match="watch.observer = 'inotify'"):

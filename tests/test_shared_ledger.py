@@ -320,11 +320,24 @@ class TestMoveIntoShared:
 
 
 class TestDaemonThroughAnOutage:
+    @pytest.mark.parametrize(
+        "found_by",
+        [
+            # No rescan since it was finalized: the run still holds the watch it was uploaded
+            # under, and the file event is what tells of the line.
+            pytest.param({"EVALPUSH_WATCH__RESCAN_SECONDS": "600"}, id="its file event"),
+            # Rescans since: a finalized run holds no watch, and the slow sweep finds the line.
+            pytest.param(
+                {"EVALPUSH_WATCH__RESCAN_SECONDS": "0.5", "EVALPUSH_WATCH__SWEEP_SECONDS": "2"},
+                id="the slow sweep",
+            ),
+        ],
+    )
     def test_a_line_appended_to_a_finalized_run_while_the_database_is_down_is_uploaded_after(
-        self, postgres: Cluster, pg_url: str, local_platform, tmp_path: Path
+        self, postgres: Cluster, pg_url: str, local_platform, tmp_path: Path, found_by
     ):
-        """The file event comes while the database is down: the daemon's look at the run fails
-        and the event is spent; the rescan after the database is back must look inside the
+        """The look at the run (a file event's, or the sweep's) comes while the database is
+        down: it fails and is spent; the rescan after the database is back must look inside the
         finalized run (it passes finalized runs by otherwise) and upload it again."""
         from daemon_support import (
             RUN_FINALIZED,
@@ -344,6 +357,7 @@ class TestDaemonThroughAnOutage:
             EVALPUSH_WATCH__OBSERVER="inotify",
             EVALPUSH_LEDGER__URL=pg_url,
             EVALPUSH_LEDGER__PASSWORD_FILE=str(password_file),
+            **found_by,
         )
         with InProcessDaemon(environ) as daemon:
             daemon.started()

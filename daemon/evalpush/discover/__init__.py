@@ -16,32 +16,38 @@ rescan against 1.9 s for a full walk, `bench/scan.py --runs 100000`). A root tha
 when it appears. `look()` and `scan_subtree()` answer a hint by looking at one directory or one
 subtree, after checking that the path lies inside a root with no symlink on the way.
 
-`Watcher` gives hints for low latency. It runs watchdog observers over the roots (recursive)
-and turns each event into a `Hint` put into a `HintSink` (a `HintQueue` holds each distinct
-hint once): `RUN` (a file a run's readiness depends on changed in this directory: look at it),
-`SUBTREE` (a directory appeared: scan it), `ROOT` (a root appeared, vanished or moved: call
-`sync()`, then scan what it returns). Nothing else happens in watchdog's threads. Hints can be
-lost (inotify drops events on overflow and misses files created in a new directory before its
-watch exists), which is why the rescan (with its sweep) is the truth.
+`Watcher` gives hints for low latency. It holds inotify watches (watchdog's `InotifyFD`), one
+per directory and for its entries only: on the roots, and on the directories its caller names
+(`watch()`). `Watches` is the daemon's choice of them, kept in line with each rescan: the
+directories that hold no run (where new runs appear) and the runs not settled; `scan_subtree()`
+and `Rescan` say which directories are not runs. It turns
+each event into a `Hint` put into a `HintSink` (a `HintQueue` holds each distinct hint once):
+`RUN` (a file a run's readiness depends on changed in this directory: look at it), `SUBTREE` (a
+directory appeared: scan it), `ROOT` (a root appeared, vanished or moved: call `sync()`, then
+scan what it returns), `RESCAN` (inotify's queue overflowed: events were lost). Nothing else
+happens in watchdog's threads. Hints can be lost (inotify drops events on overflow and misses
+files created in a new directory before its watch exists: a directory newly watched is looked at
+once more), and a settled run's directory has no watch, which is why the rescan (with its
+sweep) is the truth.
 
-`watch.observer`: `inotify` forces inotify through watchdog (`ConfigError` from `start()` if it
-is unavailable; its watch limit reached later is logged once as an error); `polling` gives no
+`watch.observer`: `inotify` forces inotify through watchdog (`ConfigError` from `start()` if a
+root cannot be watched; the watch limit reached under a root later is logged once as an error,
+and the rescans find what the missing watches would have shown); `polling` gives no
 hints: the daemon rescans every `watch.poll_seconds` instead of every `watch.rescan_seconds`
 (changes made on another host of an NFS or CIFS share never reach this host's inotify;
 watchdog's PollingObserver would stat every file, about 4.5 times the CPU of the scan's walk);
 `auto` uses inotify except for roots on a network filesystem,
 and falls back to polling, saying so once with the limit and how to raise it, when inotify is
-unavailable or its watch limit is reached. watchdog skips a subdirectory it cannot watch
-without a word, so the watcher probes the limit after each `sync()`.
+unavailable or its watch limit is reached.
 
 Paths are `str`: absolute, under each root's real path (symlinks in a root's own path
 resolved), as `evalpush push` names runs, so both name a run the same way (and 10,000 `Path`
 objects would double a rescan's cost). Names that are not UTF-8 arrive surrogate-escaped and
 are never encoded strictly; `printable()` makes them safe to log.
 
-Threads: `start()`, `sync()` and `stop()` are called from one thread, the caller's. The
-watcher's threads (watchdog's inotify observer: a dispatcher, an emitter per watch, inotify's
-reader) are daemon threads; `stop()` stops and joins every one.
+Threads: `start()`, `sync()`, `watch()`, `unwatch()` and `stop()` are called from one thread,
+the caller's. The watcher's threads (watchdog's inotify reader and its dispatcher, two
+whatever the number of watches) are daemon threads; `stop()` stops and joins them.
 """
 
 from evalpush.discover._hints import Hint, HintKind, HintQueue, HintSink, hints_for
@@ -49,7 +55,6 @@ from evalpush.discover._inotify import (
     filesystem_type,
     inotify_watches_in_use,
     on_network_filesystem,
-    probe_inotify,
 )
 from evalpush.discover._scan import (
     Rescan,
@@ -61,6 +66,7 @@ from evalpush.discover._scan import (
     walk,
 )
 from evalpush.discover._watch import ObserverKind, Watcher
+from evalpush.discover._watches import Watches
 from evalpush.discover.check import refuse_relative_roots, watch_verdicts
 
 __all__ = [
@@ -74,13 +80,13 @@ __all__ = [
     "Scanner",
     "SweepShare",
     "Watcher",
+    "Watches",
     "filesystem_type",
     "hints_for",
     "inotify_watches_in_use",
     "look_at",
     "on_network_filesystem",
     "printable",
-    "probe_inotify",
     "walk",
     "refuse_relative_roots",
     "watch_verdicts",

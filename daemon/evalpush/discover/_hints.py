@@ -5,39 +5,24 @@ from __future__ import annotations
 import enum
 import os
 import threading
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
-from watchdog.events import (
-    DirCreatedEvent,
-    DirDeletedEvent,
-    DirMovedEvent,
-    FileClosedEvent,
-    FileCreatedEvent,
-    FileDeletedEvent,
-    FileModifiedEvent,
-    FileMovedEvent,
-    FileSystemEvent,
-)
 
-# The events that can change what discover or readiness sees (the watcher asks watchdog for
-# these only). Not opens, or closes without a write: the daemon's own reads of traces.jsonl
-# would come back as events. Not attribute changes.
-FILE_EVENTS = (
-    FileCreatedEvent,
-    FileModifiedEvent,
-    FileClosedEvent,
-    FileDeletedEvent,
-    FileMovedEvent,
-)
-DIRECTORY_EVENTS = (DirCreatedEvent, DirDeletedEvent, DirMovedEvent)
-EVENTS = [*FILE_EVENTS, *DIRECTORY_EVENTS]
+from evalpush.discover._inotify import IN_CREATE, IN_DELETE, IN_ISDIR, IN_MOVED_FROM, IN_MOVED_TO
+
+if TYPE_CHECKING:
+    from watchdog.observers.inotify_c import InotifyEvent
+
+_APPEARED = IN_CREATE | IN_MOVED_TO
+_LEFT = IN_DELETE | IN_MOVED_FROM
 
 
 class HintKind(enum.StrEnum):
     RUN = "run"  # something readiness depends on changed in this directory: `Scanner.look` it
     SUBTREE = "subtree"  # a directory appeared here: `Scanner.scan_subtree` it
     ROOT = "root"  # this root appeared, vanished or moved: `Watcher.sync`, then scan it
+    RESCAN = "rescan"  # events were lost (inotify's queue overflowed): rescan now
     WAKE = "wake"  # not about a path: the daemon's loop has something else to do (a signal)
 
 
@@ -81,26 +66,22 @@ class HintQueue:
             return len(self._pending)
 
 
-def hints_for(event: FileSystemEvent, names: frozenset[str]) -> list[Hint]:
-    """The hints one watchdog event gives: pure, cheap, no I/O (it runs in watchdog's thread).
+def hints_for(directory: str, event: InotifyEvent, names: frozenset[str]) -> list[Hint]:
+    """The hints one inotify event on the watched `directory` gives: pure, cheap, no I/O (it
+    runs in watchdog's inotify thread). A directory's own deletion or move gives none here: the
+    watcher handles those (`Watcher`), and its parent's watch names it.
 
     `names` are the file names readiness depends on (config, trace files, the marker).
     """
-    src = os.fsdecode(event.src_path)
-    dest = os.fsdecode(event.dest_path) if event.dest_path else ""
-    if event.is_directory:
-        if isinstance(event, DirCreatedEvent):
-            return [Hint(HintKind.SUBTREE, src)]
-        if isinstance(event, DirDeletedEvent):
-            return [Hint(HintKind.RUN, src)]
-        if isinstance(event, DirMovedEvent):
-            hints = [Hint(HintKind.RUN, src)]
-            return hints + [Hint(HintKind.SUBTREE, dest)] if dest else hints
+    if not event.name:
         return []
-    if not isinstance(event, FILE_EVENTS):
+    path = os.path.join(directory, os.fsdecode(event.name))
+    if event.mask & IN_ISDIR:
+        if event.mask & _APPEARED:
+            return [Hint(HintKind.SUBTREE, path)]
+        if event.mask & _LEFT:
+            return [Hint(HintKind.RUN, path)]
         return []
-    return [
-        Hint(HintKind.RUN, os.path.dirname(path))
-        for path in (src, dest)
-        if path and os.path.basename(path) in names
-    ]
+    if os.path.basename(path) in names:
+        return [Hint(HintKind.RUN, directory)]
+    return []

@@ -1,10 +1,9 @@
-"""inotify's limits, and which filesystems it cannot see into: what `auto` decides by."""
+"""inotify's event bits, its limits, and which filesystems it cannot see into (what `auto`
+decides by)."""
 
 from __future__ import annotations
 
-import ctypes
 import errno
-import functools
 import os
 import re
 from collections.abc import Sequence
@@ -25,47 +24,36 @@ NETWORK_FILESYSTEMS = frozenset(
 )
 
 
-# inotify(7): the event the probe's watch asks for, and the flags it is made with.
+# inotify(7)'s event bits (as the kernel defines them; watchdog's constants are the same, but
+# importing them loads inotify through ctypes, which fails where there is none).
+IN_MODIFY = 0x00000002
+IN_CLOSE_WRITE = 0x00000008
+IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
 IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
+IN_DELETE_SELF = 0x00000400
+IN_MOVE_SELF = 0x00000800
+IN_ONLYDIR = 0x01000000
 IN_DONT_FOLLOW = 0x02000000
-IN_CLOEXEC = os.O_CLOEXEC
+IN_ISDIR = 0x40000000
 
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    """The C library already loaded into the interpreter (as watchdog loads it): no search for
-    it (`ctypes.util.find_library` runs `ldconfig` in a child process)."""
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def probe_inotify(path: str) -> OSError | None:
-    """Can one more inotify watch be added (on `path`) now? None if so, else the kernel's error.
-
-    Three libc calls through ctypes: a new instance, one watch, closed again. watchdog makes
-    its watches the same way, but keeps these calls private."""
-    try:
-        libc = _libc()
-        init, add, remove = libc.inotify_init1, libc.inotify_add_watch, libc.inotify_rm_watch
-    except (OSError, AttributeError) as exc:  # not Linux, or a libc without inotify
-        return OSError(errno.ENOSYS, f"inotify is not available here ({exc})")
-    fd = init(IN_CLOEXEC)
-    if fd == -1:
-        return _ctypes_error()
-    try:
-        wd = add(
-            fd, ctypes.c_char_p(os.fsencode(path)), ctypes.c_uint32(IN_CREATE | IN_DONT_FOLLOW)
-        )
-        if wd == -1:
-            return _ctypes_error()
-        remove(fd, wd)
-        return None
-    finally:
-        os.close(fd)
-
-
-def _ctypes_error() -> OSError:
-    err = ctypes.get_errno()
-    return OSError(err, os.strerror(err))
+WATCH_MASK = (
+    IN_CREATE
+    | IN_MODIFY
+    | IN_CLOSE_WRITE
+    | IN_DELETE
+    | IN_MOVED_FROM
+    | IN_MOVED_TO
+    | IN_DELETE_SELF
+    | IN_MOVE_SELF
+    | IN_DONT_FOLLOW
+    | IN_ONLYDIR
+)
+"""What the watcher asks inotify for on each directory it watches: an entry created, written,
+deleted or moved in or out, and the directory itself deleted or moved away; never through a
+symlink, and only onto a directory. Not opens, or closes without a write (the daemon's own
+reads of traces.jsonl would come back as events), nor attribute changes."""
 
 
 def _read_limit(paths: Sequence[str]) -> int | None:

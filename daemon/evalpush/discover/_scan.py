@@ -77,6 +77,8 @@ class Rescan(msgspec.Struct, frozen=True, gc=False):
 
     runs: dict[str, RunDir]  # run directories looked at: new, changed, not quiet, or swept
     gone: list[str]  # run directories it knew that are gone or are not run directories any more
+    directories: list[str]  # other directories it found (the ones runs appear in)
+    left: list[str]  # other directories it knew that are gone or are run directories now
     complete: bool  # the first rescan is over: `Scanner.knows` every run under the roots
     over: bool  # this rescan is over (else the next call goes on with it)
 
@@ -175,12 +177,16 @@ def look_at(directory: str, marker: str = "") -> RunDir | None:
 
 
 def walk(
-    top: str, marker: str = "", on_error: Callable[[str, OSError], None] | None = None
+    top: str,
+    marker: str = "",
+    on_error: Callable[[str, OSError], None] | None = None,
+    directories: list[str] | None = None,
 ) -> Iterator[RunDir]:
     """Every run directory at or under `top`: never through a symlink, never inside a run.
 
     A directory that vanishes while it is walked is skipped; any other error reading one goes to
-    `on_error` (a directory that cannot be read hides whatever runs are in it).
+    `on_error` (a directory that cannot be read hides whatever runs are in it). `directories`
+    gets every other directory listed on the way.
     """
     stack = [top]
     while stack:
@@ -197,6 +203,8 @@ def walk(
         if run is not None:
             yield run
         else:
+            if directories is not None:
+                directories.append(directory)
             stack.extend(listing.subdirs)
 
 
@@ -243,6 +251,8 @@ class Scanner:
         self._runs: dict[str, None] = {}
         self._dirs: dict[str, tuple[int, tuple[str, ...]]] = {}
         self._due: set[str] = set()
+        self._found: list[str] = []  # other directories found and left by this rescan call
+        self._left: list[str] = []
         self._rescanned = False  # a rescan was over: the first walk is done
         self._walking = False  # a rescan is under way: `_stack` holds what is left of it
         self._stack: list[str] = []
@@ -308,7 +318,11 @@ class Scanner:
             self._forget_readable()
             if complete:  # the sweep begins at the next rescan, over all the first one found
                 self._sweep, self._swept = [], 0
-        return Rescan(runs, [path for path in gone if path not in runs], complete, over)
+        found, self._found = self._found, []
+        left, self._left = self._left, []
+        return Rescan(
+            runs, [path for path in gone if path not in runs], found, left, complete, over
+        )
 
     def again(self, paths: Iterable[str]) -> None:
         """Look inside these run directories at the next rescan, quiet or not (what a rescan
@@ -324,6 +338,11 @@ class Scanner:
     def knows(self, path: str) -> bool:
         """Whether `rescan()` has found a run directory at `path` (and not found it gone)."""
         return path in self._runs
+
+    def knows_directory(self, path: str) -> bool:
+        """Whether `rescan()` has found a directory that is not a run at `path` (one runs may
+        appear in; not one inside a run directory, which it never walks into)."""
+        return path in self._dirs
 
     @property
     def remembered(self) -> int:
@@ -387,6 +406,7 @@ class Scanner:
                     self._forget(vanished, gone)
             else:
                 self._sweep_from_now(directory)
+                self._found.append(directory)
             # One holding a trace file may become a run with no move of its own mtime (0.3/0.4:
             # its first line, or configs/resolved/*.json written a level down): listed each time.
             settled = mtime < fresh_before and not listing.has_traces
@@ -411,6 +431,7 @@ class Scanner:
                 gone.append(directory)
             remembered = self._dirs.pop(directory, None)
             if remembered is not None:
+                self._left.append(directory)
                 stack.extend(remembered[1])
 
     def _sweep_slice(self) -> None:
@@ -464,12 +485,16 @@ class Scanner:
                 break
         return zlib.crc32(os.fsencode(under)) % parts == index
 
-    def scan_subtree(self, directory: str | Path) -> dict[str, RunDir]:
-        """Every run directory at or under `directory`, if it lies inside a root."""
+    def scan_subtree(
+        self, directory: str | Path, directories: list[str] | None = None
+    ) -> dict[str, RunDir]:
+        """Every run directory at or under `directory`, if it lies inside a root; `directories`
+        gets every other directory listed on the way (the ones to watch for new runs)."""
         path = self._contained(directory)
         if path is None:
             return {}
-        return {run.path: run for run in walk(path, self.marker, self._unreadable_dir)}
+        found = walk(path, self.marker, self._unreadable_dir, directories)
+        return {run.path: run for run in found}
 
     def look(self, directory: str | Path) -> RunDir | None:
         """`directory` as a run directory now; None when it is not one, is gone, or is outside."""

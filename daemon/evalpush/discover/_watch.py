@@ -1,4 +1,5 @@
-"""The watcher: watchdog observers over the roots, each event turned into hints, nothing more."""
+"""The watcher: inotify watches (watchdog's) on the directories worth watching, each event
+turned into hints, nothing more."""
 
 from __future__ import annotations
 
@@ -6,26 +7,29 @@ import enum
 import errno
 import os
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
-
-import msgspec
-from watchdog.events import (
-    DirCreatedEvent,
-    FileSystemEvent,
-    FileSystemEventHandler,
-)
-from watchdog.observers.api import BaseObserver, ObservedWatch
+from typing import TYPE_CHECKING, Any
 
 from evalpush.config import RunsConfig, WatchConfig
 from evalpush.core.errors import ConfigError
 from evalpush.discover import _inotify
-from evalpush.discover._hints import EVENTS, Hint, HintKind, HintSink, hints_for
-from evalpush.discover._inotify import describe_inotify_error, probe_inotify
+from evalpush.discover._hints import Hint, HintKind, HintSink, hints_for
+from evalpush.discover._inotify import (
+    IN_CREATE,
+    IN_DELETE_SELF,
+    IN_ISDIR,
+    IN_MOVE_SELF,
+    IN_MOVED_TO,
+    WATCH_MASK,
+    describe_inotify_error,
+)
 from evalpush.discover._scan import inside, printable, resolve
 from evalpush.log import get_logger
 from evalpush.runs import CONFIG_FILE, LEGACY_TRACES_FILE, TRACES_FILE
+
+if TYPE_CHECKING:
+    from watchdog.observers.inotify_c import InotifyEvent, InotifyFD
 
 
 class ObserverKind(enum.StrEnum):
@@ -34,44 +38,59 @@ class ObserverKind(enum.StrEnum):
     POLLING = "polling"
 
 
-class _RunEvents(FileSystemEventHandler):
-    """Events under a watched root: hints for runs, and ROOT when the root itself is deleted."""
+class _Role(enum.Enum):
+    ROOT = "root"  # a watched root: its entries, and itself deleted or moved (ROOT)
+    DIRECTORY = "directory"  # a directory under a root the caller asked for: its entries
+    PARENT = "parent"  # the nearest existing parent of a missing root: ROOT when it may appear
 
-    def __init__(self, watcher: Watcher) -> None:
+
+class _Watch:
+    """One inotify watch on one directory, and what its events mean (watchdog's
+    `WatchCallback`): called in watchdog's inotify thread, it only hands hints on."""
+
+    __slots__ = ("alive", "path", "role", "wd", "_watcher")
+
+    def __init__(self, watcher: Watcher, path: str, role: _Role) -> None:
         self._watcher = watcher
+        self.path = path
+        self.role = role
+        self.wd = -1
+        self.alive = True  # False once the directory is gone or moved: the watch is dropped
 
-    def dispatch(self, event: FileSystemEvent) -> None:
-        self._watcher._deliver(event, parent_watch=False)
+    def on_event(self, event: InotifyEvent) -> None:
+        self._watcher._deliver(self, event)
 
+    def on_watch_deleted(self, wd: int) -> None:
+        self.alive = False
 
-class _RootEvents(FileSystemEventHandler):
-    """Events in the nearest existing parent of a missing root: ROOT when it may have appeared."""
+    def on_queue_overflow(self) -> None:
+        pass  # on_events_lost says it, once every watch heard of it
 
-    def __init__(self, watcher: Watcher) -> None:
-        self._watcher = watcher
-
-    def dispatch(self, event: FileSystemEvent) -> None:
-        self._watcher._deliver(event, parent_watch=True)
-
-
-class _Watched(msgspec.Struct, frozen=True):
-    identity: tuple[int, int]  # (device, inode) of the root directory when its watch began
-    kind: ObserverKind  # INOTIFY or POLLING
-    watch: ObservedWatch | None  # inotify's; None for a polled root
+    def on_events_lost(self) -> None:
+        self._watcher._lost()
 
 
 class Watcher:
-    """Hints from inotify (watchdog) over the roots (see the package docstring).
+    """Hints from inotify over the roots and the directories worth watching under them (see
+    the package docstring).
 
     Roots are watched at their real paths (symlinks in a root's own path resolved), and hints
-    carry real paths, as `Scanner` reports them. `start()` watches every root that exists and
-    waits for every root that does not (inotify on its nearest existing parent). A root to be
-    polled gives no hints: `polling` says so, and the daemon rescans every `poll_seconds`.
-    `sync()` (call it on a ROOT hint and at every rescan) watches roots that appeared,
-    re-watches a root that was replaced, waits again for one that vanished, probes the inotify
-    limit, and returns the roots it began to watch: scan those, since what was created in them
+    carry real paths, as `Scanner` reports them. Each watch is one inotify watch on one
+    directory, for its entries only (never what is below them): `start()` watches every root
+    that exists and waits for every root that does not (a watch on its nearest existing
+    parent); `watch()` adds the directories the caller wants watched besides (the directories
+    new runs appear in and the runs still being written: not the million finished runs, which
+    the rescan's sweep looks at instead), `unwatch()` drops them. A root to be polled gives no
+    hints: `polling` says so, and the daemon rescans every `poll_seconds`. `sync()` (call it
+    on a ROOT hint and at every rescan) watches roots that appeared, re-watches a root that
+    was replaced, waits again for one that vanished, drops the watches of directories that are
+    gone, and returns the roots it began to watch: scan those, since what was created in them
     before their watch gave no event. `stop()` joins every thread. No I/O and no thread before
     `start()`.
+
+    inotify is watchdog's (`InotifyFD`: one inotify instance, its reader and dispatcher
+    threads, a callback per watch). Its observers are not used: they watch a whole tree or
+    start a thread per watched directory, and neither fits a tree of a million finished runs.
     """
 
     def __init__(
@@ -92,11 +111,12 @@ class Watcher:
         self._names = frozenset({CONFIG_FILE, TRACES_FILE, LEGACY_TRACES_FILE, marker} - {""})
         self._log = log if log is not None else get_logger(stage="discover")
         self._on_network_fs = on_network_filesystem or _inotify.on_network_filesystem
-        self._inotify: BaseObserver | None = None
-        self._watched: dict[str, _Watched] = {}  # real root path -> its watch
-        self._parents: dict[str, ObservedWatch] = {}  # inotify watches on missing roots' parents
-        # Read by watchdog's threads: immutable, swapped whole.
-        self._watched_roots: frozenset[str] = frozenset()
+        self._inotify: InotifyFD | None = None
+        self._roots: dict[str, tuple[tuple[int, int], ObserverKind, _Watch | None]] = {}
+        # (real root -> (device, inode) when its watch began, how it is watched, its watch)
+        self._directories: dict[str, _Watch] = {}  # watched besides the roots
+        self._parents: dict[str, _Watch] = {}  # on missing roots' nearest existing parents
+        # Read by the inotify thread: immutable, swapped whole.
         self._missing_roots: tuple[str, ...] = ()
         self._inotify_failed = False  # auto fell back to polling; not tried again
         self._limit_reported = False
@@ -129,12 +149,12 @@ class Watcher:
         return newly
 
     def stop(self) -> None:
-        """Stop inotify's observer and join all its threads."""
+        """Stop inotify and join its threads."""
         self._stop_inotify()
-        self._watched.clear()
+        self._roots.clear()
+        self._directories.clear()
         self._parents.clear()
         self._missing_roots = ()
-        self._published()
 
     def __enter__(self) -> Watcher:
         self.start()
@@ -143,16 +163,64 @@ class Watcher:
     def __exit__(self, *_exc: object) -> None:
         self.stop()
 
+    def watch(self, directories: Iterable[str], *, look_again: bool = False) -> list[str]:
+        """Watch each of `directories` (real paths) for its entries, those under a root inotify
+        watches; the ones newly watched. `look_again`: a hint to look at each one newly
+        watched (a SUBTREE hint), for what was made in it between the look that found it and
+        its watch. A directory that cannot be watched (gone, unreadable) is left to the
+        rescans; so is every one past inotify's watch limit (`auto` then polls instead)."""
+        newly: list[str] = []
+        on_inotify = [
+            real for real, (_, kind, _) in self._roots.items() if kind is ObserverKind.INOTIFY
+        ]
+        if not on_inotify:
+            return newly
+        for directory in directories:
+            if directory in self._roots:
+                continue
+            current = self._directories.get(directory)
+            if current is not None:
+                if current.alive:
+                    continue
+                self.unwatch([directory])  # gone or moved away: what is there now is watched
+            if not any(inside(directory, real) for real in on_inotify):
+                continue
+            try:
+                watch = self._add(directory, _Role.DIRECTORY)
+            except OSError as exc:
+                if exc.errno in (errno.ENOSPC, errno.EMFILE):
+                    self._watch_limit(exc)
+                    break
+                continue  # gone again since it was looked at, or unreadable: the rescan sees it
+            self._directories[directory] = watch
+            newly.append(directory)
+        if look_again:
+            for directory in newly:
+                self._hints.put(Hint(HintKind.SUBTREE, directory))
+        return newly
+
+    def unwatch(self, directories: Iterable[str]) -> None:
+        """Stop watching these directories (not the roots)."""
+        for directory in directories:
+            watch = self._directories.pop(directory, None)
+            if watch is not None:
+                self._remove(watch)
+
+    @property
+    def directories(self) -> list[str]:
+        """The directories watched besides the roots."""
+        return list(self._directories)
+
     @property
     def watching(self) -> dict[str, ObserverKind]:
         """Each watched root (real path) and how it is watched, for the log and `status`."""
-        return {real: watched.kind for real, watched in self._watched.items()}
+        return {real: kind for real, (_, kind, _) in self._roots.items()}
 
     @property
     def polling(self) -> bool:
         """Whether a root is (or, once it exists, will be) watched by polling: by the daemon's
         rescan every `poll_seconds`, since no event comes from it."""
-        return any(w.kind is ObserverKind.POLLING for w in self._watched.values()) or any(
+        return any(kind is ObserverKind.POLLING for _, kind, _ in self._roots.values()) or any(
             self._kind_for(real) is ObserverKind.POLLING for real in self._missing_roots
         )
 
@@ -165,27 +233,29 @@ class Watcher:
 
     def _sync_once(self) -> list[str]:
         reals = list(dict.fromkeys(resolve(root) for root in self.roots))
-        for real in [r for r in self._watched if r not in reals]:  # a root symlink moved
-            self._unwatch(real)
+        for real in [r for r in self._roots if r not in reals]:  # a root symlink moved
+            self._unwatch_root(real)
         newly, missing = [], []
         for real in reals:
             identity = _directory_identity(real)
-            current = self._watched.get(real)
-            if current is not None and (identity != current.identity or not self._alive(current)):
-                self._unwatch(real)
-                current = None
+            current = self._roots.get(real)
+            if current is not None:
+                watch = current[2]
+                if identity != current[0] or (watch is not None and not watch.alive):
+                    self._unwatch_root(real)
+                    current = None
             if current is None and identity is not None and self._watch_root(real, identity):
                 newly.append(real)
-            elif real not in self._watched:
+            elif real not in self._roots:
                 missing.append(real)
         self._missing_roots = tuple(missing)
         self._await_missing()
-        self._published()
-        self._check_inotify_limit()
+        # A directory deleted or moved away: watched again if one is at its path now (made
+        # again, or moved back), and looked at again.
+        self.watch(
+            [d for d, watch in self._directories.items() if not watch.alive], look_again=True
+        )
         return newly
-
-    def _published(self) -> None:
-        self._watched_roots = frozenset(self._watched)
 
     def _kind_for(self, real: str) -> ObserverKind:
         if self.kind is not ObserverKind.AUTO:
@@ -198,48 +268,46 @@ class Watcher:
         kind = self._kind_for(real)
         watch = None
         if kind is not ObserverKind.POLLING:
-            watch = self._schedule(_RunEvents(self), real, recursive=True)
+            watch = self._add_or_fall_back(real, _Role.ROOT)
             if watch is None:
                 return False
-        self._watched[real] = _Watched(identity, kind, watch)
+        self._roots[real] = (identity, kind, watch)
         self._log.info("watching root", root=printable(real), observer=str(kind))
         return True
 
-    def _schedule(
-        self, handler: FileSystemEventHandler, path: str, *, recursive: bool
-    ) -> ObservedWatch | None:
-        """A new inotify watch; None when `path` vanished first or inotify just failed (auto)."""
+    def _add_or_fall_back(self, path: str, role: _Role) -> _Watch | None:
+        """A new watch; None when `path` vanished first or inotify just failed (`auto`)."""
         try:
-            if self._inotify is None:
-                self._inotify = _new_inotify_observer()
-                self._inotify.start()
-            return self._inotify.schedule(handler, path, recursive=recursive, event_filter=EVENTS)
+            return self._add(path, role)
         except (FileNotFoundError, NotADirectoryError):
             return None  # gone again since it was looked at
         except OSError as exc:
             self._inotify_unavailable(exc)
             return None
 
-    def _unwatch(self, real: str) -> None:
-        watched = self._watched.pop(real)
-        if watched.watch is not None:
-            self._unschedule(watched.watch)
+    def _add(self, path: str, role: _Role) -> _Watch:
+        """One inotify watch on `path` (OSError from the kernel when it cannot be had)."""
+        if self._inotify is None:
+            self._inotify = _new_inotify()
+        watch = _Watch(self, path, role)
+        wd = self._inotify.add_callback(os.fsencode(path), WATCH_MASK, watch, id(watch))
+        watch.wd = wd
+        if wd == -1:  # watchdog leaves a refusal for permission unraised
+            self._inotify.remove_callbacks([(wd, id(watch))])
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return watch
+
+    def _remove(self, watch: _Watch) -> None:
+        watch.alive = False
+        if self._inotify is not None:
+            self._inotify.remove_callbacks([(watch.wd, id(watch))])
+
+    def _unwatch_root(self, real: str) -> None:
+        _, _, watch = self._roots.pop(real)
+        if watch is not None:
+            self._remove(watch)
+        self.unwatch([d for d in self._directories if inside(d, real)])
         self._log.info("stopped watching root (gone, replaced or moved)", root=printable(real))
-
-    def _unschedule(self, watch: ObservedWatch) -> None:
-        observer = self._inotify
-        if observer is not None and any(emitter.watch == watch for emitter in observer.emitters):
-            observer.unschedule(watch)
-
-    def _alive(self, watched: _Watched) -> bool:
-        # An inotify emitter stops by itself when its root is deleted (DELETE_SELF); a polled
-        # root that vanished is found by the identity check.
-        if watched.watch is None:
-            return True
-        observer = self._inotify
-        return observer is not None and any(
-            emitter.watch == watched.watch and emitter.is_alive() for emitter in observer.emitters
-        )
 
     def _await_missing(self) -> None:
         """Watch for each missing root to appear: inotify on its nearest existing parent (a
@@ -251,11 +319,11 @@ class Watcher:
             if real not in polled
         }
         wanted = set(planned.values()) - {None}
-        for parent in [p for p in self._parents if p not in wanted]:
-            self._unschedule(self._parents.pop(parent))
+        for parent in [p for p in self._parents if p not in wanted or not self._parents[p].alive]:
+            self._remove(self._parents.pop(parent))
         for parent in wanted - self._parents.keys():
             assert parent is not None
-            watch = self._schedule(_RootEvents(self), parent, recursive=False)
+            watch = self._add_or_fall_back(parent, _Role.PARENT)
             if watch is not None:  # else the next sync or rescan finds the root
                 self._parents[parent] = watch
         # A directory on a root's way made while its parent's watch was being set up (`mkdir
@@ -265,11 +333,11 @@ class Watcher:
                 self._hints.put(Hint(HintKind.ROOT, real))
 
     def _stop_inotify(self) -> None:
-        observer, self._inotify = self._inotify, None
-        if observer is not None:
-            observer.stop()  # unschedules: stops and joins the emitters and inotify's reader
-            if observer.is_alive():
-                observer.join()
+        inotify, self._inotify = self._inotify, None
+        if inotify is not None:
+            inotify.stop()  # removes every watch and wakes its reader
+            if inotify.is_alive():
+                inotify.join()
 
     # -- inotify limits -----------------------------------------------------------------------
 
@@ -284,67 +352,69 @@ class Watcher:
             poll_seconds=self.poll_seconds,
         )
         self._stop_inotify()
-        self._watched = {r: w for r, w in self._watched.items() if w.watch is None}
+        self._roots = {r: w for r, w in self._roots.items() if w[2] is None}
+        self._directories.clear()
         self._parents.clear()
 
-    def _check_inotify_limit(self) -> None:
-        # watchdog refuses a tree it cannot watch whole at start, but a directory made later
-        # whose watch the kernel refuses is only a line in its own logger: when one more watch
-        # fails now, some directory may already have gone unwatched.
-        on_inotify = [r for r, w in self._watched.items() if w.kind is ObserverKind.INOTIFY]
-        if not on_inotify or self._limit_reported:
-            return
-        error = probe_inotify(on_inotify[0])
-        if error is None or error.errno not in (errno.ENOSPC, errno.EMFILE):
-            return
+    def _watch_limit(self, exc: OSError) -> None:
+        """A directory under a root could not be watched for inotify's limits: `auto` polls
+        from now on; forced `inotify` says so once and leaves the rest to the rescans."""
         if self.kind is ObserverKind.AUTO:
-            self._inotify_unavailable(error)
+            self._inotify_unavailable(exc)
+            self._sync_once()  # the roots, polled now: the daemon's rescans cover them
             return
-        self._limit_reported = True
-        self._log.error(
-            "inotify limit reached: some directories may not be watched; every rescan still finds their runs",
-            reason=describe_inotify_error(error),
-        )
+        if not self._limit_reported:
+            self._limit_reported = True
+            self._log.error(
+                "inotify limit reached: some directories are not watched; every rescan still "
+                "finds their runs",
+                reason=describe_inotify_error(exc),
+            )
 
-    # -- watchdog's threads -------------------------------------------------------------------
+    # -- watchdog's inotify thread ------------------------------------------------------------
 
-    def _deliver(self, event: FileSystemEvent, *, parent_watch: bool) -> None:
-        # Runs in a watchdog dispatcher thread: only turn the event into hints and hand them on.
+    def _deliver(self, watch: _Watch, event: InotifyEvent) -> None:
+        # Runs in watchdog's inotify thread: only turn the event into hints and hand them on.
         try:
-            hints = self._root_hints(event, parent_watch)
-            if not parent_watch:
-                hints += hints_for(event, self._names)
-            for hint in hints:
+            if not watch.alive:
+                return
+            if event.mask & (IN_DELETE_SELF | IN_MOVE_SELF):
+                # Gone or moved away (its events would name the old path): dropped at the next
+                # sync; the parent's watch names it, and a root is synced now.
+                watch.alive = False
+                if watch.role is _Role.ROOT:
+                    self._hints.put(Hint(HintKind.ROOT, watch.path))
+                return
+            if watch.role is _Role.PARENT:
+                # A root appears when it, or a directory on its way, is made or moved into place.
+                if event.mask & IN_ISDIR and event.mask & (IN_CREATE | IN_MOVED_TO):
+                    path = os.path.join(watch.path, os.fsdecode(event.name))
+                    for real in self._missing_roots:
+                        if inside(real, path):
+                            self._hints.put(Hint(HintKind.ROOT, real))
+                return
+            for hint in hints_for(watch.path, event, self._names):
                 self._hints.put(hint)
         except Exception:
             self._log.exception(
                 "could not hand a filesystem event on as a hint", fs_event=repr(event)
             )
 
-    def _root_hints(self, event: FileSystemEvent, parent_watch: bool) -> list[Hint]:
-        if not event.is_directory:
-            return []
-        touched = [os.fsdecode(p) for p in (event.src_path, event.dest_path) if p]
-        if parent_watch:
-            # A root appears when it, or a directory on its way, is created or moved into place.
-            return [
-                Hint(HintKind.ROOT, real)
-                for real in self._missing_roots
-                if any(inside(real, path) for path in touched)
-            ]
-        if isinstance(event, DirCreatedEvent):
-            return []
-        return [Hint(HintKind.ROOT, path) for path in touched if path in self._watched_roots]
+    def _lost(self) -> None:
+        self._log.warning("inotify's event queue overflowed: events were lost; rescanning")
+        self._hints.put(Hint(HintKind.RESCAN, ""))
 
 
-def _new_inotify_observer() -> BaseObserver:
+def _new_inotify() -> InotifyFD:
+    """watchdog's inotify instance of our own (not its shared one), reading in its thread."""
     try:
-        from watchdog.observers.inotify import InotifyObserver
+        from watchdog.observers.inotify_c import InotifyFD
     except Exception as exc:  # not Linux, or a libc without inotify
         raise OSError(errno.ENOSYS, f"inotify is not available here ({exc})") from None
-    observer = InotifyObserver()
-    observer.name = "evalpush-watch-inotify"
-    return observer
+    inotify = InotifyFD()
+    inotify.name = "evalpush-watch-inotify"
+    inotify.start()
+    return inotify
 
 
 def _directory_identity(path: str) -> tuple[int, int] | None:

@@ -3,8 +3,8 @@
 For each root: absolute (the daemon refuses a relative one), present, readable and searchable
 by this user, the filesystem it is on and the watcher the daemon would use there (inotify, or
 polling on a network filesystem or when `watch.observer` says so), and how many inotify watches
-this user has left (each directory under an inotify root takes one; `fs.inotify.
-max_user_watches` caps them per user). Reads only /proc and the roots' own metadata.
+this user has left (the daemon holds one for each root, each directory under it that
+holds no run, and each run not finished yet; `fs.inotify.max_user_watches` caps them per user). Reads only /proc and the roots' own metadata.
 """
 
 from __future__ import annotations

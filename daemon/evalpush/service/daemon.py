@@ -62,6 +62,7 @@ from evalpush.discover import (
     Scanner,
     SweepShare,
     Watcher,
+    Watches,
     refuse_relative_roots,
 )
 from evalpush.ledger.records import HEARTBEAT_SECONDS, GateState
@@ -119,6 +120,7 @@ class _Parts:
             )
             self.scanner = Scanner.from_config(config.watch, config.runs, self._sweep_share)
             self.watcher = Watcher.from_config(config.watch, config.runs, hints)
+            self.watches = Watches(self.watcher, self.scanner, self.tracker.settled)
             self.scheduler: Scheduler[str] = Scheduler(
                 self._upload, workers=config.upload.max_concurrent_runs, on_error=self._failed
             )
@@ -357,6 +359,8 @@ class Daemon:
             now = self._clock()
             try:
                 while hint is not None:
+                    if hint.kind == HintKind.RESCAN:  # events were lost
+                        next_rescan = now
                     try:
                         self._follow(parts, hint)
                     except (LedgerUnavailable, ClaimLost):
@@ -373,6 +377,8 @@ class Daemon:
                     except (LedgerUnavailable, ClaimLost):
                         parts.scanner.again(rescan.runs)  # the next rescan looks at them again
                         raise
+                    finally:
+                        parts.watches.rescanned(rescan)
                     rest = _rescan_seconds(parts) if rescan.over else RESCAN_PAUSE_SECONDS
                     next_rescan = now + rest
                 if now >= next_poll:
@@ -399,12 +405,15 @@ class Daemon:
 
     def _follow(self, parts: _Parts, hint: Hint) -> None:
         if hint.kind == HintKind.RUN:
-            parts.tracker.look(hint.path, parts.scanner.look(hint.path))
+            rundir = parts.scanner.look(hint.path)
+            parts.tracker.look(hint.path, rundir)
+            if rundir is not None:
+                parts.watches.runs([hint.path])
         elif hint.kind == HintKind.SUBTREE:
-            parts.tracker.seen(parts.scanner.scan_subtree(hint.path))
+            parts.watches.subtree(hint.path, parts.tracker.seen)
         elif hint.kind == HintKind.ROOT:
             for root in parts.watcher.sync():
-                parts.tracker.seen(parts.scanner.scan_subtree(root))
+                parts.watches.subtree(root, parts.tracker.seen)
 
     def _take_requests(self) -> set[Request]:
         taken = set()
