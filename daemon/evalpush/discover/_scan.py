@@ -5,7 +5,10 @@ trace file); `Scanner.rescan()` walks what changed since its last call. It remem
 directories it found and, for every other directory, its mtime and subdirectories: a directory
 whose mtime has not moved is not listed again (one `lstat` of it; one holding a trace file that
 is not a run yet is listed every time: a 0.3/0.4 run becomes one by its first line), and a run
-directory that the caller says needs nothing (`quiet`: a finalized run) is not looked at at all.
+directory the caller does not name `unsettled` (a finalized run: it needs nothing unless it
+changed) is not looked at at all: the walk goes through the directories that are not runs, and
+looks inside only the runs named (a set difference the caller makes, so a million settled runs
+cost no Python call each).
 A run directory that is deleted, moved or made moves its parent's mtime; what changes inside one
 (a line appended to its trace file, the file replaced, a marker) does not: for those, file
 events, and the slow sweep, which lists every remembered directory and looks inside every
@@ -23,6 +26,7 @@ import stat
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +79,7 @@ class RunDir(msgspec.Struct, frozen=True, gc=False):
 class Rescan(msgspec.Struct, frozen=True, gc=False):
     """What one `Scanner.rescan()` found."""
 
-    runs: dict[str, RunDir]  # run directories looked at: new, changed, not quiet, or swept
+    runs: dict[str, RunDir]  # run directories looked at: new, changed, unsettled, or swept
     gone: list[str]  # run directories it knew that are gone or are not run directories any more
     directories: list[str]  # other directories it found (the ones runs appear in)
     left: list[str]  # other directories it knew that are gone or are run directories now
@@ -151,6 +155,11 @@ class _Listing:
 
 RACY = -1
 """The mtime remembered for a directory to be listed again at the next rescan."""
+
+_Remembered = tuple[int, tuple[str, ...], "tuple[str, ...] | None"]
+"""What `rescan()` remembers of a directory that is not a run: its mtime (or RACY), its
+subdirectories, and those of them that are not runs (worked out at the first rescan that finds
+it unchanged; None until then, and again once one of them becomes or stops being a run)."""
 
 
 def _root_problem(real: str) -> str | None:
@@ -249,8 +258,9 @@ class Scanner:
         # subdirectories; the run directories the sweep wants looked at.
         self._reals: dict[Path, str] = {}  # each root's real path at the last rescan
         self._runs: dict[str, None] = {}
-        self._dirs: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._dirs: dict[str, _Remembered] = {}
         self._due: set[str] = set()
+        self._looking: set[str] = set()  # the run directories this rescan looks inside
         self._found: list[str] = []  # other directories found and left by this rescan call
         self._left: list[str] = []
         self._rescanned = False  # a rescan was over: the first walk is done
@@ -286,30 +296,39 @@ class Scanner:
         return found
 
     def rescan(
-        self, quiet: Callable[[str], bool] = lambda _path: False, *, budget: int | None = None
+        self,
+        unsettled: Callable[[AbstractSet[str]], Iterable[str]] = lambda runs: runs,
+        *,
+        budget: int | None = None,
     ) -> Rescan:
         """The run directories that changed since the last rescan (all of them the first time).
 
-        `quiet(path)`: the run directory at `path` needs nothing unless it changed (a finalized
-        run), so it is not looked at (the sweep aside). `budget`: at most this many directories
-        are looked at in this call; a rescan not `over` goes on where it stopped at the next."""
+        `unsettled(runs)`: of the run directories it knows (a set), those that need a look at
+        every rescan; the others need nothing unless they changed (a finalized run), so they
+        are not looked at (the sweep aside), and cost nothing each: not a call, not a lookup.
+        `budget`: at most this many directories are looked at in this call; a rescan not
+        `over` goes on where it stopped at the next."""
         runs: dict[str, RunDir] = {}
         gone: list[str] = []
         if not self._walking:
             if self._rescanned:
                 self._sweep_slice()
-            for root in reversed(self.roots):  # popped in the order given
+            present = []
+            for root in self.roots:
                 real = resolve(root)
                 before = self._reals.get(root)
                 if before is not None and before != real:  # a symlink in its path re-pointed
                     self._forget(before, gone)
                 self._reals[root] = real
                 if self._root_present(root, real):
-                    self._stack.append(real)
+                    present.append(real)
                 else:
                     self._forget(real, gone)
+            self._looking = set(unsettled(self._runs.keys())) | self._due
+            self._stack.extend(self._looking)
+            self._stack.extend(reversed(present))  # popped in the order given, before the runs
             self._walking = True
-        self._walk_changed(quiet, runs, gone, budget)
+        self._walk_changed(runs, gone, budget)
         over = not self._stack
         complete = over and not self._rescanned
         if over:
@@ -325,7 +344,7 @@ class Scanner:
         )
 
     def again(self, paths: Iterable[str]) -> None:
-        """Look inside these run directories at the next rescan, quiet or not (what a rescan
+        """Look inside these run directories at the next rescan, settled or not (what a rescan
         found that the caller could not act on)."""
         self._due.update(path for path in paths if path in self._runs)
 
@@ -349,25 +368,25 @@ class Scanner:
         """How many directories `rescan()` remembers (run directories and the others)."""
         return len(self._runs) + len(self._dirs)
 
-    def _walk_changed(
-        self,
-        quiet: Callable[[str], bool],
-        runs: dict[str, RunDir],
-        gone: list[str],
-        budget: int | None,
-    ) -> None:
+    def _walk_changed(self, runs: dict[str, RunDir], gone: list[str], budget: int | None) -> None:
         """`walk`, but through what it remembers: a directory is listed only when its mtime
-        moved; a quiet run directory is not looked at (not even its mtime: what changes in it
-        moves its trace file's facts, not its directory's mtime, or is a file event). Stops
-        once `budget` directories were looked at, the rest left on the stack."""
+        moved, and the walk goes on only into the directories below it that are not runs; a run
+        directory is looked at only when it is one this rescan looks inside (unsettled, or due)
+        or new (a settled run is not even stat'ed: what changes in it moves its trace file's
+        facts, not its directory's mtime). Stops once `budget` directories were looked at, the
+        rest left on the stack."""
         fresh_before = time.time_ns() - RACY_NS
         stack = self._stack
         left = budget if budget is not None else -1
         while stack and left != 0:
             directory = stack.pop()
             known_run = directory in self._runs
-            if known_run and directory not in self._due and quiet(directory):
-                continue
+            if directory in self._looking:
+                self._looking.discard(directory)
+                if not known_run:
+                    continue  # forgotten since this rescan began (its root moved away)
+            elif known_run:
+                continue  # a settled run that is also a root
             self._due.discard(directory)
             left -= 1
             try:
@@ -381,7 +400,11 @@ class Scanner:
             mtime = st.st_mtime_ns
             remembered = self._dirs.get(directory)
             if remembered is not None and remembered[0] == mtime:
-                stack.extend(remembered[1])
+                plain = remembered[2]
+                if plain is None:
+                    plain = tuple(d for d in remembered[1] if d not in self._runs)
+                    self._dirs[directory] = (mtime, remembered[1], plain)
+                stack.extend(plain)
                 continue
             try:
                 listing = _Listing(directory, self.marker)
@@ -394,11 +417,13 @@ class Scanner:
                     self._forget(directory, gone)
                 if not known_run:
                     self._runs[directory] = None
+                    self._reclassified(directory)
                     self._sweep_from_now(directory)
                 runs[directory] = run
                 continue
             if known_run:
                 del self._runs[directory]
+                self._reclassified(directory)
                 gone.append(directory)
             subdirs = tuple(listing.subdirs)
             if remembered is not None:
@@ -410,8 +435,9 @@ class Scanner:
             # One holding a trace file may become a run with no move of its own mtime (0.3/0.4:
             # its first line, or configs/resolved/*.json written a level down): listed each time.
             settled = mtime < fresh_before and not listing.has_traces
-            self._dirs[directory] = (mtime if settled else RACY, subdirs)
-            stack.extend(subdirs)
+            self._dirs[directory] = (mtime if settled else RACY, subdirs, None)
+            # The runs below it it knows are looked at when they need it (`_looking`).
+            stack.extend(d for d in subdirs if d not in self._runs)
 
     def _unlistable(self, directory: str, exc: OSError, gone: list[str]) -> None:
         """`directory` could not be looked at: what it held is not seen (said once unless it
@@ -433,6 +459,15 @@ class Scanner:
             if remembered is not None:
                 self._left.append(directory)
                 stack.extend(remembered[1])
+        self._reclassified(top)
+
+    def _reclassified(self, directory: str) -> None:
+        """`directory` became or stopped being a run, or was forgotten: its parent's list of
+        the directories below it that are not runs is worked out again."""
+        parent = os.path.dirname(directory)
+        remembered = self._dirs.get(parent)
+        if remembered is not None and remembered[2] is not None:
+            self._dirs[parent] = (remembered[0], remembered[1], None)
 
     def _sweep_slice(self) -> None:
         """Make the sweep's next slice of directories look changed, so this rescan lists them
@@ -463,7 +498,7 @@ class Scanner:
             if directory in self._runs:
                 self._due.add(directory)
             elif directory in self._dirs:
-                self._dirs[directory] = (RACY, self._dirs[directory][1])
+                self._dirs[directory] = (RACY, self._dirs[directory][1], None)
         self._swept += count
         self._swept_at = now
 

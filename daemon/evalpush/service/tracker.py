@@ -4,9 +4,10 @@ Discover tells it where runs are (a scan's `RunDir`s, or one directory a hint po
 tracker decides what each one needs:
 
 - a run whose trace file is as the ledger last saw it in a final state (finalized, skipped,
-  failed, held) needs nothing: it is *settled* (`settled(path)` says so to the rescan, which
-  then does not look inside its directory; a file event, or the slow sweep, shows it again
-  with its facts now, compared with a dict lookup), no file opened, no row read;
+  failed, held) needs nothing: it is *settled* (`unsettled(paths)` leaves it out for the
+  rescan, which then does not look inside its directory, and `settled(path)` says so to the
+  watches, which drop its watch; the slow sweep, or a file event while it is still watched,
+  shows it again with its facts now, compared with a dict lookup), no file opened, no row read;
 - a run that is not finished yet is *waiting* (so is one whose config.toml cannot be read yet:
   the producer may still be writing it; config.toml is read again whenever its stat changes,
   and if it is still unreadable once the run settles or shows its marker, the uploader fails
@@ -40,6 +41,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 import msgspec
@@ -170,10 +172,16 @@ class Tracker:
                         del held[path]
         self.seen(rescan.runs)
 
+    def unsettled(self, paths: AbstractSet[str]) -> AbstractSet[str]:
+        """Of these run directories, those that are not settled (a rescan looks inside them):
+        one set difference, however many are settled."""
+        with self._lock:
+            return paths - self._settled.keys()
+
     def settled(self, path: str) -> bool:
-        """Whether the run at `path` needs nothing until its trace file changes (a rescan need
-        not look inside it while its directory is unchanged)."""
-        # No lock: one dict lookup is atomic, and a rescan asks this once per run directory.
+        """Whether the run at `path` needs nothing until its trace file changes (its directory
+        need not be watched)."""
+        # No lock: one dict lookup is atomic.
         return path in self._settled
 
     def look(self, path: str, rundir: RunDir | None) -> None:
