@@ -179,6 +179,23 @@ class TestRuns:
         assert ledger.get("/runs/a") is None
         assert ledger.set_aside_counts_of([record]) == {}
 
+    def test_file_facts_come_a_page_at_a_time_for_the_runs_in_the_states_asked_with_facts(
+        self, ledger: Ledger
+    ):
+        # What the daemon loads at start: a million runs must not sit in memory as rows at once.
+        facts = {}
+        for n, state in enumerate(["finalized", "failed", "ready", "finalized", "finalized"]):
+            record = ledger.add(path=f"/runs/{n}", run_id=f"run-{n}", kind="eval", state=state)
+            if n != 4:  # the last has no facts recorded
+                ledger.update(
+                    record, file_device=1, file_inode=100 + n, file_size=10 * n, file_mtime_ns=n
+                )
+                facts[n] = (f"/runs/{n}".encode(), 1, 100 + n, 10 * n, n)
+
+        pages = list(ledger.file_facts({State.FINALIZED, State.FAILED}, size=2))
+
+        assert pages == [[facts[0], facts[1]], [facts[3]]]
+
     def test_set_aside_records_are_idempotent_by_offset(self, ledger: Ledger):
         record = a_run(ledger)
         item = SetAside(2, 10, 5, "bad_line", "invalid JSON")

@@ -38,6 +38,8 @@ from evalpush.ledger.tables import (
 PAGE_RUNS = 1000
 """Runs a page of `LedgerReads.pages` holds (unless told otherwise): big enough that a query a
 page costs little, small enough that a page's rows cost little memory."""
+PAGE_FACTS = 20_000
+"""Runs a page of `LedgerReads.file_facts` holds: five columns a run, no row object."""
 
 _SET_ASIDE = (
     set_aside.c.line,
@@ -218,15 +220,30 @@ class LedgerReads:
         """How many runs are in each state."""
         return dict(self._query(sa.select(runs.c.state, sa.func.count()).group_by(runs.c.state)))
 
-    def file_facts(self) -> list[tuple[bytes, str, int | None, int | None, int | None, int | None]]:
-        """(path_raw, state, device, inode, size, mtime_ns) of every run's trace file as last
-        scanned: what the daemon compares a rescan with, without a row object per run."""
+    def file_facts(
+        self, states: Iterable[str], size: int = PAGE_FACTS
+    ) -> Iterator[list[tuple[bytes, int, int, int, int]]]:
+        """(path_raw, device, inode, size, mtime_ns) of the trace file, as last scanned, of
+        every run in `states` that has them: what the daemon compares a rescan with, with no
+        row object per run, `size` runs a page (one query a page, after the last row id of the
+        page before), so a million runs never sit in memory as rows at once."""
         c = runs.c
-        return self._query(
-            sa.select(
-                c.path_raw, c.state, c.file_device, c.file_inode, c.file_size, c.file_mtime_ns
+        facts = (
+            sa.select(c.id, c.path_raw, c.file_device, c.file_inode, c.file_size, c.file_mtime_ns)
+            .where(
+                c.state.in_(sorted(states)),
+                c.file_device.is_not(None),
+                c.file_inode.is_not(None),
+                c.file_size.is_not(None),
+                c.file_mtime_ns.is_not(None),
             )
+            .order_by(c.id)
+            .limit(size)
         )
+        after = 0
+        while page := self._query(facts.where(c.id > after)):
+            after = page[-1][0]
+            yield [tuple(row[1:]) for row in page]
 
     def set_aside(self, record: RunRecord) -> list[SetAside]:
         rows = self._query(_SET_ASIDE_OF_RUN, {"run": record.id})

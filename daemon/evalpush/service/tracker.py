@@ -132,11 +132,11 @@ class Tracker:
 
     def load(self) -> None:
         """Start from the ledger: runs in a final state are settled at the file facts it
-        recorded (one query, no row objects); queued ones are submitted."""
+        recorded (a page of them at a time, no row objects); queued ones are submitted."""
         settled: dict[str, Facts] = {}
-        for raw, state, device, inode, size, mtime_ns in self._ledger.file_facts():
-            if state in FINAL_STATES and None not in (device, inode, size, mtime_ns):
-                settled[os.fsdecode(raw)] = _fingerprint(device, inode, size, mtime_ns)  # type: ignore[arg-type]
+        for page in self._ledger.file_facts(FINAL_STATES):
+            for raw, device, inode, size, mtime_ns in page:
+                settled[os.fsdecode(raw)] = _fingerprint(device, inode, size, mtime_ns)
         with self._lock:
             self._settled = settled
         self.poll_ledger()
