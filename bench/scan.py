@@ -1,6 +1,7 @@
 """Discover's cost on a tree of 10,000 run directories (the target: an idle daemon under 1% of a core).
 
     .venv/bin/python bench/scan.py [--runs 10000] [--idle-seconds 60] [--skip-idle] [--skip-watch]
+        [--tree bench/.cache/idle-scale/1000000/tree]
 
 Builds (once, in bench/.cache/scan/) the default layout `root/<taskset>--<model>--<harness>/<uuid>/`
 with `config.toml`, a small `traces.jsonl` and `eval.log` in each run, 100 runs per parent, then
@@ -9,10 +10,11 @@ measures, each in this process with the page cache warm (the daemon's steady sta
 1. `Scanner.scan()`: wall and CPU seconds of a full walk, best and median of 5; then
    `Scanner.rescan()` with every run finalized and nothing changed (the daemon's rescan after
    its first walk, which lists only directories whose mtime moved), best and median of 5.
-2. `Watcher` with inotify: wall and CPU of `start()` (watches the whole tree), the inotify
-   watches it holds (from /proc/self/fdinfo), the process's CPU over `--idle-seconds` of
-   idling, then over as long again with one full rescan in the middle (the daemon's idle:
-   one rescan every 60 s); then `stop()`.
+2. `Watcher` with inotify: wall and CPU of `start()` (the root's watch), then of the watches
+   the daemon sets up after its first walk with every run finalized (`Watches`: the
+   directories that hold runs, no run), the inotify watches held (from /proc/self/fdinfo), the
+   process's CPU over `--idle-seconds` of idling, then over as long again with one rescan in
+   the middle (the daemon's idle: one rescan every 60 s); then `stop()`.
 3. Polling: CPU of one poll by watchdog's PollingObserver (a snapshot of every entry and a
    diff; for comparison, evalpush does not use it). A polled root is what the daemon's rescan,
    every `watch.poll_seconds`, sees (item 1 is one poll); its steady-state share of a core is
@@ -43,6 +45,7 @@ from evalpush.discover import (
     ObserverKind,
     Scanner,
     Watcher,
+    Watches,
     inotify_watches_in_use,
 )
 
@@ -116,23 +119,36 @@ def idle(seconds: float, mid: Callable[[], Any] | None = None) -> float:
 
 
 def bench_inotify(root: Path, runs: int, idle_seconds: float) -> None:
+    threads = threading.active_count()
     watcher = Watcher([root], HintQueue(), kind=ObserverKind.INOTIFY)
+    scanner = Scanner([root])
+    first = scanner.rescan()  # the daemon's first walk; then every run is finalized
+    settled = set(first.runs)
+    watches = Watches(watcher, scanner, settled.__contains__)
     wall, cpu, _ = measure(watcher.start)
     try:
-        watches = inotify_watches_in_use()
         print(
-            f"inotify watcher start on {runs:,} run dirs: wall {wall:.3f} s, CPU {cpu:.3f} s; "
-            f"{watches:,} inotify watches; {threading.active_count() - 1} threads"
+            f"inotify watcher start on {runs:,} run dirs (the root): wall {wall:.3f} s, "
+            f"CPU {cpu:.3f} s; {threading.active_count() - threads} threads"
+        )
+        wall, cpu, _ = measure(lambda: watches.rescanned(first))
+        print(
+            f"watches after the first walk, every run finalized: wall {wall:.3f} s, "
+            f"CPU {cpu:.3f} s; {inotify_watches_in_use():,} inotify watches "
+            "(the root and the directories that hold runs)"
         )
         if idle_seconds:
             alone = idle(idle_seconds)
             print(
-                f"idle inotify observer alone over {idle_seconds:.0f} s: "
+                f"idle inotify watcher alone over {idle_seconds:.0f} s: "
                 f"CPU {alone:.3f} s = {100 * alone / idle_seconds:.2f}% of a core"
             )
-            used = idle(idle_seconds, Scanner([root]).scan)
+            used = idle(
+                idle_seconds,
+                lambda: watches.rescanned(scanner.rescan(lambda runs: runs - settled)),
+            )
             print(
-                f"idle with inotify over {idle_seconds:.0f} s, one full rescan included: "
+                f"idle with inotify over {idle_seconds:.0f} s, one rescan included: "
                 f"CPU {used:.3f} s = {100 * used / idle_seconds:.2f}% of a core"
             )
     finally:
@@ -165,9 +181,14 @@ def main() -> int:
     parser.add_argument(
         "--skip-watch", action="store_true", help="no watcher or polling (a tree over the limit)"
     )
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        help="measure this tree of --runs runs instead of building one (bench/idle_scale.py's)",
+    )
     args = parser.parse_args()
     idle_seconds = 0.0 if args.skip_idle else args.idle_seconds
-    wall, _cpu, root = measure(lambda: build_tree(args.runs))
+    wall, _cpu, root = measure(lambda: args.tree or build_tree(args.runs))
     print(f"tree: {root} ({wall:.1f} s to make or find)")
     bench_scan(root, args.runs)
     if not args.skip_watch:
