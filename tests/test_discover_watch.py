@@ -343,6 +343,40 @@ class TestWatches:
         assert str(group) in d.watcher.directories
 
 
+def test_an_overflow_of_inotifys_queue_is_said_once_and_asks_for_one_rescan(tmp_path, monkeypatch):
+    """The kernel drops events past its queue (IN_Q_OVERFLOW); watchdog tells every watch. The
+    overflow is put through watchdog's own inotify instance, as its reader hands it on: an
+    overflow cannot be had on demand on a shared machine."""
+    from watchdog.observers.inotify_c import InotifyConstants, InotifyEvent
+
+    from evalpush.discover import _watch
+
+    made = []
+
+    def keep(new=_watch._new_inotify):
+        made.append(new())
+        return made[-1]
+
+    monkeypatch.setattr(_watch, "_new_inotify", keep)
+    groups = [tmp_path / f"g{i}" for i in range(5)]
+    for group in groups:
+        group.mkdir()
+    hints = HintQueue()
+    watcher = Watcher([tmp_path], hints, kind=ObserverKind.INOTIFY)
+    watcher.start()
+    try:
+        watcher.watch([str(g) for g in groups])
+        with capture_logs() as logs:
+            made[0].handle_event(InotifyEvent(-1, InotifyConstants.IN_Q_OVERFLOW, 0, b""))
+    finally:
+        watcher.stop()
+
+    overflows = [e for e in logs if "overflowed" in e["event"]]
+    assert len(overflows) == 1 and overflows[0]["log_level"] == "warning"
+    assert hints.get(0) == Hint(HintKind.RESCAN, "")
+    assert hints.get(0) is None
+
+
 class TestLifecycle:
     @pytest.mark.parametrize("kind", KINDS)
     def test_stop_joins_every_thread_and_releases_every_inotify_watch(self, tmp_path, kind):

@@ -7,6 +7,7 @@ import enum
 import errno
 import os
 import stat
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,10 @@ from evalpush.runs import CONFIG_FILE, LEGACY_TRACES_FILE, TRACES_FILE
 
 if TYPE_CHECKING:
     from watchdog.observers.inotify_c import InotifyEvent, InotifyFD
+
+
+LOST_SAID_EVERY_SECONDS = 1.0
+"""An overflow of inotify's queue is said (and a rescan asked for) at most this often."""
 
 
 class ObserverKind(enum.StrEnum):
@@ -120,6 +125,7 @@ class Watcher:
         self._missing_roots: tuple[str, ...] = ()
         self._inotify_failed = False  # auto fell back to polling; not tried again
         self._limit_reported = False
+        self._lost_at = -LOST_SAID_EVERY_SECONDS  # when an overflow was last said (inotify thread)
 
     @classmethod
     def from_config(cls, watch: WatchConfig, runs: RunsConfig, hints: HintSink) -> Watcher:
@@ -401,8 +407,12 @@ class Watcher:
             )
 
     def _lost(self) -> None:
-        self._log.warning("inotify's event queue overflowed: events were lost; rescanning")
-        self._hints.put(Hint(HintKind.RESCAN, ""))
+        # watchdog tells every watch of one overflow, one after another: said once.
+        now = time.monotonic()
+        if now - self._lost_at >= LOST_SAID_EVERY_SECONDS:
+            self._lost_at = now
+            self._log.warning("inotify's event queue overflowed: events were lost; rescanning")
+            self._hints.put(Hint(HintKind.RESCAN, ""))
 
 
 def _new_inotify() -> InotifyFD:
