@@ -325,6 +325,35 @@ class TestWatches:
         finally:
             watcher.stop()
 
+    def test_a_directory_made_during_a_rescan_after_it_passed_its_parent_stays_watched(
+        self, tmp_path
+    ):
+        # A rescan of a big tree takes several turns (a budget each). A group made after it
+        # listed the root is watched on its hint's word but unknown to the scanner until the
+        # next rescan: dropping it then would leave its new runs to that rescan, a minute on.
+        root = tmp_path / "root"
+        for i in range(3):
+            (root / f"g{i}").mkdir(parents=True)
+        watcher = Watcher([root], HintQueue(), kind=ObserverKind.INOTIFY)
+        scanner = Scanner([root])
+        watches = Watches(watcher, scanner, lambda _path: False)
+        watcher.start()
+        try:
+            rescan = scanner.rescan(budget=1)  # the root listed; its groups left to the next
+            watches.rescanned(rescan)
+            group = root / "new--group"
+            group.mkdir()
+            watches.subtree(str(group), lambda _runs: None)  # the hint its making gave
+            while not rescan.over:
+                rescan = scanner.rescan(budget=1)
+                watches.rescanned(rescan)
+
+            assert str(group) in watcher.directories
+            watches.rescanned(scanner.rescan())  # the next rescan finds it: still watched
+            assert str(group) in watcher.directories
+        finally:
+            watcher.stop()
+
     def test_a_watched_directory_deleted_and_made_again_is_watched_again(self, tmp_path, watched):
         group = tmp_path / "root" / "env--m--h"
         group.mkdir(parents=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 
 from evalpush.discover._scan import Rescan, RunDir, Scanner
@@ -24,6 +25,9 @@ class Watches:
         self._watcher = watcher
         self._scanner = scanner
         self._settled = settled
+        # Watched on a hint's word since the last rescan was over: the rescan under way may
+        # have passed their parent before they were made, so the next one judges them.
+        self._on_hints: set[str] = set()
 
     def subtree(self, top: str, seen: Callable[[dict[str, RunDir]], None]) -> None:
         """A directory that appeared (or a root): its runs to `seen`, then what in it is worth
@@ -31,26 +35,46 @@ class Watches:
         directories: list[str] = []
         runs = self._scanner.scan_subtree(top, directories)
         seen(runs)
-        self._watcher.watch(directories, look_again=True)
+        self._on_hints.update(self._watcher.watch(directories, look_again=True))
         self.runs(runs)
 
     def runs(self, paths: Iterable[str]) -> None:
-        """Watch the run directories among `paths` that are not settled."""
-        self._watcher.watch([path for path in paths if not self._settled(path)], look_again=True)
+        """Watch the run directories among `paths` that are not settled (a hint's)."""
+        self._on_hints.update(self._watch_unsettled(paths))
 
     def rescanned(self, rescan: Rescan) -> None:
         """After (a part of) a rescan: what it found watched, what is gone and the runs settled
-        since let go. Once a rescan is over the scanner knows every directory, so a watch a hint
-        set up on one it does not know (inside a run directory: a 0.4 run's `configs/`, made
-        before its first line) is let go too."""
+        since let go. Once a rescan is over the scanner knows every directory that was there
+        when it began, so a watch a hint set up on one it does not know (inside a run directory:
+        a 0.4 run's `configs/`, made before its first line) is let go too. One a hint set up
+        since the last rescan was over may be on a directory the rescan passed by before it was
+        made (a group made after the root was listed): let go now only if it lies inside a run
+        the scanner knows, else judged by the next rescan."""
         watcher, scanner = self._watcher, self._scanner
 
         def stale(path: str) -> bool:
             if self._settled(path):
                 return True
-            return rescan.over and not (scanner.knows(path) or scanner.knows_directory(path))
+            if not rescan.over or scanner.knows(path) or scanner.knows_directory(path):
+                return False
+            return path not in self._on_hints or self._inside_a_run(path)
 
         watcher.unwatch([*rescan.left, *rescan.gone])
         watcher.watch(rescan.directories)
-        self.runs(rescan.runs)
+        self._watch_unsettled(rescan.runs)
         watcher.unwatch([path for path in watcher.directories if stale(path)])
+        if rescan.over:
+            self._on_hints.clear()
+
+    def _inside_a_run(self, path: str) -> bool:
+        """Whether a directory above `path` is a run directory the scanner knows."""
+        parent = os.path.dirname(path)
+        while parent != path:
+            if self._scanner.knows(parent):
+                return True
+            path, parent = parent, os.path.dirname(parent)
+        return False
+
+    def _watch_unsettled(self, paths: Iterable[str]) -> list[str]:
+        """Watch the run directories among `paths` that are not settled; the ones newly watched."""
+        return self._watcher.watch([p for p in paths if not self._settled(p)], look_again=True)
