@@ -36,6 +36,7 @@ from daemon_support import (
 from evalpush.discover import inotify_watches_in_use
 from evalpush.ledger import Ledger, default_path
 from evalpush.local_platform import LocalPlatform
+from inotify_limited import limited_namespaces_available
 from pushing import assert_run_exactly_once, start_push
 
 OFFLINE_0_4 = (
@@ -645,6 +646,38 @@ class TestDiscovery:
             assert daemon.stop() == 0
         [evaluation] = evaluations_of(local_platform, run_id).values()
         assert (evaluation["status"], evaluation["finalize_count"]) == ("COMPLETED", 1)
+
+    @pytest.mark.skipif(
+        not limited_namespaces_available(),
+        reason="unshare --user cannot lower inotify limits on this machine",
+    )
+    def test_forced_inotify_past_its_watch_limit_goes_on_when_a_root_appears_and_uploads_its_runs(
+        self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
+    ) -> None:
+        # The groups under the first root take every watch the (lowered) limit allows; a root
+        # that appears later cannot be watched: said once, and the rescans cover it.
+        for i in range(30):
+            (tree / f"env{i:02d}--model--harness").mkdir()
+        later = tmp_path / "later"
+        environ = daemon_environ(
+            local_platform, tmp_path, [tree, later], EVALPUSH_WATCH__OBSERVER="inotify"
+        )
+        limited = [
+            *("unshare", "--user", "--map-root-user", "sh", "-c"),
+            'echo 20 > /proc/sys/user/max_inotify_watches && exec "$@"',
+            "sh",
+        ]
+        with Daemon(environ, prefix=limited) as daemon:
+            daemon.started()
+            daemon.wait_for(
+                "inotify limit reached: some directories are not watched; every rescan still "
+                "finds their runs"
+            )
+            run = RunDir(later / "env--model--harness").config(num_tasks=2)
+            run.write(run.lines(4))
+            finalized(daemon, run)
+            assert daemon.stop() == 0
+        assert_run_exactly_once(local_platform, run.path)
 
     def test_a_root_that_does_not_exist_at_start_is_watched_once_it_is_created(
         self, local_platform: LocalPlatform, tmp_path: Path

@@ -9,6 +9,7 @@ asserted as timings.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -607,6 +608,58 @@ class TestInotifyLimits:
         assert "fs.inotify.max_user_watches = 50" in error["reason"]
         assert result["found"] == [str(tmp_path / "root" / "late" / "run")]
         assert result["threads"] == []
+
+
+class PastTheLimit(Watcher):
+    """A watcher whose new watches are refused for inotify's watch limit once `full` is set
+    (the kernel's refusal, without a namespace: the tests above show it is the same)."""
+
+    full = False
+
+    def _add(self, path, role):
+        if self.full:
+            raise OSError(errno.ENOSPC, "inotify watch limit reached")
+        return super()._add(path, role)
+
+
+class TestLimitsOnceRunning:
+    def test_forced_inotify_past_its_limit_when_a_root_appears_goes_on_and_scans_that_root(
+        self, tmp_path
+    ):
+        root, later = tmp_path / "root", tmp_path / "later"
+        root.mkdir()
+        watcher = PastTheLimit([root, later], HintQueue(), kind=ObserverKind.INOTIFY)
+        watcher.start()
+        try:
+            watcher.full = True  # the watches went to the directories under `root`
+            later.mkdir()
+            with capture_logs() as logs:
+                newly = watcher.sync()  # on the hint its making gave, or at a rescan
+                again = watcher.sync()
+        finally:
+            watcher.stop()
+
+        assert newly == [str(later)]  # scanned by the daemon, and by every rescan from now on
+        assert again == []  # not tried again at each sync (no hint loop)
+        [error] = [e for e in logs if e["log_level"] == "error"]
+        assert error["event"].startswith("inotify limit reached: some directories are not watched")
+
+    def test_auto_falling_back_to_polling_once_running_asks_for_a_rescan_now(self, tmp_path):
+        # The daemon's next rescan was timed for inotify (a minute on); polling begins now.
+        group = tmp_path / "root" / "env--m--h"
+        group.mkdir(parents=True)
+        hints = HintQueue()
+        watcher = PastTheLimit([tmp_path / "root"], hints, kind=ObserverKind.AUTO)
+        watcher.start()
+        try:
+            watcher.full = True
+            watcher.watch([str(group)])
+            watching = watcher.watching
+        finally:
+            watcher.stop()
+
+        assert watching == {str(tmp_path / "root"): ObserverKind.POLLING}
+        assert Hint(HintKind.RESCAN, "") in iter(lambda: hints.get(0), None)
 
 
 def test_forcing_inotify_where_it_works_watches_with_inotify(tmp_path):

@@ -22,7 +22,7 @@ class HintKind(enum.StrEnum):
     RUN = "run"  # something readiness depends on changed in this directory: `Scanner.look` it
     SUBTREE = "subtree"  # a directory appeared here: `Scanner.scan_subtree` it
     ROOT = "root"  # this root appeared, vanished or moved: `Watcher.sync`, then scan it
-    RESCAN = "rescan"  # events were lost (inotify's queue overflowed): rescan now
+    RESCAN = "rescan"  # events were lost (a queue overflow, a fall back to polling): rescan now
     WAKE = "wake"  # not about a path: the daemon's loop has something else to do (a signal)
 
 

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 LOST_SAID_EVERY_SECONDS = 1.0
 """An overflow of inotify's queue is said (and a rescan asked for) at most this often."""
 
+_LIMIT_ERRORS = (errno.ENOSPC, errno.EMFILE)  # inotify's watch or instance limit reached
+
 
 class ObserverKind(enum.StrEnum):
     AUTO = "auto"
@@ -126,6 +128,7 @@ class Watcher:
         self._inotify_failed = False  # auto fell back to polling; not tried again
         self._limit_reported = False
         self._lost_at = -LOST_SAID_EVERY_SECONDS  # when an overflow was last said (inotify thread)
+        self._started = False  # start() is over: forced inotify past its limit no longer refuses
 
     @classmethod
     def from_config(cls, watch: WatchConfig, runs: RunsConfig, hints: HintSink) -> Watcher:
@@ -145,6 +148,7 @@ class Watcher:
         except BaseException:
             self.stop()
             raise
+        self._started = True
 
     def sync(self) -> list[str]:
         """Bring the watches in line with the roots as they are now; the roots newly watched."""
@@ -194,7 +198,7 @@ class Watcher:
             try:
                 watch = self._add(directory, _Role.DIRECTORY)
             except OSError as exc:
-                if exc.errno in (errno.ENOSPC, errno.EMFILE):
+                if exc.errno in _LIMIT_ERRORS:
                     self._watch_limit(exc)
                     break
                 continue  # gone again since it was looked at, or unreadable: the rescan sees it
@@ -275,20 +279,25 @@ class Watcher:
         watch = None
         if kind is not ObserverKind.POLLING:
             watch = self._add_or_fall_back(real, _Role.ROOT)
-            if watch is None:
-                return False
+            if watch is None and (self._inotify_failed or _directory_identity(real) != identity):
+                return False  # gone again, or `auto` polls from now on (the caller syncs again)
+            # None still: forced inotify past its limit, said once; the rescans cover this root
         self._roots[real] = (identity, kind, watch)
         self._log.info("watching root", root=printable(real), observer=str(kind))
         return True
 
     def _add_or_fall_back(self, path: str, role: _Role) -> _Watch | None:
-        """A new watch; None when `path` vanished first or inotify just failed (`auto`)."""
+        """A new watch; None when `path` vanished first, inotify just failed (`auto`), or forced
+        inotify is past its limit after start (a root appearing later must not stop the daemon)."""
         try:
             return self._add(path, role)
         except (FileNotFoundError, NotADirectoryError):
             return None  # gone again since it was looked at
         except OSError as exc:
-            self._inotify_unavailable(exc)
+            if self._started and self.kind is ObserverKind.INOTIFY and exc.errno in _LIMIT_ERRORS:
+                self._watch_limit(exc)
+            else:
+                self._inotify_unavailable(exc)
             return None
 
     def _add(self, path: str, role: _Role) -> _Watch:
@@ -361,6 +370,9 @@ class Watcher:
         self._roots = {r: w for r, w in self._roots.items() if w[2] is None}
         self._directories.clear()
         self._parents.clear()
+        # No event comes from now on: the caller's next rescan, timed when inotify was counted
+        # on, is the first poll, and must come now.
+        self._hints.put(Hint(HintKind.RESCAN, ""))
 
     def _watch_limit(self, exc: OSError) -> None:
         """A directory under a root could not be watched for inotify's limits: `auto` polls
