@@ -610,15 +610,22 @@ class TestInotifyLimits:
         assert result["threads"] == []
 
 
-class PastTheLimit(Watcher):
-    """A watcher whose new watches are refused for inotify's watch limit once `full` is set
-    (the kernel's refusal, without a namespace: the tests above show it is the same)."""
+PAST_THE_LIMIT = OSError(errno.ENOSPC, "inotify watch limit reached")
 
-    full = False
+
+class Refusing(Watcher):
+    """A watcher whose new watches the kernel refuses: `refusals` maps a path ("*": any) to
+    the error `_add` raises for it, as for inotify's watch limit (ENOSPC) or a directory this
+    process may not read (EACCES), without a namespace or another user."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.refusals: dict[str, OSError] = {}
 
     def _add(self, path, role):
-        if self.full:
-            raise OSError(errno.ENOSPC, "inotify watch limit reached")
+        refusal = self.refusals.get(path, self.refusals.get("*"))
+        if refusal is not None:
+            raise refusal
         return super()._add(path, role)
 
 
@@ -628,10 +635,10 @@ class TestLimitsOnceRunning:
     ):
         root, later = tmp_path / "root", tmp_path / "later"
         root.mkdir()
-        watcher = PastTheLimit([root, later], HintQueue(), kind=ObserverKind.INOTIFY)
+        watcher = Refusing([root, later], HintQueue(), kind=ObserverKind.INOTIFY)
         watcher.start()
         try:
-            watcher.full = True  # the watches went to the directories under `root`
+            watcher.refusals["*"] = PAST_THE_LIMIT  # the watches went to the directories under root
             later.mkdir()
             with capture_logs() as logs:
                 newly = watcher.sync()  # on the hint its making gave, or at a rescan
@@ -649,10 +656,10 @@ class TestLimitsOnceRunning:
         group = tmp_path / "root" / "env--m--h"
         group.mkdir(parents=True)
         hints = HintQueue()
-        watcher = PastTheLimit([tmp_path / "root"], hints, kind=ObserverKind.AUTO)
+        watcher = Refusing([tmp_path / "root"], hints, kind=ObserverKind.AUTO)
         watcher.start()
         try:
-            watcher.full = True
+            watcher.refusals["*"] = PAST_THE_LIMIT
             watcher.watch([str(group)])
             watching = watcher.watching
         finally:
@@ -660,6 +667,30 @@ class TestLimitsOnceRunning:
 
         assert watching == {str(tmp_path / "root"): ObserverKind.POLLING}
         assert Hint(HintKind.RESCAN, "") in iter(lambda: hints.get(0), None)
+
+
+@pytest.mark.parametrize("kind", [ObserverKind.AUTO, ObserverKind.INOTIFY])
+def test_a_root_it_may_not_read_leaves_inotify_to_the_others_and_is_watched_once_it_may(
+    tmp_path, kind
+):
+    # Not a reason to poll every root (auto), nor to refuse to run (forced): the scanner says
+    # the root cannot be read; each sync tries its watch again (no event tells of a chmod).
+    readable, unreadable = tmp_path / "readable", tmp_path / "unreadable"
+    readable.mkdir()
+    unreadable.mkdir()
+    watcher = Refusing([readable, unreadable], HintQueue(), kind=kind)
+    watcher.refusals[str(unreadable)] = PermissionError(errno.EACCES, "Permission denied")
+    watcher.start()
+    try:
+        watching = watcher.watching
+        assert watcher.sync() == []
+        del watcher.refusals[str(unreadable)]  # chmod: it may be read now
+        newly = watcher.sync()
+    finally:
+        watcher.stop()
+
+    assert watching == {str(readable): ObserverKind.INOTIFY, str(unreadable): ObserverKind.INOTIFY}
+    assert newly == [str(unreadable)]  # scanned by the daemon now that it is watched
 
 
 def test_forcing_inotify_where_it_works_watches_with_inotify(tmp_path):

@@ -89,8 +89,8 @@ class Watcher:
     new runs appear in and the runs still being written: not the million finished runs, which
     the rescan's sweep looks at instead), `unwatch()` drops them. A root to be polled gives no
     hints: `polling` says so, and the daemon rescans every `poll_seconds`. `sync()` (call it
-    on a ROOT hint and at every rescan) watches roots that appeared, re-watches a root that
-    was replaced, waits again for one that vanished, drops the watches of directories that are
+    on a ROOT hint and at every rescan) watches roots that appeared (and roots inotify could
+    not watch before: unreadable, or past its limit), re-watches a root that was replaced, waits again for one that vanished, drops the watches of directories that are
     gone, and returns the roots it began to watch: scan those, since what was created in them
     before their watch gave no event. `stop()` joins every thread. No I/O and no thread before
     `start()`.
@@ -254,6 +254,9 @@ class Watcher:
                 if identity != current[0] or (watch is not None and not watch.alive):
                     self._unwatch_root(real)
                     current = None
+                elif watch is None and current[1] is ObserverKind.INOTIFY:
+                    if self._watch_again(real, current[0]):
+                        newly.append(real)
             if current is None and identity is not None and self._watch_root(real, identity):
                 newly.append(real)
             elif real not in self._roots:
@@ -281,18 +284,31 @@ class Watcher:
             watch = self._add_or_fall_back(real, _Role.ROOT)
             if watch is None and (self._inotify_failed or _directory_identity(real) != identity):
                 return False  # gone again, or `auto` polls from now on (the caller syncs again)
-            # None still: forced inotify past its limit, said once; the rescans cover this root
+            # None still: it cannot be read, or forced inotify is past its limit: the rescans
+            # cover it, and each sync tries again (no event says when that changes)
         self._roots[real] = (identity, kind, watch)
         self._log.info("watching root", root=printable(real), observer=str(kind))
         return True
 
+    def _watch_again(self, real: str, identity: tuple[int, int]) -> bool:
+        """A root inotify could not watch when it was found, tried again: whether it is now."""
+        watch = self._add_or_fall_back(real, _Role.ROOT)
+        if watch is None:
+            return False
+        self._roots[real] = (identity, ObserverKind.INOTIFY, watch)
+        self._log.info("watching root", root=printable(real), observer=str(ObserverKind.INOTIFY))
+        return True
+
     def _add_or_fall_back(self, path: str, role: _Role) -> _Watch | None:
-        """A new watch; None when `path` vanished first, inotify just failed (`auto`), or forced
-        inotify is past its limit after start (a root appearing later must not stop the daemon)."""
+        """A new watch; None when `path` vanished first or cannot be read, inotify just failed
+        (`auto`), or forced inotify is past its limit after start (a root appearing later must
+        not stop the daemon)."""
         try:
             return self._add(path, role)
         except (FileNotFoundError, NotADirectoryError):
             return None  # gone again since it was looked at
+        except PermissionError:
+            return None  # not this process's to read: inotify still works for every other
         except OSError as exc:
             if self._started and self.kind is ObserverKind.INOTIFY and exc.errno in _LIMIT_ERRORS:
                 self._watch_limit(exc)
@@ -367,7 +383,7 @@ class Watcher:
             poll_seconds=self.poll_seconds,
         )
         self._stop_inotify()
-        self._roots = {r: w for r, w in self._roots.items() if w[2] is None}
+        self._roots = {r: w for r, w in self._roots.items() if w[1] is ObserverKind.POLLING}
         self._directories.clear()
         self._parents.clear()
         # No event comes from now on: the caller's next rescan, timed when inotify was counted
