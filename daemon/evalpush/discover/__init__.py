@@ -30,13 +30,13 @@ files created in a new directory before its watch exists: a directory newly watc
 once more), and a settled run's directory has no watch, which is why the rescan (with its
 sweep) is the truth.
 
-`watch.observer`: `inotify` forces inotify through watchdog (`ConfigError` from `start()` if a
-root cannot be watched; the watch limit reached later, under a root or by a root that appears,
-is logged once as an error, and the rescans find what the missing watches would have shown);
-`polling` gives no
-hints: the daemon rescans every `watch.poll_seconds` instead of every `watch.rescan_seconds`
-(changes made on another host of an NFS or CIFS share never reach this host's inotify;
-watchdog's PollingObserver would stat every file, about 4.5 times the CPU of the scan's walk);
+`watch.observer`: `inotify` forces inotify through watchdog (`ConfigError` from `start()` if
+inotify cannot be used; a root it may not read is watched once it may; the watch limit reached
+later, under a root or by a root that appears, is logged once as an error, and the rescans find
+what the missing watches would have shown); `polling` gives no hints: the daemon rescans
+every `watch.poll_seconds` instead of every `watch.rescan_seconds` (changes made on another
+host of an NFS or CIFS share never reach this host's inotify; watchdog's PollingObserver would
+stat every file, about 4.5 times the CPU of the scan's walk);
 `auto` uses inotify except for roots on a network filesystem,
 and falls back to polling, saying so once with the limit and how to raise it, when inotify is
 unavailable or its watch limit is reached (and asks for a rescan at once: a `RESCAN` hint).
