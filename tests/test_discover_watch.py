@@ -355,6 +355,31 @@ class TestWatches:
         finally:
             watcher.stop()
 
+    def test_a_run_made_in_a_group_between_its_listing_and_its_watch_is_looked_for_again(
+        self, tmp_path
+    ):
+        # A turn of the first walk lists thousands of directories before they are watched: a
+        # run made in one meanwhile gives no event, and the next rescan is a minute on.
+        root = tmp_path / "root"
+        busy, idle = root / "busy--m--h", root / "idle--m--h"
+        for group in (busy, idle):
+            group.mkdir(parents=True)
+            os.utime(group, ns=(0, time.time_ns() - 60 * 10**9))  # not listed again as racy
+        hints = HintQueue()
+        watcher = Watcher([root], hints, kind=ObserverKind.INOTIFY)
+        scanner = Scanner([root])
+        watches = Watches(watcher, scanner, lambda _path: False)
+        watcher.start()
+        try:
+            rescan = scanner.rescan()  # the groups listed...
+            make_run(busy / "run")  # ...a run made in one...
+            watches.rescanned(rescan)  # ...and then they are watched
+            asked = list(iter(lambda: hints.get(0), None))
+        finally:
+            watcher.stop()
+
+        assert asked == [Hint(HintKind.SUBTREE, str(busy))]  # not the group left alone
+
     def test_a_watched_directory_deleted_and_made_again_is_watched_again(self, tmp_path, watched):
         group = tmp_path / "root" / "env--m--h"
         group.mkdir(parents=True)

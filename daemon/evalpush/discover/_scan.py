@@ -363,6 +363,19 @@ class Scanner:
         appear in; not one inside a run directory, which it never walks into)."""
         return path in self._dirs
 
+    def moved_since_listed(self, directory: str) -> bool:
+        """Whether `directory` (not a run) may have changed since `rescan()` last listed it: its
+        mtime moved, or was too close to the listing to tell. False if it is not remembered or
+        is gone (its parent's mtime says so)."""
+        remembered = self._dirs.get(directory)
+        if remembered is None:
+            return False
+        try:
+            mtime = os.lstat(directory).st_mtime_ns
+        except OSError:
+            return False
+        return remembered[0] != mtime  # RACY is no mtime
+
     @property
     def remembered(self) -> int:
         """How many directories `rescan()` remembers (run directories and the others)."""

@@ -205,9 +205,14 @@ class Watcher:
             self._directories[directory] = watch
             newly.append(directory)
         if look_again:
-            for directory in newly:
-                self._hints.put(Hint(HintKind.SUBTREE, directory))
+            self.look_again(newly)
         return newly
+
+    def look_again(self, directories: Iterable[str]) -> None:
+        """A hint to look at each of `directories` once more (a SUBTREE hint): what was made in
+        it after the look that found it and before its watch gave no event."""
+        for directory in directories:
+            self._hints.put(Hint(HintKind.SUBTREE, directory))
 
     def unwatch(self, directories: Iterable[str]) -> None:
         """Stop watching these directories (not the roots)."""

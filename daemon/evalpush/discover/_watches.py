@@ -18,7 +18,9 @@ class Watches:
     another final state) holds no watch: the rescan's slow sweep looks inside it instead, so a
     tree of a million finished runs costs a watch per directory that holds runs, not per run.
     Each directory newly watched on a hint's word is looked at once more (a SUBTREE hint): what
-    was made in it between the look that found it and its watch gave no event.
+    was made in it between the look that found it and its watch gave no event; one a rescan
+    found, only if its mtime moved since the rescan listed it (a turn of the first walk lists
+    thousands before they are watched).
     """
 
     def __init__(self, watcher: Watcher, scanner: Scanner, settled: Callable[[str], bool]) -> None:
@@ -60,7 +62,10 @@ class Watches:
             return path not in self._on_hints or self._inside_a_run(path)
 
         watcher.unwatch([*rescan.left, *rescan.gone])
-        watcher.watch(rescan.directories)
+        # Listed before they were watched (a turn of the first walk can take a while): what was
+        # made in one in between gave no event, but moved its mtime.
+        newly = watcher.watch(rescan.directories)
+        watcher.look_again([path for path in newly if scanner.moved_since_listed(path)])
         self._watch_unsettled(rescan.runs)
         watcher.unwatch([path for path in watcher.directories if stale(path)])
         if rescan.over:
