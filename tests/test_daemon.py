@@ -647,6 +647,29 @@ class TestDiscovery:
         [evaluation] = evaluations_of(local_platform, run_id).values()
         assert (evaluation["status"], evaluation["finalize_count"]) == ("COMPLETED", 1)
 
+    def test_a_line_appended_while_a_run_uploads_is_looked_at_when_the_upload_ends(
+        self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
+    ) -> None:
+        # Its file event came while the run was in flight and was passed over: the run must
+        # not wait for the next rescan (ten minutes here) to upload again.
+        environ = daemon_environ(
+            local_platform,
+            tmp_path,
+            [tree],
+            EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES="1",
+            EVALPUSH_WATCH__RESCAN_SECONDS="600",
+        )
+        with InProcessDaemon(environ) as daemon:
+            daemon.started()
+            run = slow_run(local_platform, tree / "env--model--harness", traces=20, stalls=3)
+            upload_under_way(local_platform)
+            run.write(run.lines(2, start=20))  # a resumed eval appends while it uploads
+            first = finalized(daemon, run)
+            again = daemon.wait_for(RUN_FINALIZED, run=run.run_id, count=2)
+            assert daemon.stop() == 0
+        assert again["evaluation"] != first["evaluation"]
+        assert daemon.find("finalized run changed: it uploads again once ready", run=run.run_id)
+
     @pytest.mark.skipif(
         not limited_namespaces_available(),
         reason="unshare --user cannot lower inotify limits on this machine",

@@ -108,6 +108,7 @@ class _Parts:
     ) -> None:
         self.config = config
         self._feed = feed
+        self._hints = hints
         hooks: dict[str, Any] = {}
         if feed is not None:  # the metrics hear of every request, retry and batch
             hooks = {"observer": feed, "on_retry": feed.retried, "progress": feed.batch_acked}
@@ -204,7 +205,10 @@ class _Parts:
         if result.outcome == Outcome.LEDGER_UNAVAILABLE:
             self._after_outage(path)
         leave = result.outcome in (Outcome.LEDGER_REFUSED, Outcome.RUN_ID_TAKEN)
-        self.tracker.finished(path, result.record, leave_alone=leave)
+        if self.tracker.finished(path, result.record, leave_alone=leave):
+            # A line appended while it uploaded (a resumed eval): its event was passed over
+            # while the run was in flight, and the next rescan may be a minute away.
+            self._hints.put(Hint(HintKind.RUN, path))
         if self._feed is not None and result.outcome not in (Outcome.ALREADY, Outcome.BUSY):
             self._feed.upload_done(result.record, result.set_aside)
 

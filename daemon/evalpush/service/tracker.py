@@ -403,14 +403,16 @@ class Tracker:
 
     # ------------------------------------------------------------ what an upload came to
 
-    def finished(self, path: str, record: RunRecord | None, *, leave_alone: bool = False) -> None:
+    def finished(self, path: str, record: RunRecord | None, *, leave_alone: bool = False) -> bool:
         """An upload job for `path` ended (upload workers call this). A run left in a final
         state is settled at the file facts the ledger recorded for it (or, for a copy or a run
         that never got that far, at its file as it is now), and so is one to `leave_alone`
         (the ledger cannot record it, or its run id is another run's) until its file changes;
-        anything else, and a run whose file changed while it uploaded, is looked at again by
-        the next rescan or ledger poll."""
+        anything else is looked at again by the next rescan or ledger poll. True when the run's
+        file changed while it uploaded: its file event was passed over, so the caller should
+        have it looked at now."""
         settled: Facts | None = None
+        changed = False
         if leave_alone:
             rundir = look_at(path, self._rules.marker)
             settled = _facts(rundir) if rundir is not None else None
@@ -426,13 +428,14 @@ class Tracker:
                 if rundir is not None and _facts(rundir) != settled:
                     # Changed while it uploaded (its file event came while it was in flight):
                     # not settled, so the next rescan looks at it instead of skipping it.
-                    settled = None
+                    settled, changed = None, True
             else:
                 settled = _facts(rundir) if rundir is not None else None
         with self._lock:
             self._in_flight.discard(path)
             if settled is not None:
                 self._settled[path] = settled
+        return changed
 
     def refused(self, path: str, exc: LedgerRefused) -> None:
         """The ledger cannot record the run at `path` (a value its database cannot hold): it is
