@@ -380,6 +380,35 @@ class TestWatches:
 
         assert asked == [Hint(HintKind.SUBTREE, str(busy))]  # not the group left alone
 
+    def test_a_tree_moved_in_is_walked_once_and_a_run_made_in_it_meanwhile_gives_its_event(
+        self, tmp_path
+    ):
+        # Each directory is watched before it is listed: no look again at each afterwards,
+        # which walked a tree moved in once more per level above each of its runs.
+        root, outside = tmp_path / "root", tmp_path / "outside" / "top"
+        root.mkdir()
+        group = root / "top" / "a" / "b" / "env--m--h"
+        make_run(outside / "a" / "b" / "env--m--h" / "run1")
+        hints = HintQueue()
+        watcher = Watcher([root], hints, kind=ObserverKind.INOTIFY)
+        watches = Watches(watcher, Scanner([root]), lambda _path: False)
+        watcher.start()
+        try:
+            outside.rename(root / "top")
+            moved_in = hints.get(HINT_WAIT_SECONDS)
+            assert moved_in == Hint(HintKind.SUBTREE, str(root / "top"))
+
+            def seen(_runs: dict[str, RunDir]) -> None:
+                make_run(group / "run2")  # made once the walk has passed its group
+
+            watches.subtree(moved_in.path, seen)  # the daemon's answer to its hint
+            first = hints.get(HINT_WAIT_SECONDS)
+            rest = list(iter(lambda: hints.get(QUIET_SECONDS), None))
+        finally:
+            watcher.stop()
+
+        assert [first, *rest] == [Hint(HintKind.SUBTREE, str(group / "run2"))]
+
     def test_a_watched_directory_deleted_and_made_again_is_watched_again(self, tmp_path, watched):
         group = tmp_path / "root" / "env--m--h"
         group.mkdir(parents=True)

@@ -26,8 +26,8 @@ each event into a `Hint` put into a `HintSink` (a `HintQueue` holds each distinc
 directory appeared: scan it), `ROOT` (a root appeared, vanished or moved: call `sync()`, then
 scan what it returns), `RESCAN` (inotify's queue overflowed: events were lost). Nothing else
 happens in watchdog's threads. Hints can be lost (inotify drops events on overflow and misses
-files created in a new directory before its watch exists: a directory newly watched is looked at
-once more), and a settled run's directory has no watch, which is why the rescan (with its
+files created in a new directory before its watch exists: a directory is watched before it is
+listed, or looked at once more), and a settled run's directory has no watch, which is why the rescan (with its
 sweep) is the truth.
 
 `watch.observer`: `inotify` forces inotify through watchdog (`ConfigError` from `start()` if

@@ -190,16 +190,20 @@ def walk(
     marker: str = "",
     on_error: Callable[[str, OSError], None] | None = None,
     directories: list[str] | None = None,
+    before_listing: Callable[[str], None] | None = None,
 ) -> Iterator[RunDir]:
     """Every run directory at or under `top`: never through a symlink, never inside a run.
 
     A directory that vanishes while it is walked is skipped; any other error reading one goes to
     `on_error` (a directory that cannot be read hides whatever runs are in it). `directories`
-    gets every other directory listed on the way.
+    gets every other directory listed on the way; `before_listing` is called with each
+    directory before it is listed (to watch it: then nothing made in it escapes both).
     """
     stack = [top]
     while stack:
         directory = stack.pop()
+        if before_listing is not None:
+            before_listing(directory)
         try:
             listing = _Listing(directory, marker)
             run = listing.run(directory)
@@ -534,14 +538,18 @@ class Scanner:
         return zlib.crc32(os.fsencode(under)) % parts == index
 
     def scan_subtree(
-        self, directory: str | Path, directories: list[str] | None = None
+        self,
+        directory: str | Path,
+        directories: list[str] | None = None,
+        before_listing: Callable[[str], None] | None = None,
     ) -> dict[str, RunDir]:
         """Every run directory at or under `directory`, if it lies inside a root; `directories`
-        gets every other directory listed on the way (the ones to watch for new runs)."""
+        gets every other directory listed on the way (the ones to watch for new runs), and
+        `before_listing` each directory before it is listed (`walk`)."""
         path = self._contained(directory)
         if path is None:
             return {}
-        found = walk(path, self.marker, self._unreadable_dir, directories)
+        found = walk(path, self.marker, self._unreadable_dir, directories, before_listing)
         return {run.path: run for run in found}
 
     def look(self, directory: str | Path) -> RunDir | None:

@@ -17,10 +17,11 @@ class Watches:
     `settled` (being written, waiting, uploading). A settled run (finalized and unchanged, or in
     another final state) holds no watch: the rescan's slow sweep looks inside it instead, so a
     tree of a million finished runs costs a watch per directory that holds runs, not per run.
-    Each directory newly watched on a hint's word is looked at once more (a SUBTREE hint): what
-    was made in it between the look that found it and its watch gave no event; one a rescan
-    found, only if its mtime moved since the rescan listed it (a turn of the first walk lists
-    thousands before they are watched).
+    What was made in a directory between the look that found it and its watch gives no event:
+    a subtree a hint points to is watched a directory at a time before each is listed; a run a
+    hint's look found is looked at once more once watched (a SUBTREE hint); a directory a
+    rescan found, only if its mtime moved since the rescan listed it (a turn of the first walk
+    lists thousands before they are watched).
     """
 
     def __init__(self, watcher: Watcher, scanner: Scanner, settled: Callable[[str], bool]) -> None:
@@ -32,13 +33,20 @@ class Watches:
         self._on_hints: set[str] = set()
 
     def subtree(self, top: str, seen: Callable[[dict[str, RunDir]], None]) -> None:
-        """A directory that appeared (or a root): its runs to `seen`, then what in it is worth
-        watching, watched."""
+        """A directory that appeared (or a root): its runs to `seen`, and what in it is worth
+        watching, watched. Each directory is watched before it is listed, so what is made in it
+        meanwhile is listed or gives an event (a look again at each, once watched, would walk
+        a tree moved in once more per level above each run); then let go unless it holds no
+        run, or is a run not settled."""
+        watched: list[str] = []
         directories: list[str] = []
-        runs = self._scanner.scan_subtree(top, directories)
+        runs = self._scanner.scan_subtree(
+            top, directories, lambda path: watched.extend(self._watcher.watch([path]))
+        )
         seen(runs)
-        self._on_hints.update(self._watcher.watch(directories, look_again=True))
-        self.runs(runs)
+        keep = {*directories, *(path for path in runs if not self._settled(path))}
+        self._watcher.unwatch([path for path in watched if path not in keep])
+        self._on_hints.update(path for path in watched if path in keep)
 
     def runs(self, paths: Iterable[str]) -> None:
         """Watch the run directories among `paths` that are not settled (a hint's)."""
