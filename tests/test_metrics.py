@@ -635,17 +635,14 @@ class TestDaemonFeed:
         class Ledger:
             fail = False
 
-            def state_counts(self):
+            def in_state(self, *states):
                 if self.fail:
                     raise errors.LedgerError("state.db: disk I/O error")
-                return {"finalized": 3, "ready": 1}
-
-            def in_state(self, *states):
                 return [Row("a", 0, 0, "ready", NOW - 90), Row("b", 0, 0, "uploading", NOW - 5)]
 
         feed = DaemonFeed(clock=lambda: NOW)
         ledger = Ledger()
-        feed.refresh(ledger)
+        feed.refresh(ledger, {"finalized": 3, "ready": 1})  # the daemon's `RunCounts`
         health = Health(feed.probes, THRESHOLD_SECONDS)
 
         values = {
@@ -659,8 +656,11 @@ class TestDaemonFeed:
         assert values[("evalpush_oldest_waiting_run_age_seconds", None)] == 90
         assert health.readiness() == []
         ledger.fail = True
-        feed.refresh(ledger)
+        feed.refresh(ledger, {"finalized": 3, "ready": 1})
         assert health.readiness() == ["ledger: state.db: disk I/O error"]
+        ledger.fail = False
+        feed.refresh(ledger, errors.LedgerUnavailable("the shared ledger is unreachable"))
+        assert health.readiness() == ["ledger: the shared ledger is unreachable"]
 
     def test_attach_serves_where_listen_says_and_moves_when_it_changes(self, tmp_path):
         class Gate:

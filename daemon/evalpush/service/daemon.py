@@ -67,6 +67,7 @@ from evalpush.discover import (
 )
 from evalpush.ledger.records import HEARTBEAT_SECONDS, GateState
 from evalpush.log import get_logger
+from evalpush.service.counts import RunCounts
 from evalpush.service.sdnotify import Notifier
 from evalpush.service.tracker import Tracker
 
@@ -122,6 +123,7 @@ class _Parts:
             self.scanner = Scanner.from_config(config.watch, config.runs, self._sweep_share)
             self.watcher = Watcher.from_config(config.watch, config.runs, hints)
             self.watches = Watches(self.watcher, self.scanner, self.tracker.settled)
+            self.counts = RunCounts(self.app.ledger)
             self.scheduler: Scheduler[str] = Scheduler(
                 self._upload, workers=config.upload.max_concurrent_runs, on_error=self._failed
             )
@@ -204,6 +206,7 @@ class _Parts:
         result = attempt(self.app, Path(path), retry_failed=False)
         if result.outcome == Outcome.LEDGER_UNAVAILABLE:
             self._after_outage(path)
+        self.counts.changed()
         leave = result.outcome in (Outcome.LEDGER_REFUSED, Outcome.RUN_ID_TAKEN)
         if self.tracker.finished(path, result.record, leave_alone=leave):
             # A line appended while it uploaded (a resumed eval): its event was passed over
@@ -401,7 +404,7 @@ class Daemon:
                 self._log.info("a run was claimed by another process meanwhile", error=str(exc))
                 next_rescan = now + OUTAGE_TURN_SECONDS
             if now >= next_status:
-                self._publish(parts, self._status_line(parts))
+                self._publish(parts)
                 next_status = now + STATUS_SECONDS
             self._notifier.ping_if_due(self._clock())
             if self._feed is not None:
@@ -456,27 +459,30 @@ class Daemon:
 
     # ------------------------------------------------------------ STATUS
 
-    def _publish(self, parts: _Parts, status: str) -> None:
+    def _publish(self, parts: _Parts) -> None:
         """The STATUS line to systemd, runs by state to the metrics, and both with the gate in
         this daemon's heartbeat row in the ledger (for `status`)."""
+        try:
+            counts: dict[str, int] | LedgerUnavailable = parts.counts.now()
+        except LedgerUnavailable as exc:
+            counts = exc
+        status = self._status_line(parts, counts)
         self._notifier.status(status)
         try:
             parts.beat(status)
         except LedgerError as exc:
             self._log.debug("heartbeat not written", error=str(exc))
         if self._feed is not None:
-            self._feed.refresh(parts.app.ledger)
+            self._feed.refresh(parts.app.ledger, counts)
 
     @staticmethod
-    def _status_line(parts: _Parts) -> str:
+    def _status_line(parts: _Parts, counts: dict[str, int] | LedgerUnavailable) -> str:
         server = parts.app.ledger.server
         if server is not None:
             server.report_if_due()
             if server.down_seconds is not None:
                 return f"shared ledger unreachable for {server.down_seconds:.0f} s: uploads paused"
-        try:
-            counts = parts.tracker.counts()
-        except LedgerUnavailable:
+        if isinstance(counts, LedgerUnavailable):
             return "shared ledger unreachable: uploads paused"
         words = [
             f"{counts.get(state, 0):,} {state}"

@@ -3,7 +3,7 @@ which also keeps the probes `health` reads and the `server` on `[metrics] listen
 
 | metric | type | fed by |
 | --- | --- | --- |
-| `evalpush_runs{state}` | gauge | `Metrics.set_runs(counts)`: the daemon, from the ledger |
+| `evalpush_runs{state}` | gauge | `Metrics.set_runs(counts)`: the daemon, from the ledger (`RunCounts`: `finalized` and `skipped` recounted after an upload ends and every 5 minutes) |
 | `evalpush_samples_sent_total` | counter | `Metrics.samples_sent(count, nbytes)` per acknowledged batch |
 | `evalpush_samples_sent_bytes_total` | counter | the same call: the request bodies' bytes |
 | `evalpush_platform_requests_total{endpoint,outcome}` | counter | `RequestObserver.request_done`: the platform client, after every attempt |
@@ -355,11 +355,14 @@ class DaemonFeed:
 
     # -- the loop --------------------------------------------------------------------------------
 
-    def refresh(self, ledger: Any) -> None:
-        """Runs by state and the oldest run waiting for upload (ready, or uploading: the time
-        its row last moved), from the ledger; a ledger that fails is a `/readyz` problem."""
+    def refresh(self, ledger: Any, counts: Mapping[str, int] | errors.LedgerError) -> None:
+        """Runs by state (`counts`, the daemon's `RunCounts`, or why the ledger could not
+        count them) and the oldest run waiting for upload (ready, or uploading: the time its
+        row last moved), from the ledger; a ledger that fails is a `/readyz` problem."""
+        if isinstance(counts, errors.LedgerError):
+            self._ledger_problem = str(counts)
+            return
         try:
-            counts = ledger.state_counts()
             pending = ledger.in_state(State.READY, State.UPLOADING)
         except errors.LedgerError as exc:
             self._ledger_problem = str(exc)

@@ -150,9 +150,6 @@ class Tracker:
             if not self._progress.held(record) and os.path.isdir(record.path_raw):
                 self._hand_over(os.fsdecode(record.path_raw))
 
-    def counts(self) -> dict[str, int]:
-        return self._ledger.state_counts()
-
     # ------------------------------------------------------------ what discover found
 
     def seen(self, rundirs: dict[str, RunDir]) -> None:
