@@ -152,16 +152,20 @@ def copied_rows(ledger: Path, root: Path, count: int) -> float:
     return time.perf_counter() - started
 
 
-def settle(daemon: idle.Daemon, quiet_cpu: float = 0.1, window: int = 10) -> float:
+def settle(
+    daemon: idle.Daemon, quiet_cpu: float = 0.1, window: int = 10, at_most: float = 600.0
+) -> float | None:
     """Seconds from now until the daemon's CPU over the last `window` seconds is under
-    `quiet_cpu`: its first full walk (and whatever start-up work follows READY) is over."""
+    `quiet_cpu`: its first full walk (and whatever start-up work follows READY) is over; None
+    if it never is within `at_most` seconds (a daemon that is never at rest)."""
     started = time.perf_counter()
     samples = [daemon.cpu_seconds()]
-    while True:
+    while time.perf_counter() - started < at_most:
         time.sleep(1.0)
         samples.append(daemon.cpu_seconds())
         if len(samples) > window and samples[-1] - samples[-1 - window] < quiet_cpu:
             return time.perf_counter() - started - window
+    return None
 
 
 def evaluation_of(state: Path, run_id: str) -> tuple[str, str] | None:
@@ -206,7 +210,7 @@ def measure(
     return {
         "daemon": label,
         "start-up to READY": f"{ready:.2f} s",
-        "first walk over after READY": f"{walked:.0f} s",
+        "first walk over after READY": f"{walked:.0f} s" if walked is not None else "never at rest",
         "idle CPU": f"{100 * used / idle_seconds:.3f}% ({used:.2f} s / {idle_seconds:g} s)",
         "peak RSS": f"{peak / push.MIB:.0f} MiB",
         "RSS at the end": f"{rss / push.MIB:.0f} MiB",
