@@ -378,7 +378,7 @@ class Daemon:
                     hint = self._hints.get(0)
                 if now >= next_rescan:
                     parts.watcher.sync()  # a root that appeared or was replaced: the scan covers it
-                    rescan = parts.scanner.rescan(parts.tracker.unsettled, budget=RESCAN_BUDGET)
+                    rescan = parts.scanner.rescan(parts.tracker, budget=RESCAN_BUDGET)
                     try:
                         parts.tracker.rescanned(rescan, parts.scanner.knows)
                     except (LedgerUnavailable, ClaimLost):

@@ -124,6 +124,7 @@ class Tracker:
         self._rules = ReadinessRules.from_config(config.runs)
         self._lock = threading.Lock()
         self._settled: dict[str, Facts] = {}  # path -> facts of a run that needs nothing now
+        self._settled_changes = 0  # moves whenever a path comes into or leaves `_settled`
         self._waiting: dict[str, Waiting] = {}
         self._in_flight: set[str] = set()
         self._log = get_logger(stage="tracker")
@@ -139,6 +140,7 @@ class Tracker:
                 settled[os.fsdecode(raw)] = _fingerprint(device, inode, size, mtime_ns)
         with self._lock:
             self._settled = settled
+            self._settled_changes += 1
         self.poll_ledger()
 
     def poll_ledger(self) -> None:
@@ -167,13 +169,32 @@ class Tracker:
                 for held in (self._waiting, self._settled):
                     for path in [p for p in held if not known(p)]:
                         del held[path]
+                self._settled_changes += 1
         self.seen(rescan.runs)
+
+    @property
+    def settled_changes(self) -> int:
+        """A count that moves whenever a run becomes or stops being settled (the scanner asks
+        `unsettled` again only then)."""
+        return self._settled_changes
 
     def unsettled(self, paths: AbstractSet[str]) -> AbstractSet[str]:
         """Of these run directories, those that are not settled (a rescan looks inside them):
         one set difference, however many are settled."""
         with self._lock:
             return paths - self._settled.keys()
+
+    def _settle(self, path: str, facts: Facts) -> None:
+        """`path` settled at `facts` (under the lock)."""
+        if path not in self._settled:
+            self._settled_changes += 1
+        self._settled[path] = facts
+
+    def _unsettle(self, path: str) -> None:
+        """`path` not settled any more (under the lock)."""
+        if path in self._settled:
+            del self._settled[path]
+            self._settled_changes += 1
 
     def settled(self, path: str) -> bool:
         """Whether the run at `path` needs nothing until its trace file changes (its directory
@@ -188,7 +209,7 @@ class Tracker:
                 return
             if rundir is None:
                 self._waiting.pop(path, None)
-                self._settled.pop(path, None)
+                self._unsettle(path)
                 return
             if self._settled.get(path) == _facts(rundir):
                 # Keyed by the scanner's str from now on: the copy of the path read from the
@@ -243,7 +264,7 @@ class Tracker:
             self._start_waiting(path, rundir, in_ledger=False, again_after=again_after)
         else:
             with self._lock:
-                self._settled[path] = _facts(rundir)
+                self._settle(path, _facts(rundir))
 
     def _renamed(self, path: str, run_id: str) -> RunRecord | None:
         """The run at `path` recorded waiting under a stand-in id before its first line named
@@ -395,7 +416,7 @@ class Tracker:
                 return
             self._in_flight.add(path)
             self._waiting.pop(path, None)
-            self._settled.pop(path, None)
+            self._unsettle(path)
         self._submit(path)
 
     # ------------------------------------------------------------ what an upload came to
@@ -431,7 +452,7 @@ class Tracker:
         with self._lock:
             self._in_flight.discard(path)
             if settled is not None:
-                self._settled[path] = settled
+                self._settle(path, settled)
         return changed
 
     def refused(self, path: str, exc: LedgerRefused) -> None:
@@ -446,7 +467,7 @@ class Tracker:
         with self._lock:
             self._waiting.pop(path, None)
             if rundir is not None:
-                self._settled[path] = _facts(rundir)
+                self._settle(path, _facts(rundir))
 
     @property
     def waiting(self) -> int:
