@@ -9,12 +9,12 @@ It does one `scandir` per directory and one `lstat` per run, never follows a sym
 descends into a run directory, and opens no file (10,000 runs: about 0.15 s of CPU,
 `bench/scan.py`). The daemon calls `rescan()` every `watch.rescan_seconds`: the same walk the
 first time, then only what changed (`Rescan`: the runs it looked at, the runs gone): a directory
-whose mtime has not moved is not listed again, and a run directory the caller calls quiet (a
-finalized run) is not looked at; a slow sweep looks at every directory fully once per
-`watch.sweep_seconds`, a slice at each rescan (100,000 finalized runs: about 0.04 s of CPU a
-rescan against 1.9 s for a full walk, `bench/scan.py --runs 100000`). A root that does not exist yet is reported once and picked up
-when it appears. `look()` and `scan_subtree()` answer a hint by looking at one directory or one
-subtree, after checking that the path lies inside a root with no symlink on the way.
+whose mtime has not moved is not listed again, and a run directory the caller's `Settled` holds
+settled (a finalized run) is not looked at, nor paid for; a slow sweep looks at every directory
+fully once per `watch.sweep_seconds`, a slice at each rescan (`bench/scan.py`). A root that does
+not exist yet is reported once and picked up when it appears. `look()` and `scan_subtree()`
+answer a hint by looking at one directory or one subtree, after checking that the path lies
+inside a root with no symlink on the way.
 
 `Watcher` gives hints for low latency. It holds inotify watches (watchdog's `InotifyFD`), one
 per directory and for its entries only: on the roots, and on the directories its caller names
@@ -27,8 +27,8 @@ directory appeared: scan it), `ROOT` (a root appeared, vanished or moved: call `
 scan what it returns), `RESCAN` (inotify's queue overflowed: events were lost). Nothing else
 happens in watchdog's threads. Hints can be lost (inotify drops events on overflow and misses
 files created in a new directory before its watch exists: a directory is watched before it is
-listed, or looked at once more), and a settled run's directory has no watch, which is why the rescan (with its
-sweep) is the truth.
+listed, or looked at once more), and a settled run's directory has no watch, which is why the
+rescan (with its sweep) is the truth.
 
 `watch.observer`: `inotify` forces inotify through watchdog (`ConfigError` from `start()` if
 inotify cannot be used; a root it may not read is watched once it may; the watch limit reached

@@ -90,9 +90,10 @@ class Watcher:
     the rescan's sweep looks at instead), `unwatch()` drops them. A root to be polled gives no
     hints: `polling` says so, and the daemon rescans every `poll_seconds`. `sync()` (call it
     on a ROOT hint and at every rescan) watches roots that appeared (and roots inotify could
-    not watch before: unreadable, or past its limit), re-watches a root that was replaced, waits again for one that vanished, drops the watches of directories that are
-    gone, and returns the roots it began to watch: scan those, since what was created in them
-    before their watch gave no event. `stop()` joins every thread. No I/O and no thread before
+    not watch before: unreadable, or past its limit), re-watches a root that was replaced,
+    waits again for one that vanished, drops the watches of directories that are gone, and
+    returns the roots it began to watch: scan those, since what was created in them before
+    their watch gave no event. `stop()` joins every thread. No I/O and no thread before
     `start()`.
 
     inotify is watchdog's (`InotifyFD`: one inotify instance, its reader and dispatcher

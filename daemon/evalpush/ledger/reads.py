@@ -229,8 +229,8 @@ class LedgerReads:
     ) -> Iterator[list[tuple[bytes, int, int, int, int]]]:
         """(path_raw, device, inode, size, mtime_ns) of the trace file, as last scanned, of
         every run in `states` that has them: what the daemon compares a rescan with, with no
-        row object per run, those of `size` rows a page (one query a page, after the last row id of the
-        page before), so a million runs never sit in memory as rows at once. The pages go by
+        row object per run, those of `size` rows a page (one query a page, after the last row
+        id of the page before), so a million runs never sit in memory as rows at once. The pages go by
         row id alone (the primary key's order, no sort): the state is tested here, since a
         state filter would have the database read every row of the state for each page."""
         c = runs.c
