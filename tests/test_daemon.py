@@ -54,6 +54,15 @@ def finalized(daemon: Daemon, run: RunDir) -> dict:
     return daemon.wait_for(RUN_FINALIZED, run=run.run_id)
 
 
+def watches_come_to(daemon: Daemon, count: int, what: str) -> None:
+    """Wait until the daemon process holds `count` inotify watches (`what` they are)."""
+    wait_until(
+        lambda: inotify_watches_in_use(daemon.pid) == count,
+        what,
+        explain=lambda: f"{inotify_watches_in_use(daemon.pid)} watches",
+    )
+
+
 class TestReadiness:
     def test_runs_written_line_by_line_deep_under_a_root_after_start_are_each_finalized_once_by_their_rule(
         self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
@@ -595,21 +604,13 @@ class TestDiscovery:
             for run in done:
                 run.write(run.lines(4))
                 finalized(daemon, run)
-
-            def watches(count: int, what: str) -> None:
-                wait_until(
-                    lambda: inotify_watches_in_use(daemon.pid) == count,
-                    what,
-                    explain=lambda: f"{inotify_watches_in_use(daemon.pid)} watches",
-                )
-
-            watches(2, "the root and the group watched, not the finalized runs")
+            watches_come_to(daemon, 2, "the root and the group watched, not the finalized runs")
             writing = RunDir(group).config(num_tasks=2)
             writing.write(writing.lines(2))  # two of its four lines: it waits
-            watches(3, "the run being written watched too")
+            watches_come_to(daemon, 3, "the run being written watched too")
             writing.write(writing.lines(2, start=2))
             finalized(daemon, writing)
-            watches(2, "its watch dropped once finalized")
+            watches_come_to(daemon, 2, "its watch dropped once finalized")
             assert daemon.stop() == 0
         for run in [*done, writing]:
             assert_run_exactly_once(local_platform, run.path)
@@ -629,20 +630,13 @@ class TestDiscovery:
             for made in ("configs/resolved/eval.json", "logs/attempt_1/eval.log"):
                 (run / made).parent.mkdir(parents=True)
                 shutil.copy(OFFLINE_0_4 / made, run / made)
-            wait_until(
-                lambda: inotify_watches_in_use(daemon.pid) == 7,  # and its group and the root
-                "the run's directory and the four below it watched while it is no run yet",
-                explain=lambda: f"{inotify_watches_in_use(daemon.pid)} watches",
-            )
+            # and its group and the root
+            watches_come_to(daemon, 7, "the run's directory and the four below it, no run yet")
             lines = (OFFLINE_0_4 / "traces.jsonl").read_bytes()
             (run / "traces.jsonl").write_bytes(lines)
             run_id = json.loads(lines.splitlines()[0])["run"]["id"]
             daemon.wait_for(RUN_FINALIZED, run=run_id)
-            wait_until(
-                lambda: inotify_watches_in_use(daemon.pid) == 2,
-                "only the root and the group watched once it is finalized",
-                explain=lambda: f"{inotify_watches_in_use(daemon.pid)} watches",
-            )
+            watches_come_to(daemon, 2, "only the root and the group once it is finalized")
             assert daemon.stop() == 0
         [evaluation] = evaluations_of(local_platform, run_id).values()
         assert (evaluation["status"], evaluation["finalize_count"]) == ("COMPLETED", 1)
