@@ -191,7 +191,7 @@ def measure(
             daemon = idle.Daemon(env, work)
             try:
                 ready = daemon.ready_seconds
-                walked = settle(daemon)
+                walked = settle(daemon, at_most=args.settle_seconds)
                 before = daemon.cpu_seconds()
                 time.sleep(idle_seconds)
                 used = daemon.cpu_seconds() - before
@@ -272,6 +272,9 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=180.0)
     parser.add_argument("--baseline-runs", type=int, default=1000, help="for RSS per run")
     parser.add_argument("--sweep-seconds", type=float, default=120.0)
+    parser.add_argument(
+        "--settle-seconds", type=float, default=600.0, help="give up waiting for rest after"
+    )
     parser.add_argument("--latency-runs", type=int, default=5, help="new runs timed to finalized")
     parser.add_argument("--skip-late", action="store_true", help="no late-append measurement")
     parser.add_argument("--setup-only", action="store_true")
