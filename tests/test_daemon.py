@@ -615,6 +615,30 @@ class TestDiscovery:
         for run in [*done, writing]:
             assert_run_exactly_once(local_platform, run.path)
 
+    def test_a_finalized_run_that_changed_is_watched_again_while_it_waits(
+        self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
+    ) -> None:
+        # Its watch went once it was finalized; the sweep finds the line appended (a resumed
+        # eval), and while it waits to upload again its events must be heard (its marker).
+        environ = daemon_environ(
+            local_platform,
+            tmp_path,
+            [tree],
+            EVALPUSH_WATCH__RESCAN_SECONDS="0.5",
+            EVALPUSH_WATCH__SWEEP_SECONDS="2",
+            EVALPUSH_RUNS__SETTLE_SECONDS=LONG_SETTLE,
+        )
+        run = RunDir(tree / "env--model--harness").config(num_tasks=2)
+        with Daemon(environ) as daemon:
+            daemon.started()
+            run.write(run.lines(4))
+            finalized(daemon, run)
+            watches_come_to(daemon, 2, "the root and the group, not the finalized run")
+            run.write(run.lines(2, start=4))
+            daemon.wait_for("finalized run changed: it uploads again once ready", run=run.run_id)
+            watches_come_to(daemon, 3, "the changed run watched again while it waits")
+            assert daemon.stop() == 0
+
     def test_a_04_runs_own_directories_watched_while_it_was_written_are_let_go_once_finalized(
         self, local_platform: LocalPlatform, tmp_path: Path, tree: Path
     ) -> None:

@@ -310,6 +310,9 @@ class Tracker:
         waiting.stand_in = named_by_lines_later(Path(path))
         with self._lock:
             self._waiting[path] = waiting
+            # A finalized run that changed waits like any other: not settled meanwhile, so the
+            # rescans look at it and its directory is watched again.
+            self._unsettle(path)
         self._decide(path, waiting, rundir, new=new, first=True)
 
     def _read_config_again(self, path: str, waiting: Waiting) -> bool:
