@@ -279,6 +279,7 @@ def main() -> None:
     parser.add_argument("--skip-late", action="store_true", help="no late-append measurement")
     parser.add_argument("--setup-only", action="store_true")
     parser.add_argument("--at", metavar="REV", help="also measure the daemon as committed at REV")
+    parser.add_argument("--only-at", action="store_true", help="measure only the one at --at")
     parser.add_argument("--cache", type=Path, default=push.BENCH / ".cache")
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -287,7 +288,7 @@ def main() -> None:
     if args.setup_only:
         return
     with tempfile.TemporaryDirectory(prefix="bench-idle-scale-src-") as src:
-        daemons = {"this tree": None}
+        daemons: dict[str, str | None] = {} if args.only_at else {"this tree": None}
         if args.at:
             daemons[f"at {args.at}"] = push.checkout(args.at, Path(src))
         rows = []
