@@ -198,10 +198,13 @@ def measure(
                 peak = push.proc_status_bytes(daemon.proc.pid, "VmHWM")
                 rss = daemon.rss_bytes()
                 watches = inotify_watches_in_use(daemon.proc.pid)
-                latencies = []
-                for n in range(args.latency_runs):  # new runs, each ready once its line is
-                    run_id, written = idle.latency_run(root, n)
-                    latencies.append(idle.finalized_at(platform, run_id) - written)
+                latencies: list[float] = []
+                try:
+                    for n in range(args.latency_runs):  # new runs, each ready once its line is
+                        run_id, written = idle.latency_run(root, n)
+                        latencies.append(idle.finalized_at(platform, run_id) - written)
+                except TimeoutError:
+                    latencies.append(float("inf"))  # not finalized within a minute
             finally:
                 shutil.rmtree(root / "latency", ignore_errors=True)
                 daemon.stop()
