@@ -53,8 +53,8 @@ class Watches:
         self._on_hints.update(self._watch_unsettled(paths))
 
     def rescanned(self, rescan: Rescan) -> None:
-        """After (a part of) a rescan: what it found watched, what is gone and the runs settled
-        since let go. Once a rescan is over the scanner knows every directory that was there
+        """After (a part of) a rescan: what it found watched, what is gone let go, and once the
+        rescan is over the runs settled since let go too. Once a rescan is over the scanner knows every directory that was there
         when it began, so a watch a hint set up on one it does not know (inside a run directory:
         a 0.4 run's `configs/`, made before its first line) is let go too. One a hint set up
         since the last rescan was over may be on a directory the rescan passed by before it was
@@ -65,7 +65,7 @@ class Watches:
         def stale(path: str) -> bool:
             if self._settled(path):
                 return True
-            if not rescan.over or scanner.knows(path) or scanner.knows_directory(path):
+            if scanner.knows(path) or scanner.knows_directory(path):
                 return False
             return path not in self._on_hints or self._inside_a_run(path)
 
@@ -75,8 +75,10 @@ class Watches:
         newly = watcher.watch(rescan.directories)
         watcher.look_again([path for path in newly if scanner.moved_since_listed(path)])
         self._watch_unsettled(rescan.runs)
-        watcher.unwatch([path for path in watcher.directories if stale(path)])
         if rescan.over:
+            # Once a pass, not at each of its parts: the first walk over a million runs has
+            # five hundred, and a run settled meanwhile may keep its watch until the walk ends.
+            watcher.unwatch([path for path in watcher.directories if stale(path)])
             self._on_hints.clear()
 
     def _inside_a_run(self, path: str) -> bool:
