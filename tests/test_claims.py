@@ -590,10 +590,12 @@ class TestFencing:
 
 class TestLease:
     def test_the_heartbeat_renews_the_lease_while_the_claim_is_held_and_stops_after(self, ledger):
-        mine = Claims(ledger, lease_seconds=0.3)
+        # A lease of 2 s watched for 3 s: unrenewed it would lapse in the middle, and a renewal
+        # (every half second) may stall for 1.5 s on a loaded machine before the test is wrong.
+        mine = Claims(ledger, lease_seconds=2.0)
         record, _ = take(mine)
         try:
-            deadline = time.monotonic() + 1.0
+            deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline:
                 ((expires,),) = ledger._query(sa.text("SELECT claim_expires FROM runs"))
                 assert expires > time.time(), "the lease lapsed while held"
