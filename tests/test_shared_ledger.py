@@ -46,14 +46,15 @@ class TestClaimsAcrossHosts:
         self, pg_url: str
     ):
         with shared(pg_url) as a_ledger, shared(pg_url) as b_ledger:
-            a = Claims(a_ledger, process=host("host-a"), lease_seconds=0.5)
-            b = Claims(b_ledger, process=host("host-b"), lease_seconds=0.5)
+            # Long enough that a loaded machine's stall does not run it out before `take(b)`.
+            a = Claims(a_ledger, process=host("host-a"), lease_seconds=1.5)
+            b = Claims(b_ledger, process=host("host-b"), lease_seconds=1.5)
             held, _ = take(a)
             a.close()  # host a stops renewing: killed, or its host gone
 
             with pytest.raises(Busy, match="host-a"):
                 take(b)  # its lease still runs
-            time.sleep(0.6)
+            time.sleep(1.6)
             taken, gone = take(b)
 
             assert gone is not None and gone.host == "host-a"
