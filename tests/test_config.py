@@ -48,6 +48,8 @@ class TestDefaults:
             "marker": "",
             "upload_replays": False,
             "on_incomplete": "upload",
+            "follow": True,
+            "follow_batch_seconds": 30.0,
         }
         assert config.read.max_line_bytes == 67108864
         assert config.convert.on_bad_line == "skip"

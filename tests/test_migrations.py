@@ -21,7 +21,7 @@ from evalpush.ledger.migrating import VERSIONS, revision
 from support.old_ledgers import FILE_VERSIONS, SHARED_VERSIONS, old_file, old_shared
 from support.postgres import PASSWORD
 
-DAEMONS_INDEX = "daemons_seen_at"
+LATEST_COLUMN = "following"  # what the latest revision adds
 """What the latest revision adds (`0011`): applied by Alembic to a ledger it stamped before."""
 
 
@@ -46,9 +46,9 @@ def shape(ledger: Ledger) -> dict[str, tuple[set[str], set[tuple[tuple[str, ...]
         return read(ledger._file.sql)
 
 
-def index_names(ledger: Ledger, table: str) -> set[str]:
+def column_names(ledger: Ledger, table: str) -> set[str]:
     with ledger._lock:
-        return {i["name"] for i in sa.inspect(ledger._file.sql).get_indexes(table)}
+        return {c["name"] for c in sa.inspect(ledger._file.sql).get_columns(table)}
 
 
 def alembic_config(connection: sa.Connection) -> Config:
@@ -107,10 +107,10 @@ def test_a_shared_ledger_of_each_schema_before_alembic_is_upgraded_to_the_tables
 def test_a_revision_is_applied_by_alembic_to_a_ledger_it_stamped_before_on_each_store(
     ledger: Ledger,
 ):
-    assert DAEMONS_INDEX in index_names(ledger, "daemons")
+    assert LATEST_COLUMN in column_names(ledger, "runs")
     with ledger._transaction() as db:  # the ledger as the revision before the latest left it
         command.downgrade(alembic_config(db), revision(SCHEMA_VERSION - 1))
-    assert DAEMONS_INDEX not in index_names(ledger, "daemons")
+    assert LATEST_COLUMN not in column_names(ledger, "runs")
 
     again = (
         Ledger(ledger.path)
@@ -119,11 +119,11 @@ def test_a_revision_is_applied_by_alembic_to_a_ledger_it_stamped_before_on_each_
     )
     with again:
         upgrade = again.upgrade
-        indexes = index_names(again, "daemons")
+        columns = column_names(again, "runs")
 
     assert upgrade is not None
     assert (upgrade.from_version, upgrade.to_version) == (SCHEMA_VERSION - 1, SCHEMA_VERSION)
-    assert DAEMONS_INDEX in indexes
+    assert LATEST_COLUMN in columns
 
 
 def test_a_file_stamped_by_a_newer_evalpush_is_refused_naming_its_revision(tmp_path: Path):

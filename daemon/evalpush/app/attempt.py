@@ -46,6 +46,7 @@ class Outcome(enum.StrEnum):
     ALREADY = "already finalized"  # finalized before (by this process or another): none sent
     HELD = "held"  # held for a person: bad lines, or traces missing ("hold")
     SKIPPED = "skipped"  # never uploaded (a debug run, a replay)
+    FOLLOWING = "following"  # its lines so far are in its open evaluation; it is still written
     NOTHING = "nothing to do"  # not ready for this attempt (a copy of a run not finished)
     BUSY = "busy"  # another live process holds its claim (`busy`)
     INTERRUPTED = "interrupted"  # a stop came first: it resumes at its step
@@ -94,12 +95,14 @@ def attempt(
     retry_failed: bool = True,
     waited_for: int | None = None,
     on_incomplete: str | None = None,
+    follow: bool = False,
 ) -> Attempt:
     """Upload the run in `directory` as far as it goes now. `retry_failed`: a failed run is
     tried again; `waited_for`: the pid of another process that held the run until now (its
     outcome is reported as its own, unless it left the run unfinished; a failed run is not
     tried again); `on_incomplete`: "upload" or "hold" a run short of its expected traces
-    (None: `runs.on_incomplete`)."""
+    (None: `runs.on_incomplete`); `follow`: the run is still being written, and this attempt
+    is a stretch of it (`Uploader.upload`), said at debug."""
     log = get_logger(run=app.run_id_of(directory), path=paths.display(directory))
     try:
         if app.stop.is_set():
@@ -108,7 +111,10 @@ def attempt(
             run = app.load_run(directory)
         except RunError as exc:
             return _unloadable(app, directory, exc, log)
-        log.info("upload started")
+        if follow:
+            log.debug("upload started", following=True)
+        else:
+            log.info("upload started")
         started = time.monotonic()
         claimed: list[RunRecord] = []
         record = app.uploader.upload(
@@ -116,6 +122,7 @@ def attempt(
             retry_failed=retry_failed and waited_for is None,
             on_incomplete=on_incomplete,
             claimed_as=claimed.append,
+            follow=follow,
         )
         result = _result(app, directory, claimed[0], record, waited_for)
         _ended(log, result, time.monotonic() - started)
@@ -178,6 +185,8 @@ def _result(
         State.HELD: Outcome.HELD,
         State.SKIPPED: Outcome.SKIPPED,
     }.get(State(record.state), Outcome.NOTHING)
+    if record.state == State.WAITING and record.following:
+        outcome = Outcome.FOLLOWING
     if already:
         outcome = Outcome.ALREADY
     elif outcome == Outcome.FINALIZED and record.missing_traces(set_aside):
@@ -236,6 +245,13 @@ def _ended(log: Any, result: Attempt, seconds: float) -> None:
             log.info("run finalized", **fields)
     elif result.outcome == Outcome.ALREADY:
         log.info("run already finalized: nothing sent", evaluation=record.evaluation_id)
+    elif result.outcome == Outcome.FOLLOWING:
+        log.debug(
+            "followed run's lines so far sent",
+            evaluation=record.evaluation_id,
+            samples=record.samples_sent,
+            seconds=round(seconds, 3),
+        )
     elif result.outcome == Outcome.FAILED:
         log.error("upload failed", error=result.error)
     else:

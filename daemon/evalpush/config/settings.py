@@ -121,6 +121,13 @@ class RunsConfig(_Section):
     # a run ready (settled, or its marker) with fewer traces than expected: upload it as a
     # partial evaluation (`complete: false`), or hold it for a person (`evalpush retry`)
     on_incomplete: Literal["upload", "hold"] = "upload"
+    # follow a run from its first good line: its evaluation is created (open) and filled in
+    # batches as the run is written, and finalized once it is finished (false: a run uploads
+    # once it is finished). A run whose eval pushes itself is never followed.
+    follow: bool = True
+    # a followed run's batch goes once it holds upload.max_batch_bytes, or this long after its
+    # first line was seen
+    follow_batch_seconds: float = Field(30.0, gt=0)
 
 
 class ReadConfig(_Section):

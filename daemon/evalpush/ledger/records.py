@@ -66,6 +66,7 @@ class RunRecord(msgspec.Struct, frozen=True, gc=False):
     settles_at: float | None  # a waiting run: when the settle rule makes it ready
     last_error_at: float | None  # when `last_error` was written
     expected_traces: int | None  # what the run's config.toml expects (None: it names no count)
+    following: int  # 1 while its open evaluation is filled as the run is written (followed)
 
     @property
     def holder(self) -> Holder | None:

@@ -717,6 +717,7 @@ _STARTED_OVER = {
         ("acked_offset", "acked_line", "samples_sent", "samples_seen", "bytes_sent"), 0
     ),
     "reason": "",
+    "following": 0,
 }
 """A run's progress as a restart leaves it."""
 

@@ -105,6 +105,8 @@ runs = sa.Table(
     sa.Column("run_key", Bytes, nullable=False),
     sa.Column("path_key", Bytes, nullable=False),
     sa.Column("expected_traces", Count),  # what the run's config.toml expects (NULL: no count)
+    # 1 while the run is followed: its evaluation is open and filled as its file is written
+    sa.Column("following", Flag, nullable=False, server_default=_zero()),
 )
 
 SHORT = runs.c.expected_traces > runs.c.samples_seen

@@ -55,6 +55,13 @@ def queue(ledger: Ledger, record: RunRecord, reason: str, **scanned: Any) -> Run
     return ledger.set_state(record, State.READY, reason=reason, settles_at=None, **scanned)
 
 
+def followed(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
+    """A followed run's lines so far are on the platform, in its open evaluation: it waits for
+    more (its row waits, `following`, until the run is finished and its upload finalizes it).
+    Durable now: it is also the last batch's acknowledgement."""
+    return ledger.set_state(record, State.WAITING, following=1, reason=reason)
+
+
 def interrupt(ledger: Ledger, record: RunRecord) -> RunRecord:
     """A stop ended the upload: it resumes at its step next time."""
     return ledger.set_state(record, State.READY, reason=f"interrupted; resumes at {record.step}")
@@ -115,7 +122,7 @@ def finalized(ledger: Ledger, record: RunRecord, *, at: float, **fields: Any) ->
 
 
 def _finalized(at: float, fields: dict[str, Any]) -> dict[str, Any]:
-    return {"step": Step.DONE, "pending": None, "finalized_at": at, **fields}
+    return {"step": Step.DONE, "pending": None, "finalized_at": at, "following": 0, **fields}
 
 
 def note_change(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
@@ -165,6 +172,7 @@ __all__ = [
     "fail",
     "finalize",
     "finalized",
+    "followed",
     "hold",
     "interrupt",
     "queue",

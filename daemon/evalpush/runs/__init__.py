@@ -36,6 +36,7 @@ from evalpush.runs.layout import (
 from evalpush.runs.read import (
     BOM,
     Change,
+    Extension,
     FileChangedError,
     FileIdentity,
     Fingerprint,
@@ -44,12 +45,15 @@ from evalpush.runs.read import (
     compare,
     digest_of,
     digest_open,
+    extend,
+    hash_open,
     identity,
     identity_of,
     open_regular,
     read_lines,
     verify,
     what_is_at,
+    windows,
 )
 
 __all__ = [
@@ -57,6 +61,7 @@ __all__ = [
     "CONFIGS_DIR",
     "CONFIG_FILE",
     "Change",
+    "Extension",
     "FileChangedError",
     "FileIdentity",
     "Fingerprint",
@@ -79,7 +84,9 @@ __all__ = [
     "derive_run_id",
     "digest_of",
     "digest_open",
+    "extend",
     "find_run_dirs",
+    "hash_open",
     "identity",
     "identity_of",
     "is_run_dir",
@@ -97,4 +104,5 @@ __all__ = [
     "what_is_at",
     "why_no_run",
     "why_not_a_run",
+    "windows",
 ]

@@ -16,7 +16,7 @@ import msgspec
 
 from evalpush.config import read_toml
 from evalpush.core.errors import RunError
-from evalpush.core.ids import short_id
+from evalpush.core.ids import OFFLINE_RUN_PREFIX, short_id
 from evalpush.runs.identity import KnownRunId, derive_run_id
 from evalpush.runs.layout import (
     CONFIG_FILE,
@@ -65,6 +65,13 @@ class Run(msgspec.Struct, frozen=True):
     @property
     def config_path(self) -> Path:
         return config_file(self.path) or self.path / CONFIG_FILE
+
+    @property
+    def pushes_itself(self) -> bool:
+        """Whether its eval uploads it itself (its config's `push`, on unless switched off): at
+        its end (0.1 to 0.3), or while it runs (0.4, unless it ran offline: a `disabled-` run
+        id). Such a run is not followed: its own push makes its evaluation."""
+        return self.pushed_inline and not self.run_id.startswith(OFFLINE_RUN_PREFIX)
 
     @property
     def expected_traces(self) -> int | None:

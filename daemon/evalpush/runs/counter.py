@@ -13,7 +13,14 @@ from typing import Any, Protocol
 import msgspec
 
 from evalpush.config import ReadConfig
-from evalpush.runs.read import CHUNK_BYTES, FileIdentity, Line, identity_of, read_lines
+from evalpush.runs.read import (
+    CHUNK_BYTES,
+    FileIdentity,
+    Line,
+    identity_of,
+    read_lines,
+    windows,
+)
 
 
 class LineCount(msgspec.Struct, frozen=True, gc=False):
@@ -38,10 +45,6 @@ class LineSink(Protocol):
         """The next complete line, in file order (`line.data` None: over `max_line_bytes`)."""
 
 
-REWRITE_WINDOW_BYTES = 4096
-"""Feeding a sink, the counter keeps this many bytes from the file's start and from just before
-the end of what it fed, and reads them back whenever the file's stat changed: different bytes
-there mean the file was rewritten in place (its inode kept), and what was fed is void."""
 
 
 class LineCounter:
@@ -52,7 +55,7 @@ class LineCounter:
     every new complete line to it (through `read.read_lines`). A half-written last line is not
     counted until its `\\n` arrives. Another inode at the path, or a file smaller than last time,
     restarts the count from 0 (and calls `sink.restart()` first). Feeding a sink, so does a file
-    rewritten in place: whenever the file's stat changed, `REWRITE_WINDOW_BYTES` at its start
+    rewritten in place: whenever the file's stat changed, `read.WINDOW_BYTES` at its start
     and just before the end of what was fed are read back and must be the bytes fed. (A rewrite
     that keeps both windows and changes only bytes between them goes unseen: an append-only
     producer never does that, and `--resume` replaces the file.) Raises `OSError` when the file
@@ -138,12 +141,9 @@ class LineCounter:
         return replaced
 
     def _read_windows(self, fd: int) -> tuple[bytes, bytes] | None:
-        """The fed bytes kept to tell a rewrite in place: the file's first ones and the last
-        ones before the offset (None: nothing fed yet)."""
-        if not self._offset:
-            return None
-        width = min(REWRITE_WINDOW_BYTES, self._offset)
-        return os.pread(fd, width, 0), os.pread(fd, width, self._offset - width)
+        """The fed bytes kept to tell a rewrite in place (`read.windows`: the file's first ones
+        and the last ones before the offset; None: nothing fed yet)."""
+        return windows(fd, self._offset) if self._offset else None
 
     def _rewritten(self, fd: int) -> bool:
         """Whether the bytes kept from the last feed are other bytes now."""

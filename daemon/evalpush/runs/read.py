@@ -23,7 +23,7 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -154,6 +154,12 @@ def digest_of(path: Path, end: int, *, expect: FileIdentity | None = None) -> by
 
 def digest_open(fd: int, end: int, path: Path) -> bytes:
     """SHA-256 of bytes `[0, end)` of the open file `fd` (`path` names it in errors)."""
+    return hash_open(fd, end, path).digest()
+
+
+def hash_open(fd: int, end: int, path: Path) -> RangeDigest:
+    """The SHA-256 of bytes `[0, end)` of the open file `fd`, to read its digest or go on from
+    (`path` names it in errors)."""
     digest = RangeDigest()
     offset = 0
     while offset < end:
@@ -162,15 +168,16 @@ def digest_open(fd: int, end: int, path: Path) -> bytes:
             raise FileChangedError(f"{path}: shorter than {end} bytes")
         digest.update(chunk, complete=len(chunk))
         offset += len(chunk)
-    return digest.digest()
+    return digest
 
 
 class RangeDigest:
     """SHA-256 of the bytes of the complete lines read so far: `update` takes every byte read and
     where the last complete line in it ends; `digest` covers the bytes up to there."""
 
-    def __init__(self) -> None:
-        self._running = hashlib.sha256()
+    def __init__(self, start: Any = None) -> None:
+        """`start`: a SHA-256 state to go on from (a copy is taken), else a new one."""
+        self._running = start.copy() if start is not None else hashlib.sha256()
         self._complete = self._running.copy()
 
     def update(self, chunk: bytes | memoryview, *, complete: int) -> None:
@@ -184,6 +191,54 @@ class RangeDigest:
 
     def digest(self) -> bytes:
         return self._complete.digest()
+
+    def state(self) -> Any:
+        """The SHA-256 state at the last complete line (a copy, to go on from later)."""
+        return self._complete.copy()
+
+
+WINDOW_BYTES = 4096
+"""What tells a file rewritten in place from one appended to, without hashing it all: this many
+bytes at its start and just before the end of what was read, kept and read back."""
+
+
+def windows(fd: int, end: int) -> tuple[bytes, bytes]:
+    """The bytes kept of the open file `fd` read up to `end`: its first `WINDOW_BYTES` and the
+    last ones before `end` (empty before anything was read)."""
+    width = min(WINDOW_BYTES, end)
+    if not width:
+        return b"", b""
+    return os.pread(fd, width, 0), os.pread(fd, width, end - width)
+
+
+class Extension(NamedTuple):
+    """A file read on from a fingerprinted end: its identity now, the end of its last complete
+    line, the SHA-256 of `[0, end)` (and its state, to go on from), and the bytes `windows`
+    keeps at that end."""
+
+    file: FileIdentity
+    end: int
+    digest: bytes
+    state: Any
+    windows: tuple[bytes, bytes]
+
+
+def extend(fd: int, path: Path, start: int, state: Any) -> Extension:
+    """Read the open file `fd` on from byte `start`, where the SHA-256 `state` covers `[0,
+    start)`, to the end of its last complete line: only the bytes it gained are read."""
+    file = identity_of(os.fstat(fd))
+    digest = RangeDigest(state)
+    offset = end = start
+    while offset < file.size:
+        chunk = os.pread(fd, min(CHUNK_BYTES, file.size - offset), offset)
+        if not chunk:
+            break
+        complete = chunk.rfind(b"\n") + 1
+        digest.update(chunk, complete=complete)
+        if complete:
+            end = offset + complete
+        offset += len(chunk)
+    return Extension(file, end, digest.digest(), digest.state(), windows(fd, end))
 
 
 def read_lines(

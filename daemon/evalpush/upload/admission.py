@@ -32,6 +32,7 @@ from evalpush.runs import (
     RunKind,
     derive_run_id,
     digest_of,
+    identity,
     is_run_dir,
     verify,
     what_is_at,
@@ -56,10 +57,19 @@ class Admission:
         self._reconcile = reconciler
 
     def admit(
-        self, record: RunRecord, run: Run, *, retry_failed: bool, on_incomplete: str
+        self,
+        record: RunRecord,
+        run: Run,
+        *,
+        retry_failed: bool,
+        on_incomplete: str,
+        follow: bool = False,
     ) -> RunRecord:
-        """The run's row after the policy: `uploading` if its upload goes ahead."""
+        """The run's row after the policy: `uploading` if its upload (or, `follow`, a stretch
+        of it while it is written) goes ahead."""
         ledger = self._ctx.ledger
+        if follow:
+            return self._admit_stretch(record, run)
         if record.path_raw != paths.raw(run.path):
             if _still_there(record, ledger):
                 self._check_copy(record, run)
@@ -98,12 +108,32 @@ class Admission:
             return transitions.hold(ledger, record, reason, **expected)
         return transitions.start(ledger, record, **expected)
 
+    def _admit_stretch(self, record: RunRecord, run: Run) -> RunRecord:
+        """A stretch of a followed run goes ahead only for a row that waits at this path (or
+        one a stretch of a process now gone left uploading), of a run evalpush uploads and
+        whose eval does not push it itself; anything else waits for the run's upload once it
+        is finished, which applies the whole policy."""
+        waits = record.state == State.WAITING or (
+            record.state == State.UPLOADING and record.following
+        )
+        if (
+            not waits
+            or record.path_raw != paths.raw(run.path)
+            or self._skip_reason(run)
+            or run.pushes_itself
+        ):
+            return record
+        return transitions.start(
+            self._ctx.ledger, record, following=1, expected_traces=run.expected_traces
+        )
+
     def _short(self, record: RunRecord, run: Run) -> str:
         """How a run about to start its upload falls short of the traces its config expects
-        (`5 of 8 expected traces`), or empty. Only before anything is created: an upload under
-        way goes on."""
+        (`5 of 8 expected traces`), or empty. Only before anything is created (an upload under
+        way goes on), or for a followed run, whose evaluation was made while it was written."""
         expected = run.expected_traces
-        if expected is None or record.evaluation_id is not None or record.pending is not None:
+        under_way = record.evaluation_id is not None or record.pending is not None
+        if expected is None or (under_way and not record.following):
             return ""
         counter = LineCounter(run.traces_path, max_line_bytes=self._ctx.config.read.max_line_bytes)
         try:
@@ -151,6 +181,14 @@ class Admission:
         file that only moved or was touched keeps its upload, with its new identity recorded."""
         known = fingerprint(record)
         if known is None:
+            return record
+        if record.following and record.state != State.FINALIZED:
+            # A followed run's file grows all the time: its push extends the fingerprint and
+            # checks the bytes as it does (`follow.Follows`). Only a file gone is seen here.
+            try:
+                identity(run.traces_path)
+            except OSError:
+                return self.file_replaced(record, run, Change.GONE, restart_as)
             return record
         change, now = verify(run.traces_path, known)
         if record.state == State.FINALIZED:

@@ -11,6 +11,7 @@ from evalpush.client import Environments, EvaluationIndex, PlatformClient, Retri
 from evalpush.config import Config
 from evalpush.core.errors import LedgerUnavailable
 from evalpush.ledger import Ledger, RunRecord
+from evalpush.upload.follow import Follows
 
 T = TypeVar("T")
 
@@ -52,6 +53,7 @@ class Context:
         self._lease_left = lease_left
         self.environments = Environments(client, self._replayable_call)
         self.evaluations = EvaluationIndex(client, self._replayable_call)
+        self.follows = Follows()  # what this process keeps of the runs it follows
 
     def replayable(self, fn: Callable[[], T], *, what: str, run: str) -> T:
         """`fn()` under the retry policy, as a call that may be sent again."""

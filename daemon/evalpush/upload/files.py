@@ -2,7 +2,9 @@
 
 The scan records the file's identity (device, inode, size, mtime, ctime) and a SHA-256 of the
 bytes it covers. Before each batch the file is looked at: a stat while it is unchanged, its bytes
-when the stat changed (an append, a touch, or a rewrite: only the bytes can tell). When an upload
+when the stat changed (an append, a touch, or a rewrite: only the bytes can tell; for a followed
+run's file, which grows all the time, the bytes `runs.windows` kept at the fingerprint's end
+tell growth from a rewrite without hashing it all again). When an upload
 resumes (after a crash, a stop, a takeover) the bytes are read whole, whatever the stat says: a
 file rewritten in place within the clock's granularity keeps its mtime. A run directory moved
 mid-upload keeps its upload going (the file is held open); a trace file deleted, or something
@@ -28,6 +30,7 @@ from evalpush.runs import (
     open_regular,
     verify,
     what_is_at,
+    windows,
 )
 
 
@@ -63,9 +66,12 @@ class FileWatch:
     same bytes, read through the open file; a file deleted, or moved out of a directory that is
     still there, is gone. Use as a context manager (it closes the file)."""
 
-    def __init__(self, path: Path, known: Fingerprint):
+    def __init__(
+        self, path: Path, known: Fingerprint, kept: tuple[bytes, bytes] | None = None
+    ) -> None:
         self._path = path
         self._known = known
+        self._kept = kept
         self._seen = known.identity
         self._fd = open_regular(path)
         opened = identity_of(os.fstat(self._fd))
@@ -90,12 +96,29 @@ class FileWatch:
             raise FileChangedError(f"{self._path}: cannot look at it: {exc}") from None
         if now == self._seen:
             return
+        if self._grown(now):
+            return
         change, now = verify(self._path, self._known)
         if change == Change.GONE or now is None:
             raise FileChangedError(f"{self._path}: deleted mid-upload")
         if change == Change.REPLACED:
             raise Rewritten(f"{self._path}: replaced or rewritten mid-upload")
         self._seen = now
+
+    def _grown(self, now: FileIdentity) -> bool:
+        """A followed run's file grown since its stretch began: the same file, and the bytes
+        kept at the fingerprint's end (`kept`, `runs.windows`) still there, tell it without
+        hashing it all again (other bytes there: `Rewritten`). False when nothing was kept."""
+        known = self._known
+        if self._kept is None:
+            return False
+        same_file = (now.device, now.inode) == (known.identity.device, known.identity.inode)
+        if not same_file or now.size < known.end:
+            return False  # verify says how
+        if windows(self._fd, known.end) != self._kept:
+            raise Rewritten(f"{self._path}: rewritten in place while it was followed")
+        self._seen = now
+        return True
 
     def _check_moved(self) -> None:
         """The path names nothing: the run directory moved with its file (go on), or the file

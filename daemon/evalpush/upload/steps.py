@@ -44,6 +44,8 @@ from evalpush.upload.prescan import Prescan
 from evalpush.upload.reconcile import Reconciler, intent, without_stored
 
 HOLD_REASON = "{count} set aside: fix them, or `evalpush retry` uploads the rest"
+NO_GOOD_LINE_YET = "followed: no line to send yet"
+FOLLOWING_REASON = "following: {samples} sent so far"
 MAX_REFUSALS_NOT_BORNE_OUT = 3
 """A request about an open evaluation answered 404/409 again and again (the read says it is open
 each time) fails the run after this many: a platform contradicting itself is for a person."""
@@ -57,20 +59,23 @@ class Steps:
         self._ctx = context
         self._reconcile = reconciler
 
-    def advance(self, record: RunRecord, run: Run) -> RunRecord:
-        """Do the step the run is at."""
+    def advance(self, record: RunRecord, run: Run, *, follow: bool = False) -> RunRecord:
+        """Do the step the run is at. `follow`: a stretch of a followed run, which ends once
+        the lines written so far are pushed (the row then waits, `following`)."""
+        if record.step == Step.SCAN:
+            return self.scan(record, run, follow=follow)
+        if record.step == Step.PUSH:
+            return self.push(record, run, follow=follow)
         step = {
-            Step.SCAN: self.scan,
             Step.RESOLVE: self.resolve,
             Step.CREATE: self.create,
-            Step.PUSH: self.push,
             Step.FINALIZE: self.finalize,
         }[Step(record.step)]
         return step(record, run)
 
     # ------------------------------------------------------------ scan
 
-    def scan(self, record: RunRecord, run: Run) -> RunRecord:
+    def scan(self, record: RunRecord, run: Run, *, follow: bool = False) -> RunRecord:
         """One cheap pass fixes what the upload covers: the byte range, its fingerprint, its
         totals and its bad lines (held for a person with `convert.on_bad_line = "hold"`). A run
         the daemon watched while it was written comes queued at resolve instead: its tracker
@@ -94,6 +99,8 @@ class Steps:
         totals = found.totals
         bad = found.set_aside
         ctx.ledger.add_set_aside(record, bad)
+        if totals.traces == 0 and follow:  # nothing to create an evaluation for yet
+            return transitions.wait(ctx.ledger, record, NO_GOOD_LINE_YET, settles_at=None)
         if totals.traces == 0:
             raise RunError(nothing_to_upload(run, bad))
         # The same columns the daemon's tracker writes for a run it scanned while watching it.
@@ -208,15 +215,20 @@ class Steps:
 
     # ------------------------------------------------------------ push
 
-    def push(self, record: RunRecord, run: Run) -> RunRecord:
+    def push(self, record: RunRecord, run: Run, *, follow: bool = False) -> RunRecord:
         """Batch after batch from the acknowledged offset; after a crash or an adoption (an
-        intent is pending), the samples already stored are left out of the batches it covers."""
+        intent is pending), the samples already stored are left out of the batches it covers.
+        A followed run's push first extends its fingerprint to the file's last complete line
+        (`follow.Follows`), and a stretch (`follow`) ends with the row waiting for more."""
         ctx = self._ctx
         assert record.evaluation_id is not None and record.upload_end is not None
+        followed = follow or bool(record.following)
+        if followed:
+            record = self._extend(record, run)
+        elif record.acked_offset or record.pending:
+            check_bytes(record, run)
         known = fingerprint(record)
         assert known is not None
-        if record.acked_offset or record.pending:
-            check_bytes(record, run)
         stored = None
         if record.pending:  # a batch a process (this one, or one gone) sent, or an adoption
             ctx.wait_for_late_writes(what="an earlier batch to land, if it will")
@@ -242,8 +254,9 @@ class Steps:
         )
         inline = min(INLINE_CONVERT_BYTES, ctx.config.upload.max_batch_bytes)
         small = record.upload_end - record.acked_offset <= inline
+        kept = ctx.follows.windows(record) if followed else None
         with (
-            FileWatch(run.traces_path, known) as watch,
+            FileWatch(run.traces_path, known, kept) as watch,
             (
                 contextlib.closing(source)
                 if small
@@ -258,9 +271,37 @@ class Steps:
                     already, batch = len(batch.samples) - len(unsent.samples), unsent
                 record = self._send_batch(record, batch, already)
                 ctx.progress(record)
-        return self._pushed(record, run, totals)
+        if not followed:
+            return self._pushed(record, run, totals)
+        ctx.follows.converted(record, totals)
+        if follow:  # the stretch ends: its last acknowledgement goes with the row's wait
+            return transitions.followed(
+                ctx.ledger,
+                ctx.ledger.record_progress(record, samples_seen=totals.traces),
+                FOLLOWING_REASON.format(samples=counted(record.samples_sent, "sample")),
+            )
+        return self._pushed(record, run, totals, followed=True)
 
-    def _pushed(self, record: RunRecord, run: Run, totals: RunTotals) -> RunRecord:
+    def _extend(self, record: RunRecord, run: Run) -> RunRecord:
+        """A followed run's fingerprint taken on to the file's last complete line, recorded with
+        the next write (the next batch's intent: a crash before it leaves the fingerprint as it
+        was, and its bytes are still there)."""
+        extension = self._ctx.follows.extend(record, run.traces_path)
+        if extension is None:
+            return record
+        file = extension.file
+        return self._ctx.ledger.record_progress(
+            record,
+            file_size=file.size,
+            file_mtime_ns=file.mtime_ns,
+            file_ctime_ns=file.ctime_ns,
+            file_digest=extension.digest,
+            upload_end=extension.end,
+        )
+
+    def _pushed(
+        self, record: RunRecord, run: Run, totals: RunTotals, *, followed: bool = False
+    ) -> RunRecord:
         """Record conversion's exact totals (the finalize's metrics) with the step's end. When
         conversion refused every line the first pass counted, the evaluation holds nothing: it
         is closed out as cancelled and the run fails, never finalized empty."""
@@ -273,7 +314,8 @@ class Steps:
             ledger.add_set_aside(record, set_aside)  # what `status RUN` lists as the reasons
             raise RunError(message)
         scanned = RunTotals.from_json(record.totals).traces
-        if totals.traces != scanned:
+        # A followed run's first pass saw only its first stretch: nothing to compare.
+        if totals.traces != scanned and not followed:
             get_logger(run=run.run_id).warning(
                 "lines the first pass counted were refused by conversion: the finalize metrics "
                 "leave them out; the create's metadata counted them",
@@ -293,6 +335,9 @@ class Steps:
         fully checked pass over the lines already sent."""
         if record.acked_offset == 0:
             return RunTotals()
+        kept = self._ctx.follows.totals(record)
+        if kept is not None:  # a followed run this process pushed up to here
+            return kept
         max_line = self._ctx.config.read.max_line_bytes
         lines = read_lines(
             run.traces_path, end=record.acked_offset, max_line_bytes=max_line, expect=known
@@ -408,6 +453,7 @@ class Steps:
             viewer_url=url or record.viewer_url or ctx.client.viewer_url(record.evaluation_id),
         )
         provenance.mark_superseded(ctx, record)
+        ctx.follows.forget(record.run_id)
         return record
 
     def _update(self, record: RunRecord, metadata: dict[str, Any], metrics: dict[str, Any]) -> None:

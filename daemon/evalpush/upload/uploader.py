@@ -61,17 +61,22 @@ class Uploader:
         retry_failed: bool = True,
         on_incomplete: str | None = None,
         claimed_as: Callable[[RunRecord], object] | None = None,
+        follow: bool = False,
     ) -> RunRecord:
         """Take `run` as far as it can go now, under its claim; returns its ledger row
         afterwards (held by nobody). `Busy` if another live process holds the run.
         `on_incomplete` ("upload" or "hold"; None: `runs.on_incomplete`) is what becomes of a
         run short of its expected traces. `claimed_as` hears the row as the claim found it (a
-        run another process finalized is told from one finalized now)."""
+        run another process finalized is told from one finalized now). `follow`: the run is
+        still being written; its lines so far go to its open evaluation (made now if it has
+        none), and the row waits for more."""
         policy = on_incomplete or self.context.config.runs.on_incomplete
         claimed = self._claim(run.run_id, run.path, run.kind)
         if claimed_as is not None:
             claimed_as(claimed)
-        return self._release_after(claimed, lambda: self._work(claimed, run, retry_failed, policy))
+        return self._release_after(
+            claimed, lambda: self._work(claimed, run, retry_failed, policy, follow)
+        )
 
     def fail(self, directory: Path, error: RunError) -> RunRecord:
         """Record a run directory that cannot even be loaded as failed, with why (under its
@@ -135,14 +140,14 @@ class Uploader:
     # ------------------------------------------------------------ the steps
 
     def _work(
-        self, record: RunRecord, run: Run, retry_failed: bool, on_incomplete: str
+        self, record: RunRecord, run: Run, retry_failed: bool, on_incomplete: str, follow: bool
     ) -> RunRecord:
         """Admit the run, then drive its steps; the outcome is recorded whatever goes wrong
         where (in admission too: a close-out refused, a file unreadable)."""
         ledger = self.context.ledger
         try:
             record = self._admission.admit(
-                record, run, retry_failed=retry_failed, on_incomplete=on_incomplete
+                record, run, retry_failed=retry_failed, on_incomplete=on_incomplete, follow=follow
             )
             if record.state != State.UPLOADING:
                 return record
@@ -151,7 +156,7 @@ class Uploader:
                 # now, and the create (and the environment its intent records) must agree.
                 record = ledger.update(record, step=Step.RESOLVE)
             while record.step != Step.DONE and record.state == State.UPLOADING:
-                record = self._advance(record, run)
+                record = self._advance(record, run, follow)
         except (
             RunError,
             Refused,
@@ -159,11 +164,15 @@ class Uploader:
         ) as exc:  # its driver logs the outcome (evalpush.app.attempt)
             return self._failed(record, run, exc)
         except Interrupted:
-            self._interrupted(record)
+            self._interrupted(record, follow)
             raise
         except AuthError as exc:
             current = self._current(record)
-            if current.state != State.FINALIZED:
+            if follow and current.state == State.UPLOADING:
+                # Still being written: it waits (the next stretch tries the key again), never
+                # queued, which would finish it.
+                transitions.wait(ledger, current, f"{transitions.WAITING_FOR_KEY}: {exc}", settles_at=None)
+            elif current.state != State.FINALIZED:
                 transitions.await_key(ledger, current, str(exc))
             raise
         return record
@@ -183,14 +192,19 @@ class Uploader:
             raise RunError(message) from None
         return transitions.fail(self.context.ledger, current, message)
 
-    def _interrupted(self, record: RunRecord) -> None:
+    def _interrupted(self, record: RunRecord, follow: bool) -> None:
         """A stop ended the upload: say so in the ledger if it can be said in time (another
         process holding the write lock must not hold up the stop; a run left `uploading` that
-        nobody holds shows as interrupted anyway)."""
+        nobody holds shows as interrupted anyway). A stretch of a followed run waits again: it
+        is not finished."""
         current = self._current(record)
         if current.state == State.FINALIZED:
             return
         try:
+            if follow and current.state == State.UPLOADING:
+                reason = f"following: interrupted; goes on from {current.step}"
+                transitions.wait(self.context.ledger, current, reason, settles_at=None)
+                return
             transitions.interrupt(self.context.ledger, current)
         except LedgerError as exc:
             get_logger(run=record.run_id).warning(
@@ -198,11 +212,11 @@ class Uploader:
                 error=str(exc),
             )
 
-    def _advance(self, record: RunRecord, run: Run) -> RunRecord:
+    def _advance(self, record: RunRecord, run: Run, follow: bool) -> RunRecord:
         """One step, with what the world did meanwhile: the evaluation deleted or closed on the
         platform (a new one is started), the trace file replaced, rewritten or gone."""
         try:
-            return self._steps.advance(record, run)
+            return self._steps.advance(record, run, follow=follow)
         except (Gone, Conflict) as exc:
             if record.evaluation_id is None:
                 raise
