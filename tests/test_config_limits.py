@@ -51,6 +51,7 @@ SECONDS = [  # every float setting
     "watch.sweep_seconds",
     "watch.ledger_poll_seconds",
     "runs.settle_seconds",
+    "runs.follow_batch_seconds",
     "platform.connect_timeout_seconds",
     "platform.read_timeout_seconds",
     "platform.request_deadline_seconds",

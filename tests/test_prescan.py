@@ -1,6 +1,8 @@
-"""A run the daemon watched while it was written is decoded once.
+"""A run the daemon watched while it was written, and did not follow, is decoded once.
 
-The tracker feeds each new line of a waiting run to a `prescan.RunningScan`; once the run is
+A run is watched without being followed when its eval pushes itself, or with `runs.follow =
+false` (the configurations here); a followed run is uploaded as it is written instead
+(test_follow.py). The tracker feeds each new line of a waiting run to a `prescan.RunningScan`; once the run is
 ready, what the upload's scan step would record (identity, SHA-256 of `[0, upload_end)`, totals,
 set-aside lines) is written with its queueing and the upload starts at resolve. These tests hold
 the running scan to the real scan step, run on the same final file, column by column, for every
@@ -189,7 +191,7 @@ def make_context(
 
 
 def config_of(*, hold: bool = False, max_line_bytes: int | None = None) -> Config:
-    sections: dict[str, Any] = {"runs": {"settle_seconds": 600}}
+    sections: dict[str, Any] = {"runs": {"settle_seconds": 600, "follow": False}}
     if hold:
         sections["convert"] = {"on_bad_line": "hold"}
     if max_line_bytes is not None:
@@ -594,6 +596,7 @@ class TestTheDaemon:
             tmp_path,
             [tree],
             EVALPUSH_RUNS__SETTLE_SECONDS="600",
+            EVALPUSH_RUNS__FOLLOW="false",
             EVALPUSH_LOG__LEVEL="debug",
         )
         run = RunDir(tree / "env--model--harness").config(num_tasks=10)

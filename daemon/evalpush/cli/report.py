@@ -34,6 +34,10 @@ from evalpush.runs import settles_in
 
 Alive = Callable[[Holder], bool]
 
+FOLLOWING = "following"
+"""How `status` shows a followed run (the ledger's `waiting`, or `uploading` while a batch of it
+is sent): its evaluation is open and filled as the run is written."""
+
 
 def _alive_now() -> Alive:
     """Whether a holder is alive, as this process can tell now."""
@@ -50,6 +54,8 @@ def _holder(record: RunRecord, alive: Alive) -> dict[str, Any] | None:
 
 def _row(record: RunRecord, set_aside: int, holder: dict[str, Any] | None) -> dict[str, Any]:
     state, reason = record.state, record.reason
+    if record.following and state in (State.WAITING, State.UPLOADING):
+        return _row_fields(record, set_aside, holder, FOLLOWING, _following(record, holder))
     if state == State.UPLOADING and holder is None:
         state = State.READY
         reason = f"interrupted at step {record.step} (no process is uploading it); push resumes it"
@@ -57,6 +63,26 @@ def _row(record: RunRecord, set_aside: int, holder: dict[str, Any] | None) -> di
         reason = f"at step {record.step}"
     elif state == State.WAITING and record.settles_at is not None:
         reason = ", ".join(filter(None, (reason, settles_in(record.settles_at, time.time()))))
+    return _row_fields(record, set_aside, holder, state, reason)
+
+
+def _following(record: RunRecord, holder: dict[str, Any] | None) -> str:
+    """A followed run: the age of its last batch, and what it waits for."""
+    words = []
+    if record.followed_at is not None:
+        words.append(f"last batch {format_duration(time.time() - record.followed_at)} ago")
+    if record.state == State.UPLOADING:
+        words.append("sending a batch" if holder is not None else "a batch interrupted")
+    elif record.reason:
+        words.append(record.reason)
+    if record.state == State.WAITING and record.settles_at is not None:
+        words.append(settles_in(record.settles_at, time.time()))
+    return "; ".join(filter(None, words))
+
+
+def _row_fields(
+    record: RunRecord, set_aside: int, holder: dict[str, Any] | None, state: str, reason: str
+) -> dict[str, Any]:
     return {
         "run_id": record.run_id,
         "path": record.path,

@@ -67,6 +67,7 @@ class RunRecord(msgspec.Struct, frozen=True, gc=False):
     last_error_at: float | None  # when `last_error` was written
     expected_traces: int | None  # what the run's config.toml expects (None: it names no count)
     following: int  # 1 while its open evaluation is filled as the run is written (followed)
+    followed_at: float | None  # when its last stretch was acknowledged (a followed run)
 
     @property
     def holder(self) -> Holder | None:

@@ -718,6 +718,7 @@ _STARTED_OVER = {
     ),
     "reason": "",
     "following": 0,
+    "followed_at": None,
 }
 """A run's progress as a restart leaves it."""
 

@@ -107,6 +107,7 @@ runs = sa.Table(
     sa.Column("expected_traces", Count),  # what the run's config.toml expects (NULL: no count)
     # 1 while the run is followed: its evaluation is open and filled as its file is written
     sa.Column("following", Flag, nullable=False, server_default=_zero()),
+    sa.Column("followed_at", Time),  # when a followed run's last stretch was acknowledged
 )
 
 SHORT = runs.c.expected_traces > runs.c.samples_seen

@@ -55,11 +55,11 @@ def queue(ledger: Ledger, record: RunRecord, reason: str, **scanned: Any) -> Run
     return ledger.set_state(record, State.READY, reason=reason, settles_at=None, **scanned)
 
 
-def followed(ledger: Ledger, record: RunRecord, reason: str) -> RunRecord:
-    """A followed run's lines so far are on the platform, in its open evaluation: it waits for
-    more (its row waits, `following`, until the run is finished and its upload finalizes it).
-    Durable now: it is also the last batch's acknowledgement."""
-    return ledger.set_state(record, State.WAITING, following=1, reason=reason)
+def followed(ledger: Ledger, record: RunRecord, reason: str, *, at: float) -> RunRecord:
+    """A followed run's lines so far are on the platform, in its open evaluation (acknowledged
+    `at`): it waits for more (its row waits, `following`, until the run is finished and its
+    upload finalizes it). Durable now: it is also the last batch's acknowledgement."""
+    return ledger.set_state(record, State.WAITING, following=1, reason=reason, followed_at=at)
 
 
 def interrupt(ledger: Ledger, record: RunRecord) -> RunRecord:

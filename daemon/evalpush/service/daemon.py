@@ -203,6 +203,9 @@ class _Parts:
         too), whose result goes to the tracker (and the metrics). A run the ledger cannot
         record, or that clashes with another run's id, is left alone until its file changes;
         one a shared ledger's outage cut off is queued again once the database answers."""
+        if self.tracker.job(path):
+            self._stretch(path)
+            return
         result = attempt(self.app, Path(path), retry_failed=False)
         if result.outcome == Outcome.LEDGER_UNAVAILABLE:
             self._after_outage(path)
@@ -214,6 +217,20 @@ class _Parts:
             self._hints.put(Hint(HintKind.RUN, path))
         if self._feed is not None and result.outcome not in (Outcome.ALREADY, Outcome.BUSY):
             self._feed.upload_done(result.record, result.set_aside)
+
+    def _stretch(self, path: str) -> None:
+        """A stretch of a followed run: its lines so far to its open evaluation. The run is
+        looked at again after it (lines written meanwhile ask for the next stretch, and it may
+        be ready)."""
+        result = attempt(self.app, Path(path), retry_failed=False, follow=True)
+        if result.outcome == Outcome.LEDGER_UNAVAILABLE:
+            server = self.app.ledger.server
+            if server is not None:
+                server.wait_available(self.app.stop)
+        lag = self.tracker.followed(path, result.record)
+        self._hints.put(Hint(HintKind.RUN, path))
+        if self._feed is not None and lag is not None:
+            self._feed.followed(lag)
 
     def _after_outage(self, path: str) -> None:
         """The shared ledger went away mid-job (said by the store, once): wait for it, then
@@ -473,7 +490,7 @@ class Daemon:
         except LedgerError as exc:
             self._log.debug("heartbeat not written", error=str(exc))
         if self._feed is not None:
-            self._feed.refresh(parts.app.ledger, counts)
+            self._feed.refresh(parts.app.ledger, counts, parts.tracker.following)
 
     @staticmethod
     def _status_line(parts: _Parts, counts: dict[str, int] | LedgerUnavailable) -> str:

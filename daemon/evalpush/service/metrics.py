@@ -12,6 +12,8 @@ which also keeps the probes `health` reads and the `server` on `[metrics] listen
 | `evalpush_runs_finalized_total` | counter | `DaemonFeed.upload_done`: an upload job that ended finalized |
 | `evalpush_runs_failed_total` | counter | the same call: one that ended failed |
 | `evalpush_records_set_aside_total` | counter | the same call: the records set aside in the run (new since the feed last saw it) |
+| `evalpush_runs_followed` | gauge | `Metrics.set_followed(count)`: the daemon's loop, the runs its tracker follows (`runs.follow`) |
+| `evalpush_follow_lag_seconds` | histogram | `DaemonFeed.followed(lag)`: at each stretch of a followed run, from when the oldest line it sent was first seen to the platform's acknowledgement of the stretch |
 | `evalpush_platform_unreachable_seconds` | gauge | `Probes.unreachable_seconds()`, read at scrape time |
 | `evalpush_oldest_waiting_run_age_seconds` | gauge | `Metrics.set_oldest_waiting(since)`; the age is taken at scrape time |
 | `evalpush_ledger_size_bytes` | gauge | `Probes.ledger_bytes()`, read at scrape time |
@@ -64,6 +66,9 @@ from evalpush.service.server import MetricsServer
 
 DURATION_BUCKETS_SECONDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 """Request durations: a probe takes milliseconds, a 25 MiB samples batch up to the read timeout."""
+LAG_BUCKETS_SECONDS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 35.0, 45.0, 60.0, 120.0, 300.0, 900.0)
+"""A followed line's lag: about a second with a short batch period, the period (30 s) by
+default, minutes through an outage."""
 
 RUN_STATES = tuple(str(getattr(State, name)) for name in dir(State) if name.isupper())
 
@@ -185,6 +190,17 @@ class Metrics:
             "When a run was last finalized (Unix time; 0: not since start).",
             registry=r,
         )
+        self._followed = Gauge(
+            "evalpush_runs_followed",
+            "Runs followed now: their evaluation filled while they are written.",
+            registry=r,
+        )
+        self._follow_lag = Histogram(
+            "evalpush_follow_lag_seconds",
+            "A followed run's stretch: from when its oldest line was seen to its acknowledgement.",
+            buckets=LAG_BUCKETS_SECONDS,
+            registry=r,
+        )
         Gauge(
             "evalpush_platform_unreachable_seconds",
             "How long the platform has been unreachable (0 while it answers).",
@@ -216,6 +232,12 @@ class Metrics:
         self._known_states.update(counts)
         for state in self._known_states:
             self._runs.labels(state=state).set(counts.get(state, 0))
+
+    def set_followed(self, count: int) -> None:
+        self._followed.set(count)
+
+    def follow_lag(self, seconds: float) -> None:
+        self._follow_lag.observe(seconds)
 
     def samples_sent(self, count: int, nbytes: int) -> None:
         self._samples.inc(count)
@@ -337,6 +359,11 @@ class DaemonFeed:
             before = (0, 0)
         self.metrics.samples_sent(samples - before[0], nbytes - before[1])
 
+    def followed(self, lag: float) -> None:
+        """A stretch of a followed run was acknowledged, `lag` seconds after its oldest line
+        was seen."""
+        self.metrics.follow_lag(lag)
+
     def upload_done(self, record: Any | None, set_aside: int = 0) -> None:
         """An upload job ended with the run's row (None: it ended without one) and the count of
         its records set aside (those not counted before: a run retried counts only new ones)."""
@@ -355,10 +382,17 @@ class DaemonFeed:
 
     # -- the loop --------------------------------------------------------------------------------
 
-    def refresh(self, ledger: Any, counts: Mapping[str, int] | errors.LedgerError) -> None:
+    def refresh(
+        self,
+        ledger: Any,
+        counts: Mapping[str, int] | errors.LedgerError,
+        followed: int = 0,
+    ) -> None:
         """Runs by state (`counts`, the daemon's `RunCounts`, or why the ledger could not
         count them) and the oldest run waiting for upload (ready, or uploading: the time its
-        row last moved), from the ledger; a ledger that fails is a `/readyz` problem."""
+        row last moved), from the ledger; a ledger that fails is a `/readyz` problem. And the
+        runs the daemon follows now (`followed`)."""
+        self.metrics.set_followed(followed)
         if isinstance(counts, errors.LedgerError):
             self._ledger_problem = str(counts)
             return

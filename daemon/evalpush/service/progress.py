@@ -59,12 +59,23 @@ class Waiting(msgspec.Struct):
     feeder: Feeder | None = None  # its running scan, once the run was seen waiting
     stand_in: bool = False  # `run_id` is a stand-in until a line names the run
     again_after: float | None = None  # a finalized run that changed: no new upload before this
+    # A followed run (`runs.follow`): the offset its evaluation holds the lines up to, the end
+    # of the lines seen, when lines past the first were first seen (the batch period counts
+    # from then), when its next stretch is due for that, and whether one is asked for.
+    followed_to: int = 0
+    seen_to: int = 0
+    unsent_since: float | None = None
+    stretch_due: float = float("inf")
+    stretch: bool = False
+    stretch_from: float | None = None  # `unsent_since` when the stretch was asked for
 
     def due_at(self) -> float:
-        """When the tracker must look again: at the settle time, or to write its progress."""
+        """When the tracker must look again: at the settle time, when a followed run's next
+        stretch is due, or to write its progress."""
+        due = min(self.settles_at, self.stretch_due)
         if self.unwritten:
-            return min(self.settles_at, self.written_at + WAIT_WRITE_SECONDS)
-        return self.settles_at
+            return min(due, self.written_at + WAIT_WRITE_SECONDS)
+        return due
 
 
 class Progress:
@@ -187,7 +198,8 @@ class Progress:
             return False  # forgotten (`evalpush forget`): look again afresh
         if self.held(record):
             return self._after_holder(waiting, now)
-        if record.state != State.WAITING:  # a push finished it, or `retry` queued it
+        if record.state != State.WAITING and not _stretch_left(record):
+            # a push finished it, or `retry` queued it
             self._log.info(
                 "run moved on by another process while it waited: looked at afresh",
                 run=record.run_id,
@@ -234,6 +246,12 @@ class Progress:
                 set_aside=len(scanned.found.set_aside),
             )
         return True
+
+
+def _stretch_left(record: RunRecord) -> bool:
+    """A followed run left uploading by a stretch whose process is gone (a live holder's row
+    is not written): it waits again, its next stretch taking the claim over."""
+    return bool(record.following) and record.state == State.UPLOADING
 
 
 def _prescan(waiting: Waiting, record: RunRecord) -> Prescan | None:

@@ -127,6 +127,7 @@ class Tracker:
         self._settled_changes = 0  # moves whenever a path comes into or leaves `_settled`
         self._waiting: dict[str, Waiting] = {}
         self._in_flight: set[str] = set()
+        self._stretches: set[str] = set()  # followed runs whose next stretch is submitted
         self._log = get_logger(stage="tracker")
 
     # ------------------------------------------------------------ what the ledger knows
@@ -149,6 +150,8 @@ class Tracker:
         for record in self._ledger.in_state(*QUEUED_STATES):
             # A shared ledger's path may be another host's mount of the tree: a run this host
             # sees elsewhere is handed over by its own look at it (a new path for the run id).
+            if record.following and record.state == State.UPLOADING:
+                continue  # a stretch's, its process gone: still written, the looks decide
             if not self._progress.held(record) and os.path.isdir(record.path_raw):
                 self._hand_over(os.fsdecode(record.path_raw))
 
@@ -208,8 +211,15 @@ class Tracker:
             if path in self._in_flight:
                 return
             if rundir is None:
-                self._waiting.pop(path, None)
+                gone = self._waiting.pop(path, None)
                 self._unsettle(path)
+                if gone is not None and gone.followed_to:
+                    self._log.warning(
+                        "followed run gone from its directory: no longer followed; its "
+                        "evaluation stays open with the samples sent so far",
+                        run=gone.run_id,
+                        path=paths.display(path),
+                    )
                 return
             if self._settled.get(path) == _facts(rundir):
                 # Keyed by the scanner's str from now on: the copy of the path read from the
@@ -248,10 +258,16 @@ class Tracker:
             self._discovered(path, rundir)
         elif self._progress.held(record):
             return  # another process (or this one's worker) has it; the next look decides
+        elif record.path_raw == paths.raw(path) and (
+            record.state == State.WAITING
+            or (record.following and record.state == State.UPLOADING)
+        ):
+            # Waiting, followed or not; a stretch whose process is gone waits too (the run is
+            # still being written), and its next stretch takes the claim over.
+            followed_to = record.acked_offset if record.following else 0
+            self._start_waiting(path, rundir, in_ledger=True, followed_to=followed_to)
         elif record.path_raw != paths.raw(path) or record.state in QUEUED_STATES:
             self._hand_over(path)  # moved, copied, interrupted or retried: the uploader decides
-        elif record.state == State.WAITING:
-            self._start_waiting(path, rundir, in_ledger=True)
         elif record.state == State.FINALIZED and _changed(record, rundir):
             # At most one new evaluation per settle period while the file keeps changing.
             again_after = (record.finalized_at or 0.0) + self._rules.settle_seconds
@@ -289,6 +305,7 @@ class Tracker:
         in_ledger: bool,
         new: bool = False,
         again_after: float | None = None,
+        followed_to: int = 0,
     ) -> None:
         config = _config_facts(path)
         run, problem = _load(path, self._ledger)
@@ -306,7 +323,16 @@ class Tracker:
             if run is not None
             else derive_run_id(Path(path), known=self._ledger.run_id_at)
         )
-        waiting = Waiting(run_id, run, problem, config, counter, in_ledger, again_after=again_after)
+        waiting = Waiting(
+            run_id,
+            run,
+            problem,
+            config,
+            counter,
+            in_ledger,
+            again_after=again_after,
+            followed_to=followed_to,
+        )
         waiting.stand_in = named_by_lines_later(Path(path))
         with self._lock:
             self._waiting[path] = waiting
@@ -368,7 +394,8 @@ class Tracker:
         )
         now = self._clock()
         decided = readiness(facts, now, self._rules)
-        if not first and waiting.run is not None:
+        follows = self._follows(waiting)
+        if not first and waiting.run is not None and not follows:
             if waiting.feeder is None:
                 waiting.feeder = Feeder(waiting.counter.path, self._config, clock=self._clock)
             waiting.feeder.feed(count, ready=decided.ready)
@@ -377,11 +404,97 @@ class Tracker:
             self._ready(path, waiting, decided.reason, new=new)
             return
         waiting.settles_at = decided.settles_at
+        waiting.seen_to = count.offset
         progress = decided.progress
         if waiting.problem:
             progress = f"{progress}; {waiting.problem}"
         if not self._progress.waits(path, waiting, progress, now, new=new):
             self._forget(path)
+        elif self._follows(waiting):  # a new run is in the ledger from here on
+            self._follow(path, waiting, now)
+
+    # ------------------------------------------------------------ following
+
+    def _follows(self, waiting: Waiting) -> bool:
+        """Whether the waiting run is followed (`runs.follow`): an eval run with a readable
+        config naming its environment, in the ledger, named (not a stand-in id), whose eval
+        does not push it itself, and not a finalized run that changed (its row shows the
+        evaluation the platform holds until the new upload starts)."""
+        run = waiting.run
+        return (
+            self._config.runs.follow
+            and run is not None
+            and run.kind == RunKind.EVAL
+            and bool(run.env_name)
+            and not run.pushes_itself
+            and waiting.in_ledger
+            and not waiting.stand_in
+            and waiting.again_after is None
+        )
+
+    def _follow(self, path: str, waiting: Waiting, now: float) -> None:
+        """Ask for the followed run's next stretch once its lines not yet sent fill a batch
+        (`upload.max_batch_bytes`) or the first of them is `runs.follow_batch_seconds` old;
+        one stretch at a time."""
+        if waiting.seen_to <= waiting.followed_to:
+            waiting.unsent_since, waiting.stretch_due = None, float("inf")
+            return
+        if waiting.unsent_since is None:
+            waiting.unsent_since = now
+        if waiting.stretch:
+            return
+        waiting.stretch_due = waiting.unsent_since + self._config.runs.follow_batch_seconds
+        full = waiting.seen_to - waiting.followed_to >= self._config.upload.max_batch_bytes
+        if full or now >= waiting.stretch_due:
+            waiting.stretch, waiting.stretch_due = True, float("inf")
+            waiting.stretch_from = waiting.unsent_since
+            with self._lock:
+                self._stretches.add(path)
+            self._submit(path)
+
+    def job(self, path: str) -> bool:
+        """What the scheduler's job for `path` is: True for a stretch of a followed run (asked
+        for, and the run not handed over since: its upload takes in everything), False for its
+        upload."""
+        with self._lock:
+            stretch = path in self._stretches
+            self._stretches.discard(path)
+            return stretch and path not in self._in_flight
+
+    def followed(self, path: str, record: RunRecord | None) -> float | None:
+        """A stretch of the run at `path` ended (upload workers call this) with its row as
+        `record`: waiting and followed, it goes on from where the platform has its lines;
+        anything else (another process moved it on, it failed) is looked at afresh. The caller
+        has the run looked at next (lines came while it was sent). Returns how long ago the
+        oldest line it sent was first seen, when it sent them."""
+        with self._lock:
+            waiting = self._waiting.get(path)
+            if waiting is None:
+                return None
+            waiting.stretch = False
+            followed = (
+                record is not None
+                and record.state == State.WAITING
+                and record.following
+                and record.path_raw == paths.raw(path)
+            )
+            if not followed:
+                del self._waiting[path]
+                return None
+            assert record is not None
+            sent = record.acked_offset > waiting.followed_to
+            lag = self._clock() - waiting.stretch_from if sent and waiting.stretch_from else None
+            # Lines written while it was sent are counted at the look the caller asks for:
+            # their batch period starts then.
+            waiting.followed_to = record.acked_offset
+            waiting.unsent_since, waiting.stretch_due = None, float("inf")
+            return lag
+
+    @property
+    def following(self) -> int:
+        """How many runs are followed now (in the ledger with their evaluation open)."""
+        with self._lock:
+            return sum(1 for w in self._waiting.values() if w.followed_to)
 
     def _named(self, path: str, waiting: Waiting) -> bool:
         """The run's first line is in: the run takes the id it carries in place of the stand-in

@@ -279,6 +279,7 @@ class Steps:
                 ctx.ledger,
                 ctx.ledger.record_progress(record, samples_seen=totals.traces),
                 FOLLOWING_REASON.format(samples=counted(record.samples_sent, "sample")),
+                at=ctx.clock(),
             )
         return self._pushed(record, run, totals, followed=True)
 
