@@ -6,10 +6,15 @@ pushes itself is not followed; `runs.follow = false` uploads only finished runs.
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from daemon_support import (
+    WAIT_SECONDS,
+    Daemon,
     InProcessDaemon,
     RunDir,
     daemon_environ,
@@ -18,6 +23,7 @@ from daemon_support import (
     wait_until,
 )
 from evalpush.local_platform import LocalPlatform
+from evalpush.upload import CRASH_ENV
 from support.platform_view import requests
 
 EXPECTED = 20  # num_tasks 10 x 2 rollouts
@@ -119,3 +125,164 @@ def test_follow_off_uploads_a_run_only_once_it_is_finished(
 
     assert before_finished == {} and waiting == "waiting"
     assert only_evaluation(local_platform, run.run_id)["sample_count"] == EXPECTED
+
+
+# ---------------------------------------------------------------- killed while following
+
+KILLED_AT = [
+    "create-sent",
+    "batch-intent:2",
+    "batch-sent:2",
+    "batch-acked:2",
+    "followed:1",
+    "followed:2",
+    "finalize-sent",
+]
+
+
+@pytest.mark.parametrize("point", KILLED_AT)
+def test_a_daemon_killed_at_each_step_of_a_followed_run_ends_it_exactly_once(
+    local_platform: LocalPlatform, tmp_path: Path, point: str
+) -> None:
+    """`evalpush run` SIGKILLs itself at `point` (the n-th time it passes it) while the eval
+    writes the run in bursts; a new daemon takes the run over from the ledger. The platform ends
+    with one evaluation, every line once, finalized once."""
+    tree = tmp_path / "outputs"
+    environ = followed_environ(local_platform, tmp_path, tree)
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    lines = run.lines(EXPECTED)
+    written = 0
+    with Daemon({**environ, CRASH_ENV: point}) as crashing:
+        crashing.started()
+        while crashing.process.poll() is None and written < EXPECTED:
+            run.write(lines[written : written + 4])
+            written += 4
+            deadline = time.monotonic() + 3.0
+            while crashing.process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        crashing.process.wait(WAIT_SECONDS)
+        assert crashing.process.returncode == -signal.SIGKILL, crashing.text()
+    with Daemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[written:])
+        daemon.wait_for("run finalized", run=run.run_id)
+        assert daemon.stop() == 0
+
+    final = only_evaluation(local_platform, run.run_id)
+    assert final["status"] == "COMPLETED"
+    assert (final["sample_count"], final["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
+    assert final["finalize_count"] == 1 and requests(local_platform, "create") == 1
+
+
+# ---------------------------------------------------------------- what a followed file may do
+
+
+def samples_of(platform: LocalPlatform, run_id: str) -> int:
+    found = evaluations_of(platform, run_id)
+    return sum(e["sample_count"] for e in found.values() if e["status"] == "RUNNING")
+
+
+def test_a_half_written_last_line_is_not_sent_until_its_newline_arrives(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    tree = tmp_path / "outputs"
+    environ = followed_environ(local_platform, tmp_path, tree)
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:3])
+        with open(run.traces, "ab") as f:
+            f.write(lines[3][:20])  # the eval is writing its fourth line
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 3, "three lines sent")
+        time.sleep(2.5)  # more than two batch periods
+        while_half = samples_of(local_platform, run.run_id)
+        with open(run.traces, "ab") as f:
+            f.write(lines[3][20:] + b"\n")
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 4, "the fourth line sent")
+        run.write(lines[4:])
+        daemon.wait_for("run finalized", run=run.run_id)
+        assert daemon.stop() == 0
+
+    assert while_half == 3
+    final = only_evaluation(local_platform, run.run_id)
+    assert (final["sample_count"], final["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
+
+
+def test_a_bad_line_mid_run_is_set_aside_and_the_rest_followed(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    tree = tmp_path / "outputs"
+    environ = followed_environ(local_platform, tmp_path, tree)
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    lines = run.lines(EXPECTED - 1)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:4])
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 4, "four lines sent")
+        run.write([b'{"id": "broken", "task": '])
+        run.write(lines[4:])
+        daemon.wait_for("run finalized", run=run.run_id)
+        assert daemon.stop() == 0
+        row = status(environ)[run.run_id]
+
+    final = only_evaluation(local_platform, run.run_id)
+    assert (final["status"], final["sample_count"]) == ("COMPLETED", EXPECTED - 1)
+    assert (row["set_aside"], row["missing_traces"]) == (1, 0)
+
+
+@pytest.mark.parametrize("how", ["rewritten in place", "replaced by a new file"])
+def test_a_file_rewritten_while_followed_closes_its_evaluation_and_a_new_one_is_followed(
+    local_platform: LocalPlatform, tmp_path: Path, how: str
+) -> None:
+    """The eval started over into the same directory: what the platform has of the old file is
+    closed out (cancelled), and the new file goes to a new evaluation."""
+    tree = tmp_path / "outputs"
+    environ = followed_environ(local_platform, tmp_path, tree)
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    old = run.lines(6)
+    new = [line.replace(b'"id":"', b'"id":"again-') for line in run.lines(EXPECTED)]
+    assert all(a != b for a, b in zip(old, new, strict=False))
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(old)
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 6, "the old lines sent")
+        if how == "rewritten in place":
+            with open(run.traces, "r+b") as f:
+                f.write(b"\n".join(new[:6]) + b"\n")
+        else:
+            replacement = run.traces.with_name("traces.jsonl.tmp")
+            replacement.write_bytes(b"\n".join(new[:6]) + b"\n")
+            replacement.replace(run.traces)
+        run.write(new[6:])
+        daemon.wait_for("run finalized", run=run.run_id)
+        assert daemon.stop() == 0
+
+    by_status = {e["status"]: e for e in evaluations_of(local_platform, run.run_id).values()}
+    assert set(by_status) == {"CANCELLED", "COMPLETED"}, by_status
+    completed = by_status["COMPLETED"]
+    assert (completed["sample_count"], completed["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
+
+
+def test_a_followed_run_short_of_its_expected_traces_is_held_with_its_evaluation_open(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    tree = tmp_path / "outputs"
+    environ = followed_environ(
+        local_platform,
+        tmp_path,
+        tree,
+        EVALPUSH_RUNS__SETTLE_SECONDS="3",
+        EVALPUSH_RUNS__ON_INCOMPLETE="hold",
+    )
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(run.lines(7))  # the eval died after seven
+        wait_until(lambda: status(environ)[run.run_id]["state"] == "held", "the run held")
+        assert daemon.stop() == 0
+        row = status(environ)[run.run_id]
+
+    evaluation = only_evaluation(local_platform, run.run_id)
+    assert (evaluation["status"], evaluation["sample_count"]) == ("RUNNING", 7)
+    assert "7 of 20 expected traces" in row["reason"]

@@ -56,6 +56,7 @@ from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive
 from evalpush.log import get_logger
 from evalpush.runs import (
     CONFIG_FILE,
+    Line,
     LineCounter,
     ReadinessRules,
     Run,
@@ -374,7 +375,9 @@ class Tracker:
         written while it was down) is scanned by its upload, on an upload worker. A run seen
         waiting gets a `Feeder` at its next look, fed by a counter of its own from byte 0."""
         try:
-            count = waiting.counter.update()
+            # A followed run's lines go through a sink that keeps nothing, so that its counter
+            # sees a rewrite in place (`LineCounter`): the stretch that finds it starts over.
+            count = waiting.counter.update(_UNKEPT if self._follows(waiting) else None)
         except PermissionError:
             if not self._progress.unreadable(path, waiting, new=new):
                 self._forget(path)
@@ -589,6 +592,19 @@ class Tracker:
     def waiting(self) -> int:
         with self._lock:
             return len(self._waiting)
+
+
+class _Unkept:
+    """A `runs.LineSink` that keeps nothing."""
+
+    def restart(self) -> None:
+        pass
+
+    def line(self, line: Line) -> None:
+        pass
+
+
+_UNKEPT = _Unkept()
 
 
 def _load(path: str, ledger: Ledger) -> tuple[Run | None, str]:

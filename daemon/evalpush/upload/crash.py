@@ -8,7 +8,8 @@ import signal
 
 CRASH_ENV = "EVALPUSH_CRASH_AT"
 """`<point>` or `<point>:<n>` makes the process SIGKILL itself the n-th time it passes that point
-(points: create-sent, batch-intent, batch-sent, batch-acked, finalize-sent)."""
+(points: create-sent, batch-intent, batch-sent, batch-acked, followed (a followed run's stretch
+recorded, its row waiting again), finalize-sent)."""
 
 _crash_counts: dict[str, int] = {}
 

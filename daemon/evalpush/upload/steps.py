@@ -275,12 +275,14 @@ class Steps:
             return self._pushed(record, run, totals)
         ctx.follows.converted(record, totals)
         if follow:  # the stretch ends: its last acknowledgement goes with the row's wait
-            return transitions.followed(
+            record = transitions.followed(
                 ctx.ledger,
                 ctx.ledger.record_progress(record, samples_seen=totals.traces),
                 FOLLOWING_REASON.format(samples=counted(record.samples_sent, "sample")),
                 at=ctx.clock(),
             )
+            crash_point("followed")
+            return record
         return self._pushed(record, run, totals, followed=True)
 
     def _extend(self, record: RunRecord, run: Run) -> RunRecord:
