@@ -286,3 +286,33 @@ def test_a_followed_run_short_of_its_expected_traces_is_held_with_its_evaluation
     evaluation = only_evaluation(local_platform, run.run_id)
     assert (evaluation["status"], evaluation["sample_count"]) == ("RUNNING", 7)
     assert "7 of 20 expected traces" in row["reason"]
+
+
+def test_an_outage_while_followed_loses_nothing_and_sends_nothing_twice(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The platform refuses connections for a while, then a samples answer is lost (the batch
+    stored, the connection reset): the eval keeps writing; the file is the queue, and what the
+    platform missed goes once it answers, each line once."""
+    tree = tmp_path / "outputs"
+    environ = followed_environ(local_platform, tmp_path, tree)
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:4])
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 4, "four lines sent")
+        local_platform.inject("reset", on="samples", count=1)
+        local_platform.inject("refuse", seconds=4.0)
+        run.write(lines[4:10], pause=0.3)
+        time.sleep(1.0)
+        during = samples_of(local_platform, run.run_id)
+        run.write(lines[10:], pause=0.1)
+        daemon.wait_for("run finalized", run=run.run_id)
+        assert daemon.stop() == 0
+
+    assert during == 4, "nothing reached the platform while it refused connections"
+    final = only_evaluation(local_platform, run.run_id)
+    assert final["status"] == "COMPLETED" and final["duplicates"] == 0
+    assert (final["sample_count"], final["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
+    assert final["finalize_count"] == 1
