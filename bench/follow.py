@@ -204,7 +204,9 @@ def busy(args: argparse.Namespace) -> None:
     lines = source_lines(max(1.0, count * 3.7 / 1024))[:count]
     with tempfile.TemporaryDirectory(prefix="evalpush-follow-") as tmp, LocalPlatform() as platform:
         bench = Bench(Path(tmp), platform)
-        writers = [Writer(bench.root / f"env--model{n}", lines, args.rate) for n in range(args.runs)]
+        writers = [
+            Writer(bench.root / f"env--model{n}", lines, args.rate) for n in range(args.runs)
+        ]
         cpu_before, started = bench.cpu(), time.monotonic()
         for writer in writers:
             writer.start()

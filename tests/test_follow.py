@@ -25,6 +25,7 @@ from daemon_support import (
 from evalpush.local_platform import LocalPlatform
 from evalpush.upload import CRASH_ENV
 from support.platform_view import requests
+from support.postgres import PASSWORD
 
 EXPECTED = 20  # num_tasks 10 x 2 rollouts
 
@@ -56,8 +57,10 @@ def test_a_run_is_on_the_platform_while_it_is_written_and_finalized_once_with_ev
         daemon.started()
         run.write(lines[:5])
         wait_until(
-            lambda: evaluations_of(local_platform, run.run_id)
-            and only_evaluation(local_platform, run.run_id)["sample_count"] == 5,
+            lambda: (
+                evaluations_of(local_platform, run.run_id)
+                and only_evaluation(local_platform, run.run_id)["sample_count"] == 5
+            ),
             "the first lines on the platform while the run is written",
         )
         running = only_evaluation(local_platform, run.run_id)
@@ -316,3 +319,42 @@ def test_an_outage_while_followed_loses_nothing_and_sends_nothing_twice(
     assert final["status"] == "COMPLETED" and final["duplicates"] == 0
     assert (final["sample_count"], final["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
     assert final["finalize_count"] == 1
+
+
+def test_two_daemons_sharing_a_ledger_follow_a_run_once_and_one_goes_on_when_the_other_dies(
+    pg_url: str, local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """Both daemons see the run; one follows it at a time. One is SIGKILLed mid-run (whichever
+    it is); the run still ends in one evaluation, every line once, finalized once."""
+    tree = tmp_path / "outputs"
+    password = tmp_path / "ledger-password"
+    password.write_text(PASSWORD)
+    environs = [
+        followed_environ(
+            local_platform,
+            tmp_path,
+            tree,
+            EVALPUSH_STATE_DIR=str(tmp_path / f"state-{name}"),
+            EVALPUSH_LEDGER__URL=pg_url,
+            EVALPUSH_LEDGER__PASSWORD_FILE=str(password),
+        )
+        for name in ("a", "b")
+    ]
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    lines = run.lines(EXPECTED)
+    with Daemon(environs[0]) as a, Daemon(environs[1]) as b:
+        a.started()
+        b.started()
+        run.write(lines[:8], pause=0.1)
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 8, "eight lines sent")
+        a.kill()
+        for first in range(8, EXPECTED, 4):
+            run.write(lines[first : first + 4])
+            time.sleep(0.7)
+        b.wait_for("run finalized", run=run.run_id)
+        assert b.stop() == 0
+
+    final = only_evaluation(local_platform, run.run_id)
+    assert final["status"] == "COMPLETED" and final["duplicates"] == 0
+    assert (final["sample_count"], final["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
+    assert final["finalize_count"] == 1 and requests(local_platform, "create") == 1

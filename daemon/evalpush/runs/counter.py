@@ -45,8 +45,6 @@ class LineSink(Protocol):
         """The next complete line, in file order (`line.data` None: over `max_line_bytes`)."""
 
 
-
-
 class LineCounter:
     """Counts the complete lines of a growing trace file, reading only bytes it has not seen.
 

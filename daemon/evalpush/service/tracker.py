@@ -260,8 +260,7 @@ class Tracker:
         elif self._progress.held(record):
             return  # another process (or this one's worker) has it; the next look decides
         elif record.path_raw == paths.raw(path) and (
-            record.state == State.WAITING
-            or (record.following and record.state == State.UPLOADING)
+            record.state == State.WAITING or (record.following and record.state == State.UPLOADING)
         ):
             # Waiting, followed or not; a stretch whose process is gone waits too (the run is
             # still being written), and its next stretch takes the claim over.

@@ -121,11 +121,23 @@ class Admission:
             or record.path_raw != paths.raw(run.path)
             or self._skip_reason(run)
             or run.pushes_itself
+            or self._followed_elsewhere(record)
         ):
             return record
         return transitions.start(
             self._ctx.ledger, record, following=1, expected_traces=run.expected_traces
         )
+
+    def _followed_elsewhere(self, record: RunRecord) -> bool:
+        """Whether another process follows the run: its last stretch, less than a batch
+        period ago, was not this process's (a fleet's daemons all see the run; one follows it,
+        and another takes over once that one has not sent a stretch for a batch period)."""
+        if not record.following or record.followed_at is None:
+            return False
+        if self._ctx.follows.windows(record) is not None:
+            return False  # this process extended it last
+        period = self._ctx.config.runs.follow_batch_seconds
+        return self._ctx.clock() - record.followed_at < period
 
     def _short(self, record: RunRecord, run: Run) -> str:
         """How a run about to start its upload falls short of the traces its config expects

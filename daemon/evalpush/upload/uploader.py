@@ -171,7 +171,9 @@ class Uploader:
             if follow and current.state == State.UPLOADING:
                 # Still being written: it waits (the next stretch tries the key again), never
                 # queued, which would finish it.
-                transitions.wait(ledger, current, f"{transitions.WAITING_FOR_KEY}: {exc}", settles_at=None)
+                transitions.wait(
+                    ledger, current, f"{transitions.WAITING_FOR_KEY}: {exc}", settles_at=None
+                )
             elif current.state != State.FINALIZED:
                 transitions.await_key(ledger, current, str(exc))
             raise
