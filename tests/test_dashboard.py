@@ -127,6 +127,24 @@ class TestViewerPages:
             "question 0" in transcript and "answer 0" in transcript and "expected 0" in transcript
         )
 
+    def test_a_running_evaluations_page_says_so_and_reloads_itself_as_its_samples_grow(
+        self, api: Api
+    ) -> None:
+        evaluation_id = api.evaluation(model_name="org/model", metadata={"run_id": "run-1"})
+        api.push(evaluation_id, [sample(0), sample(1)])
+        first_html = api.page(f"/dashboard/evaluations/{evaluation_id}").text
+        first = Page(first_html)
+        api.push(evaluation_id, [sample(2)])
+        second = Page(api.page(f"/dashboard/evaluations/{evaluation_id}").text)
+        api.finalize(evaluation_id, {"avg_reward": 1.0})
+        done = api.page(f"/dashboard/evaluations/{evaluation_id}").text
+
+        assert "RUNNING" in first.find("h1")[0].content
+        assert "Running: 2 samples so far" in first.text
+        assert "Running: 3 samples so far" in second.text
+        assert '<meta http-equiv="refresh" content="5">' in first_html
+        assert "refresh" not in done and "Running:" not in done
+
     def test_every_value_a_client_sent_is_shown_as_text_never_as_markup(self, api: Api) -> None:
         evaluation_id = api.evaluation(
             name=f"name {HOSTILE}",

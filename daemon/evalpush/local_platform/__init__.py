@@ -36,7 +36,7 @@ reaches the port reads every sample, so serve on loopback unless that is meant.
 | page | shows |
 | --- | --- |
 | `GET /dashboard/evaluations?page=1` | every evaluation, newest first, 50 a page: name, environment, model, status, sample count, mean reward of its stored samples, created |
-| `GET /dashboard/evaluations/{id}?page=1` | the page the viewer URLs lead to: name, model, environment, status, metrics, metadata, a histogram of every stored sample's reward, and the samples 100 a page, each with its completion as a transcript that opens on click (`#sample-N` opens sample N's) |
+| `GET /dashboard/evaluations/{id}?page=1` | the page the viewer URLs lead to: name, model, environment, status, metrics, metadata, a histogram of every stored sample's reward, and the samples 100 a page, each with its completion as a transcript that opens on click (`#sample-N` opens sample N's); one still RUNNING (a run followed while it is written) says how many samples it holds so far and reloads itself every 5 s |
 | `GET /`, `/dashboard` | a redirect to the list |
 
 Control (same bearer auth), for tests and for trying the daemon against bad weather:

@@ -196,6 +196,10 @@ def _when(stamp: Any) -> str:
         return str(stamp)
 
 
+RUNNING_REFRESH_SECONDS = 5
+"""How often the page of an evaluation still RUNNING reloads itself."""
+
+
 def _status(status: Any) -> str:
     color = STATUS_COLORS.get(str(status), "grey")
     return f'<span class="status {color}">{_e(status)}</span>'
@@ -314,7 +318,15 @@ def render_evaluation(
         f"{_metadata(evaluation.get('metadata'))}"
         f"{_samples(samples, page)}"
     )
-    return _document(str(evaluation["name"]), content)
+    running = str(evaluation["status"]) == "RUNNING"
+    if running:  # filled while its run is written: the count grows as the page reloads
+        content = (
+            f'<p class="note">Running: {evaluation["sample_count"]:,} samples so far; '
+            f"this page reloads every {RUNNING_REFRESH_SECONDS} s.</p>{content}"
+        )
+    return _document(
+        str(evaluation["name"]), content, refresh=RUNNING_REFRESH_SECONDS if running else None
+    )
 
 
 def _notes(metadata: Any) -> str:
@@ -539,10 +551,13 @@ def _block(label: str, value: Any) -> str:
     )
 
 
-def _document(title: str, content: str) -> str:
+def _document(title: str, content: str, *, refresh: int | None = None) -> str:
+    """A page; `refresh`: it reloads itself every so many seconds (an evaluation still RUNNING,
+    filled while its run is written)."""
+    reload = f'<meta http-equiv="refresh" content="{refresh}">' if refresh else ""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">{reload}'
         f'<link rel="icon" href="data:,"><title>{_e(title)} · evalpush local platform</title>'
         f"<style>{STYLE}</style></head><body>"
         '<header><a href="/dashboard/evaluations">evalpush <span>local platform</span></a>'
