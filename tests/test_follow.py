@@ -358,3 +358,51 @@ def test_two_daemons_sharing_a_ledger_follow_a_run_once_and_one_goes_on_when_the
     assert final["status"] == "COMPLETED" and final["duplicates"] == 0
     assert (final["sample_count"], final["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
     assert final["finalize_count"] == 1 and requests(local_platform, "create") == 1
+
+
+def test_a_daemon_stopped_while_following_goes_on_where_it_was_after_a_restart(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    tree = tmp_path / "outputs"
+    environ = followed_environ(local_platform, tmp_path, tree)
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    lines = run.lines(EXPECTED)
+    with Daemon(environ) as first:
+        first.started()
+        run.write(lines[:6], pause=0.1)
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 6, "six lines sent")
+        run.write(lines[6:9])
+        assert first.stop() == 0  # SIGTERM, with lines not sent yet
+    stopped = status(environ)[run.run_id]
+    run.write(lines[9:14])  # the eval goes on while no daemon runs
+    with Daemon(environ) as second:
+        second.started()
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 14, "what was written sent")
+        run.write(lines[14:])
+        second.wait_for("run finalized", run=run.run_id)
+        assert second.stop() == 0
+
+    assert stopped["state"] == "following"
+    final = only_evaluation(local_platform, run.run_id)
+    assert (final["sample_count"], final["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
+    assert final["finalize_count"] == 1 and requests(local_platform, "create") == 1
+
+
+def test_with_bad_lines_held_for_a_person_a_run_is_not_followed(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """`convert.on_bad_line = "hold"` sends nothing of a run before every line was checked."""
+    tree = tmp_path / "outputs"
+    environ = followed_environ(local_platform, tmp_path, tree, EVALPUSH_CONVERT__ON_BAD_LINE="hold")
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(run.lines(5))
+        time.sleep(3.0)  # three batch periods
+        before_finished = evaluations_of(local_platform, run.run_id)
+        run.write(run.lines(EXPECTED - 5, start=5))
+        daemon.wait_for("run finalized", run=run.run_id)
+        assert daemon.stop() == 0
+
+    assert before_finished == {}
+    assert only_evaluation(local_platform, run.run_id)["sample_count"] == EXPECTED

@@ -127,6 +127,7 @@ class Follows:
                 kept.totals_at, kept.totals = record.acked_offset, totals.to_json()
 
     def forget(self, run_id: str) -> None:
-        """The run is finalized or started over: nothing kept of it is of use."""
+        """The run is not followed any more (finalized, held, failed...): nothing kept of it
+        is of use."""
         with self._lock:
             self._known.pop(run_id, None)

@@ -456,7 +456,6 @@ class Steps:
             viewer_url=url or record.viewer_url or ctx.client.viewer_url(record.evaluation_id),
         )
         provenance.mark_superseded(ctx, record)
-        ctx.follows.forget(record.run_id)
         return record
 
     def _update(self, record: RunRecord, metadata: dict[str, Any], metrics: dict[str, Any]) -> None:

@@ -74,9 +74,12 @@ class Uploader:
         claimed = self._claim(run.run_id, run.path, run.kind)
         if claimed_as is not None:
             claimed_as(claimed)
-        return self._release_after(
+        record = self._release_after(
             claimed, lambda: self._work(claimed, run, retry_failed, policy, follow)
         )
+        if record.state != State.WAITING:  # not followed any more (or never was)
+            self.context.follows.forget(run.run_id)
+        return record
 
     def fail(self, directory: Path, error: RunError) -> RunRecord:
         """Record a run directory that cannot even be loaded as failed, with why (under its
