@@ -6,6 +6,7 @@ pushes itself is not followed; `runs.follow = false` uploads only finished runs.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from daemon_support import (
 )
 from evalpush.local_platform import LocalPlatform
 from evalpush.upload import CRASH_ENV
+from support.commands import evalpush
 from support.platform_view import requests
 from support.postgres import PASSWORD
 
@@ -65,6 +67,7 @@ def test_a_run_is_on_the_platform_while_it_is_written_and_finalized_once_with_ev
         )
         running = only_evaluation(local_platform, run.run_id)
         followed = status(environ)[run.run_id]
+        listed = evalpush(environ, "status", "--json", "--state", "following")
 
         run.write(lines[5:12])
         wait_until(
@@ -80,6 +83,7 @@ def test_a_run_is_on_the_platform_while_it_is_written_and_finalized_once_with_ev
     assert running["status"] == "RUNNING" and still_running == "RUNNING"
     assert followed["state"] == "following" and followed["samples_sent"] == 5
     assert "last batch" in followed["reason"]
+    assert [row["run_id"] for row in json.loads(listed.stdout)] == [run.run_id]
     (key,) = evaluations_of(local_platform, run.run_id)
     final = only_evaluation(local_platform, run.run_id)
     assert final["status"] == "COMPLETED"

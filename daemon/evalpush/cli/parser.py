@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from evalpush import __version__
-from evalpush.core.states import State
+from evalpush.core.states import FOLLOWING, State
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
 EXIT_TIMEOUT = 124
@@ -247,10 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--state",
         action="append",
-        choices=[str(s) for s in State],
+        choices=[*(str(s) for s in State), FOLLOWING],
         metavar="STATE",
         help="only runs in STATE (again for more), each state's oldest update first: "
-        + ", ".join(str(s) for s in State),
+        + ", ".join([*(str(s) for s in State), FOLLOWING]),
     )
     p.add_argument(
         "--limit", type=parse_count, metavar="N", help="only the N runs updated last (the newest)"

@@ -26,17 +26,13 @@ from evalpush.core import paths
 from evalpush.core.ids import short_id
 from evalpush.core.outage import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
 from evalpush.core.setaside import SetAside
-from evalpush.core.states import State
+from evalpush.core.states import FOLLOWING, State
 from evalpush.core.words import counted, format_duration
 from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive, reads
 from evalpush.ledger.records import DaemonRecord, HistoryRecord
 from evalpush.runs import settles_in
 
 Alive = Callable[[Holder], bool]
-
-FOLLOWING = "following"
-"""How `status` shows a followed run (the ledger's `waiting`, or `uploading` while a batch of it
-is sent): its evaluation is open and filled as the run is written."""
 
 
 def _alive_now() -> Alive:
@@ -556,10 +552,13 @@ def _cut(text: str, room: int) -> str:
 
 def shown_states(states: list[str] | None) -> list[str] | None:
     """The states a run's row is read in for `--state STATES` (a run `uploading` that no live
-    process holds is shown `ready`): None for every state."""
+    process holds is shown `ready`; a followed run is shown `following`): None for every
+    state."""
     if not states:
         return None
-    stored = [s for s in states if s != State.SUPERSEDED]
+    stored = [s for s in states if s not in (State.SUPERSEDED, FOLLOWING)]
+    if FOLLOWING in states:  # a followed run's row waits, or uploads a stretch
+        stored += [s for s in (State.WAITING, State.UPLOADING) if s not in stored]
     if State.READY in stored and State.UPLOADING not in stored:
         stored.append(State.UPLOADING)
     return stored

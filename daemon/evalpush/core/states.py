@@ -23,6 +23,12 @@ class State(enum.StrEnum):
     SUPERSEDED = "superseded"  # (shown per earlier evaluation) replaced by a newer upload
 
 
+FOLLOWING = "following"
+"""How `status` shows a followed run (its row `waiting`, or `uploading` while a stretch of it is
+sent): its evaluation is open on the platform and filled as the run is written. Not a `State`:
+the row waits like any run not finished."""
+
+
 class Step(enum.StrEnum):
     """Where an upload is: the next thing to do."""
 
@@ -52,4 +58,4 @@ class SetAsideKind(enum.StrEnum):
     REJECTED = "rejected"  # the sample can never be sent (too large), or the platform refused it
 
 
-__all__ = ["HistoryOutcome", "SetAsideKind", "State", "Step"]
+__all__ = ["FOLLOWING", "HistoryOutcome", "SetAsideKind", "State", "Step"]
