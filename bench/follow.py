@@ -11,8 +11,9 @@ one COMPLETED evaluation, every line once, finalized once; else the bench fails.
   line's lag is the time from its newline on disk to the platform holding it (the platform's
   sample count polled every 0.2 s; samples arrive in file order): median, p99, max. Then the time
   from the last line to the finalize, the daemon's CPU, the requests sent.
-- `busy [--runs 8] [--rate 100] [--seconds 120]`: `runs` runs written at once at `rate` lines/s
-  each: the daemon's CPU as a share of a core over the writing (from the first stretch on).
+- `busy [--runs 8] [--rate 100] [--seconds 120] [--follow false]`: `runs` runs written at once
+  at `rate` lines/s each: the daemon's CPU as a share of a core while they are written
+  (`--follow false`: the same runs only watched, to be uploaded once finished).
 - `per-gb [--mib 1024] [--mb-per-second 20]`: one run of `mib` MiB written at `mb-per-second`,
   followed, then the same written with `runs.follow = false` (uploaded once finished): the
   daemon's CPU seconds per GB of each and their ratio, its peak RSS, and the seconds from the
@@ -203,7 +204,7 @@ def busy(args: argparse.Namespace) -> None:
     count = int(args.seconds * args.rate)
     lines = source_lines(max(1.0, count * 3.7 / 1024))[:count]
     with tempfile.TemporaryDirectory(prefix="evalpush-follow-") as tmp, LocalPlatform() as platform:
-        bench = Bench(Path(tmp), platform)
+        bench = Bench(Path(tmp), platform, EVALPUSH_RUNS__FOLLOW=args.follow)
         writers = [
             Writer(bench.root / f"env--model{n}", lines, args.rate) for n in range(args.runs)
         ]
@@ -219,7 +220,8 @@ def busy(args: argparse.Namespace) -> None:
         bench.stop()
     mb = args.runs * sum(map(len, lines)) / 1e6
     print(
-        f"busy, {args.runs} runs at {args.rate:g} lines/s each for {took:.0f} s ({mb:.0f} MB): "
+        f"busy (follow {args.follow}), {args.runs} runs at {args.rate:g} lines/s each for "
+        f"{took:.0f} s ({mb:.0f} MB): "
         f"daemon CPU {cpu:.1f} s, {100 * cpu / took:.2f}% of a core while they were written"
     )
 
@@ -267,6 +269,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=8)
     p.add_argument("--rate", type=float, default=100)
     p.add_argument("--seconds", type=float, default=120)
+    p.add_argument("--follow", choices=("true", "false"), default="true")
     p.set_defaults(run=busy)
     p = modes.add_parser("per-gb")
     p.add_argument("--mib", type=float, default=1024)

@@ -84,6 +84,10 @@ RESCAN_PAUSE_SECONDS = 0.05
 """A rescan looks at this many directories per turn of the loop, this long apart, so the first
 walk of a large tree (every directory listed) runs at a bounded rate (about 40,000 directories
 a second at most, half a core) while hints and uploads go on between its parts."""
+HINT_GATHER_SECONDS = 0.1
+"""A turn of the loop that wakes on a hint first lets the hints of this long gather: a run being
+written gives an event per line (a hundred a second, for a fast eval), and the hints of one run
+waiting together are one look (`HintQueue` holds each once). A new run is found this much later."""
 MAX_WAIT_SECONDS = 5.0
 """The loop's longest sleep without a hint (a bound on how late anything due can be)."""
 
@@ -374,6 +378,8 @@ class Daemon:
             if self._notifier.watchdog_seconds is not None:
                 wait = min(wait, self._notifier.watchdog_seconds)
             hint = self._hints.get(max(0.0, min(wait, MAX_WAIT_SECONDS)))
+            if hint is not None:
+                time.sleep(HINT_GATHER_SECONDS)
             requests = self._take_requests()
             if Request.STOP in requests:
                 return
