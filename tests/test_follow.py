@@ -7,6 +7,7 @@ pushes itself is not followed; `runs.follow = false` uploads only finished runs.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from daemon_support import (
     wait_until,
 )
 from evalpush.local_platform import LocalPlatform
+from evalpush.runs import load_run
 from evalpush.upload import CRASH_ENV
 from support.commands import evalpush
 from support.platform_view import requests
@@ -409,3 +411,43 @@ def test_with_bad_lines_held_for_a_person_a_run_is_not_followed(
 
     assert before_finished == {}
     assert only_evaluation(local_platform, run.run_id)["sample_count"] == EXPECTED
+
+
+@pytest.mark.parametrize(
+    ("case", "pushes_itself"),
+    [
+        ("0.2.1/runs/traces_v2", False),  # written with `push = false`
+        ("0.3.1/runs/episodes_v3", True),  # pushed at its end
+        ("0.4.0/runs/episodes_v4_online", True),  # streamed by prime-runs while it ran
+        ("0.4.0/runs/episodes_v4_offline", False),  # ran offline: a `disabled-` run id
+    ],
+)
+def test_which_producers_runs_push_themselves_and_are_not_followed(
+    case: str, pushes_itself: bool
+) -> None:
+    """Read from the runs each producer wrote (tests/fixtures/producers)."""
+    (directory,) = (Path(__file__).parent / "fixtures" / "producers" / case).iterdir()
+    assert load_run(directory).pushes_itself is pushes_itself
+
+
+def test_a_followed_run_whose_directory_is_deleted_is_no_longer_followed_and_said_so(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    tree = tmp_path / "outputs"
+    environ = followed_environ(local_platform, tmp_path, tree)
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(run.lines(5))
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 5, "five lines sent")
+        shutil.rmtree(run.path)
+        gone = daemon.wait_for(
+            "followed run gone from its directory: no longer followed; its evaluation stays "
+            "open with the samples sent so far",
+            run=run.run_id,
+        )
+        assert daemon.stop() == 0
+
+    assert gone["level"] == "warning"
+    evaluation = only_evaluation(local_platform, run.run_id)
+    assert (evaluation["status"], evaluation["sample_count"]) == ("RUNNING", 5)
