@@ -35,9 +35,12 @@ EXPECTED = 20  # num_tasks 10 x 2 rollouts
 
 
 def followed_environ(platform: LocalPlatform, tmp_path: Path, tree: Path, **extra: str) -> dict:
-    """A daemon that follows with a one-second batch period; a run is finished by its count."""
+    """A daemon that follows with a one-second batch period; a run is finished by its count.
+    What it reconciles it reads half a second after the write it settles (loopback: no write
+    lands later)."""
     settings = {
         "EVALPUSH_RUNS__FOLLOW_BATCH_SECONDS": "1",
+        "EVALPUSH_PLATFORM__LATE_WRITE_SECONDS": "0.5",
         "EVALPUSH_RUNS__SETTLE_SECONDS": "30",
         "EVALPUSH_UPLOAD__MAX_BATCH_SAMPLES": "1000",
         **extra,
@@ -162,8 +165,8 @@ def test_a_daemon_killed_at_each_step_of_a_followed_run_ends_it_exactly_once(
     with Daemon({**environ, CRASH_ENV: point}) as crashing:
         crashing.started()
         while crashing.process.poll() is None and written < EXPECTED:
-            run.write(lines[written : written + 4])
-            written += 4
+            run.write(lines[written : written + 7])  # a stretch each, the third finishes it
+            written = min(EXPECTED, written + 7)
             deadline = time.monotonic() + 1.5  # a batch period and a half: a stretch went
             while crashing.process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
