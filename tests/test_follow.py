@@ -98,44 +98,34 @@ def test_a_run_is_on_the_platform_while_it_is_written_and_finalized_once_with_ev
     assert (row["state"], row["samples_sent"], row["evaluation_id"]) == ("finalized", EXPECTED, key)
 
 
-def test_a_run_whose_eval_pushes_itself_is_not_followed(
-    local_platform: LocalPlatform, tmp_path: Path
+@pytest.mark.parametrize(
+    ("why", "push", "settings"),
+    [
+        ("its eval pushes itself", True, {}),
+        ("runs.follow = false", False, {"EVALPUSH_RUNS__FOLLOW": "false"}),
+        # `hold` sends nothing of a run before every line was checked
+        ("bad lines held for a person", False, {"EVALPUSH_CONVERT__ON_BAD_LINE": "hold"}),
+    ],
+)
+def test_a_run_not_followed_is_uploaded_only_once_it_is_finished(
+    local_platform: LocalPlatform, tmp_path: Path, why: str, push: bool, settings: dict
 ) -> None:
     tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree)
-    pushed = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2, extra="")
-    config = pushed.path / "config.toml"
-    config.write_text(config.read_text().replace("push = false", "push = true"))
-    with InProcessDaemon(environ) as daemon:
-        daemon.started()
-        pushed.write(pushed.lines(5))
-        time.sleep(2.0)  # two batch periods: a followed run would have its evaluation
-        before_finished = evaluations_of(local_platform, pushed.run_id)
-        pushed.write(pushed.lines(EXPECTED - 5, start=5))
-        daemon.wait_for("run finalized", run=pushed.run_id)
-        assert daemon.stop() == 0
-
-    assert before_finished == {}
-    assert only_evaluation(local_platform, pushed.run_id)["sample_count"] == EXPECTED
-
-
-def test_follow_off_uploads_a_run_only_once_it_is_finished(
-    local_platform: LocalPlatform, tmp_path: Path
-) -> None:
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree, EVALPUSH_RUNS__FOLLOW="false")
+    environ = followed_environ(local_platform, tmp_path, tree, **settings)
     run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    config = run.path / "config.toml"
+    config.write_text(config.read_text().replace("push = false", f"push = {str(push).lower()}"))
     with InProcessDaemon(environ) as daemon:
         daemon.started()
         run.write(run.lines(5))
-        time.sleep(2.0)  # two batch periods
+        time.sleep(2.0)  # two batch periods: a followed run would have its evaluation
         before_finished = evaluations_of(local_platform, run.run_id)
-        waiting = status(environ)[run.run_id]["state"]
+        shown = status(environ)[run.run_id]["state"]
         run.write(run.lines(EXPECTED - 5, start=5))
         daemon.wait_for("run finalized", run=run.run_id)
         assert daemon.stop() == 0
 
-    assert before_finished == {} and waiting == "waiting"
+    assert (before_finished, shown) == ({}, "waiting"), why
     assert only_evaluation(local_platform, run.run_id)["sample_count"] == EXPECTED
 
 
@@ -393,26 +383,6 @@ def test_a_daemon_stopped_while_following_goes_on_where_it_was_after_a_restart(
     final = only_evaluation(local_platform, run.run_id)
     assert (final["sample_count"], final["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
     assert final["finalize_count"] == 1 and requests(local_platform, "create") == 1
-
-
-def test_with_bad_lines_held_for_a_person_a_run_is_not_followed(
-    local_platform: LocalPlatform, tmp_path: Path
-) -> None:
-    """`convert.on_bad_line = "hold"` sends nothing of a run before every line was checked."""
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree, EVALPUSH_CONVERT__ON_BAD_LINE="hold")
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
-    with InProcessDaemon(environ) as daemon:
-        daemon.started()
-        run.write(run.lines(5))
-        time.sleep(2.0)  # two batch periods
-        before_finished = evaluations_of(local_platform, run.run_id)
-        run.write(run.lines(EXPECTED - 5, start=5))
-        daemon.wait_for("run finalized", run=run.run_id)
-        assert daemon.stop() == 0
-
-    assert before_finished == {}
-    assert only_evaluation(local_platform, run.run_id)["sample_count"] == EXPECTED
 
 
 @pytest.mark.parametrize(
