@@ -84,32 +84,6 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(Path(evalpush_package.__file__).parent, quiet=1)
 
 
-LONGEST_FIRST = (
-    "tests/test_soak.py::TestShortSoak",
-    "tests/test_attack_findings.py::test_a_huge_number_from_the_platform",
-    "tests/test_crash.py::TestKilledAtRandomInstants",
-    "tests/test_claims.py::TestPushesTogether",
-    "tests/test_demo.py::test_the_demo_runs_again",
-    "tests/test_daemon_hostile.py::TestMany",
-    "tests/test_security.py::TestTheKeyNeverLeavesTheDaemon",
-    "tests/test_fleet.py::test_a_fleet_over_one_tree",
-    "tests/test_soak.py::TestAccounting::test_every_kind_of_violation",
-    "tests/test_crash.py::TestPowerLossAtEveryStepBoundary",
-    "tests/test_cli_operate.py::TestOutage",
-    "tests/test_shared_ledger.py::TestOneTreeTwoMounts",
-    "tests/test_daemon_operate.py::test_metrics_health_log_and_status_during_a_real_outage",
-    "tests/test_follow.py::test_a_daemon_killed_at_each_step",
-)
-"""The tests that take longest (10-50 s each; `--durations`), started first: the workers each
-take the next test when free, and a long one taken last would leave the others idle at the end
-(the suite's wall time is bounded by the sum of its tests over the workers, not by its tail)."""
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest tests first (`LONGEST_FIRST`), the rest in their order."""
-    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--viewer-screenshot",
