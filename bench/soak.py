@@ -15,7 +15,8 @@ Uploader (`--mode`):
 - `push-only`: `evalpush push` of the finished runs the platform does not hold yet, again and
   again (the soak decides readiness from the writers' manifests: `push` takes runs as finished);
 - `daemon`: `evalpush run` with `watch.roots` = the tree, `runs.settle_seconds` short,
-  `runs.marker = ".done"`; it decides readiness itself.
+  `runs.marker = ".done"`; it decides readiness itself, and follows the runs while they are
+  written (`runs.follow`, a batch every `--follow-batch-seconds`, 2 by default).
 
 Then, faults off, the uploader drains, and the accounting reads the platform's stored state
 (never evalpush's ledger): per run one COMPLETED evaluation (any other CANCELLED), no sample lost,
@@ -129,6 +130,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--late-weight", type=int, default=2, help="requests whose work lands late (menu weight)"
     )
+    parser.add_argument(
+        "--follow-batch-seconds",
+        type=float,
+        default=2.0,
+        help="the daemon's batch period for the runs it follows while they are written",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
@@ -169,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_samples=args.batch_samples,
         read_timeout_seconds=args.read_timeout,
         log_level=args.log_level,
+        follow_batch_seconds=args.follow_batch_seconds,
         max_seconds=args.max_seconds,
         drain_seconds=args.drain_seconds,
         seed=args.seed,

@@ -94,6 +94,9 @@ def test_a_run_is_on_the_platform_while_it_is_written_and_finalized_once_with_ev
     assert final["status"] == "COMPLETED"
     assert (final["sample_count"], final["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
     assert final["finalize_count"] == 1 and requests(local_platform, "create") == 1
+    provenance = final["metadata"]["evalpush"]  # created with the first 5 lines' counts
+    assert (provenance["seen_traces"], provenance["complete"]) == (EXPECTED, True)
+    assert running["metadata"]["evalpush"]["seen_traces"] == 5
     row = status(environ)[run.run_id]
     assert (row["state"], row["samples_sent"], row["evaluation_id"]) == ("finalized", EXPECTED, key)
 

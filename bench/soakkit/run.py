@@ -67,6 +67,7 @@ class SoakParams:
     read_timeout_seconds: float = 3.0
     log_level: str = "warning"  # of every evalpush process ("debug": each batch acknowledged)
     settle_seconds: float = 6.0
+    follow_batch_seconds: float = 2.0  # the daemon follows runs while they are written
     rescan_seconds: float = 2.0
     max_seconds: float = 1800.0  # the chaos phase
     drain_seconds: float = 600.0
@@ -159,6 +160,7 @@ class _Soak:
             read_timeout_seconds=self.params.read_timeout_seconds,
             log_level=self.params.log_level,
             settle_seconds=self.params.settle_seconds,
+            follow_batch_seconds=self.params.follow_batch_seconds,
             rescan_seconds=self.params.rescan_seconds,
             late_write_seconds=self.params.late_write_seconds,
         )

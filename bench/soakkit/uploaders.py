@@ -56,6 +56,7 @@ class EvalpushWorld:
     read_timeout_seconds: float = 3.0
     log_level: str = "warning"
     settle_seconds: float = 6.0
+    follow_batch_seconds: float = 2.0  # runs followed while written send a batch this often
     rescan_seconds: float = 2.0
     late_write_seconds: float = 3.0  # a fleet's lease caps it at a quarter
     shared: dict[str, str] = field(default_factory=dict)  # a fleet's ledger, for every process
@@ -87,12 +88,14 @@ class EvalpushWorld:
         )
 
     def daemon_config(self) -> Path:
-        """The daemon's config file: the tree, a short settle time, the marker rule."""
+        """The daemon's config file: the tree, a short settle time, the marker rule, a short
+        batch period for the runs it follows while they are written."""
         path = self.workdir / "daemon.toml"
         path.write_text(
             f"[watch]\nroots = [{json.dumps(str(self.tree))}]\n"  # a JSON string is a TOML one
             f"rescan_seconds = {self.rescan_seconds}\n\n"
             f'[runs]\nsettle_seconds = {self.settle_seconds}\nmarker = "{MARKER}"\n'
+            f"follow_batch_seconds = {self.follow_batch_seconds}\n"
         )
         return path
 

@@ -433,7 +433,9 @@ class Steps:
 
     def finalize(self, record: RunRecord, run: Run) -> RunRecord:
         """Finalize with conversion's exact metrics. A 0.4 run first gets prime-runs' update
-        (`PUT` of its metadata and metrics, no status: replayable, so it needs no intent)."""
+        (`PUT` of its metadata and metrics, no status: replayable, so it needs no intent), and so
+        does a followed run: its evaluation was created with the metadata of its first stretch
+        (its counts, `evalpush.seen_traces`, `complete`), which the whole file's replace."""
         ctx = self._ctx
         assert record.evaluation_id is not None
         totals = RunTotals.from_json(record.totals)
@@ -442,7 +444,7 @@ class Steps:
         if record.pending is not None:  # a finalize a process (this one, or one gone) sent
             ctx.wait_for_late_writes(what="an earlier finalize to land, if it will")
         if record.pending is None or not self._reconcile.is_finalized(record):
-            if run.producer == Producer.EPISODES_0_4:
+            if run.producer == Producer.EPISODES_0_4 or record.following:
                 self._update(record, self._metadata(record, run, report, totals), metrics)
             record = ctx.ledger.record_intent(record, intent(Step.FINALIZE))
             url = self._send_finalize(record, metrics)
