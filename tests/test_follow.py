@@ -12,6 +12,7 @@ import signal
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from daemon_support import (
@@ -426,3 +427,40 @@ def test_a_followed_run_whose_directory_is_deleted_is_no_longer_followed_and_sai
     assert gone["level"] == "warning"
     evaluation = only_evaluation(local_platform, run.run_id)
     assert (evaluation["status"], evaluation["sample_count"]) == ("RUNNING", 5)
+
+
+def test_a_followed_file_rewritten_between_its_windows_is_not_finalized_with_the_old_bytes(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A file longer than its two 4 KiB windows, one line between them rewritten in place (the
+    same length, another id) while one process follows it: the windows cannot see it, so the
+    run's end hashes the file again; the evaluation of the old bytes is closed out and the
+    file's every line goes to a new one."""
+    count = 100  # about 24 KiB
+    tree = tmp_path / "outputs"
+    environ = followed_environ(local_platform, tmp_path, tree)
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=count // 2)
+    lines = run.lines(count)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:60])
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 60, "60 lines sent")
+        old = lines[30]
+        new = old.replace(b'"id":"trace-30"', b'"id":"trace-X0"')
+        assert new != old and len(new) == len(old)
+        with open(run.traces, "r+b") as f:
+            f.seek(run.traces.read_bytes().index(old))
+            f.write(new)
+        run.write(lines[60:])
+        daemon.wait_for("run finalized", run=run.run_id)
+        assert daemon.stop() == 0
+
+    by_status = {e["status"]: k for k, e in evaluations_of(local_platform, run.run_id).items()}
+    assert set(by_status) == {"CANCELLED", "COMPLETED"}, by_status
+    final = evaluations_of(local_platform, run.run_id)[by_status["COMPLETED"]]
+    assert (final["sample_count"], final["distinct_sample_ids"]) == (count, count)
+    url = f"{local_platform.base_url}/_control/evaluations/{by_status['COMPLETED']}/samples"
+    key = local_platform.api_key
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    ids = {sample["sample_id"] for sample in httpx.get(url, headers=headers).json()["samples"]}
+    assert "trace-X0" in ids and "trace-30" not in ids

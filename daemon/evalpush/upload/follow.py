@@ -55,11 +55,13 @@ class Follows:
         self._lock = threading.Lock()
         self._known: dict[str, _Known] = {}
 
-    def extend(self, record: RunRecord, path: Path) -> Extension | None:
+    def extend(self, record: RunRecord, path: Path, *, whole: bool = False) -> Extension | None:
         """The run's trace file read on from its fingerprint's end to its last complete line;
         None when it gained no complete line. `Rewritten` when the fingerprinted bytes are not
         there any more (another file, shorter, or other bytes); `OSError` when it cannot be
-        read (its caller finds out why)."""
+        read (its caller finds out why). With `whole` (the run's last extension, before it is
+        finalized), the prefix is hashed again whatever this process kept: the windows do not
+        see bytes rewritten between them, and the finalize holds the file's every byte."""
         known = fingerprint(record)
         assert known is not None and known.digest is not None
         scanned, end = known.identity, known.end
@@ -70,7 +72,7 @@ class Follows:
                 raise Rewritten(f"{path}: replaced or truncated while it was followed")
             with self._lock:
                 kept = self._known.get(record.run_id)
-            if kept is None or (kept.device, kept.inode, kept.end, kept.digest) != (
+            if whole or kept is None or (kept.device, kept.inode, kept.end, kept.digest) != (
                 now.device,
                 now.inode,
                 end,

@@ -223,8 +223,8 @@ class Steps:
         ctx = self._ctx
         assert record.evaluation_id is not None and record.upload_end is not None
         followed = follow or bool(record.following)
-        if followed:
-            record = self._extend(record, run)
+        if followed:  # the run's end (not a stretch) checks every byte of the prefix again
+            record = self._extend(record, run, whole=not follow)
         elif record.acked_offset or record.pending:
             check_bytes(record, run)
         known = fingerprint(record)
@@ -285,11 +285,11 @@ class Steps:
             return record
         return self._pushed(record, run, totals, followed=True)
 
-    def _extend(self, record: RunRecord, run: Run) -> RunRecord:
+    def _extend(self, record: RunRecord, run: Run, *, whole: bool = False) -> RunRecord:
         """A followed run's fingerprint taken on to the file's last complete line, recorded with
         the next write (the next batch's intent: a crash before it leaves the fingerprint as it
         was, and its bytes are still there)."""
-        extension = self._ctx.follows.extend(record, run.traces_path)
+        extension = self._ctx.follows.extend(record, run.traces_path, whole=whole)
         if extension is None:
             return record
         file = extension.file
