@@ -72,13 +72,10 @@ class Follows:
                 raise Rewritten(f"{path}: replaced or truncated while it was followed")
             with self._lock:
                 kept = self._known.get(record.run_id)
-            if whole or kept is None or (kept.device, kept.inode, kept.end, kept.digest) != (
-                now.device,
-                now.inode,
-                end,
-                known.digest,
-            ):
+            at = (now.device, now.inode, end, known.digest)
+            if kept is not None and (kept.device, kept.inode, kept.end, kept.digest) != at:
                 kept = None  # what this process kept is of another file, or another end
+            if whole or kept is None:
                 hashed = hash_open(fd, end, path)  # once per process: the whole prefix
                 if hashed.digest() != known.digest:
                     raise Rewritten(f"{path}: rewritten since its last stretch was uploaded")
