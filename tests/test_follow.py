@@ -464,3 +464,40 @@ def test_a_followed_file_rewritten_between_its_windows_is_not_finalized_with_the
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     ids = {sample["sample_id"] for sample in httpx.get(url, headers=headers).json()["samples"]}
     assert "trace-X0" in ids and "trace-30" not in ids
+
+
+def test_a_followed_run_whose_directory_is_moved_mid_run_is_followed_on_from_its_new_path(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The run's directory moved while the eval writes it (the eval keeps its file open, so
+    its lines go on into the moved file): it is not a finished run, so it is followed on from
+    its new path into the same evaluation, finalized once with every line; never finalized
+    short and then superseded by a second evaluation."""
+    tree = tmp_path / "outputs"
+    environ = followed_environ(local_platform, tmp_path, tree)
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:5])
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 5, "five lines sent")
+        with open(run.traces, "ab") as producer:  # the eval's open file
+            target = tree / "elsewhere" / run.run_id
+            target.parent.mkdir()
+            run.path.rename(target)
+            time.sleep(1.5)  # the move seen (inotify), before the eval writes on
+            for line in lines[5:]:
+                producer.write(line + b"\n")
+                producer.flush()
+                time.sleep(0.1)
+        daemon.wait_for("run finalized", run=run.run_id)
+        time.sleep(1.0)  # a second upload would have started by now
+        assert daemon.stop() == 0
+        row = status(environ)[run.run_id]
+        moved = daemon.find("followed run moved: followed on from its new path", run=run.run_id)
+
+    final = only_evaluation(local_platform, run.run_id)
+    assert final["status"] == "COMPLETED" and final["duplicates"] == 0
+    assert (final["sample_count"], final["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
+    assert final["finalize_count"] == 1 and requests(local_platform, "create") == 1
+    assert (row["state"], row["path"]) == ("finalized", str(target)) and moved

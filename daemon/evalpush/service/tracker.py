@@ -48,7 +48,7 @@ import msgspec
 
 from evalpush.config import Config
 from evalpush.core import paths
-from evalpush.core.errors import LedgerRefused, RunError
+from evalpush.core.errors import ClaimLost, LedgerRefused, RunError
 from evalpush.core.ids import short_id
 from evalpush.core.states import State
 from evalpush.discover import Rescan, RunDir, look_at
@@ -64,6 +64,7 @@ from evalpush.runs import (
     RunKind,
     config_file,
     derive_run_id,
+    is_run_dir,
     last_run_id,
     load_run,
     named_by_lines_later,
@@ -266,6 +267,8 @@ class Tracker:
             # still being written), and its next stretch takes the claim over.
             followed_to = record.acked_offset if record.following else 0
             self._start_waiting(path, rundir, in_ledger=True, followed_to=followed_to)
+        elif self._moved_while_followed(path, record):
+            self._start_waiting(path, rundir, in_ledger=True, followed_to=record.acked_offset)
         elif record.path_raw != paths.raw(path) or record.state in QUEUED_STATES:
             self._hand_over(path)  # moved, copied, interrupted or retried: the uploader decides
         elif record.state == State.FINALIZED and _changed(record, rundir):
@@ -281,6 +284,28 @@ class Tracker:
         else:
             with self._lock:
                 self._settle(path, _facts(rundir))
+
+    def _moved_while_followed(self, path: str, record: RunRecord) -> bool:
+        """A followed run (waiting between stretches, its evaluation open) whose directory was
+        moved to `path` while it is written: its row takes the new path and it is followed on
+        from there. Handed over instead, it was uploaded as a finished run at once: finalized
+        short of its lines, and a second evaluation of it made once it was finished."""
+        if not (record.following and record.state == State.WAITING):
+            return False
+        old = record.directory
+        if is_run_dir(old) and derive_run_id(old, self._ledger.run_id_at) == record.run_id:
+            return False  # still where the ledger knows it: this is a copy (the uploader says)
+        try:
+            self._ledger.update(record, path=Path(path))
+        except ClaimLost:
+            return False  # another process took it on: the next look decides
+        self._log.info(
+            "followed run moved: followed on from its new path",
+            run=record.run_id,
+            was=record.path,
+            path=paths.display(path),
+        )
+        return True
 
     def _renamed(self, path: str, run_id: str) -> RunRecord | None:
         """The run at `path` recorded waiting under a stand-in id before its first line named
