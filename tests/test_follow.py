@@ -501,3 +501,34 @@ def test_a_followed_run_whose_directory_is_moved_mid_run_is_followed_on_from_its
     assert (final["sample_count"], final["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
     assert final["finalize_count"] == 1 and requests(local_platform, "create") == 1
     assert (row["state"], row["path"]) == ("finalized", str(target)) and moved
+
+
+def test_a_followed_file_replaced_by_a_shorter_one_is_followed_before_it_outgrows_the_old(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A resumed eval's new file, shorter than what the platform holds of the old one: its
+    lines are followed (the old evaluation closed out, a new one filled) within batch periods,
+    not only once the new file outgrows the old one's acknowledged end."""
+    tree = tmp_path / "outputs"
+    environ = followed_environ(local_platform, tmp_path, tree)
+    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    old = run.lines(8)
+    new = [line.replace(b'"id":"', b'"id":"again-') for line in run.lines(EXPECTED)]
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(old)
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 8, "the old lines sent")
+        replacement = run.traces.with_name("traces.jsonl.tmp")
+        replacement.write_bytes(b"\n".join(new[:3]) + b"\n")
+        replacement.replace(run.traces)
+        wait_until(
+            lambda: samples_of(local_platform, run.run_id) == 3, "the new file's lines", timeout=10
+        )
+        run.write(new[3:])
+        daemon.wait_for("run finalized", run=run.run_id)
+        assert daemon.stop() == 0
+
+    by_status = {e["status"]: e for e in evaluations_of(local_platform, run.run_id).values()}
+    assert set(by_status) == {"CANCELLED", "COMPLETED"}, by_status
+    completed = by_status["COMPLETED"]
+    assert (completed["sample_count"], completed["distinct_sample_ids"]) == (EXPECTED, EXPECTED)

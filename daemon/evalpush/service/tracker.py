@@ -464,8 +464,10 @@ class Tracker:
     def _follow(self, path: str, waiting: Waiting, now: float) -> None:
         """Ask for the followed run's next stretch once its lines not yet sent fill a batch
         (`upload.max_batch_bytes`) or the first of them is `runs.follow_batch_seconds` old;
-        one stretch at a time."""
-        if waiting.seen_to <= waiting.followed_to:
+        one stretch at a time. A file shorter than what the platform holds of it was replaced
+        or truncated (a resumed eval): its stretch is asked for too (it closes the old evaluation
+        out and follows the new file), not only once the new file outgrows the old one."""
+        if waiting.seen_to == waiting.followed_to:
             waiting.unsent_since, waiting.stretch_due = None, float("inf")
             return
         if waiting.unsent_since is None:
