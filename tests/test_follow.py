@@ -49,6 +49,16 @@ def followed_environ(platform: LocalPlatform, tmp_path: Path, tree: Path, **extr
     return daemon_environ(platform, tmp_path, [tree], **settings)
 
 
+def followed_run(
+    platform: LocalPlatform, tmp_path: Path, *, traces: int = EXPECTED, **extra: str
+) -> tuple[dict, RunDir]:
+    """The environment of a daemon following a new tree (`followed_environ`), and a run
+    directory in it expecting `traces` lines."""
+    tree = tmp_path / "outputs"
+    environ = followed_environ(platform, tmp_path, tree, **extra)
+    return environ, RunDir(tree / "gsm8k--org--model").config(num_tasks=traces // 2)
+
+
 def only_evaluation(platform: LocalPlatform, run_id: str) -> dict:
     (evaluation,) = evaluations_of(platform, run_id).values()
     return evaluation
@@ -57,9 +67,7 @@ def only_evaluation(platform: LocalPlatform, run_id: str) -> dict:
 def test_a_run_is_on_the_platform_while_it_is_written_and_finalized_once_with_every_line(
     local_platform: LocalPlatform, tmp_path: Path
 ) -> None:
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree)
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    environ, run = followed_run(local_platform, tmp_path)
     lines = run.lines(EXPECTED)
     with InProcessDaemon(environ) as daemon:
         daemon.started()
@@ -114,9 +122,7 @@ def test_a_run_is_on_the_platform_while_it_is_written_and_finalized_once_with_ev
 def test_a_run_not_followed_is_uploaded_only_once_it_is_finished(
     local_platform: LocalPlatform, tmp_path: Path, why: str, push: bool, settings: dict
 ) -> None:
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree, **settings)
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    environ, run = followed_run(local_platform, tmp_path, **settings)
     config = run.path / "config.toml"
     config.write_text(config.read_text().replace("push = false", f"push = {str(push).lower()}"))
     with InProcessDaemon(environ) as daemon:
@@ -150,9 +156,7 @@ def test_a_daemon_killed_at_each_step_of_a_followed_run_ends_it_exactly_once(
     """`evalpush run` SIGKILLs itself at `point` (the n-th time it passes it) while the eval
     writes the run in bursts; a new daemon takes the run over from the ledger. The platform ends
     with one evaluation, every line once, finalized once."""
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree)
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    environ, run = followed_run(local_platform, tmp_path)
     lines = run.lines(EXPECTED)
     written = 0
     with Daemon({**environ, CRASH_ENV: point}) as crashing:
@@ -188,9 +192,7 @@ def samples_of(platform: LocalPlatform, run_id: str) -> int:
 def test_a_half_written_last_line_is_not_sent_until_its_newline_arrives(
     local_platform: LocalPlatform, tmp_path: Path
 ) -> None:
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree)
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    environ, run = followed_run(local_platform, tmp_path)
     lines = run.lines(EXPECTED)
     with InProcessDaemon(environ) as daemon:
         daemon.started()
@@ -215,9 +217,7 @@ def test_a_half_written_last_line_is_not_sent_until_its_newline_arrives(
 def test_a_bad_line_mid_run_is_set_aside_and_the_rest_followed(
     local_platform: LocalPlatform, tmp_path: Path
 ) -> None:
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree)
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    environ, run = followed_run(local_platform, tmp_path)
     lines = run.lines(EXPECTED - 1)
     with InProcessDaemon(environ) as daemon:
         daemon.started()
@@ -240,9 +240,7 @@ def test_a_file_rewritten_while_followed_closes_its_evaluation_and_a_new_one_is_
 ) -> None:
     """The eval started over into the same directory: what the platform has of the old file is
     closed out (cancelled), and the new file goes to a new evaluation."""
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree)
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    environ, run = followed_run(local_platform, tmp_path)
     old = run.lines(6)
     new = [line.replace(b'"id":"', b'"id":"again-') for line in run.lines(EXPECTED)]
     assert all(a != b for a, b in zip(old, new, strict=False))
@@ -298,9 +296,7 @@ def test_an_outage_while_followed_loses_nothing_and_sends_nothing_twice(
     """The platform refuses connections for a while, then a samples answer is lost (the batch
     stored, the connection reset): the eval keeps writing; the file is the queue, and what the
     platform missed goes once it answers, each line once."""
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree)
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    environ, run = followed_run(local_platform, tmp_path)
     lines = run.lines(EXPECTED)
     with InProcessDaemon(environ) as daemon:
         daemon.started()
@@ -364,9 +360,7 @@ def test_two_daemons_sharing_a_ledger_follow_a_run_once_and_one_goes_on_when_the
 def test_a_daemon_stopped_while_following_goes_on_where_it_was_after_a_restart(
     local_platform: LocalPlatform, tmp_path: Path
 ) -> None:
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree)
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    environ, run = followed_run(local_platform, tmp_path)
     lines = run.lines(EXPECTED)
     with Daemon(environ) as first:
         first.started()
@@ -409,9 +403,7 @@ def test_which_producers_runs_push_themselves_and_are_not_followed(
 def test_a_followed_run_whose_directory_is_deleted_is_no_longer_followed_and_said_so(
     local_platform: LocalPlatform, tmp_path: Path
 ) -> None:
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree)
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    environ, run = followed_run(local_platform, tmp_path)
     with InProcessDaemon(environ) as daemon:
         daemon.started()
         run.write(run.lines(5))
@@ -437,9 +429,7 @@ def test_a_followed_file_rewritten_between_its_windows_is_not_finalized_with_the
     run's end hashes the file again; the evaluation of the old bytes is closed out and the
     file's every line goes to a new one."""
     count = 100  # about 24 KiB
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree)
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=count // 2)
+    environ, run = followed_run(local_platform, tmp_path, traces=count)
     lines = run.lines(count)
     with InProcessDaemon(environ) as daemon:
         daemon.started()
@@ -473,16 +463,14 @@ def test_a_followed_run_whose_directory_is_moved_mid_run_is_followed_on_from_its
     its lines go on into the moved file): it is not a finished run, so it is followed on from
     its new path into the same evaluation, finalized once with every line; never finalized
     short and then superseded by a second evaluation."""
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree)
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    environ, run = followed_run(local_platform, tmp_path)
     lines = run.lines(EXPECTED)
     with InProcessDaemon(environ) as daemon:
         daemon.started()
         run.write(lines[:5])
         wait_until(lambda: samples_of(local_platform, run.run_id) == 5, "five lines sent")
         with open(run.traces, "ab") as producer:  # the eval's open file
-            target = tree / "elsewhere" / run.run_id
+            target = run.path.parent.parent / "elsewhere" / run.run_id
             target.parent.mkdir()
             run.path.rename(target)
             time.sleep(1.5)  # the move seen (inotify), before the eval writes on
@@ -509,9 +497,7 @@ def test_a_followed_file_replaced_by_a_shorter_one_is_followed_before_it_outgrow
     """A resumed eval's new file, shorter than what the platform holds of the old one: its
     lines are followed (the old evaluation closed out, a new one filled) within batch periods,
     not only once the new file outgrows the old one's acknowledged end."""
-    tree = tmp_path / "outputs"
-    environ = followed_environ(local_platform, tmp_path, tree)
-    run = RunDir(tree / "gsm8k--org--model").config(num_tasks=EXPECTED // 2)
+    environ, run = followed_run(local_platform, tmp_path)
     old = run.lines(8)
     new = [line.replace(b'"id":"', b'"id":"again-') for line in run.lines(EXPECTED)]
     with InProcessDaemon(environ) as daemon:
