@@ -64,7 +64,6 @@ from evalpush.runs import (
     RunKind,
     config_file,
     derive_run_id,
-    is_run_dir,
     last_run_id,
     load_run,
     named_by_lines_later,
@@ -73,6 +72,7 @@ from evalpush.runs import (
 )
 from evalpush.service.feeder import Feeder
 from evalpush.service.progress import ConfigFacts, Progress, Waiting
+from evalpush.upload import still_there
 
 FINAL_STATES = frozenset({State.FINALIZED, State.SKIPPED, State.FAILED, State.HELD})
 QUEUED_STATES = frozenset({State.READY, State.UPLOADING})
@@ -292,8 +292,7 @@ class Tracker:
         short of its lines, and a second evaluation of it made once it was finished."""
         if not (record.following and record.state == State.WAITING):
             return False
-        old = record.directory
-        if is_run_dir(old) and derive_run_id(old, self._ledger.run_id_at) == record.run_id:
+        if still_there(record, self._ledger):
             return False  # still where the ledger knows it: this is a copy (the uploader says)
         try:
             self._ledger.update(record, path=Path(path))

@@ -32,6 +32,7 @@ or a crash left open), `files` (the trace file against its fingerprint), `crash`
 crash tests kill at).
 """
 
+from evalpush.upload.admission import still_there
 from evalpush.upload.batch import Batch, Prefetch, batches
 from evalpush.upload.crash import CRASH_ENV
 from evalpush.upload.prescan import Prescan, RunningScan
@@ -46,4 +47,5 @@ __all__ = [
     "RunningScan",
     "Uploader",
     "batches",
+    "still_there",
 ]

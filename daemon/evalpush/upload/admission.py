@@ -71,7 +71,7 @@ class Admission:
         if follow:
             return self._admit_stretch(record, run)
         if record.path_raw != paths.raw(run.path):
-            if _still_there(record, ledger):
+            if still_there(record, ledger):
                 self._check_copy(record, run)
                 return record  # a copy of a run that is still where the ledger knows it
             get_logger(run=run.run_id).info(
@@ -264,7 +264,7 @@ def _gone_how(path: Path) -> str:
     return f"was replaced by {there} mid-upload (evalpush reads only regular files)"
 
 
-def _still_there(record: RunRecord, ledger: Ledger) -> bool:
+def still_there(record: RunRecord, ledger: Ledger) -> bool:
     """Whether the run is still at the path the ledger knows (then another directory with its
     run id is a copy, not the run moved)."""
     directory = record.directory

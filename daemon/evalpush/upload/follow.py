@@ -14,7 +14,9 @@ are rebuilt by one pass, as any resumed upload's are.
 What it promises: an extension is taken only over the bytes the ledger fingerprinted, unchanged
 as far as the windows show (the file's first bytes and those just before the fingerprint's end,
 read back: an append-only producer never rewrites between them; `--resume` replaces the file,
-which a new inode or a shorter file shows); anything else is `Rewritten`.
+which a new inode or a shorter file shows); anything else is `Rewritten`. The run's last
+extension, before its finalize, hashes the whole prefix again (`whole`): a rewrite between the
+windows may show in the open evaluation for a while, never in a finalized one.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class Follows:
             if kept is not None and (kept.device, kept.inode, kept.end, kept.digest) != at:
                 kept = None  # what this process kept is of another file, or another end
             if whole or kept is None:
-                hashed = hash_open(fd, end, path)  # once per process: the whole prefix
+                hashed = hash_open(fd, end, path)  # the whole prefix: nothing kept, or the end
                 if hashed.digest() != known.digest:
                     raise Rewritten(f"{path}: rewritten since its last stretch was uploaded")
                 state = hashed.state()
