@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import signal
@@ -389,6 +390,18 @@ class TestInProcess:
         with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
             pass
         assert wait_for_port(local_platform.base_url) - refused_at >= 0.9
+
+    def test_the_port_stays_the_platforms_while_it_refuses(
+        self, local_platform: LocalPlatform
+    ) -> None:
+        # Another server on the machine must not get the port meanwhile (clients would then talk
+        # to it): a plain bind to it fails, and the platform listens on it again.
+        local_platform.inject("refuse", seconds=1.0)
+        port = int(local_platform.base_url.rsplit(":", 1)[1])
+        with socket.socket() as other, pytest.raises(OSError) as taken:
+            other.bind(("127.0.0.1", port))
+        assert taken.value.errno == errno.EADDRINUSE
+        wait_for_port(local_platform.base_url)  # and it listens on it again
 
     def test_faults_wait_for_a_request_of_their_kind_and_run_out_after_count(
         self, local_platform: LocalPlatform

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import socket
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -102,6 +103,7 @@ class PlatformServer:
         )
         self._site: web.TCPSite | None = None
         self._reopen: asyncio.TimerHandle | None = None
+        self._held: socket.socket | None = None  # the port, bound but not listening, while refusing
         self._background: set[asyncio.Task[None]] = set()
         self._closing = asyncio.Event()
 
@@ -131,6 +133,7 @@ class PlatformServer:
         if self._site is not None:
             await self._site.stop()
             self._site = None
+            self._hold_port()
         if self._reopen is not None:
             self._reopen.cancel()
         self._reopen = asyncio.get_running_loop().call_later(seconds, self._reopen_now)
@@ -142,8 +145,27 @@ class PlatformServer:
             *(conn.shutdown(DROP_SECONDS) for conn in connections if conn is not asker)
         )
 
+    def _hold_port(self) -> None:
+        """Keep the port bound, not listening, while refusing: connections to it are refused,
+        and the kernel gives it to no one else (neither another server asking for port 0 nor an
+        outgoing connection), so the platform can listen on it again."""
+        held = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET)
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            held.bind((self._host, self._port))
+        except OSError:
+            held.close()  # taken in the instant between: _listen_again says so
+            return
+        self._held = held
+
+    def _release_port(self) -> None:
+        if self._held is not None:
+            self._held.close()
+            self._held = None
+
     def _reopen_now(self) -> None:
         self._reopen = None
+        self._release_port()
         task = asyncio.ensure_future(self._listen_again())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -160,6 +182,7 @@ class PlatformServer:
         self._closing.set()
         if self._reopen is not None:
             self._reopen.cancel()
+        self._release_port()
         await self._runner.cleanup()
         self._db.shutdown(wait=True)
 
