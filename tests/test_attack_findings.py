@@ -408,14 +408,19 @@ def test_a_blank_trace_id_does_not_wedge_the_reconciling_read(platform, tmp_path
 def test_a_huge_number_from_the_platform_is_a_malformed_answer_not_a_traceback(
     platform, hop, tmp_path
 ):
-    """F10: a sample count past SQLite's integer is no count."""
+    """F10: a sample count past SQLite's integer is no count: the first listing says so, is
+    retried like any unusable answer, and the next one (a sane count) is used."""
     run = write_run(tmp_path / "out", traces(4))
     env = cli_env(platform, tmp_path)
     assert evalpush(env, "push", str(run)).returncode == 0
     shutil.rmtree(tmp_path / "state")  # the run is new to the ledger: it is looked up
+    listings = []
 
     def huge_counts(method: str, path: str, status: int, body: bytes) -> tuple[int, bytes] | None:
-        if not is_evaluation_listing(method, path):
+        if not is_evaluation_listing(method, path) or "environment_name=" not in path:
+            return None
+        listings.append(path)
+        if len(listings) > 1:
             return None
         page = json.loads(body)
         for evaluation in page["evaluations"]:
@@ -426,6 +431,10 @@ def test_a_huge_number_from_the_platform_is_a_malformed_answer_not_a_traceback(
     done = evalpush(env, "push", str(run), PRIME_API_BASE_URL=via.base_url)
 
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "an answer of another shape" in done.stderr, done.stderr[-2000:]
+    assert "sample_count" in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(listings) >= 2
     assert line_of(done.stdout, run), done.stdout
 
 
