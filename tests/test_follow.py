@@ -518,3 +518,54 @@ def test_a_followed_file_replaced_by_a_shorter_one_is_followed_before_it_outgrow
     assert set(by_status) == {"CANCELLED", "COMPLETED"}, by_status
     completed = by_status["COMPLETED"]
     assert (completed["sample_count"], completed["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
+
+
+def test_a_push_of_a_run_a_daemon_follows_leaves_it_to_the_daemon(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A person's `push` of a run a live daemon follows would finalize it short, and the daemon
+    would then supersede that with a second evaluation: it is left to the daemon instead (its
+    last batch less than a batch period old), said, and the daemon finalizes it once."""
+    # A batch as soon as a kilobyte waits, and a period long enough for the push to meet it.
+    environ, run = followed_run(
+        local_platform,
+        tmp_path,
+        EVALPUSH_RUNS__FOLLOW_BATCH_SECONDS="20",
+        EVALPUSH_UPLOAD__MAX_BATCH_BYTES="1024",
+    )
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:5])
+        wait_until(
+            lambda: (
+                evaluations_of(local_platform, run.run_id)
+                and only_evaluation(local_platform, run.run_id)["sample_count"] == 5
+            ),
+            "the first lines on the platform",
+        )
+        pushed = evalpush(environ, "push", str(run.path))
+        as_json = evalpush(environ, "push", "--json", str(run.path))
+        during = only_evaluation(local_platform, run.run_id)
+
+        run.write(lines[5:])
+        daemon.wait_for("run finalized", run=run.run_id)
+        assert daemon.stop() == 0
+
+    assert pushed.returncode == 1, pushed.stdout + pushed.stderr
+    assert pushed.stdout.startswith("following  "), pushed.stdout
+    assert "a daemon uploads it while it is written (5 samples so far)" in pushed.stdout
+    (result,) = json.loads(as_json.stdout)["results"]
+    assert (result["status"], result["state"], result["samples_sent"]) == (
+        "following",
+        "waiting",
+        5,
+    )
+    assert (during["status"], during["finalize_count"]) == ("RUNNING", 0)
+    final = only_evaluation(local_platform, run.run_id)  # the one evaluation
+    assert (final["status"], final["sample_count"], final["finalize_count"]) == (
+        "COMPLETED",
+        EXPECTED,
+        1,
+    )
+    assert requests(local_platform, "create") == 1

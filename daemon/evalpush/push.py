@@ -129,6 +129,7 @@ class _Push:
             directory,
             waited_for=self._waited_for.get(directory),
             on_incomplete=self._on_incomplete,
+            leave_followed=True,  # a daemon following it finalizes it once it is finished
         )
         if result.outcome == Outcome.KEY_REFUSED:
             self._refuse(AuthError(result.error or "no API key"))

@@ -96,13 +96,15 @@ def attempt(
     waited_for: int | None = None,
     on_incomplete: str | None = None,
     follow: bool = False,
+    leave_followed: bool = False,
 ) -> Attempt:
     """Upload the run in `directory` as far as it goes now. `retry_failed`: a failed run is
     tried again; `waited_for`: the pid of another process that held the run until now (its
     outcome is reported as its own, unless it left the run unfinished; a failed run is not
     tried again); `on_incomplete`: "upload" or "hold" a run short of its expected traces
     (None: `runs.on_incomplete`); `follow`: the run is still being written, and this attempt
-    is a stretch of it (`Uploader.upload`), said at debug."""
+    is a stretch of it (`Uploader.upload`), said at debug; `leave_followed`: a run another
+    process follows while it is written is left to it (`Outcome.FOLLOWING`)."""
     log = get_logger(run=app.run_id_of(directory), path=paths.display(directory))
     try:
         if app.stop.is_set():
@@ -123,9 +125,13 @@ def attempt(
             on_incomplete=on_incomplete,
             claimed_as=claimed.append,
             follow=follow,
+            leave_followed=leave_followed,
         )
         result = _result(app, directory, claimed[0], record, waited_for)
-        _ended(log, result, time.monotonic() - started)
+        if result.outcome == Outcome.FOLLOWING and not follow:
+            log.info("run followed by another process while it is written: left to it")
+        else:
+            _ended(log, result, time.monotonic() - started)
         return result
     except Exception as exc:  # noqa: BLE001 - the upload's own failures, each told apart
         result = _failure(app, directory, exc)

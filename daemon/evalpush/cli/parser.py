@@ -64,7 +64,7 @@ COMMAND_EXIT_CODES = {
     + _PIPE,
     "push": """  0    every run finalized (or skipped, or finalized before)
   1    some run failed, is held, had records set aside, or is being uploaded by another
-       process (--no-wait)
+       process (--no-wait) or followed by a daemon while it is written (following)
   2    usage, configuration or credentials: no API key, the platform refused it, or
        its TLS certificate failed verification (checked once before anything is sent;
        one line says which)

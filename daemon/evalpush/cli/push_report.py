@@ -57,6 +57,11 @@ def _push_line(result: Attempt) -> str:
         return f"finalized  {path}: {done} -> {record.viewer_url}"
     if record.state == State.SKIPPED:
         return f"skipped    {path}: {record.reason}"
+    if result.outcome == Outcome.FOLLOWING:
+        return (
+            f"following  {path}: a daemon uploads it while it is written ({record.samples_sent} "
+            f"samples so far) and finalizes it once it is finished -> {record.viewer_url}"
+        )
     return f"{record.state:<10} {path}: {result.error or record.reason} ({where})"
 
 
@@ -64,14 +69,15 @@ def push_object(result: Attempt, set_aside: list[SetAside]) -> dict[str, Any]:
     """One run of `push --json` (like `prime eval push -o json`'s results): its path, run id,
     state, evaluation and viewer URL, samples (and the traces expected, and missing), what was
     set aside, and the error if any; `status` is `success` for a finalized or skipped run with
-    nothing set aside, `partial` for one finalized short of its expected traces."""
+    nothing set aside, `partial` for one finalized short of its expected traces, `following`
+    for one a daemon uploads while it is written."""
     record = result.record
     error = result.error
     if result.busy is not None:
         error = f"being uploaded by pid {result.busy.pid} on {result.busy.host}"
     status = "success" if result.ok else "failed"
-    if result.outcome == Outcome.PARTIAL:
-        status = "partial"
+    if result.outcome in (Outcome.PARTIAL, Outcome.FOLLOWING):
+        status = str(result.outcome)
     return {
         "path": paths.printable(paths.display(result.path)),
         "run_id": None if record is None else record.run_id,

@@ -8,7 +8,8 @@ changed since it was scanned supersedes a finalized evaluation, cancels an open 
 starts over) or, deleted, fails the upload; a finalized, held or (unless retried) failed run
 stays as it is; a run about to start with fewer traces than its config expects is said at
 warning, and held for a person when the policy in effect (`runs.on_incomplete`, or `push
---partial`) says "hold"; anything else starts (or resumes) its upload, its expected count
+--partial`) says "hold"; a `push` of a run a daemon follows while it is written (its last
+stretch less than a batch period old) leaves it to the daemon; anything else starts (or resumes) its upload, its expected count
 recorded.
 """
 
@@ -64,12 +65,16 @@ class Admission:
         retry_failed: bool,
         on_incomplete: str,
         follow: bool = False,
+        leave_followed: bool = False,
     ) -> RunRecord:
         """The run's row after the policy: `uploading` if its upload (or, `follow`, a stretch
-        of it while it is written) goes ahead."""
+        of it while it is written) goes ahead. `leave_followed`: a run another process follows
+        is left as it is, waiting for that process to finalize it once it is finished."""
         ledger = self._ctx.ledger
         if follow:
             return self._admit_stretch(record, run)
+        if leave_followed and record.state == State.WAITING and self._followed_elsewhere(record):
+            return record
         if record.path_raw != paths.raw(run.path):
             if still_there(record, ledger):
                 self._check_copy(record, run)

@@ -62,6 +62,7 @@ class Uploader:
         on_incomplete: str | None = None,
         claimed_as: Callable[[RunRecord], object] | None = None,
         follow: bool = False,
+        leave_followed: bool = False,
     ) -> RunRecord:
         """Take `run` as far as it can go now, under its claim; returns its ledger row
         afterwards (held by nobody). `Busy` if another live process holds the run.
@@ -69,13 +70,15 @@ class Uploader:
         run short of its expected traces. `claimed_as` hears the row as the claim found it (a
         run another process finalized is told from one finalized now). `follow`: the run is
         still being written; its lines so far go to its open evaluation (made now if it has
-        none), and the row waits for more."""
+        none), and the row waits for more. `leave_followed`: a run another process follows
+        while it is written is left to it (a person's `push` beside a daemon)."""
         policy = on_incomplete or self.context.config.runs.on_incomplete
         claimed = self._claim(run.run_id, run.path, run.kind)
         if claimed_as is not None:
             claimed_as(claimed)
         record = self._release_after(
-            claimed, lambda: self._work(claimed, run, retry_failed, policy, follow)
+            claimed,
+            lambda: self._work(claimed, run, retry_failed, policy, follow, leave_followed),
         )
         if record.state != State.WAITING:  # not followed any more (or never was)
             self.context.follows.forget(run.run_id)
@@ -143,14 +146,25 @@ class Uploader:
     # ------------------------------------------------------------ the steps
 
     def _work(
-        self, record: RunRecord, run: Run, retry_failed: bool, on_incomplete: str, follow: bool
+        self,
+        record: RunRecord,
+        run: Run,
+        retry_failed: bool,
+        on_incomplete: str,
+        follow: bool,
+        leave_followed: bool,
     ) -> RunRecord:
         """Admit the run, then drive its steps; the outcome is recorded whatever goes wrong
         where (in admission too: a close-out refused, a file unreadable)."""
         ledger = self.context.ledger
         try:
             record = self._admission.admit(
-                record, run, retry_failed=retry_failed, on_incomplete=on_incomplete, follow=follow
+                record,
+                run,
+                retry_failed=retry_failed,
+                on_incomplete=on_incomplete,
+                follow=follow,
+                leave_followed=leave_followed,
             )
             if record.state != State.UPLOADING:
                 return record
