@@ -265,6 +265,39 @@ def test_a_file_rewritten_while_followed_closes_its_evaluation_and_a_new_one_is_
     assert (completed["sample_count"], completed["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
 
 
+def test_a_daemon_killed_in_the_stretch_that_started_over_after_a_rewrite_keeps_following(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The file replaced mid-run starts the run over inside a stretch; the daemon is killed as
+    that stretch creates the new evaluation. The row must still read as followed: taken for a
+    finished run's upload, its range fixed at six lines, it was finalized short, and then
+    superseded once the eval wrote the rest (two COMPLETED evaluations)."""
+    environ, run = followed_run(local_platform, tmp_path)
+    old = run.lines(6)
+    new = [line.replace(b'"id":"', b'"id":"again-') for line in run.lines(EXPECTED)]
+    with Daemon({**environ, CRASH_ENV: "create-sent:2"}) as crashing:
+        crashing.started()
+        run.write(old)
+        wait_until(lambda: samples_of(local_platform, run.run_id) == 6, "the old lines sent")
+        replacement = run.traces.with_name("traces.jsonl.tmp")
+        replacement.write_bytes(b"\n".join(new[:6]) + b"\n")
+        replacement.replace(run.traces)
+        crashing.process.wait(WAIT_SECONDS)
+        assert crashing.process.returncode == -signal.SIGKILL, crashing.text()
+    with Daemon(environ) as daemon:
+        daemon.started()
+        time.sleep(3.0)  # past a ledger poll: a row taken for finished would be finalized now
+        run.write(new[6:])
+        daemon.wait_for("run finalized", run=run.run_id)
+        assert daemon.stop() == 0
+
+    shapes = sorted(
+        (e["status"], e["sample_count"], e["finalize_count"])
+        for e in evaluations_of(local_platform, run.run_id).values()
+    )
+    assert shapes == [("CANCELLED", 6, 0), ("COMPLETED", EXPECTED, 1)], shapes
+
+
 def test_a_followed_run_short_of_its_expected_traces_is_held_with_its_evaluation_open(
     local_platform: LocalPlatform, tmp_path: Path
 ) -> None:

@@ -521,12 +521,18 @@ class Ledger(LedgerReads):
         return self.get(record.id) if result.rowcount else None
 
     def restart(
-        self, record: RunRecord, *, outcome: HistoryOutcome, state: State, same_file: bool = False
+        self,
+        record: RunRecord,
+        *,
+        outcome: HistoryOutcome,
+        state: State,
+        same_file: bool = False,
+        following: bool = False,
     ) -> RunRecord:
         """Start the run's upload over: its current evaluation (if any) goes to `history` with
         `outcome`, its progress and set-aside records are cleared, in one transaction. A hold
         release (`evalpush retry`) is kept only for the `same_file`: it was for the bad lines a
-        person saw."""
+        person saw. `following`: the run is still followed (a stretch starts it over)."""
         now = self._clock()
         with self._transaction() as db:
             self._fence(db, record)
@@ -537,7 +543,7 @@ class Ledger(LedgerReads):
                 sa.update(runs)
                 .where(runs.c.id == record.id)
                 .values(
-                    **_STARTED_OVER,
+                    **(_STARTED_OVER | {"following": int(following)}),
                     state=state,
                     step=Step.SCAN,
                     release_hold=record.release_hold if same_file else 0,

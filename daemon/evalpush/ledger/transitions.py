@@ -158,10 +158,15 @@ def start_over(
     *,
     state: State = State.READY,
     same_file: bool = False,
+    following: bool = False,
 ) -> RunRecord:
     """The upload begins again from scan, in `state`: the current evaluation (if any) goes to
-    the history as `outcome` (superseded, cancelled, deleted, closed)."""
-    return ledger.restart(record, outcome=outcome, state=state, same_file=same_file)
+    the history as `outcome` (superseded, cancelled, deleted, closed). `following`: a stretch
+    of a followed run starts it over, and the row stays followed (left `uploading` by a crash,
+    it is not taken for a finished run's upload)."""
+    return ledger.restart(
+        record, outcome=outcome, state=state, same_file=same_file, following=following
+    )
 
 
 __all__ = [

@@ -240,10 +240,17 @@ class Admission:
         )
 
     def file_replaced(
-        self, record: RunRecord, run: Run, change: Change, restart_as: State
+        self,
+        record: RunRecord,
+        run: Run,
+        change: Change,
+        restart_as: State,
+        *,
+        following: bool = False,
     ) -> RunRecord:
         """The file under an open upload is gone (the upload fails) or is another file now (the
-        upload starts over): either way its open evaluation is closed out as cancelled."""
+        upload starts over, still followed if a stretch started it over): either way its open
+        evaluation is closed out as cancelled."""
         ledger = self._ctx.ledger
         record = self._reconcile.settle_create(record, run)
         if change == Change.GONE:
@@ -256,7 +263,9 @@ class Admission:
             "the run uploads again from the start"
         )
         self._reconcile.cancel(record, "the run's trace file was replaced (resumed eval)")
-        return transitions.start_over(ledger, record, HistoryOutcome.CANCELLED, state=restart_as)
+        return transitions.start_over(
+            ledger, record, HistoryOutcome.CANCELLED, state=restart_as, following=following
+        )
 
 
 def _gone_how(path: Path) -> str:

@@ -246,10 +246,17 @@ class Uploader:
                 error=str(exc),
             )
             return transitions.start_over(
-                self.context.ledger, record, outcome, state=State.UPLOADING, same_file=True
+                self.context.ledger,
+                record,
+                outcome,
+                state=State.UPLOADING,
+                same_file=True,
+                following=follow,
             )
         except Rewritten:
-            return self._admission.file_replaced(record, run, Change.REPLACED, State.UPLOADING)
+            return self._admission.file_replaced(
+                record, run, Change.REPLACED, State.UPLOADING, following=follow
+            )
         except OSError as exc:  # FileChangedError, or the trace file gone or unreadable
             checked = self._admission.check_file(record, run, restart_as=State.UPLOADING)
             if checked.state == record.state and checked.step == record.step:
