@@ -1,0 +1,176 @@
+"""Attacks on `push` beside a daemon that follows a run while it is written: whatever the push
+meets, one run ends as exactly one COMPLETED evaluation with every line once."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon_support import InProcessDaemon, RunDir, evaluations_of, status, wait_until
+from evalpush.local_platform import LocalPlatform
+from support.commands import evalpush
+from support.platform_view import requests
+from test_follow import EXPECTED, followed_run, only_evaluation
+
+
+def row_value(environ: dict, run: RunDir, column: str) -> Any:
+    """One column of the run's ledger row, as the file holds it now."""
+    with contextlib.closing(
+        sqlite3.connect(Path(environ["EVALPUSH_STATE_DIR"]) / "state.db")
+    ) as db:
+        (value,) = db.execute(
+            f"SELECT {column} FROM runs WHERE run_id = ?", (run.run_id,)
+        ).fetchone()
+    return value
+
+
+def one_completed_with_every_line(platform: LocalPlatform, run: RunDir) -> None:
+    """The promise: one evaluation, COMPLETED once, with every line once."""
+    evaluations = list(evaluations_of(platform, run.run_id).values())
+    assert [e["status"] for e in evaluations] == ["COMPLETED"], evaluations
+    (final,) = evaluations
+    assert (final["sample_count"], final["distinct_sample_ids"]) == (EXPECTED, EXPECTED)
+    assert (final["duplicates"], final["finalize_count"]) == (0, 1)
+    assert requests(platform, "create") == 1
+
+
+def finished_on_platform(platform: LocalPlatform, run: RunDir) -> None:
+    wait_until(
+        lambda: any(
+            e["status"] == "COMPLETED" and e["sample_count"] == EXPECTED
+            for e in evaluations_of(platform, run.run_id).values()
+        ),
+        "the run finished on the platform",
+    )
+
+
+def first_lines_followed(platform: LocalPlatform, run: RunDir, count: int) -> None:
+    wait_until(
+        lambda: (
+            evaluations_of(platform, run.run_id)
+            and only_evaluation(platform, run.run_id)["sample_count"] == count
+        ),
+        "the first lines on the platform",
+    )
+
+
+def test_a_push_beside_a_live_daemon_following_a_slow_eval_leaves_the_run_to_the_daemon(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A stretch is sent only when lines came: an eval whose next line takes longer than a
+    batch period (a slow rollout) leaves its last stretch older than a batch period while the
+    daemon is alive and following it. The push must still leave it to the daemon: finalized
+    short there, the daemon's upload of the finished run supersedes it (two COMPLETED)."""
+    environ, run = followed_run(local_platform, tmp_path, EVALPUSH_RUNS__FOLLOW_BATCH_SECONDS="1")
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:5])
+        first_lines_followed(local_platform, run, 5)
+        acknowledged = row_value(environ, run, "followed_at")
+        assert acknowledged is not None
+        # The eval's next rollout is slow: no line for more than a batch period.
+        wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period with no line")
+        pushed = evalpush(environ, "push", str(run.path))
+        run.write(lines[5:])
+        wait_until(
+            lambda: any(
+                e["status"] == "COMPLETED" and e["sample_count"] == EXPECTED
+                for e in evaluations_of(local_platform, run.run_id).values()
+            ),
+            "the run finished on the platform",
+        )
+        assert daemon.stop() == 0
+
+    statuses = sorted(e["status"] for e in evaluations_of(local_platform, run.run_id).values())
+    assert statuses == ["COMPLETED"], (statuses, pushed.stdout)
+    assert pushed.stdout.startswith("following  "), pushed.stdout
+
+
+def test_a_push_that_waited_for_a_stretch_in_flight_leaves_the_run_to_the_daemon(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The push meets the daemon's claim (a stretch's batch held up by the platform): `--no-wait`
+    says busy, a waiting push takes the run once the stretch is acknowledged and leaves it to
+    the daemon."""
+    environ, run = followed_run(local_platform, tmp_path)
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:5])
+        first_lines_followed(local_platform, run, 5)
+        local_platform.inject("stall", on="samples", count=1, seconds=3.0)
+        run.write(lines[5:10])
+        wait_until(lambda: row_value(environ, run, "claim_owner"), "a stretch in flight")
+        no_wait = evalpush(environ, "push", "--no-wait", "--json", str(run.path))
+        waited = evalpush(environ, "push", "--json", str(run.path))
+        run.write(lines[10:])
+        finished_on_platform(local_platform, run)
+        assert daemon.stop() == 0
+
+    (busy,) = json.loads(no_wait.stdout)["results"]
+    assert (no_wait.returncode, busy["status"]) == (1, "failed"), no_wait.stdout
+    assert "being uploaded by pid" in busy["error"]
+    (left,) = json.loads(waited.stdout)["results"]
+    assert (waited.returncode, left["status"], left["samples_sent"]) == (1, "following", 10)
+    one_completed_with_every_line(local_platform, run)
+
+
+@pytest.mark.parametrize("partial", ["upload", "hold"])
+def test_two_pushes_at_once_with_either_partial_policy_leave_a_followed_run_to_the_daemon(
+    local_platform: LocalPlatform, tmp_path: Path, partial: str
+) -> None:
+    environ, run = followed_run(local_platform, tmp_path)
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:5])
+        first_lines_followed(local_platform, run, 5)
+        command = [sys.executable, "-m", "evalpush", "push", "--json", "--partial", partial]
+        pushes = [
+            subprocess.Popen(
+                [*command, str(run.path)], env=environ, stdout=subprocess.PIPE, text=True
+            )
+            for _ in range(2)
+        ]
+        outputs = [push.communicate(timeout=60)[0] for push in pushes]
+        shown = status(environ)[run.run_id]
+        run.write(lines[5:])
+        finished_on_platform(local_platform, run)
+        assert daemon.stop() == 0
+
+    for push, output in zip(pushes, outputs, strict=True):
+        (result,) = json.loads(output)["results"]
+        assert (push.returncode, result["status"]) == (1, "following"), output
+    assert shown["state"] == "following"
+    one_completed_with_every_line(local_platform, run)
+
+
+def test_a_push_as_the_eval_finishes_ends_the_run_once(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The last expected line lands just before the push: whether the push leaves the run to
+    the daemon or finalizes it itself, the platform ends with one evaluation."""
+    environ, run = followed_run(local_platform, tmp_path)
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:5])
+        first_lines_followed(local_platform, run, 5)
+        run.write(lines[5:])
+        pushed = evalpush(environ, "push", "--json", str(run.path))
+        finished_on_platform(local_platform, run)
+        assert daemon.stop() == 0
+
+    (result,) = json.loads(pushed.stdout)["results"]
+    assert result["status"] in ("following", "success"), pushed.stdout
+    one_completed_with_every_line(local_platform, run)
+    assert status(environ)[run.run_id]["state"] == "finalized"
