@@ -174,3 +174,68 @@ def test_a_push_as_the_eval_finishes_ends_the_run_once(
     assert result["status"] in ("following", "success"), pushed.stdout
     one_completed_with_every_line(local_platform, run)
     assert status(environ)[run.run_id]["state"] == "finalized"
+
+
+def test_a_followed_run_the_daemon_held_short_is_held_for_push_and_released_by_retry(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The eval died short: the daemon holds its followed run (`on_incomplete = "hold"`), its
+    evaluation left open. `push` does not take it for a followed run (it says held); `retry`
+    releases it and the daemon finalizes the one evaluation it opened, with what was sent."""
+    environ, run = followed_run(
+        local_platform,
+        tmp_path,
+        EVALPUSH_RUNS__ON_INCOMPLETE="hold",
+        EVALPUSH_RUNS__SETTLE_SECONDS="2",
+    )
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(run.lines(5))
+        first_lines_followed(local_platform, run, 5)
+        wait_until(lambda: row_value(environ, run, "state") == "held", "the run held")
+        pushed = evalpush(environ, "push", "--json", str(run.path))
+        retried = evalpush(environ, "retry", run.run_id)
+        daemon.wait_for("run finalized", run=run.run_id)
+        assert daemon.stop() == 0
+
+    (result,) = json.loads(pushed.stdout)["results"]
+    assert (pushed.returncode, result["status"], result["state"]) == (1, "failed", "held")
+    assert retried.returncode == 0, retried.stderr
+    (final,) = evaluations_of(local_platform, run.run_id).values()
+    assert (final["status"], final["sample_count"], final["finalize_count"]) == ("COMPLETED", 5, 1)
+    assert status(environ)[run.run_id]["state"] == "finalized"
+
+
+def test_a_followed_run_moved_out_of_the_watched_tree_is_pushed_from_its_new_place(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """Moved out of the daemon's tree while it waits between stretches, the run is followed no
+    more. Within a batch period of its last stretch a push cannot tell that from a move the
+    daemon follows on (in its tree) and leaves it; once a batch period passed, a push from its
+    new place uploads it into the one evaluation the daemon opened."""
+    environ, run = followed_run(local_platform, tmp_path, EVALPUSH_RUNS__FOLLOW_BATCH_SECONDS="5")
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:5])
+        first_lines_followed(local_platform, run, 5)
+        moved = tmp_path / "elsewhere" / run.path.name
+        moved.parent.mkdir()
+        run.path.rename(moved)
+        daemon.wait_for(
+            "followed run gone from its directory: no longer followed; its evaluation stays "
+            "open with the samples sent so far"
+        )
+        run.path, run.traces = moved, moved / "traces.jsonl"
+        run.write(lines[5:])
+        at_once = evalpush(environ, "push", "--json", str(moved))
+        acknowledged = row_value(environ, run, "followed_at")
+        wait_until(lambda: time.time() - acknowledged > 5, "a batch period since the last stretch")
+        later = evalpush(environ, "push", "--json", str(moved))
+        assert daemon.stop() == 0
+
+    (left,) = json.loads(at_once.stdout)["results"]
+    assert (at_once.returncode, left["status"]) == (1, "following"), at_once.stdout
+    (result,) = json.loads(later.stdout)["results"]
+    assert (later.returncode, result["status"]) == (0, "success"), later.stdout
+    one_completed_with_every_line(local_platform, run)
