@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -14,8 +15,17 @@ from typing import Any
 
 import pytest
 
-from daemon_support import InProcessDaemon, RunDir, evaluations_of, status, wait_until
+from daemon_support import (
+    WAIT_SECONDS,
+    Daemon,
+    InProcessDaemon,
+    RunDir,
+    evaluations_of,
+    status,
+    wait_until,
+)
 from evalpush.local_platform import LocalPlatform
+from evalpush.upload import CRASH_ENV
 from support.commands import evalpush
 from support.platform_view import requests
 from test_follow import EXPECTED, followed_run, only_evaluation
@@ -238,4 +248,35 @@ def test_a_followed_run_moved_out_of_the_watched_tree_is_pushed_from_its_new_pla
     assert (at_once.returncode, left["status"]) == (1, "following"), at_once.stdout
     (result,) = json.loads(later.stdout)["results"]
     assert (later.returncode, result["status"]) == (0, "success"), later.stdout
+    one_completed_with_every_line(local_platform, run)
+
+
+@pytest.mark.parametrize("point", ["followed:1", "batch-sent:2"])
+def test_a_push_beside_a_restarted_daemon_leaves_the_run_its_killed_follower_left(
+    local_platform: LocalPlatform, tmp_path: Path, point: str
+) -> None:
+    """The follower is SIGKILLed between stretches (its row waits) or mid-stretch (its row left
+    uploading, a batch sent and not acknowledged), and a new daemon runs before the eval's
+    next lines. A push then leaves the run to that daemon, which ends it with every line once."""
+    environ, run = followed_run(local_platform, tmp_path)
+    lines = run.lines(EXPECTED)
+    with Daemon({**environ, CRASH_ENV: point}) as crashing:
+        crashing.started()
+        run.write(lines[:5])
+        first_lines_followed(local_platform, run, 5)
+        run.write(lines[5:10])
+        crashing.process.wait(WAIT_SECONDS)
+        assert crashing.process.returncode == -signal.SIGKILL, crashing.text()
+    left_as = row_value(environ, run, "state")
+    # Its next stretch not due before the push: a batch period of its own.
+    with InProcessDaemon({**environ, "EVALPUSH_RUNS__FOLLOW_BATCH_SECONDS": "20"}) as daemon:
+        daemon.started()
+        pushed = evalpush(environ, "push", "--json", str(run.path))
+        run.write(lines[10:])
+        finished_on_platform(local_platform, run)
+        assert daemon.stop() == 0
+
+    (result,) = json.loads(pushed.stdout)["results"]
+    assert left_as == ("waiting" if point.startswith("followed") else "uploading")
+    assert (pushed.returncode, result["status"]) == (1, "following"), pushed.stdout
     one_completed_with_every_line(local_platform, run)
