@@ -75,10 +75,11 @@ def first_lines_followed(platform: LocalPlatform, run: RunDir, count: int) -> No
 def test_a_push_beside_a_live_daemon_following_a_slow_eval_leaves_the_run_to_the_daemon(
     local_platform: LocalPlatform, tmp_path: Path
 ) -> None:
-    """A stretch is sent only when lines came: an eval whose next line takes longer than a
-    batch period (a slow rollout) leaves its last stretch older than a batch period while the
-    daemon is alive and following it. The push must still leave it to the daemon: finalized
-    short there, the daemon's upload of the finished run supersedes it (two COMPLETED)."""
+    """A stretch is sent only once lines came: an eval whose next line takes longer than a
+    batch period (a slow rollout) leaves its last stretch older than that while the daemon
+    follows it on. The push still leaves the run to the daemon (finalized short by the push, it
+    was superseded by the daemon's upload of the finished run: two COMPLETED), and `retry`,
+    which takes only failed or held runs, leaves it too."""
     environ, run = followed_run(local_platform, tmp_path, EVALPUSH_RUNS__FOLLOW_BATCH_SECONDS="1")
     lines = run.lines(EXPECTED)
     with InProcessDaemon(environ) as daemon:
@@ -90,19 +91,16 @@ def test_a_push_beside_a_live_daemon_following_a_slow_eval_leaves_the_run_to_the
         # The eval's next rollout is slow: no line for more than a batch period.
         wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period with no line")
         pushed = evalpush(environ, "push", str(run.path))
+        retried = evalpush(environ, "retry", run.run_id)
+        shown = status(environ)[run.run_id]
         run.write(lines[5:])
-        wait_until(
-            lambda: any(
-                e["status"] == "COMPLETED" and e["sample_count"] == EXPECTED
-                for e in evaluations_of(local_platform, run.run_id).values()
-            ),
-            "the run finished on the platform",
-        )
+        finished_on_platform(local_platform, run)
         assert daemon.stop() == 0
 
-    statuses = sorted(e["status"] for e in evaluations_of(local_platform, run.run_id).values())
-    assert statuses == ["COMPLETED"], (statuses, pushed.stdout)
-    assert pushed.stdout.startswith("following  "), pushed.stdout
+    assert pushed.returncode == 1 and pushed.stdout.startswith("following  "), pushed.stdout
+    assert retried.returncode == 1 and "only failed or held runs" in retried.stderr
+    assert (shown["state"], shown["samples_sent"]) == ("following", 5)
+    one_completed_with_every_line(local_platform, run)
 
 
 def test_a_push_that_waited_for_a_stretch_in_flight_leaves_the_run_to_the_daemon(
@@ -279,4 +277,31 @@ def test_a_push_beside_a_restarted_daemon_leaves_the_run_its_killed_follower_lef
     (result,) = json.loads(pushed.stdout)["results"]
     assert left_as == ("waiting" if point.startswith("followed") else "uploading")
     assert (pushed.returncode, result["status"]) == (1, "following"), pushed.stdout
+    one_completed_with_every_line(local_platform, run)
+
+
+def test_a_push_whose_batch_period_is_shorter_than_the_daemons_leaves_the_run_to_it(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The push reads its own configuration: with a batch period shorter than the daemon's,
+    the daemon's last stretch looks old to it while the daemon follows the run on."""
+    environ, run = followed_run(
+        local_platform,
+        tmp_path,
+        EVALPUSH_RUNS__FOLLOW_BATCH_SECONDS="60",
+        EVALPUSH_UPLOAD__MAX_BATCH_BYTES="1024",  # the daemon's stretches go by size
+    )
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:5])
+        first_lines_followed(local_platform, run, 5)
+        acknowledged = row_value(environ, run, "followed_at")
+        wait_until(lambda: time.time() - acknowledged > 1.5, "the push's batch period")
+        pushed = evalpush(environ, "push", str(run.path), EVALPUSH_RUNS__FOLLOW_BATCH_SECONDS="1")
+        run.write(lines[5:])
+        finished_on_platform(local_platform, run)
+        assert daemon.stop() == 0
+
+    assert pushed.returncode == 1 and pushed.stdout.startswith("following  "), pushed.stdout
     one_completed_with_every_line(local_platform, run)
