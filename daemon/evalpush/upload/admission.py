@@ -9,9 +9,9 @@ starts over) or, deleted, fails the upload; a finalized, held or (unless retried
 stays as it is; a run about to start with fewer traces than its config expects is said at
 warning, and held for a person when the policy in effect (`runs.on_incomplete`, or `push
 --partial`) says "hold"; a `push` of a run a daemon follows while it is written leaves it to
-the daemon (its last stretch less than a batch period old, or a daemon of this ledger running
-while the run is where it was followed); anything else starts (or resumes) its upload, its
-expected count recorded.
+the daemon (its last stretch less than a batch period old, or a daemon that ran at it still
+running while the run is where it was followed); anything else starts (or resumes) its upload,
+its expected count recorded.
 """
 
 from __future__ import annotations
@@ -148,22 +148,28 @@ class Admission:
     def _left_to_follower(self, record: RunRecord, run: Run) -> bool:
         """Whether a `push` leaves the run to the daemon that follows it while it is written:
         its row waits between stretches, and another process sent its last stretch less than a
-        batch period ago, or the run is where it was followed and a daemon of this ledger runs.
-        A stretch goes only once lines came: an eval slower than a batch period between two
-        lines leaves its last stretch older than that while its daemon follows it on (and ends
-        it, by its count or the settle rule)."""
+        batch period ago, or the run is where it was followed and a daemon that ran at that
+        stretch still runs. A stretch goes only once lines came: an eval slower than a batch
+        period between two lines leaves its last stretch older than that while its daemon
+        follows it on (and ends it, by its count or the settle rule)."""
         if record.state != State.WAITING or not record.following:
             return False
         if self._followed_elsewhere(record):
             return True
-        return record.path_raw == paths.raw(run.path) and self._a_daemon_runs()
+        return record.path_raw == paths.raw(run.path) and self._follower_runs(record)
 
-    def _a_daemon_runs(self) -> bool:
-        """Whether a daemon of this ledger runs: heard from lately, its process not seen gone
-        (where this process can see it)."""
+    def _follower_runs(self, record: RunRecord) -> bool:
+        """Whether a daemon of this ledger that was running at the run's last stretch still
+        runs (heard from lately, its process not seen gone where this process can see it): its
+        follower, or a fleet's daemon that takes over from it. One started since may watch
+        other roots, and leave the run to nobody."""
+        followed_at = record.followed_at
+        if followed_at is None:
+            return False
         here, now = Process.current(), self._ctx.clock()
         return any(
-            daemon.running(now, lambda holder: holder_alive(holder, here, now))
+            daemon.started_at <= followed_at
+            and daemon.running(now, lambda holder: holder_alive(holder, here, now))
             for daemon in self._ctx.ledger.daemons()
         )
 
