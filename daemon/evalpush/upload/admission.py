@@ -8,9 +8,10 @@ changed since it was scanned supersedes a finalized evaluation, cancels an open 
 starts over) or, deleted, fails the upload; a finalized, held or (unless retried) failed run
 stays as it is; a run about to start with fewer traces than its config expects is said at
 warning, and held for a person when the policy in effect (`runs.on_incomplete`, or `push
---partial`) says "hold"; a `push` of a run a daemon follows while it is written (its last
-stretch less than a batch period old) leaves it to the daemon; anything else starts (or resumes) its upload, its expected count
-recorded.
+--partial`) says "hold"; a `push` of a run a daemon follows while it is written leaves it to
+the daemon (its last stretch less than a batch period old, or a daemon that ran at it still
+running while the run is where it was followed); anything else starts (or resumes) its upload,
+its expected count recorded.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from evalpush.core import paths
 from evalpush.core.errors import RunIdTaken
 from evalpush.core.ids import short_id
 from evalpush.core.states import HistoryOutcome, State, Step
-from evalpush.ledger import Ledger, RunRecord, transitions
+from evalpush.ledger import Ledger, Process, RunRecord, holder_alive, transitions
 from evalpush.log import get_logger
 from evalpush.runs import (
     Change,
@@ -73,7 +74,7 @@ class Admission:
         ledger = self._ctx.ledger
         if follow:
             return self._admit_stretch(record, run)
-        if leave_followed and record.state == State.WAITING and self._followed_elsewhere(record):
+        if leave_followed and self._left_to_follower(record, run):
             return record
         if record.path_raw != paths.raw(run.path):
             if still_there(record, ledger):
@@ -143,6 +144,34 @@ class Admission:
             return False  # this process extended it last
         period = self._ctx.config.runs.follow_batch_seconds
         return self._ctx.clock() - record.followed_at < period
+
+    def _left_to_follower(self, record: RunRecord, run: Run) -> bool:
+        """Whether a `push` leaves the run to the daemon that follows it while it is written:
+        its row waits between stretches, and another process sent its last stretch less than a
+        batch period ago, or the run is where it was followed and a daemon that ran at that
+        stretch still runs. A stretch goes only once lines came: an eval slower than a batch
+        period between two lines leaves its last stretch older than that while its daemon
+        follows it on (and ends it, by its count or the settle rule)."""
+        if record.state != State.WAITING or not record.following:
+            return False
+        if self._followed_elsewhere(record):
+            return True
+        return record.path_raw == paths.raw(run.path) and self._follower_runs(record)
+
+    def _follower_runs(self, record: RunRecord) -> bool:
+        """Whether a daemon of this ledger that was running at the run's last stretch still
+        runs (heard from lately, its process not seen gone where this process can see it): its
+        follower, or a fleet's daemon that takes over from it. One started since may watch
+        other roots, and leave the run to nobody."""
+        followed_at = record.followed_at
+        if followed_at is None:
+            return False
+        here, now = Process.current(), self._ctx.clock()
+        return any(
+            daemon.started_at <= followed_at
+            and daemon.running(now, lambda holder: holder_alive(holder, here, now))
+            for daemon in self._ctx.ledger.daemons()
+        )
 
     def _short(self, record: RunRecord, run: Run) -> str:
         """How a run about to start its upload falls short of the traces its config expects
