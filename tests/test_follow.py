@@ -64,6 +64,17 @@ def only_evaluation(platform: LocalPlatform, run_id: str) -> dict:
     return evaluation
 
 
+def first_lines_followed(platform: LocalPlatform, run: RunDir, count: int) -> None:
+    """Wait until the run's one evaluation holds its first `count` lines."""
+    wait_until(
+        lambda: (
+            evaluations_of(platform, run.run_id)
+            and only_evaluation(platform, run.run_id)["sample_count"] == count
+        ),
+        "the first lines on the platform",
+    )
+
+
 def test_a_run_is_on_the_platform_while_it_is_written_and_finalized_once_with_every_line(
     local_platform: LocalPlatform, tmp_path: Path
 ) -> None:
@@ -72,13 +83,7 @@ def test_a_run_is_on_the_platform_while_it_is_written_and_finalized_once_with_ev
     with InProcessDaemon(environ) as daemon:
         daemon.started()
         run.write(lines[:5])
-        wait_until(
-            lambda: (
-                evaluations_of(local_platform, run.run_id)
-                and only_evaluation(local_platform, run.run_id)["sample_count"] == 5
-            ),
-            "the first lines on the platform while the run is written",
-        )
+        first_lines_followed(local_platform, run, 5)
         running = only_evaluation(local_platform, run.run_id)
         followed = status(environ)[run.run_id]
         listed = evalpush(environ, "status", "--json", "--state", "following")
@@ -570,13 +575,7 @@ def test_a_push_of_a_run_a_daemon_follows_leaves_it_to_the_daemon(
     with InProcessDaemon(environ) as daemon:
         daemon.started()
         run.write(lines[:5])
-        wait_until(
-            lambda: (
-                evaluations_of(local_platform, run.run_id)
-                and only_evaluation(local_platform, run.run_id)["sample_count"] == 5
-            ),
-            "the first lines on the platform",
-        )
+        first_lines_followed(local_platform, run, 5)
         pushed = evalpush(environ, "push", str(run.path))
         as_json = evalpush(environ, "push", "--json", str(run.path))
         during = only_evaluation(local_platform, run.run_id)

@@ -28,7 +28,7 @@ from evalpush.local_platform import LocalPlatform
 from evalpush.upload import CRASH_ENV
 from support.commands import evalpush
 from support.platform_view import requests
-from test_follow import EXPECTED, followed_run, only_evaluation
+from test_follow import EXPECTED, first_lines_followed, followed_run
 
 
 def row_value(environ: dict, run: RunDir, column: str) -> Any:
@@ -59,16 +59,6 @@ def finished_on_platform(platform: LocalPlatform, run: RunDir) -> None:
             for e in evaluations_of(platform, run.run_id).values()
         ),
         "the run finished on the platform",
-    )
-
-
-def first_lines_followed(platform: LocalPlatform, run: RunDir, count: int) -> None:
-    wait_until(
-        lambda: (
-            evaluations_of(platform, run.run_id)
-            and only_evaluation(platform, run.run_id)["sample_count"] == count
-        ),
-        "the first lines on the platform",
     )
 
 
