@@ -39,7 +39,7 @@ from evalpush.upload import provenance
 from evalpush.upload.batch import Batch, Prefetch, batches
 from evalpush.upload.context import Context
 from evalpush.upload.crash import crash_point
-from evalpush.upload.files import FileWatch, check_bytes, fingerprint
+from evalpush.upload.files import FileWatch, Rewritten, check_bytes, fingerprint
 from evalpush.upload.prescan import Prescan
 from evalpush.upload.reconcile import Reconciler, intent, without_stored
 
@@ -221,7 +221,17 @@ class Steps:
         A followed run's push first extends its fingerprint to the file's last complete line
         (`follow.Follows`), and a stretch (`follow`) ends with the row waiting for more."""
         ctx = self._ctx
-        assert record.evaluation_id is not None and record.upload_end is not None
+        assert record.evaluation_id is not None
+        if fingerprint(record) is None:
+            # Nothing says which bytes the evaluation's samples came from, nor where to go on:
+            # it is closed out and the run starts over (as for a rewritten file), never pushed
+            # blind nor tried again in a loop.
+            get_logger(run=run.run_id).warning(
+                "the ledger holds no fingerprint of the run's file at its push step: its "
+                "evaluation is closed out and the run starts over",
+                evaluation=record.evaluation_id,
+            )
+            raise Rewritten(f"{run.traces_path}: no fingerprint of the bytes already sent")
         followed = follow or bool(record.following)
         if followed:  # the run's end (not a stretch) checks every byte of the prefix again
             record = self._extend(record, run, whole=not follow)
