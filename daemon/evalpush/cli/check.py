@@ -26,9 +26,8 @@ from evalpush.discover import HintQueue, Watcher, refuse_relative_roots, watch_v
 from evalpush.ledger import (
     SCHEMA_VERSION,
     Ledger,
-    Process,
+    alive_now,
     default_path,
-    holder_alive,
     open_ledger,
     refuse_uncreatable,
     where,
@@ -214,8 +213,9 @@ def _check_shared_ledger(config: Config) -> _Row:
             "check [ledger] url, the password (password_file), and that PostgreSQL runs",
             setup=isinstance(exc, ConfigError),  # what the daemon refuses with exit 2
         )
-    here, now = Process.current(), time.time()
-    running = sum(d.running(now, lambda h: holder_alive(h, here, now)) for d in daemons)
+    now = time.time()
+    alive = alive_now(now)
+    running = sum(d.running(now, alive) for d in daemons)
     return _Row(
         Check.LEDGER,
         True,

@@ -28,17 +28,11 @@ from evalpush.core.outage import AUTH, PAUSED, UNREACHABLE, Outage, OutageEvent
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import FOLLOWING, State
 from evalpush.core.words import counted, format_duration
-from evalpush.ledger import Holder, Ledger, Process, RunRecord, holder_alive, reads
+from evalpush.ledger import Holder, Ledger, Process, RunRecord, alive_now, reads
 from evalpush.ledger.records import DaemonRecord, HistoryRecord
 from evalpush.runs import settles_in
 
 Alive = Callable[[Holder], bool]
-
-
-def _alive_now() -> Alive:
-    """Whether a holder is alive, as this process can tell now."""
-    here, now = Process.current(), time.time()
-    return lambda holder: holder_alive(holder, here, now)
 
 
 def _holder(record: RunRecord, alive: Alive) -> dict[str, Any] | None:
@@ -128,7 +122,7 @@ def row_pages(
 ) -> Iterator[list[dict[str, Any]]]:
     """Each page of runs as `status` rows: a run's row, then one per earlier evaluation of it
     (state `superseded`); two queries a page (what its runs set aside, and had before)."""
-    alive = alive or _alive_now()
+    alive = alive or alive_now()
     for records in pages:
         counts, history = ledger.set_aside_counts_of(records), ledger.history_of(records)
         rows = []
@@ -146,14 +140,14 @@ def status_rows(ledger: Ledger, alive: Alive | None = None) -> list[dict[str, An
 
 def run_detail(ledger: Ledger, record: RunRecord, alive: Alive | None = None) -> dict[str, Any]:
     """One run in full: what `status RUN` shows, and each object of `status --json`."""
-    return _detail(record, ledger.set_aside(record), ledger.history(record), alive or _alive_now())
+    return _detail(record, ledger.set_aside(record), ledger.history(record), alive or alive_now())
 
 
 def detail_pages(
     ledger: Ledger, pages: Iterable[list[RunRecord]], alive: Alive | None = None
 ) -> Iterator[list[dict[str, Any]]]:
     """`run_detail` of each run, a page at a time: two queries a page."""
-    alive = alive or _alive_now()
+    alive = alive or alive_now()
     for records in pages:
         set_aside, history = ledger.set_aside_of(records), ledger.history_of(records)
         yield [
@@ -415,10 +409,10 @@ def local_daemon(
     """The daemon `status` speaks of, from the ledger's `daemons` rows (the last heard from
     first): (the one whose process runs, None), or (None, the one last seen; None when none ever
     ran). A file's rows are its state dir's daemons; a shared ledger's, this host's only."""
-    here, now = Process.current(), time.time() if now is None else now
+    here, alive = Process.current(), alive_now(now)
     mine = [d for d in daemons if not shared or d.host == here.host]
     for d in mine:
-        if d.process_lives(lambda holder: holder_alive(holder, here, now)):
+        if d.process_lives(alive):
             return d, None
     return None, (mine[0] if mine else None)
 
@@ -635,9 +629,9 @@ def daemon_json(running: DaemonRecord | None, last: DaemonRecord | None) -> dict
 
 
 def fleet_alive(ledger: Ledger, now: float | None = None) -> Alive:
-    """`_alive_now`, less the holders that are daemons `status` shows as not running (stopped,
+    """`alive_now`, less the holders that are daemons `status` shows as not running (stopped,
     or not heard from): a run is not shown held by a daemon shown gone."""
-    alive, now = _alive_now(), time.time() if now is None else now
+    alive, now = alive_now(), time.time() if now is None else now
     gone = [d for d in ledger.daemons() if not d.running(now, alive)]
     if not gone:
         return alive
@@ -648,7 +642,7 @@ def fleet_rows(ledger: Ledger, now: float | None = None) -> list[dict[str, Any]]
     """Every daemon the ledger heard from lately (a fleet's hosts): running (its heartbeat not
     three periods late, its process not seen gone), stopped, or not heard from since when; and
     how many runs each holds (the runs whose `holder` it is)."""
-    alive = _alive_now()
+    alive = alive_now()
     now = time.time() if now is None else now
     daemons = [(d, d.running(now, alive)) for d in ledger.daemons()]
     holders = (  # the live claims, read only when some daemon may hold one

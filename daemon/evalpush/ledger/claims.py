@@ -149,6 +149,12 @@ def holder_alive(holder: Holder, here: Process, now: float) -> bool:
     return process_start(holder.pid) == holder.start
 
 
+def alive_now(now: float | None = None) -> Callable[[Holder], bool]:
+    """`holder_alive` as this process can tell at `now` (None: the time now)."""
+    here, at = Process.current(), time.time() if now is None else now
+    return lambda holder: holder_alive(holder, here, at)
+
+
 def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)

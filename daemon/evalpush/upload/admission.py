@@ -24,7 +24,7 @@ from evalpush.core import paths
 from evalpush.core.errors import RunIdTaken
 from evalpush.core.ids import short_id
 from evalpush.core.states import HistoryOutcome, State, Step
-from evalpush.ledger import Ledger, Process, RunRecord, holder_alive, transitions
+from evalpush.ledger import Ledger, RunRecord, alive_now, transitions
 from evalpush.log import get_logger
 from evalpush.runs import (
     Change,
@@ -166,10 +166,10 @@ class Admission:
         followed_at = record.followed_at
         if followed_at is None:
             return False
-        here, now = Process.current(), self._ctx.clock()
+        now = self._ctx.clock()
+        alive = alive_now(now)
         return any(
-            daemon.started_at <= followed_at
-            and daemon.running(now, lambda holder: holder_alive(holder, here, now))
+            daemon.started_at <= followed_at and daemon.running(now, alive)
             for daemon in self._ctx.ledger.daemons()
         )
 
