@@ -105,9 +105,14 @@ def test_a_push_that_waited_for_a_stretch_in_flight_leaves_the_run_to_the_daemon
         daemon.started()
         run.write(lines[:5])
         first_lines_followed(local_platform, run, 5)
-        local_platform.inject("stall", on="samples", count=1, seconds=3.0)
+        local_platform.inject("stall", on="samples", count=1, seconds=6.0)
         run.write(lines[5:10])
-        wait_until(lambda: row_value(environ, run, "claim_owner"), "a stretch in flight")
+        # The stall taken is the next stretch's batch, held up with its claim (the claim seen
+        # alone may be the first stretch's, released as the push starts).
+        wait_until(
+            lambda: not local_platform.pending_faults() and row_value(environ, run, "claim_owner"),
+            "a stretch in flight",
+        )
         no_wait = evalpush(environ, "push", "--no-wait", "--json", str(run.path))
         waited = evalpush(environ, "push", "--json", str(run.path))
         run.write(lines[10:])
