@@ -25,7 +25,7 @@ from structlog.testing import capture_logs
 import ledger_v1
 from evalpush.core.errors import Busy, ClaimLost
 from evalpush.core.setaside import SetAside
-from evalpush.core.states import HistoryOutcome, State
+from evalpush.core.states import HistoryOutcome, State, Step
 from evalpush.ledger import (
     LINGER_SECONDS,
     SCHEMA_VERSION,
@@ -34,6 +34,7 @@ from evalpush.ledger import (
     Process,
     RunRecord,
     process_start,
+    transitions,
 )
 from evalpush.local_platform import LocalPlatform
 from evalpush.upload import CRASH_ENV
@@ -586,6 +587,26 @@ class TestFencing:
 
         mine.release(record)
         assert ledger.get_run(RUN_ID).state == State.FAILED
+
+    def test_a_write_refused_by_its_fence_leaves_the_holders_deferred_write_to_the_holder(
+        self, ledger
+    ):
+        """A thread that read the run while nobody held it writes after a claim of its own
+        process took it (the daemon's tracker writing a followed run's progress as a stretch
+        begins): the write is refused, and what the holder deferred (its scan's fingerprint,
+        which goes with its create intent) is still written by the holder's next write."""
+        unheld = ledger.add(path="/runs/x", run_id=RUN_ID, kind="eval", state=State.WAITING)
+        mine = Claims(ledger)
+        record, _ = take(mine)
+        record = ledger.record_progress(record, upload_end=9, env_id="env-1", step=Step.CREATE)
+
+        with pytest.raises(ClaimLost):
+            transitions.wait(ledger, unheld, "still waiting", settles_at=None)
+
+        record = ledger.record_intent(record, '{"step": "create", "env": "env-1"}')
+        mine.release(record)
+        stored = ledger.get_run(RUN_ID)
+        assert (stored.upload_end, stored.env_id, stored.step) == (9, "env-1", Step.CREATE)
 
 
 class TestLease:

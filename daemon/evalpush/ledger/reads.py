@@ -68,6 +68,15 @@ _EARLIER_EVALUATIONS = sa.union(
 )
 
 
+DeferredKey = tuple[int, str | None]
+
+
+def deferred_key(record: RunRecord) -> DeferredKey:
+    """Which deferred write is a row's: the one made under the claim it is held by (its row id
+    and claim owner; None for a write to a run nobody holds)."""
+    return record.id, record.claim_owner
+
+
 def _at_path(path: Path | str) -> dict[str, bytes]:
     raw = paths.raw(path)
     return {"path_key": path_key(raw), "path_raw": raw}
@@ -78,19 +87,22 @@ class LedgerReads:
 
     _query: Callable[..., list[Any]]
     _lock: threading.RLock
-    _deferred: dict[int, dict[str, Any]]
+    _deferred: dict[DeferredKey, dict[str, Any]]
 
     def _records(
         self, statement: sa.Select[Any], params: dict[str, Any] | None = None
     ) -> list[RunRecord]:
-        """Rows as this process knows them: with their deferred writes."""
+        """Rows as this process knows them: with the writes deferred under the claims they
+        are held by."""
         records = [run_record(row) for row in self._query(statement, params)]
         if not self._deferred:
             return records
         with self._lock:
             deferred = self._deferred
             return [
-                msgspec.structs.replace(r, **deferred[r.id]) if r.id in deferred else r
+                msgspec.structs.replace(r, **deferred[key])
+                if (key := deferred_key(r)) in deferred
+                else r
                 for r in records
             ]
 

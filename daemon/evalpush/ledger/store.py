@@ -20,7 +20,9 @@ The ledger offers the protocol's writes by name, and each says what it may lose:
 `record_intent` (durable before its request is sent; the ledger itself sees the one intent an
 earlier synced one covers), `acknowledge` (written now, not synced: a power cut may take the row
 back to its intent, reconciled), `record_progress` (carried by the run's next write: a crash may
-take the row back to the step before), `update` (durable). The claim, its release and the
+take the row back to the step before; it belongs to the claim it was made under, and only a
+write under that claim carries it, so a write of another thread refused by its fence never takes
+it down with it), `update` (durable). The claim, its release and the
 lease's renewal are not synced either: their loss to a power cut costs nothing but a takeover.
 An intent still waits for the disk before its request is sent, without every other run waiting
 behind it (the file's group commit).
@@ -45,7 +47,7 @@ from evalpush.core.states import HistoryOutcome, State, Step
 from evalpush.ledger.claims import Holder, held_by
 from evalpush.ledger.file import LedgerFile, Upgrade, default_path
 from evalpush.ledger.migrating import SCHEMA_VERSION
-from evalpush.ledger.reads import LedgerReads
+from evalpush.ledger.reads import DeferredKey, LedgerReads, deferred_key
 from evalpush.ledger.records import (
     CLAIM_COLUMNS,
     DAEMON_COLUMNS,
@@ -122,7 +124,10 @@ class Ledger(LedgerReads):
         self._new_run_unless_known = self._new_run.on_conflict_do_nothing(
             index_elements=[runs.c.run_key]
         )
-        self._deferred: dict[int, dict[str, Any]] = {}  # row id -> changes for its next write
+        # (row id, claim owner) -> changes for the next write under that claim: only a write
+        # under the claim that deferred them carries them (one of another thread of this
+        # process, refused by its fence, must not take them down with it).
+        self._deferred: dict[DeferredKey, dict[str, Any]] = {}
 
     @classmethod
     def shared(
@@ -312,7 +317,8 @@ class Ledger(LedgerReads):
                 },
             ).one()
             claimed = run_record(row)
-            self._deferred.pop(row_id, None)  # a write left over from a claim given up
+            for key in [key for key in self._deferred if key[0] == row_id]:
+                del self._deferred[key]  # a write left over from a claim given up
         return claimed, previous
 
     def release(self, record: RunRecord) -> RunRecord:
@@ -387,7 +393,7 @@ class Ledger(LedgerReads):
         shared ledger it waits (`_write`): a database that crashes loses the write while this
         process goes on."""
         with self._lock:
-            covered = "evaluation_id" in self._deferred.get(record.id, {})
+            covered = "evaluation_id" in self._deferred.get(deferred_key(record), {})
         changes = {**self._no_state(changes), "pending": pending}
         return self._write(record, changes, defer=False, durable=not covered)
 
@@ -424,8 +430,9 @@ class Ledger(LedgerReads):
         return changes
 
     def _take_deferred(self, record: RunRecord) -> dict[str, Any]:
-        """The run's deferred write, taken (inside the write that carries it, under the lock)."""
-        return self._deferred.pop(record.id, None) or {}
+        """The deferred write of the run under `record`'s claim, taken (inside the write that
+        carries it, under the lock)."""
+        return self._deferred.pop(deferred_key(record), None) or {}
 
     def _update_row(self, db: Any, record: RunRecord, changes: dict[str, Any]) -> None:
         """Inside a write: `changes` to the run's row, fenced by `record`'s claim (a new path
@@ -455,10 +462,10 @@ class Ledger(LedgerReads):
             changes["last_error_at"] = changes["updated_at"] if changes["last_error"] else None
         if defer:
             with self._lock:
-                self._deferred.setdefault(record.id, {}).update(changes)
+                self._deferred.setdefault(deferred_key(record), {}).update(changes)
             return msgspec.structs.replace(record, **changes)
         with self._lock:
-            carries = bool(self._deferred.get(record.id))
+            carries = bool(self._deferred.get(deferred_key(record)))
         # On the shared ledger the database can crash and come back while this process lives
         # on: a commit it did not wait for is lost then, yet this process goes on as if it were
         # written (no crash of its own sends the run back to its row). A deferred change is
