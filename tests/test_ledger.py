@@ -687,3 +687,23 @@ class TestMatching:
         assert ledger.match(odd) == [record]
         assert ledger.match(os.fsdecode(b"/runs/other-\xfe")) == []
         assert ledger.match(os.fsdecode(b"abc\xff")) == [], "not a prefix of a run id"
+
+
+class TestDaemonRows:
+    def test_a_daemons_row_says_which_roots_it_follows_runs_under_as_bytes(self, ledger: Ledger):
+        """What `push` reads to leave a followed run to a running daemon: the roots each daemon
+        follows runs under, kept as bytes (a path need not be UTF-8), matched by whole names."""
+        root = b"/data/runs-\xff"
+        now = time.time()
+        for daemon_id, follows in (("h/b/1/1/1", [root]), ("h/b/1/2/2", [])):
+            ledger.daemon_seen(
+                daemon_id, host="h", pid=1, version="0.4.0", observer="inotify",
+                started_at=now, lease_seconds=60, follows=follows,
+            )  # fmt: skip
+
+        by_id = {daemon.id: daemon for daemon in ledger.daemons()}
+        follower, other = by_id["h/b/1/1/1"], by_id["h/b/1/2/2"]
+        assert follower.follows_run_at(root + b"/gsm8k--m/0f1e2d3c")
+        assert not follower.follows_run_at(root + b"2/gsm8k--m/0f1e2d3c"), "a sibling's name"
+        assert not follower.follows_run_at(b"/elsewhere/gsm8k--m/0f1e2d3c")
+        assert not other.follows_run_at(root + b"/gsm8k--m/0f1e2d3c"), "it follows no run"

@@ -21,7 +21,7 @@ from evalpush.ledger.migrating import VERSIONS, revision
 from support.old_ledgers import FILE_VERSIONS, SHARED_VERSIONS, old_file, old_shared
 from support.postgres import PASSWORD
 
-LATEST_COLUMN = "following"  # what the latest revision adds
+LATEST_TABLE, LATEST_COLUMN = "daemons", "follows"  # what the latest revision adds
 """What the latest revision adds (`0011`): applied by Alembic to a ledger it stamped before."""
 
 
@@ -107,10 +107,10 @@ def test_a_shared_ledger_of_each_schema_before_alembic_is_upgraded_to_the_tables
 def test_a_revision_is_applied_by_alembic_to_a_ledger_it_stamped_before_on_each_store(
     ledger: Ledger,
 ):
-    assert LATEST_COLUMN in column_names(ledger, "runs")
+    assert LATEST_COLUMN in column_names(ledger, LATEST_TABLE)
     with ledger._transaction() as db:  # the ledger as the revision before the latest left it
         command.downgrade(alembic_config(db), revision(SCHEMA_VERSION - 1))
-    assert LATEST_COLUMN not in column_names(ledger, "runs")
+    assert LATEST_COLUMN not in column_names(ledger, LATEST_TABLE)
 
     again = (
         Ledger(ledger.path)
@@ -119,7 +119,7 @@ def test_a_revision_is_applied_by_alembic_to_a_ledger_it_stamped_before_on_each_
     )
     with again:
         upgrade = again.upgrade
-        columns = column_names(again, "runs")
+        columns = column_names(again, LATEST_TABLE)
 
     assert upgrade is not None
     assert (upgrade.from_version, upgrade.to_version) == (SCHEMA_VERSION - 1, SCHEMA_VERSION)

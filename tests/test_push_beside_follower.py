@@ -244,13 +244,6 @@ def test_a_followed_run_moved_out_of_the_watched_tree_is_pushed_from_its_new_pla
     one_completed_with_every_line(local_platform, run)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a daemon started since the run's last stretch may watch other roots (then the run "
-    "is nobody's to follow), so push does not count it: a push in the window between a "
-    "restart and the new daemon's first stretch of the run, its last stretch older than a "
-    "batch period, finalizes it short. Telling needs the ledger to say who follows a run.",
-)
 def test_a_push_beside_a_restarted_daemon_leaves_the_run_its_killed_follower_left(
     local_platform: LocalPlatform, tmp_path: Path
 ) -> None:

@@ -159,6 +159,9 @@ class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
     stopped_at: float | None
     status: str
     gate: GateState
+    follows: tuple[str, ...] = ()
+    """The roots it follows runs under while they are written: each root's path bytes, in
+    hex (a path need not be UTF-8); none for a daemon that follows no run."""
 
     def silent_after(self) -> float:
         """How long after its last heartbeat it counts as not heard from."""
@@ -172,6 +175,12 @@ class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
             return False
         holder = self.as_holder()
         return alive is None or holder is None or alive(holder)
+
+    def follows_run_at(self, path_raw: bytes) -> bool:
+        """Whether a run at `path_raw` (its path's bytes) is under a root it follows runs in."""
+        return any(
+            path_raw.startswith(bytes.fromhex(root).rstrip(b"/") + b"/") for root in self.follows
+        )
 
     def process_lives(self, alive: Callable[[Holder], bool]) -> bool:
         """Whether its process still runs, late heartbeat or not (a loop that is stuck says
@@ -207,8 +216,13 @@ DAEMON_COLUMNS = [daemons.c[name] for name in DaemonRecord.__struct_fields__]
 
 
 def daemon_record(row: Any) -> DaemonRecord:
-    """A `daemons` row read as `DAEMON_COLUMNS` lists them (its gate stored as JSON)."""
-    return DaemonRecord(*row[:-1], msgspec.json.decode(row[-1], type=GateState))
+    """A `daemons` row read as `DAEMON_COLUMNS` lists them (its gate and roots stored as
+    JSON)."""
+    return DaemonRecord(
+        *row[:-2],
+        msgspec.json.decode(row[-2], type=GateState),
+        msgspec.json.decode(row[-1], type=tuple[str, ...]),
+    )
 
 
 _MESSAGES = (set_aside.c.reason, runs.c.reason, runs.c.last_error)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -630,11 +630,12 @@ class Ledger(LedgerReads):
         lease_seconds: float,
         status: str = "",
         gate: GateState = GateState(),  # noqa: B008 - frozen: one shared default is safe
+        follows: Sequence[bytes] = (),
     ) -> None:
-        """A daemon's heartbeat: its row written with its STATUS line and its gate (at its
-        start, and every few seconds while it runs), not synced (a heartbeat lost to a power
-        cut is the next one's to write). Rows of daemons not heard from for
-        `DAEMONS_KEPT_SECONDS` go."""
+        """A daemon's heartbeat: its row written with its STATUS line, its gate and the roots
+        it follows runs under (`follows`, each path's bytes), at its start and every few
+        seconds while it runs; not synced (a heartbeat lost to a power cut is the next one's to
+        write). Rows of daemons not heard from for `DAEMONS_KEPT_SECONDS` go."""
         now = self._clock()
         gate_json = msgspec.json.encode(
             msgspec.structs.replace(gate, reason=stored_text(gate.reason))
@@ -651,6 +652,7 @@ class Ledger(LedgerReads):
             stopped_at=None,
             status=stored_text(status),
             gate=gate_json.decode(),
+            follows=msgspec.json.encode([root.hex() for root in follows]).decode(),
         )
         excluded = statement.excluded
         statement = statement.on_conflict_do_update(
@@ -658,7 +660,7 @@ class Ledger(LedgerReads):
             set_={
                 **{
                     c: excluded[c]
-                    for c in ("seen_at", "observer", "lease_seconds", "status", "gate")
+                    for c in ("seen_at", "observer", "lease_seconds", "status", "gate", "follows")
                 },
                 "stopped_at": None,
             },

@@ -159,9 +159,11 @@ class _Parts:
         return SweepShare(ids.index(self.daemon_id), len(ids))
 
     def beat(self, status: str) -> None:
-        """This daemon's heartbeat row in the ledger, with its STATUS line and its gate."""
+        """This daemon's heartbeat row in the ledger, with its STATUS line, its gate and the
+        roots it follows runs under (what `push` reads to leave a run to a daemon)."""
         process = self.app.claims.process
         watching = self.watcher.watching
+        follows = [paths.raw(root) for root in watching] if self.tracker.follows_runs else []
         self.app.ledger.daemon_seen(
             self.daemon_id,
             host=process.host,
@@ -172,6 +174,7 @@ class _Parts:
             lease_seconds=self.config.ledger.lease_seconds,
             status=status,
             gate=msgspec.convert(self.app.gate.snapshot(), GateState),
+            follows=follows,
         )
 
     def start(self) -> None:

@@ -441,16 +441,21 @@ class Tracker:
 
     # ------------------------------------------------------------ following
 
+    @property
+    def follows_runs(self) -> bool:
+        """Whether this daemon follows runs while they are written at all (`runs.follow`, and
+        not `convert.on_bad_line = "hold"`, which sends nothing of a run before every line was
+        checked)."""
+        return self._config.runs.follow and self._config.convert.on_bad_line != "hold"
+
     def _follows(self, waiting: Waiting) -> bool:
-        """Whether the waiting run is followed (`runs.follow`, not with `convert.on_bad_line =
-        "hold"`, which sends nothing of a run before every line was checked): an eval run with a
+        """Whether the waiting run is followed (`follows_runs`): an eval run with a
         readable config naming its environment, in the ledger, named (not a stand-in id), whose
         eval does not push it itself, and not a finalized run that changed (its row shows the
         evaluation the platform holds until the new upload starts)."""
         run = waiting.run
         return (
-            self._config.runs.follow
-            and self._config.convert.on_bad_line != "hold"  # every line seen before any is sent
+            self.follows_runs
             and run is not None
             and run.kind == RunKind.EVAL
             and bool(run.env_name)

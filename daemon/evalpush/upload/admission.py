@@ -148,10 +148,10 @@ class Admission:
     def _left_to_follower(self, record: RunRecord, run: Run) -> bool:
         """Whether a `push` leaves the run to the daemon that follows it while it is written:
         its row waits between stretches, and another process sent its last stretch less than a
-        batch period ago, or the run is where it was followed and a daemon that ran at that
-        stretch still runs. A stretch goes only once lines came: an eval slower than a batch
-        period between two lines leaves its last stretch older than that while its daemon
-        follows it on (and ends it, by its count or the settle rule)."""
+        batch period ago, or the run is where it was followed and a running daemon follows
+        runs under a root that holds it. A stretch goes only once lines came: an eval slower
+        than a batch period between two lines leaves its last stretch older than that while its
+        daemon follows it on (and ends it, by its count or the settle rule)."""
         if record.state != State.WAITING or not record.following:
             return False
         if self._followed_elsewhere(record):
@@ -159,17 +159,15 @@ class Admission:
         return record.path_raw == paths.raw(run.path) and self._follower_runs(record)
 
     def _follower_runs(self, record: RunRecord) -> bool:
-        """Whether a daemon of this ledger that was running at the run's last stretch still
-        runs (heard from lately, its process not seen gone where this process can see it): its
-        follower, or a fleet's daemon that takes over from it. One started since may watch
-        other roots, and leave the run to nobody."""
-        followed_at = record.followed_at
-        if followed_at is None:
-            return False
+        """Whether a daemon of this ledger runs (heard from lately, its process not seen gone
+        where this process can see it) that follows runs under a root holding the run's path:
+        its follower, a fleet's daemon that takes over from it, or one started since over the
+        same tree, which takes the run up at its first look. Only daemons that watch other
+        roots (or follow nothing) running, the run is nobody's to follow."""
         now = self._ctx.clock()
         alive = alive_now(now)
         return any(
-            daemon.started_at <= followed_at and daemon.running(now, alive)
+            daemon.follows_run_at(record.path_raw) and daemon.running(now, alive)
             for daemon in self._ctx.ledger.daemons()
         )
 
