@@ -19,6 +19,7 @@ from daemon_support import (
     WAIT_SECONDS,
     Daemon,
     InProcessDaemon,
+    NotifySocket,
     RunDir,
     evaluations_of,
     status,
@@ -332,3 +333,71 @@ def test_a_followed_run_no_running_daemon_watches_any_more_is_pushed(
     (result,) = json.loads(pushed.stdout)["results"]
     assert (pushed.returncode, result["status"]) == (0, "success"), pushed.stdout
     one_completed_with_every_line(local_platform, run)
+
+
+def test_a_push_as_soon_as_a_restarted_daemon_says_it_is_ready_leaves_the_run_to_it(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """`systemctl restart evalpush && evalpush push DIR`: systemd's restart returns at the new
+    daemon's READY=1, before its first turn. The push then must already see a running daemon
+    following the run's root (the daemon is stopped right at READY=1 to hold that moment): a
+    push that finalized the unfinished run was superseded by the daemon's upload of the
+    finished run, two COMPLETED."""
+    environ, run = followed_run(local_platform, tmp_path)
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:5])
+        first_lines_followed(local_platform, run, 5)
+        assert daemon.stop() == 0
+    acknowledged = row_value(environ, run, "followed_at")
+    wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period since the last stretch")
+    with (
+        NotifySocket() as notify,
+        Daemon({**environ, "NOTIFY_SOCKET": notify.address}) as restarted,
+    ):
+        notify.wait_for("READY=1")
+        restarted.process.send_signal(signal.SIGSTOP)
+        try:
+            pushed = evalpush(environ, "push", "--json", str(run.path))
+        finally:
+            restarted.process.send_signal(signal.SIGCONT)
+        run.write(lines[5:])
+        finished_on_platform(local_platform, run)
+        assert restarted.stop() == 0
+
+    (result,) = json.loads(pushed.stdout)["results"]
+    assert (pushed.returncode, result["status"]) == (1, "following"), pushed.stdout
+    one_completed_with_every_line(local_platform, run)
+
+
+def test_a_push_right_after_a_reload_to_follow_no_more_is_not_left_to_the_daemon(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """SIGHUP with `runs.follow = false`: from its READY=1 the daemon's row says it follows no
+    root (it said so only at its next heartbeat: a push meanwhile was left to a daemon that no
+    longer follows the run, `following` and exit 1). The push uploads the run as it is, into
+    the evaluation the daemon opened."""
+    config = tmp_path / "evalpush.toml"
+    config.write_text("[runs]\nfollow = true\n")
+    environ, run = followed_run(local_platform, tmp_path)
+    with (
+        NotifySocket() as notify,
+        Daemon({**environ, "NOTIFY_SOCKET": notify.address}, "--config", str(config)) as daemon,
+    ):
+        notify.wait_for("READY=1")
+        run.write(run.lines(5))
+        first_lines_followed(local_platform, run, 5)
+        acknowledged = row_value(environ, run, "followed_at")
+        wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period with no line")
+        config.write_text("[runs]\nfollow = false\n")
+        daemon.signal(signal.SIGHUP)
+        notify.wait_for("RELOADING=1")
+        notify.wait_for("READY=1")
+        pushed = evalpush(environ, "push", "--json", str(run.path))
+        assert daemon.stop() == 0
+
+    (result,) = json.loads(pushed.stdout)["results"]
+    assert (pushed.returncode, result["status"]) == (4, "partial"), pushed.stdout
+    (final,) = evaluations_of(local_platform, run.run_id).values()
+    assert (final["status"], final["sample_count"], final["finalize_count"]) == ("COMPLETED", 5, 1)
