@@ -4,6 +4,7 @@ meets, one run ends as exactly one COMPLETED evaluation with every line once."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import signal
 import sqlite3
@@ -401,3 +402,38 @@ def test_a_push_right_after_a_reload_to_follow_no_more_is_not_left_to_the_daemon
     assert (pushed.returncode, result["status"]) == (4, "partial"), pushed.stdout
     (final,) = evaluations_of(local_platform, run.run_id).values()
     assert (final["status"], final["sample_count"], final["finalize_count"]) == ("COMPLETED", 5, 1)
+
+
+def test_a_push_on_a_fleet_host_that_mounts_the_tree_elsewhere_leaves_the_run_to_its_daemon(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A fleet mounts the shared tree wherever suits each host: the run's row names it where the
+    host whose daemon last wrote it sees it (`/mnt/evals/...`), and this host's daemon follows
+    it here. A push on this host, the eval slow to write its next line, must leave the run to
+    that daemon, not take the row's other path for the run moved out of the tree (it finalized
+    the unfinished run short: two COMPLETED once the run was uploaded finished)."""
+    environ, run = followed_run(local_platform, tmp_path)
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:5])
+        first_lines_followed(local_platform, run, 5)
+        elsewhere = b"/mnt/evals/outputs/" + bytes(run.path.relative_to(tmp_path / "outputs"))
+        with contextlib.closing(
+            sqlite3.connect(Path(environ["EVALPUSH_STATE_DIR"]) / "state.db")
+        ) as db:  # as another host's daemon writes the row, the tree mounted there
+            db.execute(
+                "UPDATE runs SET path = ?, path_raw = ?, path_key = ? WHERE run_id = ?",
+                (elsewhere.decode(), elsewhere, hashlib.sha256(elsewhere).digest(), run.run_id),
+            )
+            db.commit()
+        acknowledged = row_value(environ, run, "followed_at")
+        wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period with no line")
+        pushed = evalpush(environ, "push", "--json", str(run.path))
+        run.write(lines[5:])
+        finished_on_platform(local_platform, run)
+        assert daemon.stop() == 0
+
+    (result,) = json.loads(pushed.stdout)["results"]
+    assert (pushed.returncode, result["status"]) == (1, "following"), pushed.stdout
+    one_completed_with_every_line(local_platform, run)
