@@ -347,16 +347,16 @@ class Daemon:
         try:
             parts.start()
             parts.tracker.load()
-            # Its heartbeat row, naming the roots it follows, before READY=1 (at start and after
-            # a reload): `systemctl restart` returns at READY=1, and a `push` right after must
-            # leave a run this daemon follows to it; the first turn's walk of a large tree, and
-            # the heartbeat after it, may be long in coming.
-            self._beat(parts, self._status_line(parts, self._counts(parts)))
             if self._feed is not None:
                 self._feed.attach(config.metrics, parts.app.gate, parts.app.ledger.path)
                 if self._feed.url is not None:
                     self._log.info("serving /metrics, /livez and /readyz", url=self._feed.url)
             self._check_credentials(parts)  # a ConfigError (an unusable URL) stops the parts too
+            # Its heartbeat row, naming the roots it follows (and its gate), before READY=1 (at
+            # start and after a reload): `systemctl restart` returns at READY=1, and a `push`
+            # right after must leave a run this daemon follows to it; the first turn's walk of a
+            # large tree, and the heartbeat after it, may be long in coming.
+            self._beat(parts, self._status_line(parts, self._counts(parts)))
         except BaseException:
             parts.stop()
             raise
