@@ -8,6 +8,7 @@ constraint of its table, a new one as the index `runs_run_key`; both refuse a se
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,38 @@ def test_a_revision_is_applied_by_alembic_to_a_ledger_it_stamped_before_on_each_
     assert upgrade is not None
     assert (upgrade.from_version, upgrade.to_version) == (SCHEMA_VERSION - 1, SCHEMA_VERSION)
     assert LATEST_COLUMN in columns
+
+
+def test_the_row_of_a_daemon_of_schema_12_running_on_after_the_upgrade_follows_every_root(
+    ledger: Ledger,
+):
+    """`pip install -U` then a `push` before the service restarts: the push upgrades the ledger
+    under a daemon of the release before, which goes on following runs and writing its
+    heartbeat row without the roots it follows. Its row, from before the upgrade or written by
+    it since, must not read as a daemon following nothing (the push then finalized a run it
+    followed short, and that daemon superseded it: two COMPLETED); it is taken to follow every
+    root, as that release's push took it."""
+    old_row = (
+        "INSERT INTO daemons (id, host, pid, version, observer, started_at, seen_at, "
+        "lease_seconds, status, gate) VALUES (:id, 'other-host', 7, '0.4.0', 'inotify', "
+        ":now, :now, 60, '', '{}')"
+    )
+    now = time.time()
+    with ledger._transaction() as db:
+        command.downgrade(alembic_config(db), revision(12))
+        db.execute(sa.text(old_row), {"id": "other-host/b/n/7/1", "now": now})
+    again = (
+        Ledger(ledger.path)
+        if ledger.server is None
+        else Ledger.shared(ledger.server.url, password=PASSWORD)
+    )
+    with again:
+        with again._transaction() as db:  # its first heartbeat after the upgrade: a new row
+            db.execute(sa.text(old_row), {"id": "other-host/b/n/7/2", "now": now})
+        daemons = again.daemons()
+
+    assert len(daemons) == 2
+    assert all(daemon.follows_run_at(b"/any/root/gsm8k--m/0f1e2d3c") for daemon in daemons)
 
 
 def test_a_file_stamped_by_a_newer_evalpush_is_refused_naming_its_revision(tmp_path: Path):

@@ -4,6 +4,7 @@ meets, one run ends as exactly one COMPLETED evaluation with every line once."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import signal
 import sqlite3
@@ -19,6 +20,7 @@ from daemon_support import (
     WAIT_SECONDS,
     Daemon,
     InProcessDaemon,
+    NotifySocket,
     RunDir,
     evaluations_of,
     status,
@@ -331,4 +333,107 @@ def test_a_followed_run_no_running_daemon_watches_any_more_is_pushed(
 
     (result,) = json.loads(pushed.stdout)["results"]
     assert (pushed.returncode, result["status"]) == (0, "success"), pushed.stdout
+    one_completed_with_every_line(local_platform, run)
+
+
+def test_a_push_as_soon_as_a_restarted_daemon_says_it_is_ready_leaves_the_run_to_it(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """`systemctl restart evalpush && evalpush push DIR`: systemd's restart returns at the new
+    daemon's READY=1, before its first turn. The push then must already see a running daemon
+    following the run's root (the daemon is stopped right at READY=1 to hold that moment): a
+    push that finalized the unfinished run was superseded by the daemon's upload of the
+    finished run, two COMPLETED."""
+    environ, run = followed_run(local_platform, tmp_path)
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:5])
+        first_lines_followed(local_platform, run, 5)
+        assert daemon.stop() == 0
+    acknowledged = row_value(environ, run, "followed_at")
+    wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period since the last stretch")
+    with (
+        NotifySocket() as notify,
+        Daemon({**environ, "NOTIFY_SOCKET": notify.address}) as restarted,
+    ):
+        notify.wait_for("READY=1")
+        restarted.process.send_signal(signal.SIGSTOP)
+        try:
+            pushed = evalpush(environ, "push", "--json", str(run.path))
+        finally:
+            restarted.process.send_signal(signal.SIGCONT)
+        run.write(lines[5:])
+        finished_on_platform(local_platform, run)
+        assert restarted.stop() == 0
+
+    (result,) = json.loads(pushed.stdout)["results"]
+    assert (pushed.returncode, result["status"]) == (1, "following"), pushed.stdout
+    one_completed_with_every_line(local_platform, run)
+
+
+def test_a_push_right_after_a_reload_to_follow_no_more_is_not_left_to_the_daemon(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """SIGHUP with `runs.follow = false`: from its READY=1 the daemon's row says it follows no
+    root (it said so only at its next heartbeat: a push meanwhile was left to a daemon that no
+    longer follows the run, `following` and exit 1). The push uploads the run as it is, into
+    the evaluation the daemon opened."""
+    config = tmp_path / "evalpush.toml"
+    config.write_text("[runs]\nfollow = true\n")
+    environ, run = followed_run(local_platform, tmp_path)
+    with (
+        NotifySocket() as notify,
+        Daemon({**environ, "NOTIFY_SOCKET": notify.address}, "--config", str(config)) as daemon,
+    ):
+        notify.wait_for("READY=1")
+        run.write(run.lines(5))
+        first_lines_followed(local_platform, run, 5)
+        acknowledged = row_value(environ, run, "followed_at")
+        wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period with no line")
+        config.write_text("[runs]\nfollow = false\n")
+        daemon.signal(signal.SIGHUP)
+        notify.wait_for("RELOADING=1")
+        notify.wait_for("READY=1")
+        pushed = evalpush(environ, "push", "--json", str(run.path))
+        assert daemon.stop() == 0
+
+    (result,) = json.loads(pushed.stdout)["results"]
+    assert (pushed.returncode, result["status"]) == (4, "partial"), pushed.stdout
+    (final,) = evaluations_of(local_platform, run.run_id).values()
+    assert (final["status"], final["sample_count"], final["finalize_count"]) == ("COMPLETED", 5, 1)
+
+
+def test_a_push_on_a_fleet_host_that_mounts_the_tree_elsewhere_leaves_the_run_to_its_daemon(
+    local_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A fleet mounts the shared tree wherever suits each host: the run's row names it where the
+    host whose daemon last wrote it sees it (`/mnt/evals/...`), and this host's daemon follows
+    it here. A push on this host, the eval slow to write its next line, must leave the run to
+    that daemon, not take the row's other path for the run moved out of the tree (it finalized
+    the unfinished run short: two COMPLETED once the run was uploaded finished)."""
+    environ, run = followed_run(local_platform, tmp_path)
+    lines = run.lines(EXPECTED)
+    with InProcessDaemon(environ) as daemon:
+        daemon.started()
+        run.write(lines[:5])
+        first_lines_followed(local_platform, run, 5)
+        elsewhere = b"/mnt/evals/outputs/" + bytes(run.path.relative_to(tmp_path / "outputs"))
+        with contextlib.closing(
+            sqlite3.connect(Path(environ["EVALPUSH_STATE_DIR"]) / "state.db")
+        ) as db:  # as another host's daemon writes the row, the tree mounted there
+            db.execute(
+                "UPDATE runs SET path = ?, path_raw = ?, path_key = ? WHERE run_id = ?",
+                (elsewhere.decode(), elsewhere, hashlib.sha256(elsewhere).digest(), run.run_id),
+            )
+            db.commit()
+        acknowledged = row_value(environ, run, "followed_at")
+        wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period with no line")
+        pushed = evalpush(environ, "push", "--json", str(run.path))
+        run.write(lines[5:])
+        finished_on_platform(local_platform, run)
+        assert daemon.stop() == 0
+
+    (result,) = json.loads(pushed.stdout)["results"]
+    assert (pushed.returncode, result["status"]) == (1, "following"), pushed.stdout
     one_completed_with_every_line(local_platform, run)

@@ -1601,6 +1601,44 @@ class TestClaimsInOneProcess:
         assert row.claim_host == "another-host", "not released: it is not this upload's"
         assert (row.samples_sent, row.pending) == (2, None), "nothing written after it was lost"
 
+    def test_an_upload_whose_claim_is_taken_over_mid_request_and_then_fails_leaves_the_row_alone(
+        self, local_platform, make_uploader, ledger, runs_root, tmp_path
+    ):
+        """Its claim taken over while a batch is out (the intent written before), the upload
+        then fails on the platform's refusals: it must not write the failure (re-reading the
+        row for it, it took the new holder's claim for its own and passed the fence) nor release
+        the new holder's claim."""
+        run_dir = write_run(runs_root, trace_lines(10))
+
+        class TakeOverAtTheSecondBatch(ObservedTransport):
+            batches = 0
+
+            def observe(self, method: str, path: str, headers: httpx.Headers) -> None:
+                if method == "POST" and path.endswith("/samples"):
+                    self.batches += 1
+                    if self.batches == 2:
+                        take_over(ledger, run_dir)
+
+        home = tmp_path / "take-over-home"
+        home.mkdir()
+        client = PlatformClient(
+            PlatformConfig(api_base_url=local_platform.base_url),
+            environ={"PRIME_API_KEY": local_platform.api_key or "any-key"},
+            home=home,
+            transport=TakeOverAtTheSecondBatch(),
+        )
+        uploader = make_uploader(client=client, upload={"max_batch_samples": 2})
+        uploader.progress = after_batch(
+            1, lambda: local_platform.inject("status", on="samples", status=409, count=1000)
+        )
+
+        with client, pytest.raises(ClaimLost):
+            upload(uploader, run_dir)
+
+        row = ledger.get(str(run_dir))
+        assert row.claim_host == "another-host", "not released: it is not this upload's"
+        assert (row.state, row.last_error) == (State.UPLOADING, None)
+
     def test_the_lease_is_renewed_while_an_upload_waits_out_an_outage(
         self, local_platform, make_uploader, ledger, runs_root
     ):

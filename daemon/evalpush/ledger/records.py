@@ -159,9 +159,11 @@ class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
     stopped_at: float | None
     status: str
     gate: GateState
-    follows: tuple[str, ...] = ()
+    follows: tuple[str, ...] | None = None
     """The roots it follows runs under while they are written: each root's path bytes, in
-    hex (a path need not be UTF-8); none for a daemon that follows no run."""
+    hex (a path need not be UTF-8); none for a daemon that follows no run. None: a daemon of an
+    evalpush from before schema 13, which does not say (still running over a ledger a newer
+    `push` upgraded); it may follow a run under any root."""
 
     def silent_after(self) -> float:
         """How long after its last heartbeat it counts as not heard from."""
@@ -177,7 +179,11 @@ class DaemonRecord(msgspec.Struct, frozen=True, gc=False):
         return alive is None or holder is None or alive(holder)
 
     def follows_run_at(self, path_raw: bytes) -> bool:
-        """Whether a run at `path_raw` (its path's bytes) is under a root it follows runs in."""
+        """Whether a run at `path_raw` (its path's bytes) is under a root it follows runs in
+        (any, for a daemon that does not say: a `push` that took it for one following nothing
+        finalized a run it followed short, which it then superseded with a second evaluation)."""
+        if self.follows is None:
+            return True
         return any(
             path_raw.startswith(bytes.fromhex(root).rstrip(b"/") + b"/") for root in self.follows
         )
@@ -221,7 +227,7 @@ def daemon_record(row: Any) -> DaemonRecord:
     return DaemonRecord(
         *row[:-2],
         msgspec.json.decode(row[-2], type=GateState),
-        msgspec.json.decode(row[-1], type=tuple[str, ...]),
+        None if row[-1] is None else msgspec.json.decode(row[-1], type=tuple[str, ...]),
     )
 
 

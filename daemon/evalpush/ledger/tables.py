@@ -175,8 +175,9 @@ daemons = sa.Table(
     sa.Column("stopped_at", Time),
     sa.Column("status", Text, nullable=False, server_default=""),
     sa.Column("gate", Text, nullable=False, server_default="{}"),  # `records.GateState` as JSON
-    # The roots it follows runs under: a JSON list of each root's path bytes in hex.
-    sa.Column("follows", Text, nullable=False, server_default="[]"),
+    # The roots it follows runs under: a JSON list of each root's path bytes in hex; NULL in the
+    # row of a daemon of an older evalpush, which does not say (`DaemonRecord.follows`).
+    sa.Column("follows", Text),
 )
 # Every heartbeat drops the rows of daemons gone for a week; `status` lists the last heard first.
 sa.Index("daemons_seen_at", daemons.c.seen_at)

@@ -12,9 +12,10 @@ the uploader (`App`). One loop, on the main thread, owns all of it:
   next start; exit 0), SIGHUP reloads: the configuration is read again and, if valid, every
   part is rebuilt from it (nothing is patched; a bad new configuration is logged and the old
   one kept), and the credentials are read again;
-- sd_notify: READY=1 once the ledger's runs are loaded and the roots are watched, before the
-  first walk of the tree (it runs on the loop, a part per turn at a bounded rate), STATUS= kept
-  current, WATCHDOG=1 from this loop (a wedged loop is restarted by systemd), STOPPING=1;
+- sd_notify: READY=1 once the ledger's runs are loaded, the roots are watched and this
+  daemon's heartbeat row names the roots it follows runs under, before the first walk of the
+  tree (it runs on the loop, a part per turn at a bounded rate), STATUS= kept current,
+  WATCHDOG=1 from this loop (a wedged loop is restarted by systemd), STOPPING=1;
 - the STATUS line and the gate's state go to this daemon's heartbeat row in the ledger (for
   `status`), and, with `[metrics] listen` set, runs by state to the metrics
   (`metrics.DaemonFeed`, which also serves `/metrics`, `/livez` and `/readyz` and hears of
@@ -351,6 +352,11 @@ class Daemon:
                 if self._feed.url is not None:
                     self._log.info("serving /metrics, /livez and /readyz", url=self._feed.url)
             self._check_credentials(parts)  # a ConfigError (an unusable URL) stops the parts too
+            # Its heartbeat row, naming the roots it follows (and its gate), before READY=1 (at
+            # start and after a reload): `systemctl restart` returns at READY=1, and a `push`
+            # right after must leave a run this daemon follows to it; the first turn's walk of a
+            # large tree, and the heartbeat after it, may be long in coming.
+            self._beat(parts, self._status_line(parts, self._counts(parts)))
         except BaseException:
             parts.stop()
             raise
@@ -488,18 +494,27 @@ class Daemon:
     def _publish(self, parts: _Parts) -> None:
         """The STATUS line to systemd, runs by state to the metrics, and both with the gate in
         this daemon's heartbeat row in the ledger (for `status`)."""
-        try:
-            counts: dict[str, int] | LedgerUnavailable = parts.counts.now()
-        except LedgerUnavailable as exc:
-            counts = exc
+        counts = self._counts(parts)
         status = self._status_line(parts, counts)
         self._notifier.status(status)
+        self._beat(parts, status)
+        if self._feed is not None:
+            self._feed.refresh(parts.app.ledger, counts, parts.tracker.following)
+
+    @staticmethod
+    def _counts(parts: _Parts) -> dict[str, int] | LedgerUnavailable:
+        """Runs by state, or why the ledger cannot say now."""
+        try:
+            return parts.counts.now()
+        except LedgerUnavailable as exc:
+            return exc
+
+    def _beat(self, parts: _Parts, status: str) -> None:
+        """This daemon's heartbeat row with `status`; one not written is the next one's."""
         try:
             parts.beat(status)
         except LedgerError as exc:
             self._log.debug("heartbeat not written", error=str(exc))
-        if self._feed is not None:
-            self._feed.refresh(parts.app.ledger, counts, parts.tracker.following)
 
     @staticmethod
     def _status_line(parts: _Parts, counts: dict[str, int] | LedgerUnavailable) -> str:

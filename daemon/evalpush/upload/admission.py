@@ -9,8 +9,8 @@ starts over) or, deleted, fails the upload; a finalized, held or (unless retried
 stays as it is; a run about to start with fewer traces than its config expects is said at
 warning, and held for a person when the policy in effect (`runs.on_incomplete`, or `push
 --partial`) says "hold"; a `push` of a run a daemon follows while it is written leaves it to
-the daemon (its last stretch less than a batch period old, or a daemon that ran at it still
-running while the run is where it was followed); anything else starts (or resumes) its upload,
+the daemon (its last stretch less than a batch period old, or a running daemon following runs
+under a root that holds it where the push finds it); anything else starts (or resumes) its upload,
 its expected count recorded.
 """
 
@@ -24,7 +24,7 @@ from evalpush.core import paths
 from evalpush.core.errors import RunIdTaken
 from evalpush.core.ids import short_id
 from evalpush.core.states import HistoryOutcome, State, Step
-from evalpush.ledger import Ledger, RunRecord, alive_now, transitions
+from evalpush.ledger import Ledger, Process, RunRecord, alive_now, transitions
 from evalpush.log import get_logger
 from evalpush.runs import (
     Change,
@@ -148,26 +148,31 @@ class Admission:
     def _left_to_follower(self, record: RunRecord, run: Run) -> bool:
         """Whether a `push` leaves the run to the daemon that follows it while it is written:
         its row waits between stretches, and another process sent its last stretch less than a
-        batch period ago, or the run is where it was followed and a running daemon follows
-        runs under a root that holds it. A stretch goes only once lines came: an eval slower
-        than a batch period between two lines leaves its last stretch older than that while its
-        daemon follows it on (and ends it, by its count or the settle rule)."""
+        batch period ago, or a running daemon follows runs under a root holding it. A stretch
+        goes only once lines came: an eval slower than a batch period between two lines leaves
+        its last stretch older than that while its daemon follows it on (and ends it, by its
+        count or the settle rule)."""
         if record.state != State.WAITING or not record.following:
             return False
-        if self._followed_elsewhere(record):
-            return True
-        return record.path_raw == paths.raw(run.path) and self._follower_runs(record)
+        return self._followed_elsewhere(record) or self._follower_runs(record, run)
 
-    def _follower_runs(self, record: RunRecord) -> bool:
+    def _follower_runs(self, record: RunRecord, run: Run) -> bool:
         """Whether a daemon of this ledger runs (heard from lately, its process not seen gone
-        where this process can see it) that follows runs under a root holding the run's path:
-        its follower, a fleet's daemon that takes over from it, or one started since over the
-        same tree, which takes the run up at its first look. Only daemons that watch other
-        roots (or follow nothing) running, the run is nobody's to follow."""
+        where this process can see it) that follows runs under a root holding the run where
+        this push finds it: its follower, a fleet's daemon that takes over from it, or one
+        started since over the same tree, which takes the run up at its first look. A daemon
+        of this host sees the run where the push does; one of another host only if the row
+        says the run is there too: a row naming another path is the run moved (out of the
+        tree: nobody's to follow) or the tree as another host mounts it, and only this host's
+        daemons can tell which. Only daemons that watch other roots (or follow nothing)
+        running, the run is nobody's to follow."""
         now = self._ctx.clock()
         alive = alive_now(now)
+        here, found_at = Process.current().host, paths.raw(run.path)
         return any(
-            daemon.follows_run_at(record.path_raw) and daemon.running(now, alive)
+            (daemon.host == here or record.path_raw == found_at)
+            and daemon.follows_run_at(found_at)
+            and daemon.running(now, alive)
             for daemon in self._ctx.ledger.daemons()
         )
 

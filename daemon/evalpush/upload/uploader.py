@@ -14,6 +14,7 @@ from pathlib import Path
 from evalpush.client import PlatformClient
 from evalpush.core.errors import (
     AuthError,
+    ClaimLost,
     Conflict,
     Gone,
     Interrupted,
@@ -197,8 +198,20 @@ class Uploader:
         return record
 
     def _current(self, record: RunRecord) -> RunRecord:
-        """The run's row as the ledger holds it now (a failed step may have written since)."""
-        return self.context.ledger.get_run(record.run_id) or record
+        """The run's row as the ledger holds it now (a failed step may have written since),
+        while this upload still holds it. A row another process took over meanwhile is that
+        process's (`ClaimLost`): read afresh, it names the new holder's claim, which a write
+        made through it would pass the fence of (the failure written over the new holder's
+        upload, and its claim released)."""
+        current = self.context.ledger.get_run(record.run_id)
+        if current is None:
+            return record
+        if current.claim_owner != record.claim_owner:
+            raise ClaimLost(
+                f"run {record.run_id}: its claim was taken over by another process; "
+                "this upload stops and leaves the run to it"
+            )
+        return current
 
     def _failed(self, record: RunRecord, run: Run, exc: Exception) -> RunRecord:
         """Record an error retrying cannot fix. A finalized run stays finalized (its evaluation
