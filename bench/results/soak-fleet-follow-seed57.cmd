@@ -1,0 +1,1 @@
+cd /tmp/soakcode-2d63b85 && PYTHONPATH=/tmp/soakcode-2d63b85/daemon /work/main/.venv/bin/python bench/soak.py --fleet 3 --runs 300 --samples 100000 --kills 60 --db-restarts 2 --seed 57 --max-seconds 1200 --drain-seconds 300 --log-level debug --keep --json bench/results/soak-fleet-follow-seed57.json
