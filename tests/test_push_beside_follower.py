@@ -30,7 +30,12 @@ from evalpush.local_platform import LocalPlatform
 from evalpush.upload import CRASH_ENV
 from support.commands import evalpush
 from support.platform_view import requests
-from test_follow import EXPECTED, first_lines_followed, followed_run
+from test_follow import (
+    EXPECTED,
+    first_lines_followed,
+    first_lines_followed_then_stopped,
+    followed_run,
+)
 
 
 def row_value(environ: dict, run: RunDir, column: str) -> Any:
@@ -42,6 +47,20 @@ def row_value(environ: dict, run: RunDir, column: str) -> Any:
             f"SELECT {column} FROM runs WHERE run_id = ?", (run.run_id,)
         ).fetchone()
     return value
+
+
+def past_the_last_stretch(environ: dict, run: RunDir, seconds: float = 1.5) -> None:
+    """Wait until the run's last stretch is `seconds` old, past the test daemons' one-second
+    batch period: the eval's next line is slow to come (or the daemon is not running)."""
+    acknowledged = row_value(environ, run, "followed_at")
+    assert acknowledged is not None
+    wait_until(lambda: time.time() - acknowledged > seconds, f"the last stretch {seconds:g} s old")
+
+
+def outcome(pushed: subprocess.CompletedProcess[str]) -> tuple[int, str]:
+    """A `push --json` of one run: its exit code and the run's status."""
+    (result,) = json.loads(pushed.stdout)["results"]
+    return pushed.returncode, result["status"]
 
 
 def one_completed_with_every_line(platform: LocalPlatform, run: RunDir) -> None:
@@ -78,10 +97,7 @@ def test_a_push_beside_a_live_daemon_following_a_slow_eval_leaves_the_run_to_the
         daemon.started()
         run.write(lines[:5])
         first_lines_followed(local_platform, run, 5)
-        acknowledged = row_value(environ, run, "followed_at")
-        assert acknowledged is not None
-        # The eval's next rollout is slow: no line for more than a batch period.
-        wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period with no line")
+        past_the_last_stretch(environ, run)
         pushed = evalpush(environ, "push", str(run.path))
         retried = evalpush(environ, "retry", run.run_id)
         shown = status(environ)[run.run_id]
@@ -234,15 +250,13 @@ def test_a_followed_run_moved_out_of_the_watched_tree_is_pushed_from_its_new_pla
         run.path, run.traces = moved, moved / "traces.jsonl"
         run.write(lines[5:])
         at_once = evalpush(environ, "push", "--json", str(moved))
-        acknowledged = row_value(environ, run, "followed_at")
-        wait_until(lambda: time.time() - acknowledged > 5, "a batch period since the last stretch")
+        past_the_last_stretch(environ, run, seconds=5)
         later = evalpush(environ, "push", "--json", str(moved))
         assert daemon.stop() == 0
 
     (left,) = json.loads(at_once.stdout)["results"]
     assert (at_once.returncode, left["status"]) == (1, "following"), at_once.stdout
-    (result,) = json.loads(later.stdout)["results"]
-    assert (later.returncode, result["status"]) == (0, "success"), later.stdout
+    assert outcome(later) == (0, "success"), later.stdout
     one_completed_with_every_line(local_platform, run)
 
 
@@ -266,16 +280,14 @@ def test_a_push_beside_a_restarted_daemon_leaves_the_run_its_killed_follower_lef
     # Its next stretch not due before the push: a batch period of its own.
     with InProcessDaemon({**environ, "EVALPUSH_RUNS__FOLLOW_BATCH_SECONDS": "20"}) as daemon:
         daemon.started()
-        acknowledged = row_value(environ, run, "followed_at")
-        wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period with no stretch")
+        past_the_last_stretch(environ, run)
         pushed = evalpush(environ, "push", "--json", str(run.path))
         run.write(lines[10:])
         finished_on_platform(local_platform, run)
         assert daemon.stop() == 0
 
-    (result,) = json.loads(pushed.stdout)["results"]
     assert left_as == "waiting"
-    assert (pushed.returncode, result["status"]) == (1, "following"), pushed.stdout
+    assert outcome(pushed) == (1, "following"), pushed.stdout
     one_completed_with_every_line(local_platform, run)
 
 
@@ -295,8 +307,7 @@ def test_a_push_whose_batch_period_is_shorter_than_the_daemons_leaves_the_run_to
         daemon.started()
         run.write(lines[:5])
         first_lines_followed(local_platform, run, 5)
-        acknowledged = row_value(environ, run, "followed_at")
-        wait_until(lambda: time.time() - acknowledged > 1.5, "the push's batch period")
+        past_the_last_stretch(environ, run)
         pushed = evalpush(environ, "push", str(run.path), EVALPUSH_RUNS__FOLLOW_BATCH_SECONDS="1")
         run.write(lines[5:])
         finished_on_platform(local_platform, run)
@@ -313,26 +324,18 @@ def test_a_followed_run_no_running_daemon_watches_any_more_is_pushed(
     finished run is nobody's to follow, and a push uploads it, into its one evaluation."""
     environ, run = followed_run(local_platform, tmp_path)
     lines = run.lines(EXPECTED)
-    with InProcessDaemon(environ) as daemon:
-        daemon.started()
-        run.write(lines[:5])
-        first_lines_followed(local_platform, run, 5)
-        assert daemon.stop() == 0
+    first_lines_followed_then_stopped(local_platform, environ, run, lines)
     run.write(lines[5:])
     other = tmp_path / "other"
     other.mkdir()
     elsewhere = {**environ, "EVALPUSH_WATCH__ROOTS": json.dumps([str(other)])}
     with Daemon(elsewhere) as daemon:  # another process: a daemon row of its own
         daemon.started()
-        acknowledged = row_value(environ, run, "followed_at")
-        wait_until(
-            lambda: time.time() - acknowledged > 1.5, "a batch period since the last stretch"
-        )
+        past_the_last_stretch(environ, run)
         pushed = evalpush(environ, "push", "--json", str(run.path))
         assert daemon.stop() == 0
 
-    (result,) = json.loads(pushed.stdout)["results"]
-    assert (pushed.returncode, result["status"]) == (0, "success"), pushed.stdout
+    assert outcome(pushed) == (0, "success"), pushed.stdout
     one_completed_with_every_line(local_platform, run)
 
 
@@ -346,13 +349,8 @@ def test_a_push_as_soon_as_a_restarted_daemon_says_it_is_ready_leaves_the_run_to
     finished run, two COMPLETED."""
     environ, run = followed_run(local_platform, tmp_path)
     lines = run.lines(EXPECTED)
-    with InProcessDaemon(environ) as daemon:
-        daemon.started()
-        run.write(lines[:5])
-        first_lines_followed(local_platform, run, 5)
-        assert daemon.stop() == 0
-    acknowledged = row_value(environ, run, "followed_at")
-    wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period since the last stretch")
+    first_lines_followed_then_stopped(local_platform, environ, run, lines)
+    past_the_last_stretch(environ, run)
     with (
         NotifySocket() as notify,
         Daemon({**environ, "NOTIFY_SOCKET": notify.address}) as restarted,
@@ -367,8 +365,7 @@ def test_a_push_as_soon_as_a_restarted_daemon_says_it_is_ready_leaves_the_run_to
         finished_on_platform(local_platform, run)
         assert restarted.stop() == 0
 
-    (result,) = json.loads(pushed.stdout)["results"]
-    assert (pushed.returncode, result["status"]) == (1, "following"), pushed.stdout
+    assert outcome(pushed) == (1, "following"), pushed.stdout
     one_completed_with_every_line(local_platform, run)
 
 
@@ -389,8 +386,7 @@ def test_a_push_right_after_a_reload_to_follow_no_more_is_not_left_to_the_daemon
         notify.wait_for("READY=1")
         run.write(run.lines(5))
         first_lines_followed(local_platform, run, 5)
-        acknowledged = row_value(environ, run, "followed_at")
-        wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period with no line")
+        past_the_last_stretch(environ, run)
         config.write_text("[runs]\nfollow = false\n")
         daemon.signal(signal.SIGHUP)
         notify.wait_for("RELOADING=1")
@@ -398,8 +394,7 @@ def test_a_push_right_after_a_reload_to_follow_no_more_is_not_left_to_the_daemon
         pushed = evalpush(environ, "push", "--json", str(run.path))
         assert daemon.stop() == 0
 
-    (result,) = json.loads(pushed.stdout)["results"]
-    assert (pushed.returncode, result["status"]) == (4, "partial"), pushed.stdout
+    assert outcome(pushed) == (4, "partial"), pushed.stdout
     (final,) = evaluations_of(local_platform, run.run_id).values()
     assert (final["status"], final["sample_count"], final["finalize_count"]) == ("COMPLETED", 5, 1)
 
@@ -427,13 +422,11 @@ def test_a_push_on_a_fleet_host_that_mounts_the_tree_elsewhere_leaves_the_run_to
                 (elsewhere.decode(), elsewhere, hashlib.sha256(elsewhere).digest(), run.run_id),
             )
             db.commit()
-        acknowledged = row_value(environ, run, "followed_at")
-        wait_until(lambda: time.time() - acknowledged > 1.5, "a batch period with no line")
+        past_the_last_stretch(environ, run)
         pushed = evalpush(environ, "push", "--json", str(run.path))
         run.write(lines[5:])
         finished_on_platform(local_platform, run)
         assert daemon.stop() == 0
 
-    (result,) = json.loads(pushed.stdout)["results"]
-    assert (pushed.returncode, result["status"]) == (1, "following"), pushed.stdout
+    assert outcome(pushed) == (1, "following"), pushed.stdout
     one_completed_with_every_line(local_platform, run)
