@@ -323,7 +323,8 @@ class Ledger(LedgerReads):
 
     def release(self, record: RunRecord) -> RunRecord:
         """Give up the claim `record` holds, with the run's deferred write; returns the run as
-        nobody's. Releasing a claim that is no longer held (taken over) changes nothing.
+        nobody's. Releasing a claim that is no longer held (taken over) changes nothing; with a
+        deferred write pending, `ClaimLost` says that write was not made.
         Not synced before it returns (a claim lost to power loss is taken over; a deferred
         acknowledgement lost to it leaves its intent, reconciled): the next durable write, or
         `close`, syncs it."""
