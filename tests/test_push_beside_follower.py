@@ -51,9 +51,17 @@ def row_value(environ: dict, run: RunDir, column: str) -> Any:
 
 def past_the_last_stretch(environ: dict, run: RunDir, seconds: float = 1.5) -> None:
     """Wait until the run's last stretch is `seconds` old, past the test daemons' one-second
-    batch period: the eval's next line is slow to come (or the daemon is not running)."""
+    batch period: the eval's next line is slow to come (or the daemon is not running). A
+    stretch's end is written after the platform holds its lines (the row waits again, with
+    when): read before it, `followed_at` is an earlier stretch's, or none."""
+    wait_until(
+        lambda: (
+            row_value(environ, run, "state") == "waiting"
+            and row_value(environ, run, "followed_at") is not None
+        ),
+        "the stretch's end in the ledger",
+    )
     acknowledged = row_value(environ, run, "followed_at")
-    assert acknowledged is not None
     wait_until(lambda: time.time() - acknowledged > seconds, f"the last stretch {seconds:g} s old")
 
 
