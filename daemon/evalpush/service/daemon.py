@@ -73,6 +73,8 @@ from evalpush.service.sdnotify import Notifier
 from evalpush.service.tracker import Tracker
 
 STATUS_SECONDS = HEARTBEAT_SECONDS
+STARTING = "starting: roots watched, the first walk of the tree to come"
+"""The heartbeat row's STATUS line from READY=1 to the end of the daemon's first turn."""
 """How often the STATUS line for systemd (and the heartbeat row, and the metrics' runs by
 state) is brought up to date."""
 
@@ -354,9 +356,9 @@ class Daemon:
             self._check_credentials(parts)  # a ConfigError (an unusable URL) stops the parts too
             # Its heartbeat row, naming the roots it follows (and its gate), before READY=1 (at
             # start and after a reload): `systemctl restart` returns at READY=1, and a `push`
-            # right after must leave a run this daemon follows to it; the first turn's walk of a
-            # large tree, and the heartbeat after it, may be long in coming.
-            self._beat(parts, self._status_line(parts, self._counts(parts)))
+            # right after must leave a run this daemon follows to it. Its STATUS line comes at
+            # the end of the first turn: counting a million finished runs does not hold READY.
+            self._beat(parts, STARTING)
         except BaseException:
             parts.stop()
             raise
@@ -494,20 +496,15 @@ class Daemon:
     def _publish(self, parts: _Parts) -> None:
         """The STATUS line to systemd, runs by state to the metrics, and both with the gate in
         this daemon's heartbeat row in the ledger (for `status`)."""
-        counts = self._counts(parts)
+        try:
+            counts: dict[str, int] | LedgerUnavailable = parts.counts.now()
+        except LedgerUnavailable as exc:
+            counts = exc
         status = self._status_line(parts, counts)
         self._notifier.status(status)
         self._beat(parts, status)
         if self._feed is not None:
             self._feed.refresh(parts.app.ledger, counts, parts.tracker.following)
-
-    @staticmethod
-    def _counts(parts: _Parts) -> dict[str, int] | LedgerUnavailable:
-        """Runs by state, or why the ledger cannot say now."""
-        try:
-            return parts.counts.now()
-        except LedgerUnavailable as exc:
-            return exc
 
     def _beat(self, parts: _Parts, status: str) -> None:
         """This daemon's heartbeat row with `status`; one not written is the next one's."""
