@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ def past_the_last_stretch(environ: dict, run: RunDir, seconds: float = 1.5) -> N
 
 def outcome(pushed: subprocess.CompletedProcess[str]) -> tuple[int, str]:
     """A `push --json` of one run: its exit code and the run's status."""
+    assert pushed.stdout, f"push exited {pushed.returncode} printing nothing: {pushed.stderr}"
     (result,) = json.loads(pushed.stdout)["results"]
     return pushed.returncode, result["status"]
 
@@ -365,9 +367,14 @@ def test_a_push_as_soon_as_a_restarted_daemon_says_it_is_ready_leaves_the_run_to
     ):
         notify.wait_for("READY=1")
         restarted.process.send_signal(signal.SIGSTOP)
+        # Stopped while its first turn held the ledger's write lock, the daemon must go on
+        # for the push's claim to be taken (within the push's 10 s wait for the lock).
+        resume = threading.Timer(2.0, restarted.process.send_signal, (signal.SIGCONT,))
+        resume.start()
         try:
             pushed = evalpush(environ, "push", "--json", str(run.path))
         finally:
+            resume.cancel()
             restarted.process.send_signal(signal.SIGCONT)
         run.write(lines[5:])
         finished_on_platform(local_platform, run)
