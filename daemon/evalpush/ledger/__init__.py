@@ -9,6 +9,7 @@ from evalpush.ledger.claims import (
     held_by,
     holder_alive,
     process_start,
+    taken_over,
 )
 from evalpush.ledger.file import STATE_DIR_FIX, refuse_uncreatable
 from evalpush.ledger.opening import open_ledger, where
@@ -32,5 +33,6 @@ __all__ = [
     "open_ledger",
     "process_start",
     "refuse_uncreatable",
+    "taken_over",
     "where",
 ]

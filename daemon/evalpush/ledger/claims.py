@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from evalpush.core.errors import Busy
+from evalpush.core.errors import Busy, ClaimLost
 from evalpush.log import get_logger
 
 if TYPE_CHECKING:
@@ -107,6 +107,14 @@ class Holder(msgspec.Struct, frozen=True, gc=False):
 def held_by(holder: Holder, message: str) -> Busy:
     """`Busy` saying `message`, naming who holds the run (its pid, host and since when)."""
     return Busy(message, pid=holder.pid, host=holder.host, since=holder.since)
+
+
+def taken_over(run_id: str) -> ClaimLost:
+    """`ClaimLost` for a run whose claim another process holds now: the upload stops."""
+    return ClaimLost(
+        f"run {run_id}: its claim was taken over by another process; this upload stops and "
+        "leaves the run to it"
+    )
 
 
 def boot_id() -> str:

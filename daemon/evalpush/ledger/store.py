@@ -41,10 +41,10 @@ import msgspec
 import sqlalchemy as sa
 
 from evalpush.core import paths
-from evalpush.core.errors import Busy, ClaimLost, LedgerError
+from evalpush.core.errors import Busy, LedgerError
 from evalpush.core.setaside import SetAside
 from evalpush.core.states import HistoryOutcome, State, Step
-from evalpush.ledger.claims import Holder, held_by
+from evalpush.ledger.claims import Holder, held_by, taken_over
 from evalpush.ledger.file import LedgerFile, Upgrade, default_path
 from evalpush.ledger.migrating import SCHEMA_VERSION
 from evalpush.ledger.reads import DeferredKey, LedgerReads, deferred_key
@@ -361,10 +361,7 @@ class Ledger(LedgerReads):
         if row is None:
             raise LedgerError(f"{self.path}: run {record.run_id} vanished from the ledger")
         if row[0] != record.claim_owner:
-            raise ClaimLost(
-                f"run {record.run_id}: its claim was taken over by another process; "
-                "this upload stops and leaves the run to it"
-            )
+            raise taken_over(record.run_id)
 
     # ------------------------------------------------------------ writing runs
 

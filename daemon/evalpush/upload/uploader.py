@@ -14,7 +14,6 @@ from pathlib import Path
 from evalpush.client import PlatformClient
 from evalpush.core.errors import (
     AuthError,
-    ClaimLost,
     Conflict,
     Gone,
     Interrupted,
@@ -23,7 +22,7 @@ from evalpush.core.errors import (
     RunError,
 )
 from evalpush.core.states import HistoryOutcome, State, Step
-from evalpush.ledger import Claims, RunRecord, transitions
+from evalpush.ledger import Claims, RunRecord, taken_over, transitions
 from evalpush.log import get_logger
 from evalpush.runs import Change, FileChangedError, Run, RunKind, derive_run_id
 from evalpush.upload.admission import Admission
@@ -207,10 +206,7 @@ class Uploader:
         if current is None:
             return record
         if current.claim_owner != record.claim_owner:
-            raise ClaimLost(
-                f"run {record.run_id}: its claim was taken over by another process; "
-                "this upload stops and leaves the run to it"
-            )
+            raise taken_over(record.run_id)
         return current
 
     def _failed(self, record: RunRecord, run: Run, exc: Exception) -> RunRecord:
